@@ -1,0 +1,258 @@
+// The Backend seam: where a layer's tensors live and the kernels of one MoE step.
+//
+// The step itself (engine/moe_layer.cc) is written once against this interface; the CPU
+// backend (engine/cpu/) and the CUDA backend (engine/cuda/) implement it. Every pointer
+// passed to a kernel below is memory of this backend (host memory for the CPU backend,
+// device memory for CUDA) unless its comment says "host". Kernels are enqueued in order on
+// the backend's one stream and may run asynchronously; only CopyToHost and Synchronize wait.
+// No CUDA type appears here: the CUDA stream is handed around as an opaque pointer.
+//
+//   std::unique_ptr<Backend> backend = MakeCpuBackend();
+//   ASSIGN_OR_RETURN(Buffer logits, backend->Allocate(tokens * experts * sizeof(float)));
+//   RETURN_IF_ERROR(backend->Gemm({...}));
+#ifndef MOED_ENGINE_BACKEND_H_
+#define MOED_ENGINE_BACKEND_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/config.h"
+#include "engine/dtype.h"
+
+namespace moe {
+
+enum class MemorySpace { kHost, kDevice };
+
+// Memory owned by a backend. Move-only; frees itself through its backend's deleter.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(void* data, size_t bytes, std::function<void(void*)> deleter)
+      : data_(data), bytes_(bytes), deleter_(std::move(deleter)) {}
+  ~Buffer() { Reset(); }
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      data_ = other.data_;
+      bytes_ = other.bytes_;
+      deleter_ = std::move(other.deleter_);
+      other.data_ = nullptr;
+      other.bytes_ = 0;
+    }
+    return *this;
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(data_); }
+  void Reset() {
+    if (data_ != nullptr && deleter_) deleter_(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  std::function<void(void*)> deleter_;
+};
+
+// C[m, n] = alpha * op(A)[m, k] * op(B)[k, n] + beta * C, all row-major, fp32 accumulation.
+// op(A) = A ([m, k], lda >= k) or, with trans_a, A^T where A is [k, m] (lda >= m); same for B.
+// a_type/b_type: kFloat32 or kBFloat16 (both the same); c_type: kFloat32 or kBFloat16.
+// m, n or k may be 0 (then C is scaled by beta, or left alone when m or n is 0).
+struct GemmArgs {
+  bool trans_a = false;
+  bool trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  const void* a = nullptr;
+  int64_t lda = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0;
+  void* c = nullptr;
+  int64_t ldc = 0;
+  DType ab_type = DType::kFloat32;
+  DType c_type = DType::kFloat32;
+  float alpha = 1.0f;
+  float beta = 0.0f;
+};
+
+// Router forward over this rank's tokens (SPEC.md Forward 1-6 without the collectives).
+// Slot order: the k selected experts of a token in descending selection score, ties toward the
+// lower expert index. That order defines "slot j" everywhere (permute, combine, backward).
+struct RouterForwardArgs {
+  const LayerConfig* config = nullptr;
+  int64_t tokens = 0;
+  const float* logits = nullptr;       // [T, E] z = x . gate
+  const float* expert_bias = nullptr;  // [E] or nullptr (sigmoid only)
+  int32_t* topk_expert = nullptr;      // out [T, k]
+  float* topk_weight = nullptr;        // out [T, k] probs = scaling_factor * p
+  float* scores = nullptr;             // out [T, E] softmax(z) (softmax) or sigmoid(z) (sigmoid)
+  float* logsumexp = nullptr;          // out [T] logsumexp(z_t)
+  int32_t* expert_counts = nullptr;    // out [E] (token, slot) pairs routed to e, before drops
+  // out [E + 1], fp64: [0, E) = sum over tokens of the aux probability P[t, e] (SPEC Forward 5),
+  // [E] = sum over tokens of logsumexp(z_t)^2 (z-loss numerator).
+  double* loss_partials = nullptr;
+};
+
+struct RouterBackwardArgs {
+  const LayerConfig* config = nullptr;
+  int64_t tokens = 0;
+  const float* logits = nullptr;         // [T, E]
+  const float* scores = nullptr;         // [T, E] as saved by RouterForward
+  const float* logsumexp = nullptr;      // [T]
+  const int32_t* topk_expert = nullptr;  // [T, k]
+  const float* d_topk_weight = nullptr;  // [T, k] d_probs from the combine backward
+  // [E] or nullptr: dL/dP[t, e] for the aux loss, C * f_e * d_aux (the same for every t).
+  const float* aux_grad = nullptr;
+  double z_loss_grad_scale = 0.0;        // d_zl * z_loss_coeff / T_g (0 = no z-loss term)
+  float* d_logits = nullptr;             // out [T, E] (overwritten)
+};
+
+// Capacity and permutation plan (SPEC.md Forward 7-8).
+struct RoutePlanArgs {
+  int64_t tokens = 0;
+  int64_t top_k = 0;
+  int64_t num_experts = 0;
+  int64_t capacity = -1;                 // pairs kept per expert, -1 = dropless
+  const int32_t* topk_expert = nullptr;  // [T, k]
+  const float* topk_weight = nullptr;    // [T, k]
+  uint8_t* kept = nullptr;               // out [T, k]: 1 kept, 0 dropped
+  int32_t* kept_counts = nullptr;        // out [E] pairs kept per expert
+};
+
+// Fills the permuted layout: pairs sorted stably by expert (ties by token, then slot); expert
+// e's rows start at expert_offsets[e] (padding rows after its kept pairs, up to the next offset).
+struct PermuteArgs {
+  int64_t tokens = 0;
+  int64_t top_k = 0;
+  int64_t num_experts = 0;
+  int64_t total_rows = 0;                  // expert_offsets[E]
+  const int32_t* topk_expert = nullptr;    // [T, k]
+  const uint8_t* kept = nullptr;           // [T, k]
+  const int64_t* expert_offsets = nullptr; // [E + 1] (backend memory)
+  int32_t* pair_row = nullptr;             // out [T, k] permuted row of (t, j), -1 if dropped
+  int32_t* row_token = nullptr;            // out [total_rows] source token, -1 on padding rows
+};
+
+// A run of contiguous rows moved by the dispatch reorder (rows are `row_bytes` wide).
+struct RowBlock {
+  int64_t src_row = 0;
+  int64_t dst_row = 0;
+  int64_t rows = 0;
+};
+
+// Rows of the expert FFN belonging to each local expert, in order (host memory).
+using GroupRows = absl::Span<const int64_t>;
+
+struct ActivationArgs {
+  Activation activation = Activation::kSilu;
+  bool gated = true;
+  int64_t rows = 0;
+  int64_t ffn = 0;          // F
+  DType dtype = DType::kFloat32;  // of h, a, d_a, d_h
+  void* h = nullptr;        // [rows, up] up = 2F gated else F; forward adds up_bias in place
+  void* a = nullptr;        // [rows, F] forward output
+  const void* d_a = nullptr;  // [rows, F] backward input
+  void* d_h = nullptr;      // [rows, up] backward output
+  const float* up_bias = nullptr;  // [groups, up] or nullptr
+  GroupRows group_rows;     // rows of each local expert (needed when up_bias is set)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;  // "cpu", "cuda:0"
+  virtual MemorySpace memory_space() const = 0;
+  // The CUDA stream (cudaStream_t) for the NCCL communicator; nullptr on the CPU.
+  virtual void* stream() const { return nullptr; }
+
+  // ---- memory ----
+  virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;  // contents undefined
+  virtual absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;  // waits
+  virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;
+  virtual absl::Status Memset(void* dst, int value, size_t bytes) = 0;
+  virtual absl::Status Synchronize() = 0;
+  // Bytes currently allocated through this backend and the peak since creation (telemetry).
+  virtual size_t allocated_bytes() const = 0;
+  virtual size_t peak_allocated_bytes() const = 0;
+
+  // ---- dense math ----
+  virtual absl::Status Gemm(const GemmArgs& args) = 0;
+  // Independent GEMMs (one per local expert); the CUDA backend batches or overlaps them.
+  virtual absl::Status GroupedGemm(absl::Span<const GemmArgs> gemms) {
+    for (const GemmArgs& g : gemms) {
+      absl::Status s = Gemm(g);
+      if (!s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  // dst[i] = src[i] converted (FP32 <-> BF16, or a copy).
+  virtual absl::Status Convert(const void* src, DType src_type, void* dst, DType dst_type,
+                               int64_t count) = 0;
+  // dst[i] += src[i] (fp32).
+  virtual absl::Status AddInPlace(float* dst, const float* src, int64_t count) = 0;
+
+  // ---- router ----
+  virtual absl::Status RouterForward(const RouterForwardArgs& args) = 0;
+  virtual absl::Status RouterBackward(const RouterBackwardArgs& args) = 0;
+
+  // ---- permutation, dispatch reorder, combine ----
+  virtual absl::Status RoutePlan(const RoutePlanArgs& args) = 0;
+  virtual absl::Status Permute(const PermuteArgs& args) = 0;
+  // dst[r] = src[index[r]] (rows of `width` elements of `dtype`), zeros where index[r] < 0.
+  virtual absl::Status GatherRows(const void* src, const int32_t* index, int64_t rows,
+                                  int64_t width, DType dtype, void* dst) = 0;
+  // Moves row blocks (host list) from src to dst; rows are row_bytes wide.
+  virtual absl::Status CopyRowBlocks(const void* src, void* dst, size_t row_bytes,
+                                     absl::Span<const RowBlock> blocks) = 0;
+  // out[t] = sum over j in slot order of w[t, j] * y[pair_row[t, j]] (w == nullptr: weight 1),
+  // accumulated in fp32, skipping pair_row < 0, written as out_type (FP32 or BF16).
+  virtual absl::Status CombineRows(const void* y, DType y_type, const int32_t* pair_row,
+                                   const float* weight, int64_t tokens, int64_t top_k,
+                                   int64_t width, void* out, DType out_type) = 0;
+  // Backward of CombineRows with weights: d_y[pair_row[t, j]] = w[t, j] * d_out[t] (rows no pair
+  // points at are zeroed; d_y has total_rows rows), d_w[t, j] = <d_out[t], y[pair_row[t, j]]>
+  // in fp32 (0 for dropped pairs).
+  virtual absl::Status CombineBackward(const void* d_out, DType d_out_type, const void* y,
+                                       DType y_type, const int32_t* pair_row, const float* weight,
+                                       int64_t tokens, int64_t top_k, int64_t width,
+                                       int64_t total_rows, void* d_y, float* d_weight) = 0;
+
+  // ---- expert FFN pieces ----
+  virtual absl::Status ActivationForward(const ActivationArgs& args) = 0;
+  virtual absl::Status ActivationBackward(const ActivationArgs& args) = 0;
+  // y[r, :] += bias[g, :] for the rows of group g (y of dtype, bias fp32 [groups, width]).
+  virtual absl::Status AddGroupBias(void* y, DType dtype, const float* bias, int64_t width,
+                                    GroupRows group_rows) = 0;
+  // d_bias[g, :] += sum over the rows of group g of d_y (fp32 accumulation, fixed order).
+  virtual absl::Status GroupBiasGrad(const void* d_y, DType dtype, int64_t width,
+                                     GroupRows group_rows, float* d_bias) = 0;
+
+  // ---- optimizers (fp32 masters) ----
+  // SGD: m = momentum * m + g (+ wd * p); p -= lr * m (momentum 0: plain step).
+  // AdamW: m, v moments; p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p); `step` counts from 1.
+  struct OptimizerArgs {
+    bool adamw = false;
+    double lr = 0, momentum = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+    int64_t step = 1;
+  };
+  virtual absl::Status OptimizerStep(const OptimizerArgs& args, float* param, const float* grad,
+                                     float* state1, float* state2, int64_t count) = 0;
+};
+
+}  // namespace moe
+
+#endif  // MOED_ENGINE_BACKEND_H_

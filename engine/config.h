@@ -1,0 +1,67 @@
+// The configuration of one MoE layer: every knob of SPEC.md, with its defaults, and the
+// validation rules. A config that passes Validate() is one the engine computes exactly.
+//
+//   LayerConfig config;
+//   config.hidden = 1024; config.ffn = 4096; config.num_experts = 8; config.top_k = 2;
+//   RETURN_IF_ERROR(ValidateConfig(config, /*ep_ranks=*/2));
+#ifndef MOED_ENGINE_CONFIG_H_
+#define MOED_ENGINE_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/dtype.h"
+
+namespace moe {
+
+enum class ScoreFunction { kSoftmax, kSigmoid };
+enum class Activation { kSilu, kGelu, kRelu, kLinear };
+
+struct LayerConfig {
+  int64_t hidden = 0;       // H
+  int64_t ffn = 0;          // F, each expert's FFN width
+  int64_t num_experts = 0;  // E
+  int64_t top_k = 1;        // k
+
+  ScoreFunction score_function = ScoreFunction::kSoftmax;
+  bool pre_softmax = false;       // softmax only: select on softmax(z) instead of z
+  int64_t num_groups = 0;         // grouped top-k (0 = off)
+  int64_t group_topk = 0;         // groups kept (0 = off)
+  double scaling_factor = 1.0;    // multiplies the routing weights
+  bool use_expert_bias = false;   // sigmoid only; selection-only bias [E]
+
+  double aux_loss_coeff = 0.0;    // 0 = no aux loss
+  double z_loss_coeff = 0.0;      // 0 = no z-loss
+  double capacity_factor = 0.0;   // 0 = dropless
+  int64_t align_size = 0;         // pad each expert's rows to a multiple (0 = no padding)
+
+  Activation activation = Activation::kSilu;
+  bool gated = true;              // wi = [wi_0 | wi_1] (SwiGLU-style) or wi_0 only
+  bool use_bias = false;          // wi_0_bias, wi_1_bias, wo_bias
+
+  DType compute_dtype = DType::kFloat32;  // kFloat32 or kBFloat16
+  uint64_t init_seed = 0;
+};
+
+// Checks every rule of SPEC.md (positive sizes, k <= E, grouped top-k rules, expert bias only
+// with sigmoid, E % ep_ranks == 0, ...). The error message names the field and the rule.
+absl::Status ValidateConfig(const LayerConfig& config, int ep_ranks);
+
+const char* ScoreFunctionName(ScoreFunction f);  // "softmax", "sigmoid"
+const char* ActivationName(Activation a);        // "silu", "gelu", "relu", "linear"
+absl::StatusOr<ScoreFunction> ParseScoreFunction(absl::string_view name);
+absl::StatusOr<Activation> ParseActivation(absl::string_view name);
+
+// Width of the fused up projection: 2F when gated, F otherwise.
+inline int64_t UpWidth(const LayerConfig& c) { return c.gated ? 2 * c.ffn : c.ffn; }
+
+// One line, "key=value ..." of every field: logs, checkpoints and error messages.
+std::string ConfigToString(const LayerConfig& config);
+absl::StatusOr<LayerConfig> ConfigFromString(absl::string_view text);
+
+}  // namespace moe
+
+#endif  // MOED_ENGINE_CONFIG_H_

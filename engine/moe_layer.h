@@ -1,0 +1,115 @@
+// MoeLayer: one Mixture-of-Experts layer of SPEC.md on one rank of an expert-parallel group.
+//
+// Rank r of R owns experts [r*El, (r+1)*El) (El = E / R) and their rows of every expert
+// tensor; the router (gate, expert_bias) is replicated. Forward and Backward are collective:
+// every rank calls them in the same order, each with its own tokens (T may be 0 on a rank).
+// The layer owns fp32 master parameters, their gradients (accumulated until zeroed), the
+// optimizer state and the compute-dtype copies of the expert weights, all in the backend's
+// memory. Not thread-safe: the caller serialises calls on one layer.
+//
+//   ASSIGN_OR_RETURN(auto layer, MoeLayer::Create(config, backend.get(), comm.get()));
+//   std::unique_ptr<StepContext> saved;
+//   ASSIGN_OR_RETURN(ForwardResult fwd, layer->Forward(x, &saved));
+//   ASSIGN_OR_RETURN(Tensor d_x, layer->Backward(*saved, d_out, /*d_aux=*/1.0, /*d_z_loss=*/1.0));
+//   RETURN_IF_ERROR(layer->ApplyOptimizer(OptimizerConfig::Sgd(0.1)));
+#ifndef MOED_ENGINE_MOE_LAYER_H_
+#define MOED_ENGINE_MOE_LAYER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/comm/communicator.h"
+#include "engine/config.h"
+#include "engine/tensor.h"
+
+namespace moe {
+
+struct OptimizerConfig {
+  enum class Kind { kSgd, kAdamW };
+  Kind kind = Kind::kSgd;
+  double lr = 1e-3;
+  double momentum = 0.0;       // SGD
+  double beta1 = 0.9;          // AdamW
+  double beta2 = 0.999;        // AdamW
+  double eps = 1e-8;           // AdamW
+  double weight_decay = 0.0;
+  static OptimizerConfig Sgd(double lr, double momentum = 0.0, double weight_decay = 0.0);
+  static OptimizerConfig AdamW(double lr, double weight_decay = 0.0);
+};
+
+struct ForwardResult {
+  Tensor out;                               // [T, H] in x's dtype
+  double aux_loss = 0.0;                    // global (the same on every rank)
+  double z_loss = 0.0;                      // global
+  std::vector<int64_t> tokens_per_expert;   // [E] global (token, slot) pairs, before drops
+};
+
+// What a forward keeps for its backward (saved activations, routing plan). Opaque.
+class StepContext {
+ public:
+  virtual ~StepContext() = default;
+  virtual size_t bytes() const = 0;  // backend memory held
+};
+
+class MoeLayer {
+ public:
+  // Validates `config` for comm->size() ranks and initialises the parameters from
+  // config.init_seed (SPEC.md "Initialisation"); gradients start at zero. backend and comm
+  // must outlive the layer; comm->memory_space() must equal backend->memory_space().
+  static absl::StatusOr<std::unique_ptr<MoeLayer>> Create(const LayerConfig& config,
+                                                          Backend* backend, Communicator* comm);
+  virtual ~MoeLayer() = default;
+
+  virtual const LayerConfig& config() const = 0;
+  virtual int64_t first_expert() const = 0;   // r * El
+  virtual int64_t local_experts() const = 0;  // El
+
+  // x: [T, H], FP32 or BF16. With `saved` non-null, keeps what Backward needs there.
+  virtual absl::StatusOr<ForwardResult> Forward(const Tensor& x,
+                                                std::unique_ptr<StepContext>* saved) = 0;
+  // d_out: [T, H] (FP32 or BF16). Accumulates every parameter gradient; returns d_x in x's
+  // dtype. A context may be used for one backward only (FAILED_PRECONDITION afterwards).
+  virtual absl::StatusOr<Tensor> Backward(StepContext& saved, const Tensor& d_out, double d_aux,
+                                          double d_z_loss) = 0;
+
+  // Parameters, this rank's shard as host fp32 tensors:
+  //   "gate" [H, E], "expert_bias" [E] (use_expert_bias), "wi" [El, H, up], "wo" [El, F, H],
+  //   "wi_bias" [El, up], "wo_bias" [El, H] (use_bias); up = 2F gated (wi_0 | wi_1) else F.
+  virtual std::vector<std::string> ParameterNames() const = 0;
+  virtual absl::StatusOr<Tensor> GetParameter(const std::string& name) const = 0;
+  // Replaces a master tensor (shape checked) and refreshes its compute copy.
+  virtual absl::Status SetParameter(const std::string& name, const Tensor& value) = 0;
+  // Gradient of a parameter (same names and shapes; "expert_bias" has none). "gate" holds the
+  // all-reduced gradient, identical on every rank.
+  virtual absl::StatusOr<Tensor> GetGradient(const std::string& name) const = 0;
+  virtual absl::Status ZeroGradients() = 0;
+
+  // One optimizer step on every parameter from the accumulated gradients, then refreshes the
+  // compute copies and zeroes the gradients. Not collective (the gate gradient is already
+  // reduced, so every rank takes the same router step).
+  virtual absl::Status ApplyOptimizer(const OptimizerConfig& optimizer) = 0;
+  // Optimizer state by parameter: "<param>.m", "<param>.v" (AdamW) or "<param>.m" (SGD
+  // momentum), plus "step" ([1] fp32 holding the AdamW step count). Empty before the first
+  // step. For checkpoints.
+  virtual std::vector<std::string> StateNames() const = 0;
+  virtual absl::StatusOr<Tensor> GetState(const std::string& name) const = 0;
+  virtual absl::Status SetState(const std::string& name, const Tensor& value) = 0;
+
+  // Aux-loss-free balancing (SPEC.md Updates): b_e += rate * sign(mean(f) - f_e) over the global
+  // counts accumulated by forwards since the last update; then the counts restart at zero.
+  virtual absl::Status UpdateExpertBias(double rate) = 0;
+  // Global (token, slot) pairs per expert accumulated since the last UpdateExpertBias.
+  virtual std::vector<int64_t> accumulated_expert_counts() const = 0;
+
+  virtual Backend* backend() const = 0;
+  virtual Communicator* communicator() const = 0;
+};
+
+}  // namespace moe
+
+#endif  // MOED_ENGINE_MOE_LAYER_H_

@@ -1,0 +1,74 @@
+// A host tensor: dtype, row-major shape and the bytes that own its elements.
+//
+//   Tensor x = Tensor::Zeros(DType::kFloat32, {tokens, hidden});
+//   x.data<float>()[0] = 1.0f;
+//   Tensor y = x.ConvertTo(DType::kBFloat16);
+//
+// Tensors here live in host memory; device memory belongs to a Backend (engine/backend.h).
+#ifndef MOED_ENGINE_TENSOR_H_
+#define MOED_ENGINE_TENSOR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "engine/dtype.h"
+
+namespace moe {
+
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor Zeros(DType dtype, std::vector<int64_t> shape);
+  // Copies `bytes`; fails when its size is not shape-product * DTypeSize(dtype).
+  static absl::StatusOr<Tensor> FromBytes(DType dtype, std::vector<int64_t> shape,
+                                          absl::string_view bytes);
+  static Tensor FromFloats(std::vector<int64_t> shape, const std::vector<float>& values);
+
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(int i) const { return shape_[i]; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t num_elements() const;
+  size_t num_bytes() const { return bytes_.size(); }
+
+  template <typename T>
+  T* data() { return reinterpret_cast<T*>(bytes_.data()); }
+  template <typename T>
+  const T* data() const { return reinterpret_cast<const T*>(bytes_.data()); }
+  void* raw() { return bytes_.data(); }
+  const void* raw() const { return bytes_.data(); }
+  absl::string_view bytes() const {
+    return absl::string_view(reinterpret_cast<const char*>(bytes_.data()), bytes_.size());
+  }
+
+  // Element i as float (FP32, BF16, FP64 only).
+  float GetFloat(int64_t i) const;
+  // Element-wise conversion between floating types (a copy when dtype is the same).
+  Tensor ConvertTo(DType dtype) const;
+  // Rows [begin, end) of the first dimension.
+  Tensor SliceRows(int64_t begin, int64_t end) const;
+
+  std::string ShapeString() const;  // "[32, 1024]"
+
+ private:
+  DType dtype_ = DType::kFloat32;
+  std::vector<int64_t> shape_;
+  std::vector<uint8_t> bytes_;
+};
+
+int64_t NumElements(const std::vector<int64_t>& shape);
+
+// Checks used at every edge that accepts tensors. Messages name `field`.
+absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& shape,
+                        const std::vector<int64_t>& expected);
+// Fails unless shape is non-negative and byte_count == product(shape) * DTypeSize(dtype).
+absl::Status CheckByteCount(absl::string_view field, DType dtype,
+                            const std::vector<int64_t>& shape, size_t byte_count);
+
+}  // namespace moe
+
+#endif  // MOED_ENGINE_TENSOR_H_

@@ -1,0 +1,58 @@
+#include "engine/tensor.h"
+
+#include <cmath>
+#include <limits>
+
+#include "gtest/gtest.h"
+
+namespace moe {
+namespace {
+
+TEST(DTypeTest, NamesRoundTrip) {
+  for (DType d : {DType::kFloat32, DType::kBFloat16, DType::kFloat64, DType::kInt32,
+                  DType::kInt64}) {
+    auto parsed = ParseDType(DTypeName(d));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, d);
+  }
+  EXPECT_EQ(ParseDType("FP8").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(DTypeSize(DType::kBFloat16), 2u);
+  EXPECT_EQ(DTypeSize(DType::kInt64), 8u);
+}
+
+TEST(DTypeTest, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.5f)), 1.5f);
+  // 1 + 2^-8 is exactly half-way between two bf16 values: ties to even (1.0).
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.0f + std::ldexp(1.0f, -8))), 1.0f);
+  // 1 + 3 * 2^-8 ties to the even neighbour above.
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.0f + 3 * std::ldexp(1.0f, -8))), 1.0f + std::ldexp(1.0f, -6));
+  EXPECT_TRUE(std::isnan(Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::quiet_NaN()))));
+  EXPECT_TRUE(std::isinf(Bf16ToFloat(FloatToBf16(std::numeric_limits<float>::infinity()))));
+}
+
+TEST(TensorTest, ByteCountIsChecked) {
+  EXPECT_TRUE(CheckByteCount("x", DType::kFloat32, {2, 3}, 24).ok());
+  absl::Status wrong = CheckByteCount("x", DType::kBFloat16, {2, 3}, 24);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("x:"), absl::string_view::npos);
+  EXPECT_EQ(CheckByteCount("x", DType::kFloat32, {-1, 3}, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  // A shape whose byte count overflows 64 bits must not wrap around to a small number.
+  EXPECT_EQ(CheckByteCount("x", DType::kFloat32, {1LL << 40, 1LL << 40}, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckByteCount("x", DType::kFloat32, {0, 7}, 0).ok());
+}
+
+TEST(TensorTest, ConvertAndSlice) {
+  Tensor t = Tensor::FromFloats({3, 2}, {1, 2, 3, 4, 5, 6});
+  Tensor b = t.ConvertTo(DType::kBFloat16);
+  EXPECT_EQ(b.num_bytes(), 12u);
+  EXPECT_EQ(b.GetFloat(5), 6.0f);
+  Tensor rows = t.SliceRows(1, 3);
+  EXPECT_EQ(rows.shape(), (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(rows.data<float>()[0], 3.0f);
+  EXPECT_EQ(CheckShape("x", {2, 2}, {2, 3}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moe
