@@ -43,7 +43,7 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
         native.cc_library(
             name = name,
             hdrs = hdrs,
-            target_compatible_with = ["@platforms//:incompatible"],
+            target_compatible_with = ["@//third_party:incompatible"],
             visibility = visibility,
         )
         return

@@ -14,7 +14,7 @@ def _cuda_configure_impl(ctx):
         print("CUDA not found at %s (set MOED_CUDA_PATH): CUDA targets are left out of this build." % root)
         ctx.file("defs.bzl", "CUDA_AVAILABLE = False\nNVCC = None\n")
         ctx.file("BUILD", 'package(default_visibility = ["//visibility:public"])\n' +
-                          'cc_library(name = "cuda", target_compatible_with = ["@platforms//:incompatible"])\n')
+                          'cc_library(name = "cuda", target_compatible_with = ["@//third_party:incompatible"])\n')
         return
     ctx.symlink(root + "/include", "include")
     ctx.file("defs.bzl", "CUDA_AVAILABLE = True\nNVCC = %r\n" % str(nvcc))
