@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs everything moed needs to build and test, from the Debian archive only. Idempotent:
+# packages already present are left alone, so a second run is a no-op. Run as root (or with
+# sudo available). The Dockerfile (deploy/docker/) runs this same script: one source of truth.
+set -euo pipefail
+
+PACKAGES=(
+  # build
+  bazel-bootstrap bazel-rules-java bazel-platforms g++ pkg-config
+  # RPC and serialisation
+  libgrpc++-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+  # C++ libraries
+  libabsl-dev libgtest-dev libgmock-dev libgloo-dev libopenblas-dev
+  # Python client and its tests (Debian's /usr/bin/python3)
+  python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-yaml
+  # deployment checks
+  yamllint
+  # used by the local cluster scripts and tests
+  procps iproute2
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq "${missing[@]}"
+echo "setup: done"
