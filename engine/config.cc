@@ -1,0 +1,264 @@
+#include "engine/config.h"
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <set>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "engine/status_macros.h"
+
+namespace moe {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view rule) {
+  return absl::InvalidArgumentError(absl::StrCat("config.", field, ": ", rule));
+}
+
+bool IsFiniteNonNegative(double v) { return std::isfinite(v) && v >= 0.0; }
+
+// Doubles are written with 17 significant digits so that parsing gives the same bits back.
+std::string DoubleToString(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.17g", v);
+  return buf;
+}
+
+const char* BoolName(bool b) { return b ? "true" : "false"; }
+
+absl::StatusOr<bool> ParseBool(absl::string_view key, absl::string_view v) {
+  if (v == "true" || v == "1") return true;
+  if (v == "false" || v == "0") return false;
+  return absl::InvalidArgumentError(
+      absl::StrCat("config.", key, ": '", v, "' is not a boolean (true/false)"));
+}
+
+absl::StatusOr<int64_t> ParseInt(absl::string_view key, absl::string_view v) {
+  int64_t out;
+  if (!absl::SimpleAtoi(v, &out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.", key, ": '", v, "' is not an integer"));
+  }
+  return out;
+}
+
+absl::StatusOr<double> ParseDouble(absl::string_view key, absl::string_view v) {
+  double out;
+  if (!absl::SimpleAtod(v, &out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.", key, ": '", v, "' is not a number"));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status ValidateConfig(const LayerConfig& c, int ep_ranks) {
+  if (c.hidden <= 0) return Invalid("hidden", absl::StrCat("must be > 0, got ", c.hidden));
+  if (c.ffn <= 0) return Invalid("ffn", absl::StrCat("must be > 0, got ", c.ffn));
+  if (c.num_experts <= 0) {
+    return Invalid("num_experts", absl::StrCat("must be > 0, got ", c.num_experts));
+  }
+  if (c.top_k <= 0) return Invalid("top_k", absl::StrCat("must be > 0, got ", c.top_k));
+  if (c.top_k > c.num_experts) {
+    return Invalid("top_k", absl::StrCat("must be <= num_experts (", c.num_experts, "), got ",
+                                         c.top_k));
+  }
+  if (ep_ranks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ep_ranks: must be > 0, got ", ep_ranks));
+  }
+  if (c.num_experts % ep_ranks != 0) {
+    return Invalid("num_experts", absl::StrCat("must be divisible by the number of EP ranks (",
+                                               ep_ranks, "), got ", c.num_experts));
+  }
+  if (c.score_function != ScoreFunction::kSoftmax && c.score_function != ScoreFunction::kSigmoid) {
+    return Invalid("score_function", "must be softmax or sigmoid");
+  }
+  if (c.pre_softmax && c.score_function != ScoreFunction::kSoftmax) {
+    return Invalid("pre_softmax", "only applies to score_function=softmax");
+  }
+  if (c.use_expert_bias && c.score_function != ScoreFunction::kSigmoid) {
+    return Invalid("use_expert_bias", "requires score_function=sigmoid");
+  }
+  // Grouped top-k (SPEC.md Forward 3): both knobs set or both off.
+  if (c.num_groups < 0) return Invalid("num_groups", "must be >= 0");
+  if (c.group_topk < 0) return Invalid("group_topk", "must be >= 0");
+  if ((c.num_groups > 0) != (c.group_topk > 0)) {
+    return Invalid(c.num_groups > 0 ? "group_topk" : "num_groups",
+                   "num_groups and group_topk must both be > 0 (grouped top-k) or both 0");
+  }
+  if (c.num_groups > 0) {
+    if (c.num_experts % c.num_groups != 0) {
+      return Invalid("num_groups", absl::StrCat("num_experts (", c.num_experts,
+                                                ") must be divisible by num_groups (",
+                                                c.num_groups, ")"));
+    }
+    if (c.group_topk > c.num_groups) {
+      return Invalid("group_topk", absl::StrCat("must be <= num_groups (", c.num_groups,
+                                                "), got ", c.group_topk));
+    }
+    if (c.top_k % c.group_topk != 0) {
+      return Invalid("group_topk", absl::StrCat("top_k (", c.top_k,
+                                                ") must be divisible by group_topk (",
+                                                c.group_topk, ")"));
+    }
+    const int64_t group_size = c.num_experts / c.num_groups;
+    if (c.top_k > c.group_topk * group_size) {
+      return Invalid("top_k", absl::StrCat("must be <= group_topk * num_experts / num_groups (",
+                                           c.group_topk * group_size, "), got ", c.top_k));
+    }
+  }
+  if (!std::isfinite(c.scaling_factor) || c.scaling_factor <= 0.0) {
+    return Invalid("scaling_factor", "must be finite and > 0");
+  }
+  if (!IsFiniteNonNegative(c.aux_loss_coeff)) {
+    return Invalid("aux_loss_coeff", "must be finite and >= 0");
+  }
+  if (!IsFiniteNonNegative(c.z_loss_coeff)) {
+    return Invalid("z_loss_coeff", "must be finite and >= 0");
+  }
+  if (!IsFiniteNonNegative(c.capacity_factor)) {
+    return Invalid("capacity_factor", "must be finite and >= 0 (0 = dropless)");
+  }
+  if (c.align_size < 0) return Invalid("align_size", "must be >= 0 (0 = no padding)");
+  switch (c.activation) {
+    case Activation::kSilu:
+    case Activation::kGelu:
+    case Activation::kRelu:
+    case Activation::kLinear:
+      break;
+    default:
+      return Invalid("activation", "must be silu, gelu, relu or linear");
+  }
+  if (c.compute_dtype != DType::kFloat32 && c.compute_dtype != DType::kBFloat16) {
+    return Invalid("compute_dtype",
+                   absl::StrCat("must be FP32 or BF16, got ", DTypeName(c.compute_dtype)));
+  }
+  return absl::OkStatus();
+}
+
+const char* ScoreFunctionName(ScoreFunction f) {
+  switch (f) {
+    case ScoreFunction::kSoftmax:
+      return "softmax";
+    case ScoreFunction::kSigmoid:
+      return "sigmoid";
+  }
+  return "unknown";
+}
+
+const char* ActivationName(Activation a) {
+  switch (a) {
+    case Activation::kSilu:
+      return "silu";
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kRelu:
+      return "relu";
+    case Activation::kLinear:
+      return "linear";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<ScoreFunction> ParseScoreFunction(absl::string_view name) {
+  for (ScoreFunction f : {ScoreFunction::kSoftmax, ScoreFunction::kSigmoid}) {
+    if (name == ScoreFunctionName(f)) return f;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("score_function: unknown '", name, "' (softmax, sigmoid)"));
+}
+
+absl::StatusOr<Activation> ParseActivation(absl::string_view name) {
+  for (Activation a :
+       {Activation::kSilu, Activation::kGelu, Activation::kRelu, Activation::kLinear}) {
+    if (name == ActivationName(a)) return a;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("activation: unknown '", name, "' (silu, gelu, relu, linear)"));
+}
+
+std::string ConfigToString(const LayerConfig& c) {
+  return absl::StrCat(
+      "hidden=", c.hidden, " ffn=", c.ffn, " num_experts=", c.num_experts, " top_k=", c.top_k,
+      " score_function=", ScoreFunctionName(c.score_function),
+      " pre_softmax=", BoolName(c.pre_softmax), " num_groups=", c.num_groups,
+      " group_topk=", c.group_topk, " scaling_factor=", DoubleToString(c.scaling_factor),
+      " use_expert_bias=", BoolName(c.use_expert_bias),
+      " aux_loss_coeff=", DoubleToString(c.aux_loss_coeff),
+      " z_loss_coeff=", DoubleToString(c.z_loss_coeff),
+      " capacity_factor=", DoubleToString(c.capacity_factor), " align_size=", c.align_size,
+      " activation=", ActivationName(c.activation), " gated=", BoolName(c.gated),
+      " use_bias=", BoolName(c.use_bias), " compute_dtype=", DTypeName(c.compute_dtype),
+      " init_seed=", c.init_seed);
+}
+
+// Every key must be known and appear at most once; keys left out keep their defaults.
+// The result is not validated (the EP size is not known here): callers run ValidateConfig.
+absl::StatusOr<LayerConfig> ConfigFromString(absl::string_view text) {
+  LayerConfig c;
+  std::set<std::string> seen;
+  for (absl::string_view item : absl::StrSplit(text, absl::ByAnyChar(" \t\n"), absl::SkipEmpty())) {
+    const size_t eq = item.find('=');
+    if (eq == absl::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("config: '", item, "' is not key=value"));
+    }
+    const std::string key(item.substr(0, eq));
+    const absl::string_view v = item.substr(eq + 1);
+    if (!seen.insert(key).second) {
+      return absl::InvalidArgumentError(absl::StrCat("config.", key, ": given twice"));
+    }
+    if (key == "hidden") {
+      ASSIGN_OR_RETURN(c.hidden, ParseInt(key, v));
+    } else if (key == "ffn") {
+      ASSIGN_OR_RETURN(c.ffn, ParseInt(key, v));
+    } else if (key == "num_experts") {
+      ASSIGN_OR_RETURN(c.num_experts, ParseInt(key, v));
+    } else if (key == "top_k") {
+      ASSIGN_OR_RETURN(c.top_k, ParseInt(key, v));
+    } else if (key == "score_function") {
+      ASSIGN_OR_RETURN(c.score_function, ParseScoreFunction(v));
+    } else if (key == "pre_softmax") {
+      ASSIGN_OR_RETURN(c.pre_softmax, ParseBool(key, v));
+    } else if (key == "num_groups") {
+      ASSIGN_OR_RETURN(c.num_groups, ParseInt(key, v));
+    } else if (key == "group_topk") {
+      ASSIGN_OR_RETURN(c.group_topk, ParseInt(key, v));
+    } else if (key == "scaling_factor") {
+      ASSIGN_OR_RETURN(c.scaling_factor, ParseDouble(key, v));
+    } else if (key == "use_expert_bias") {
+      ASSIGN_OR_RETURN(c.use_expert_bias, ParseBool(key, v));
+    } else if (key == "aux_loss_coeff") {
+      ASSIGN_OR_RETURN(c.aux_loss_coeff, ParseDouble(key, v));
+    } else if (key == "z_loss_coeff") {
+      ASSIGN_OR_RETURN(c.z_loss_coeff, ParseDouble(key, v));
+    } else if (key == "capacity_factor") {
+      ASSIGN_OR_RETURN(c.capacity_factor, ParseDouble(key, v));
+    } else if (key == "align_size") {
+      ASSIGN_OR_RETURN(c.align_size, ParseInt(key, v));
+    } else if (key == "activation") {
+      ASSIGN_OR_RETURN(c.activation, ParseActivation(v));
+    } else if (key == "gated") {
+      ASSIGN_OR_RETURN(c.gated, ParseBool(key, v));
+    } else if (key == "use_bias") {
+      ASSIGN_OR_RETURN(c.use_bias, ParseBool(key, v));
+    } else if (key == "compute_dtype") {
+      ASSIGN_OR_RETURN(c.compute_dtype, ParseDType(v));
+    } else if (key == "init_seed") {
+      uint64_t seed;
+      if (!absl::SimpleAtoi(v, &seed)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config.init_seed: '", v, "' is not an unsigned integer"));
+      }
+      c.init_seed = seed;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("config: unknown key '", key, "'"));
+    }
+  }
+  return c;
+}
+
+}  // namespace moe

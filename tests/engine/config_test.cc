@@ -1,0 +1,163 @@
+#include "engine/config.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace moe {
+namespace {
+
+using ::testing::HasSubstr;
+
+LayerConfig Tiny() {
+  LayerConfig c;
+  c.hidden = 32;
+  c.ffn = 64;
+  c.num_experts = 8;
+  c.top_k = 2;
+  return c;
+}
+
+void ExpectInvalid(const LayerConfig& c, int ranks, const std::string& field,
+                   const std::string& rule_part) {
+  absl::Status s = ValidateConfig(c, ranks);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(field));
+  EXPECT_THAT(std::string(s.message()), HasSubstr(rule_part));
+}
+
+TEST(ConfigTest, TinyIsValid) {
+  EXPECT_TRUE(ValidateConfig(Tiny(), 1).ok());
+  EXPECT_TRUE(ValidateConfig(Tiny(), 8).ok());
+}
+
+TEST(ConfigTest, SizesMustBePositive) {
+  LayerConfig c = Tiny();
+  c.hidden = 0;
+  ExpectInvalid(c, 1, "hidden", "> 0");
+  c = Tiny();
+  c.ffn = -1;
+  ExpectInvalid(c, 1, "ffn", "> 0");
+  c = Tiny();
+  c.num_experts = 0;
+  ExpectInvalid(c, 1, "num_experts", "> 0");
+  c = Tiny();
+  c.top_k = 0;
+  ExpectInvalid(c, 1, "top_k", "> 0");
+  c = Tiny();
+  c.top_k = 9;
+  ExpectInvalid(c, 1, "top_k", "<= num_experts");
+}
+
+TEST(ConfigTest, ExpertsDivisibleByRanks) {
+  ExpectInvalid(Tiny(), 3, "num_experts", "divisible by the number of EP ranks");
+  EXPECT_FALSE(ValidateConfig(Tiny(), 0).ok());
+}
+
+TEST(ConfigTest, ExpertBiasOnlyWithSigmoid) {
+  LayerConfig c = Tiny();
+  c.use_expert_bias = true;
+  ExpectInvalid(c, 1, "use_expert_bias", "sigmoid");
+  c.score_function = ScoreFunction::kSigmoid;
+  EXPECT_TRUE(ValidateConfig(c, 1).ok());
+  c.pre_softmax = true;
+  ExpectInvalid(c, 1, "pre_softmax", "softmax");
+}
+
+TEST(ConfigTest, GroupedTopKRules) {
+  LayerConfig c = Tiny();
+  c.num_experts = 256;
+  c.top_k = 8;
+  c.num_groups = 8;
+  c.group_topk = 4;
+  EXPECT_TRUE(ValidateConfig(c, 1).ok());
+  LayerConfig bad = c;
+  bad.group_topk = 0;
+  ExpectInvalid(bad, 1, "group_topk", "both");
+  bad = c;
+  bad.num_groups = 7;
+  ExpectInvalid(bad, 1, "num_groups", "divisible by num_groups");
+  bad = c;
+  bad.group_topk = 3;
+  ExpectInvalid(bad, 1, "group_topk", "top_k (8) must be divisible");
+  bad = c;
+  bad.group_topk = 9;
+  ExpectInvalid(bad, 1, "group_topk", "<= num_groups");
+  bad = Tiny();  // E=8, 4 groups of 2, keep 1 group: at most 2 experts reachable
+  bad.top_k = 3;
+  bad.num_groups = 4;
+  bad.group_topk = 1;
+  ExpectInvalid(bad, 1, "top_k", "group_topk * num_experts / num_groups");
+}
+
+TEST(ConfigTest, NumericKnobs) {
+  LayerConfig c = Tiny();
+  c.capacity_factor = -0.5;
+  ExpectInvalid(c, 1, "capacity_factor", ">= 0");
+  c = Tiny();
+  c.align_size = -1;
+  ExpectInvalid(c, 1, "align_size", ">= 0");
+  c = Tiny();
+  c.aux_loss_coeff = -1;
+  ExpectInvalid(c, 1, "aux_loss_coeff", ">= 0");
+  c = Tiny();
+  c.z_loss_coeff = std::numeric_limits<double>::quiet_NaN();
+  ExpectInvalid(c, 1, "z_loss_coeff", "finite");
+  c = Tiny();
+  c.scaling_factor = 0;
+  ExpectInvalid(c, 1, "scaling_factor", "> 0");
+  c = Tiny();
+  c.compute_dtype = DType::kFloat64;
+  ExpectInvalid(c, 1, "compute_dtype", "FP32 or BF16");
+}
+
+TEST(ConfigTest, StringRoundTripIsExact) {
+  LayerConfig c = Tiny();
+  c.score_function = ScoreFunction::kSigmoid;
+  c.use_expert_bias = true;
+  c.num_groups = 4;
+  c.group_topk = 2;
+  c.scaling_factor = 2.5 / 3.0;
+  c.aux_loss_coeff = 1e-2;
+  c.z_loss_coeff = 1.0 / 7.0;
+  c.capacity_factor = 1.25;
+  c.align_size = 16;
+  c.activation = Activation::kGelu;
+  c.gated = false;
+  c.use_bias = true;
+  c.compute_dtype = DType::kBFloat16;
+  c.init_seed = 18446744073709551615ull;
+  const std::string text = ConfigToString(c);
+  absl::StatusOr<LayerConfig> back = ConfigFromString(text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(ConfigToString(*back), text);
+  EXPECT_EQ(back->scaling_factor, c.scaling_factor);
+  EXPECT_EQ(back->z_loss_coeff, c.z_loss_coeff);
+  EXPECT_EQ(back->init_seed, c.init_seed);
+  EXPECT_EQ(back->activation, Activation::kGelu);
+  EXPECT_EQ(back->compute_dtype, DType::kBFloat16);
+  EXPECT_FALSE(back->gated);
+}
+
+TEST(ConfigTest, FromStringRejectsBadInput) {
+  EXPECT_EQ(ConfigFromString("hidden=32 bogus=1").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConfigFromString("hidden=abc").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConfigFromString("hidden=1 hidden=2").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConfigFromString("activation=swish").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConfigFromString("hidden").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ConfigTest, Names) {
+  EXPECT_STREQ(ScoreFunctionName(ScoreFunction::kSigmoid), "sigmoid");
+  EXPECT_STREQ(ActivationName(Activation::kRelu), "relu");
+  EXPECT_EQ(*ParseActivation("linear"), Activation::kLinear);
+  EXPECT_EQ(*ParseScoreFunction("softmax"), ScoreFunction::kSoftmax);
+  EXPECT_FALSE(ParseScoreFunction("tanh").ok());
+}
+
+}  // namespace
+}  // namespace moe
