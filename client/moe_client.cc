@@ -1,0 +1,375 @@
+#include "client/moe_client.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "engine/status_macros.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/support/byte_buffer.h"
+
+namespace moe {
+namespace client {
+namespace {
+
+constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
+
+// grpc.health.v1.HealthCheckRequest {string service = 1;} encoded by hand: the Health protos
+// are not installed with Debian's gRPC, and two lines of wire format beat vendoring them.
+std::string EncodeHealthRequest(const std::string& service) {
+  std::string out;
+  if (service.empty()) return out;
+  out.push_back(0x0a);  // field 1, length-delimited
+  uint64_t n = service.size();
+  while (n >= 0x80) {
+    out.push_back(static_cast<char>((n & 0x7f) | 0x80));
+    n >>= 7;
+  }
+  out.push_back(static_cast<char>(n));
+  return out + service;
+}
+
+// HealthCheckResponse {ServingStatus status = 1;}: field 1 varint; other fields are skipped.
+absl::StatusOr<ServingStatus> DecodeHealthResponse(const std::string& bytes) {
+  size_t pos = 0;
+  const auto varint = [&](uint64_t* value) {
+    *value = 0;
+    for (int shift = 0; pos < bytes.size() && shift < 64; shift += 7) {
+      const uint8_t b = static_cast<uint8_t>(bytes[pos++]);
+      *value |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  };
+  uint64_t status = 0;
+  while (pos < bytes.size()) {
+    uint64_t key = 0, value = 0;
+    if (!varint(&key)) break;
+    const int wire_type = static_cast<int>(key & 7);
+    if (wire_type == 0) {
+      if (!varint(&value)) break;
+      if ((key >> 3) == 1) status = value;
+    } else if (wire_type == 2) {
+      if (!varint(&value) || pos + value > bytes.size()) break;
+      pos += value;
+    } else {
+      return absl::InternalError("malformed grpc.health.v1.HealthCheckResponse");
+    }
+  }
+  if (pos != bytes.size()) return absl::InternalError("malformed HealthCheckResponse");
+  return status <= 3 ? static_cast<ServingStatus>(status) : ServingStatus::kUnknown;
+}
+
+}  // namespace
+
+const char* ServingStatusName(ServingStatus status) {
+  switch (status) {
+    case ServingStatus::kServing:
+      return "SERVING";
+    case ServingStatus::kNotServing:
+      return "NOT_SERVING";
+    case ServingStatus::kServiceUnknown:
+      return "SERVICE_UNKNOWN";
+    default:
+      return "UNKNOWN";
+  }
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::StatusOr<std::unique_ptr<MoeClient>> MoeClient::Connect(const std::string& target,
+                                                              ClientOptions options) {
+  if (target.empty()) return absl::InvalidArgumentError("target: empty server address");
+  if (options.default_deadline <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("default_deadline must be positive");
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  args.SetMaxSendMessageSize(options.max_message_bytes);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  if (channel == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", target));
+  }
+  return std::unique_ptr<MoeClient>(new MoeClient(target, options, std::move(channel)));
+}
+
+MoeClient::MoeClient(std::string target, ClientOptions options,
+                     std::shared_ptr<grpc::Channel> channel)
+    : target_(std::move(target)),
+      options_(options),
+      channel_(std::move(channel)),
+      stub_(v1::MoeService::NewStub(channel_)) {}
+
+void MoeClient::Prepare(const CallOptions& call, grpc::ClientContext* context) const {
+  const absl::Duration timeout = call.deadline.value_or(options_.default_deadline);
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  context->set_wait_for_ready(call.wait_for_ready);
+}
+
+// The unary calls all have the same shape: fill a request, call, map the status.
+#define MOED_UNARY_CALL(method, request, response, call)                   \
+  grpc::ClientContext context;                                             \
+  Prepare(call, &context);                                                 \
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->method(&context, request, &response)))
+
+absl::StatusOr<v1::LayerInfo> MoeClient::CreateLayer(const std::string& name,
+                                                     const v1::LayerConfig& config,
+                                                     const CallOptions& call) {
+  v1::CreateLayerRequest request;
+  request.set_name(name);
+  *request.mutable_config() = config;
+  v1::CreateLayerResponse response;
+  MOED_UNARY_CALL(CreateLayer, request, response, call);
+  return std::move(*response.mutable_layer());
+}
+
+absl::Status MoeClient::DeleteLayer(const std::string& name, const CallOptions& call) {
+  v1::DeleteLayerRequest request;
+  request.set_name(name);
+  v1::DeleteLayerResponse response;
+  MOED_UNARY_CALL(DeleteLayer, request, response, call);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::LayerInfo>> MoeClient::ListLayers(const CallOptions& call) {
+  v1::ListLayersRequest request;
+  v1::ListLayersResponse response;
+  MOED_UNARY_CALL(ListLayers, request, response, call);
+  return std::vector<v1::LayerInfo>(response.layers().begin(), response.layers().end());
+}
+
+absl::StatusOr<v1::LayerInfo> MoeClient::GetLayer(const std::string& name,
+                                                  const CallOptions& call) {
+  v1::GetLayerRequest request;
+  request.set_name(name);
+  v1::GetLayerResponse response;
+  MOED_UNARY_CALL(GetLayer, request, response, call);
+  return std::move(*response.mutable_layer());
+}
+
+absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const Tensor& x,
+                                                 bool keep_for_backward,
+                                                 const CallOptions& call) {
+  v1::ForwardRequest request;
+  request.set_layer(layer);
+  TensorToProto(x, request.mutable_x());
+  request.set_keep_for_backward(keep_for_backward);
+  v1::ForwardResponse response;
+  MOED_UNARY_CALL(Forward, request, response, call);
+  ForwardOutput output;
+  ASSIGN_OR_RETURN(output.out, TensorFromProto(response.out(), "ForwardResponse.out"));
+  output.aux_loss = response.aux_loss();
+  output.z_loss = response.z_loss();
+  output.tokens_per_expert.assign(response.tokens_per_expert().begin(),
+                                  response.tokens_per_expert().end());
+  output.step_id = response.step_id();
+  output.load = std::move(*response.mutable_load());
+  return output;
+}
+
+absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t step_id,
+                                           const Tensor& d_out, std::optional<double> d_aux,
+                                           std::optional<double> d_z_loss,
+                                           const CallOptions& call) {
+  v1::BackwardRequest request;
+  request.set_layer(layer);
+  request.set_step_id(step_id);
+  TensorToProto(d_out, request.mutable_d_out());
+  if (d_aux.has_value()) request.set_d_aux(*d_aux);
+  if (d_z_loss.has_value()) request.set_d_z_loss(*d_z_loss);
+  v1::BackwardResponse response;
+  MOED_UNARY_CALL(Backward, request, response, call);
+  return TensorFromProto(response.d_x(), "BackwardResponse.d_x");
+}
+
+absl::StatusOr<bool> MoeClient::ReleaseStep(const std::string& layer, uint64_t step_id,
+                                            const CallOptions& call) {
+  v1::ReleaseStepRequest request;
+  request.set_layer(layer);
+  request.set_step_id(step_id);
+  v1::ReleaseStepResponse response;
+  MOED_UNARY_CALL(ReleaseStep, request, response, call);
+  return response.released();
+}
+
+absl::StatusOr<std::vector<NamedTensor>> MoeClient::ReadChunks(
+    grpc::ClientReaderInterface<v1::TensorChunk>* reader, grpc::ClientContext* context) {
+  ChunkAssembler assembler;
+  v1::TensorChunk chunk;
+  absl::Status assembly = absl::OkStatus();
+  while (reader->Read(&chunk)) {
+    if (!assembly.ok()) continue;  // drain the stream so Finish() returns
+    assembly = assembler.Add(chunk);
+    if (!assembly.ok()) context->TryCancel();
+  }
+  const absl::Status rpc = FromGrpcStatus(reader->Finish());
+  if (!assembly.ok()) {
+    return absl::InternalError(absl::StrCat("bad chunk stream from server: ", assembly.message()));
+  }
+  RETURN_IF_ERROR(rpc);
+  return assembler.Finish();
+}
+
+absl::StatusOr<std::vector<NamedTensor>> MoeClient::GetGradients(
+    const std::string& layer, const std::vector<std::string>& names, const CallOptions& call) {
+  v1::GetGradientsRequest request;
+  request.set_layer(layer);
+  for (const std::string& name : names) request.add_names(name);
+  request.set_max_chunk_bytes(options_.chunk_bytes);
+  grpc::ClientContext context;
+  Prepare(call, &context);
+  std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader =
+      stub_->GetGradients(&context, request);
+  return ReadChunks(reader.get(), &context);
+}
+
+absl::Status MoeClient::ZeroGradients(const std::string& layer, const CallOptions& call) {
+  v1::ZeroGradientsRequest request;
+  request.set_layer(layer);
+  v1::ZeroGradientsResponse response;
+  MOED_UNARY_CALL(ZeroGradients, request, response, call);
+  return absl::OkStatus();
+}
+
+absl::Status MoeClient::ApplySgd(const std::string& layer, const v1::SgdOptimizer& sgd,
+                                 const CallOptions& call) {
+  v1::ApplyOptimizerRequest request;
+  request.set_layer(layer);
+  *request.mutable_sgd() = sgd;
+  v1::ApplyOptimizerResponse response;
+  MOED_UNARY_CALL(ApplyOptimizer, request, response, call);
+  return absl::OkStatus();
+}
+
+absl::Status MoeClient::ApplyAdamW(const std::string& layer, const v1::AdamWOptimizer& adamw,
+                                   const CallOptions& call) {
+  v1::ApplyOptimizerRequest request;
+  request.set_layer(layer);
+  *request.mutable_adamw() = adamw;
+  v1::ApplyOptimizerResponse response;
+  MOED_UNARY_CALL(ApplyOptimizer, request, response, call);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> MoeClient::UpdateExpertBias(const std::string& layer,
+                                                               double rate,
+                                                               const CallOptions& call) {
+  v1::UpdateExpertBiasRequest request;
+  request.set_layer(layer);
+  request.set_rate(rate);
+  v1::UpdateExpertBiasResponse response;
+  MOED_UNARY_CALL(UpdateExpertBias, request, response, call);
+  return std::vector<float>(response.expert_bias().begin(), response.expert_bias().end());
+}
+
+absl::StatusOr<std::vector<NamedTensor>> MoeClient::GetWeights(
+    const std::string& layer, const std::vector<std::string>& names, const CallOptions& call) {
+  v1::GetWeightsRequest request;
+  request.set_layer(layer);
+  for (const std::string& name : names) request.add_names(name);
+  request.set_max_chunk_bytes(options_.chunk_bytes);
+  grpc::ClientContext context;
+  Prepare(call, &context);
+  std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader =
+      stub_->GetWeights(&context, request);
+  return ReadChunks(reader.get(), &context);
+}
+
+absl::StatusOr<std::vector<std::string>> MoeClient::SetWeights(
+    const std::string& layer, const std::vector<NamedTensor>& tensors, const CallOptions& call) {
+  grpc::ClientContext context;
+  Prepare(call, &context);
+  v1::SetWeightsResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::SetWeightsRequest>> writer =
+      stub_->SetWeights(&context, &response);
+  bool first = true;
+  bool stream_open = true;
+  for (const NamedTensor& named : tensors) {
+    for (v1::TensorChunk& chunk : ChunkTensor(named.name, named.tensor, options_.chunk_bytes)) {
+      v1::SetWeightsRequest request;
+      if (first) request.set_layer(layer);
+      first = false;
+      *request.mutable_chunk() = std::move(chunk);
+      // A failed Write means the server ended the call; Finish() says why.
+      if (!writer->Write(request)) {
+        stream_open = false;
+        break;
+      }
+    }
+    if (!stream_open) break;
+  }
+  if (first) {  // no tensors: still name the layer so the server can answer for it
+    v1::SetWeightsRequest request;
+    request.set_layer(layer);
+    writer->Write(request);
+  }
+  writer->WritesDone();
+  RETURN_IF_ERROR(FromGrpcStatus(writer->Finish()));
+  return std::vector<std::string>(response.updated().begin(), response.updated().end());
+}
+
+absl::StatusOr<std::string> MoeClient::SaveCheckpoint(const std::string& layer,
+                                                      const std::string& directory,
+                                                      const CallOptions& call) {
+  v1::SaveCheckpointRequest request;
+  request.set_layer(layer);
+  request.set_directory(directory);
+  v1::SaveCheckpointResponse response;
+  MOED_UNARY_CALL(SaveCheckpoint, request, response, call);
+  return response.directory();
+}
+
+absl::Status MoeClient::LoadCheckpoint(const std::string& layer, const std::string& directory,
+                                       const CallOptions& call) {
+  v1::LoadCheckpointRequest request;
+  request.set_layer(layer);
+  request.set_directory(directory);
+  v1::LoadCheckpointResponse response;
+  MOED_UNARY_CALL(LoadCheckpoint, request, response, call);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::GetStatusResponse> MoeClient::GetStatus(const CallOptions& call) {
+  v1::GetStatusRequest request;
+  v1::GetStatusResponse response;
+  MOED_UNARY_CALL(GetStatus, request, response, call);
+  return response;
+}
+
+#undef MOED_UNARY_CALL
+
+absl::StatusOr<ServingStatus> MoeClient::Health(const std::string& service,
+                                                const CallOptions& call) {
+  grpc::GenericStub generic(channel_);
+  grpc::ClientContext context;
+  Prepare(call, &context);
+  const std::string encoded = EncodeHealthRequest(service);
+  grpc::Slice slice(encoded);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  absl::Notification done;
+  generic.UnaryCall(&context, kHealthCheckMethod, grpc::StubOptions(), &request, &response,
+                    [&](grpc::Status s) {
+                      status = std::move(s);
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  RETURN_IF_ERROR(FromGrpcStatus(status));
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return absl::InternalError("cannot read health response");
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return DecodeHealthResponse(bytes);
+}
+
+}  // namespace client
+}  // namespace moe

@@ -1,0 +1,158 @@
+// MoeClient: a typed C++ client of moed's public API (moe.v1.MoeService, proto/moe.proto)
+// plus the standard gRPC health check.
+//
+// Every method is blocking, returns absl::Status / absl::StatusOr with the server's gRPC code
+// and message preserved (INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, ...), and runs under a
+// deadline: the client's default (ClientOptions::default_deadline) unless the call's
+// CallOptions gives one. Tensors go in and out as host moe::Tensor (engine/tensor.h); chunked
+// streams (weights, gradients) are split and reassembled here. Thread-safe: one client may be
+// used by many threads at once (gRPC channels and stubs are).
+//
+//   ASSIGN_OR_RETURN(auto client, moe::client::MoeClient::Connect("localhost:50051"));
+//   moe::v1::LayerConfig config;
+//   config.set_hidden(1024); config.set_ffn(4096); config.set_num_experts(8); config.set_top_k(2);
+//   RETURN_IF_ERROR(client->CreateLayer("l0", config).status());
+//   ASSIGN_OR_RETURN(auto fwd, client->Forward("l0", x, /*keep_for_backward=*/true));
+//   ASSIGN_OR_RETURN(moe::Tensor d_x, client->Backward("l0", fwd.step_id, d_out));
+#ifndef MOED_CLIENT_MOE_CLIENT_H_
+#define MOED_CLIENT_MOE_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "client/tensor_proto.h"
+#include "engine/tensor.h"
+#include "proto/moe.grpc.pb.h"
+
+namespace grpc {
+class Channel;
+class Status;
+}  // namespace grpc
+
+namespace moe {
+namespace client {
+
+struct ClientOptions {
+  // Deadline of every call that does not set its own.
+  absl::Duration default_deadline = absl::Seconds(60);
+  // Largest message the client sends or accepts (bytes). Forward of T x H fp32 needs
+  // 4*T*H plus a little; the server has its own limit.
+  int max_message_bytes = 512 << 20;
+  // Chunk size for SetWeights and the size asked for in GetWeights / GetGradients.
+  int64_t chunk_bytes = 1 << 20;
+};
+
+struct CallOptions {
+  // Overrides ClientOptions::default_deadline when set.
+  std::optional<absl::Duration> deadline;
+  // Wait for the channel to become ready (up to the deadline) instead of failing fast with
+  // UNAVAILABLE when the server is not up yet.
+  bool wait_for_ready = false;
+};
+
+struct ForwardOutput {
+  Tensor out;                              // [T, H] in x's dtype
+  double aux_loss = 0.0;
+  double z_loss = 0.0;
+  std::vector<int64_t> tokens_per_expert;  // [E]
+  uint64_t step_id = 0;                    // 0 unless keep_for_backward
+  v1::ExpertLoad load;
+};
+
+// grpc.health.v1.HealthCheckResponse.ServingStatus.
+enum class ServingStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
+const char* ServingStatusName(ServingStatus status);  // "SERVING", ...
+
+// grpc::Status -> absl::Status with the same code and message (the codes match one to one).
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+class MoeClient {
+ public:
+  // Creates the channel (insecure; TLS is not supported yet). Does not contact the server:
+  // the first call does (use Health or CallOptions::wait_for_ready to wait for it).
+  static absl::StatusOr<std::unique_ptr<MoeClient>> Connect(const std::string& target,
+                                                            ClientOptions options = {});
+
+  const std::string& target() const { return target_; }
+
+  // ---- layers ----
+  absl::StatusOr<v1::LayerInfo> CreateLayer(const std::string& name, const v1::LayerConfig& config,
+                                            const CallOptions& call = {});
+  absl::Status DeleteLayer(const std::string& name, const CallOptions& call = {});
+  absl::StatusOr<std::vector<v1::LayerInfo>> ListLayers(const CallOptions& call = {});
+  absl::StatusOr<v1::LayerInfo> GetLayer(const std::string& name, const CallOptions& call = {});
+
+  // ---- steps ----
+  absl::StatusOr<ForwardOutput> Forward(const std::string& layer, const Tensor& x,
+                                        bool keep_for_backward = false,
+                                        const CallOptions& call = {});
+  // d_aux / d_z_loss: unset = 1.0 on the server.
+  absl::StatusOr<Tensor> Backward(const std::string& layer, uint64_t step_id, const Tensor& d_out,
+                                  std::optional<double> d_aux = std::nullopt,
+                                  std::optional<double> d_z_loss = std::nullopt,
+                                  const CallOptions& call = {});
+  // True if the step was held and is now released.
+  absl::StatusOr<bool> ReleaseStep(const std::string& layer, uint64_t step_id,
+                                   const CallOptions& call = {});
+
+  // ---- training ----
+  // Whole-layer fp32 gradients; names empty = every parameter with a gradient.
+  absl::StatusOr<std::vector<NamedTensor>> GetGradients(const std::string& layer,
+                                                        const std::vector<std::string>& names = {},
+                                                        const CallOptions& call = {});
+  absl::Status ZeroGradients(const std::string& layer, const CallOptions& call = {});
+  absl::Status ApplySgd(const std::string& layer, const v1::SgdOptimizer& sgd,
+                        const CallOptions& call = {});
+  absl::Status ApplyAdamW(const std::string& layer, const v1::AdamWOptimizer& adamw,
+                          const CallOptions& call = {});
+  // Returns the expert bias after the update, [E].
+  absl::StatusOr<std::vector<float>> UpdateExpertBias(const std::string& layer, double rate,
+                                                      const CallOptions& call = {});
+
+  // ---- weights and checkpoints ----
+  absl::StatusOr<std::vector<NamedTensor>> GetWeights(const std::string& layer,
+                                                      const std::vector<std::string>& names = {},
+                                                      const CallOptions& call = {});
+  // Sends every tensor in chunks of ClientOptions::chunk_bytes; returns the names the server
+  // replaced. The server applies nothing unless the whole stream is valid.
+  absl::StatusOr<std::vector<std::string>> SetWeights(const std::string& layer,
+                                                      const std::vector<NamedTensor>& tensors,
+                                                      const CallOptions& call = {});
+  // Returns the absolute directory written (on the server's disk).
+  absl::StatusOr<std::string> SaveCheckpoint(const std::string& layer,
+                                             const std::string& directory,
+                                             const CallOptions& call = {});
+  absl::Status LoadCheckpoint(const std::string& layer, const std::string& directory,
+                              const CallOptions& call = {});
+
+  // ---- operations ----
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(const CallOptions& call = {});
+  // grpc.health.v1.Health/Check for `service` ("" = the whole server).
+  absl::StatusOr<ServingStatus> Health(const std::string& service = "",
+                                       const CallOptions& call = {});
+
+  v1::MoeService::Stub* stub() { return stub_.get(); }
+
+ private:
+  MoeClient(std::string target, ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  // Applies the deadline and wait-for-ready of `call` to a fresh context.
+  void Prepare(const CallOptions& call, grpc::ClientContext* context) const;
+  absl::StatusOr<std::vector<NamedTensor>> ReadChunks(
+      grpc::ClientReaderInterface<v1::TensorChunk>* reader, grpc::ClientContext* context);
+
+  const std::string target_;
+  const ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::MoeService::Stub> stub_;
+};
+
+}  // namespace client
+}  // namespace moe
+
+#endif  // MOED_CLIENT_MOE_CLIENT_H_
