@@ -1,0 +1,335 @@
+// Element-wise kernels of the CUDA backend: activations (forward and backward, gated and
+// plain), per-expert bias add and bias gradient (fixed row order), conversion, add, scale and
+// the optimizers. Math in fp32; bf16 storage rounds to nearest even.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "engine/cuda/kernels.cuh"
+#include "engine/cuda/vec.cuh"
+
+namespace moe {
+namespace cuda {
+namespace {
+
+constexpr float kSqrt2OverPi = 0.7978845608028654f;
+constexpr float kGeluCoeff = 0.044715f;
+
+__device__ __forceinline__ float Act(ActKind act, float x) {
+  switch (act) {
+    case ActKind::kSilu:
+      return x / (1.f + expf(-x));
+    case ActKind::kGelu: {
+      const float inner = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
+      return 0.5f * x * (1.f + tanhf(inner));
+    }
+    case ActKind::kRelu:
+      return x > 0.f ? x : 0.f;
+    default:
+      return x;
+  }
+}
+
+__device__ __forceinline__ float ActGrad(ActKind act, float x) {
+  switch (act) {
+    case ActKind::kSilu: {
+      const float sig = 1.f / (1.f + expf(-x));
+      return sig * (1.f + x * (1.f - sig));
+    }
+    case ActKind::kGelu: {
+      const float inner = kSqrt2OverPi * (x + kGeluCoeff * x * x * x);
+      const float th = tanhf(inner);
+      return 0.5f * (1.f + th) +
+             0.5f * x * (1.f - th * th) * kSqrt2OverPi * (1.f + 3.f * kGeluCoeff * x * x);
+    }
+    case ActKind::kRelu:
+      return x > 0.f ? 1.f : 0.f;
+    default:
+      return 1.f;
+  }
+}
+
+template <int VEC, typename T>
+__global__ void ActForwardKernel(ActKind act, bool gated, int64_t ffn, const T* __restrict__ h,
+                                 T* __restrict__ a) {
+  const int64_t r = blockIdx.x;
+  const int64_t up = gated ? 2 * ffn : ffn;
+  const T* hr = h + r * up;
+  T* ar = a + r * ffn;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * VEC; c < ffn;
+       c += static_cast<int64_t>(blockDim.x) * VEC) {
+    float g[VEC], out[VEC];
+    LoadVec<VEC>(hr + c, g);
+    if (gated) {
+      float u[VEC];
+      LoadVec<VEC>(hr + ffn + c, u);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) out[i] = Act(act, g[i]) * u[i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) out[i] = Act(act, g[i]);
+    }
+    StoreVec<VEC>(ar + c, out);
+  }
+}
+
+template <int VEC, typename T>
+__global__ void ActBackwardKernel(ActKind act, bool gated, int64_t ffn, const T* __restrict__ h,
+                                  const T* __restrict__ d_a, T* __restrict__ d_h) {
+  const int64_t r = blockIdx.x;
+  const int64_t up = gated ? 2 * ffn : ffn;
+  const T* hr = h + r * up;
+  const T* dar = d_a + r * ffn;
+  T* dhr = d_h + r * up;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * VEC; c < ffn;
+       c += static_cast<int64_t>(blockDim.x) * VEC) {
+    float g[VEC], da[VEC], dg[VEC];
+    LoadVec<VEC>(hr + c, g);
+    LoadVec<VEC>(dar + c, da);
+    if (gated) {
+      float u[VEC], du[VEC];
+      LoadVec<VEC>(hr + ffn + c, u);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) {
+        du[i] = da[i] * Act(act, g[i]);
+        dg[i] = da[i] * u[i] * ActGrad(act, g[i]);
+      }
+      StoreVec<VEC>(dhr + ffn + c, du);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) dg[i] = da[i] * ActGrad(act, g[i]);
+    }
+    StoreVec<VEC>(dhr + c, dg);
+  }
+}
+
+// Group of row r in the table (largest g with start[g] <= r).
+__device__ __forceinline__ int FindGroup(const GroupTable& t, int64_t r) {
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.start[mid] <= r) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+template <typename T>
+__global__ void AddGroupBiasKernel(T* __restrict__ y, const float* __restrict__ bias,
+                                   int64_t width, GroupTable table) {
+  const int64_t r = table.start[0] + blockIdx.x;
+  const int g = FindGroup(table, r);
+  T* yr = y + r * width;
+  const float* b = bias + static_cast<int64_t>(g) * width;
+  for (int64_t c = threadIdx.x; c < width; c += blockDim.x) {
+    yr[c] = FromFloat<T>(ToFloat(yr[c]) + b[c]);
+  }
+}
+
+template <typename T>
+__global__ void GroupBiasGradKernel(const T* __restrict__ d_y, int64_t width, GroupTable table,
+                                    float* __restrict__ d_bias) {
+  const int g = blockIdx.y;
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= width) return;
+  float acc = 0.f;
+  for (int64_t r = table.start[g]; r < table.start[g + 1]; ++r) acc += ToFloat(d_y[r * width + c]);
+  d_bias[static_cast<int64_t>(g) * width + c] += acc;
+}
+
+template <typename S, typename D>
+__global__ void ConvertKernel(const S* __restrict__ src, D* __restrict__ dst, int64_t count) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = FromFloat<D>(ToFloat(src[i]));
+  }
+}
+
+__global__ void AddKernel(float* __restrict__ dst, const float* __restrict__ src, int64_t count) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] += src[i];
+  }
+}
+
+template <typename T>
+__global__ void ScaleKernel(T* data, float alpha, int64_t rows, int64_t cols, int64_t ld) {
+  const int64_t n = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    T* p = data + (i / cols) * ld + i % cols;
+    *p = alpha == 0.f ? FromFloat<T>(0.f) : FromFloat<T>(alpha * ToFloat(*p));
+  }
+}
+
+__global__ void OptimizerKernel(OptimizerParams p, float* __restrict__ param,
+                                const float* __restrict__ grad, float* __restrict__ m,
+                                float* __restrict__ v, int64_t count) {
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float w = param[i], g = grad[i];
+    if (p.adamw) {
+      const float mi = p.beta1 * m[i] + (1.f - p.beta1) * g;
+      const float vi = p.beta2 * v[i] + (1.f - p.beta2) * g * g;
+      m[i] = mi;
+      v[i] = vi;
+      const float m_hat = mi / p.bias_correction1, v_hat = vi / p.bias_correction2;
+      param[i] = w - p.lr * (m_hat / (sqrtf(v_hat) + p.eps) + p.weight_decay * w);
+    } else {
+      float step = g + p.weight_decay * w;
+      if (m != nullptr) {
+        step = p.momentum * m[i] + step;
+        m[i] = step;
+      }
+      param[i] = w - p.lr * step;
+    }
+  }
+}
+
+unsigned GridFor(int64_t n, int threads = 256) {
+  return static_cast<unsigned>(std::min<int64_t>((n + threads - 1) / threads, 65536));
+}
+
+int ThreadsFor(int64_t items) {
+  return static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, (items + 31) / 32 * 32)));
+}
+
+}  // namespace
+
+int LaunchActivationForward(ActKind act, bool gated, int64_t rows, int64_t ffn, KType type,
+                            const void* h, void* a, void* stream) {
+  if (rows == 0 || ffn == 0) return cudaSuccess;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool vec = CanVec8(ffn, h, a);
+  const int threads = ThreadsFor(vec ? ffn / 8 : ffn);
+  if (type == KType::kBF16) {
+    using B = __nv_bfloat16;
+    if (vec) {
+      ActForwardKernel<8, B><<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const B*>(h),
+                                                      static_cast<B*>(a));
+    } else {
+      ActForwardKernel<1, B><<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const B*>(h),
+                                                      static_cast<B*>(a));
+    }
+  } else {
+    if (vec) {
+      ActForwardKernel<8, float><<<rows, threads, 0, s>>>(
+          act, gated, ffn, static_cast<const float*>(h), static_cast<float*>(a));
+    } else {
+      ActForwardKernel<1, float><<<rows, threads, 0, s>>>(
+          act, gated, ffn, static_cast<const float*>(h), static_cast<float*>(a));
+    }
+  }
+  return cudaGetLastError();
+}
+
+int LaunchActivationBackward(ActKind act, bool gated, int64_t rows, int64_t ffn, KType type,
+                             const void* h, const void* d_a, void* d_h, void* stream) {
+  if (rows == 0 || ffn == 0) return cudaSuccess;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool vec = CanVec8(ffn, h, d_a, d_h);
+  const int threads = ThreadsFor(vec ? ffn / 8 : ffn);
+  if (type == KType::kBF16) {
+    using B = __nv_bfloat16;
+    if (vec) {
+      ActBackwardKernel<8, B><<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const B*>(h),
+                                                       static_cast<const B*>(d_a),
+                                                       static_cast<B*>(d_h));
+    } else {
+      ActBackwardKernel<1, B><<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const B*>(h),
+                                                       static_cast<const B*>(d_a),
+                                                       static_cast<B*>(d_h));
+    }
+  } else {
+    if (vec) {
+      ActBackwardKernel<8, float><<<rows, threads, 0, s>>>(
+          act, gated, ffn, static_cast<const float*>(h), static_cast<const float*>(d_a),
+          static_cast<float*>(d_h));
+    } else {
+      ActBackwardKernel<1, float><<<rows, threads, 0, s>>>(
+          act, gated, ffn, static_cast<const float*>(h), static_cast<const float*>(d_a),
+          static_cast<float*>(d_h));
+    }
+  }
+  return cudaGetLastError();
+}
+
+int LaunchAddGroupBias(void* y, KType type, const float* bias, int64_t width,
+                       const GroupTable& table, void* stream) {
+  const int64_t rows = table.count > 0 ? table.start[table.count] - table.start[0] : 0;
+  if (rows == 0 || width == 0) return cudaSuccess;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const int threads = ThreadsFor(width);
+  if (type == KType::kBF16) {
+    AddGroupBiasKernel<__nv_bfloat16><<<rows, threads, 0, s>>>(
+        static_cast<__nv_bfloat16*>(y), bias, width, table);
+  } else {
+    AddGroupBiasKernel<float><<<rows, threads, 0, s>>>(static_cast<float*>(y), bias, width, table);
+  }
+  return cudaGetLastError();
+}
+
+int LaunchGroupBiasGrad(const void* d_y, KType type, int64_t width, const GroupTable& table,
+                        float* d_bias, void* stream) {
+  if (table.count == 0 || width == 0) return cudaSuccess;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  dim3 grid(static_cast<unsigned>((width + 127) / 128), table.count);
+  if (type == KType::kBF16) {
+    GroupBiasGradKernel<__nv_bfloat16><<<grid, 128, 0, s>>>(
+        static_cast<const __nv_bfloat16*>(d_y), width, table, d_bias);
+  } else {
+    GroupBiasGradKernel<float><<<grid, 128, 0, s>>>(static_cast<const float*>(d_y), width, table,
+                                                    d_bias);
+  }
+  return cudaGetLastError();
+}
+
+int LaunchConvert(const void* src, KType src_type, void* dst, KType dst_type, int64_t count,
+                  void* stream) {
+  if (count == 0) return cudaSuccess;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  using B = __nv_bfloat16;
+  if (src_type == dst_type) {
+    const size_t bytes = count * (src_type == KType::kBF16 ? 2 : 4);
+    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+  }
+  if (src_type == KType::kF32) {
+    ConvertKernel<float, B><<<GridFor(count), 256, 0, s>>>(static_cast<const float*>(src),
+                                                           static_cast<B*>(dst), count);
+  } else {
+    ConvertKernel<B, float><<<GridFor(count), 256, 0, s>>>(static_cast<const B*>(src),
+                                                           static_cast<float*>(dst), count);
+  }
+  return cudaGetLastError();
+}
+
+int LaunchAddInPlace(float* dst, const float* src, int64_t count, void* stream) {
+  if (count == 0) return cudaSuccess;
+  AddKernel<<<GridFor(count), 256, 0, static_cast<cudaStream_t>(stream)>>>(dst, src, count);
+  return cudaGetLastError();
+}
+
+int LaunchScale(void* data, KType type, float alpha, int64_t rows, int64_t cols, int64_t ld,
+                void* stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (type == KType::kBF16) {
+    ScaleKernel<__nv_bfloat16><<<GridFor(rows * cols), 256, 0, s>>>(
+        static_cast<__nv_bfloat16*>(data), alpha, rows, cols, ld);
+  } else {
+    ScaleKernel<float><<<GridFor(rows * cols), 256, 0, s>>>(static_cast<float*>(data), alpha,
+                                                            rows, cols, ld);
+  }
+  return cudaGetLastError();
+}
+
+int LaunchOptimizerStep(const OptimizerParams& p, float* param, const float* grad,
+                        float* state1, float* state2, int64_t count, void* stream) {
+  if (count == 0) return cudaSuccess;
+  OptimizerKernel<<<GridFor(count), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      p, param, grad, state1, state2, count);
+  return cudaGetLastError();
+}
+
+}  // namespace cuda
+}  // namespace moe
