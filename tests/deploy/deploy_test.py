@@ -1,0 +1,394 @@
+"""Checks the deployment files (deploy/docker, deploy/compose, deploy/k8s, docs/DEPLOY.md).
+
+No container engine or cluster exists on the build machines, so this validates what can be
+validated statically: every YAML passes yamllint and parses; the Compose files carry the GPU
+reservation, NCCL settings, shared memory, locked-memory limit and checkpoint volume; every
+image reference is pinned; every Kubernetes workload names gRPC probes, resource requests and
+limits, /dev/shm and checkpoint volumes; the Dockerfile builds with the project's setup script
+and nothing else; and every command-line flag written in these files exists in the binary it
+is passed to (asked from the built binaries with --helpfull), so the docs stay true to the code.
+
+Run by Bazel (tests/deploy:deploy_test) from the runfiles root; also runnable by hand from the
+repository root: /usr/bin/python3 tests/deploy/deploy_test.py (flag checks need --bin_dir).
+"""
+
+import argparse
+import glob
+import os
+import re
+import shlex
+import subprocess
+import sys
+import unittest
+
+import yaml
+
+ARGS = None  # parsed in main()
+
+COMPOSE_FILES = ["deploy/compose/compose.gpu.yaml", "deploy/compose/compose.cpu.yaml"]
+K8S_LAYOUTS = ["deploy/k8s/single-node", "deploy/k8s/multi-node"]
+DOCKERFILE = "deploy/docker/Dockerfile"
+DEPLOY_DOC = "docs/DEPLOY.md"
+# A pinned image: an exact x.y.z version in the tag, or a sha256 digest.
+PINNED = re.compile(r"^[\w./-]+(:[\w.-]*\d+\.\d+\.\d+[\w.-]*)?(@sha256:[0-9a-f]{64})?$")
+
+
+def yaml_files():
+    files = sorted(glob.glob("deploy/compose/*.yaml") + glob.glob("deploy/k8s/**/*.yaml",
+                                                                  recursive=True))
+    assert files, "no YAML found under deploy/ (wrong working directory?)"
+    return files
+
+
+def load_all(path):
+    with open(path) as f:
+        return [d for d in yaml.safe_load_all(f) if d is not None]
+
+
+def flag_names(args):
+    """Flag names in a list of arguments: '--port=1' -> 'port'."""
+    out = []
+    for a in args:
+        m = re.match(r"^--([A-Za-z0-9_]+)(=|$)", str(a))
+        if m:
+            out.append(m.group(1))
+    return out
+
+
+def as_list(cmd):
+    if cmd is None:
+        return []
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(c) for c in cmd]
+
+
+def flag_value(args, name):
+    for a in args:
+        if str(a).startswith("--%s=" % name):
+            return str(a).split("=", 1)[1]
+    return None
+
+
+def is_pinned(image):
+    if "${" in image:
+        return False  # an interpolated reference can be anything
+    has_tag = ":" in image.split("/")[-1]
+    has_digest = "@sha256:" in image
+    return bool(PINNED.match(image)) and (has_tag or has_digest)
+
+
+class YamlTest(unittest.TestCase):
+
+    def test_yamllint(self):
+        files = yaml_files()
+        proc = subprocess.run(["yamllint", "-s", "-f", "parsable", "-c",
+                               "tests/deploy/yamllint.yaml"] + files,
+                              capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+
+    def test_every_file_parses(self):
+        for path in yaml_files():
+            docs = load_all(path)
+            self.assertTrue(docs, path + " is empty")
+            for d in docs:
+                self.assertIsInstance(d, dict, path)
+
+
+class ComposeTest(unittest.TestCase):
+
+    def services(self, path):
+        (doc,) = load_all(path)
+        return doc, doc["services"]
+
+    def workers(self, services):
+        return {n: s for n, s in services.items() if as_list(s.get("entrypoint")) == ["moe-worker"]}
+
+    def test_front_end_and_workers_agree(self):
+        for path in COMPOSE_FILES:
+            doc, services = self.services(path)
+            self.assertIn("moed", services, path)
+            moed_args = as_list(services["moed"]["command"])
+            port = flag_value(moed_args, "port")
+            self.assertTrue(port, path + ": moed has no --port")
+            self.assertIn(port + ":" + port, [str(p) for p in services["moed"]["ports"]], path)
+            workers = self.workers(services)
+            self.assertGreaterEqual(len(workers), 2, path)
+            expect = flag_value(moed_args, "expect_workers")
+            m = re.match(r"^\$\{[A-Z_]+:-(\d+)\}$", expect or "")
+            self.assertEqual(int(m.group(1) if m else expect), len(workers),
+                             path + ": --expect_workers must equal the number of workers")
+            for name, svc in workers.items():
+                args = as_list(svc["command"])
+                self.assertEqual(flag_value(args, "frontend"), "moed:" + port, path + " " + name)
+                self.assertEqual(flag_value(args, "advertise_host"), name, path + " " + name)
+                self.assertIn("moed", svc.get("depends_on", []), path + " " + name)
+            for name, svc in services.items():
+                self.assertIn("checkpoints:/checkpoints", svc.get("volumes", []),
+                              path + " " + name + " lacks the checkpoint volume")
+            self.assertIn("checkpoints", doc.get("volumes", {}), path)
+
+    def test_gpu_file_reserves_one_gpu_per_worker_with_nccl_settings(self):
+        _, services = self.services("deploy/compose/compose.gpu.yaml")
+        device_ids = []
+        for name, svc in self.workers(services).items():
+            devices = svc["deploy"]["resources"]["reservations"]["devices"]
+            self.assertEqual(len(devices), 1, name)
+            self.assertIn("gpu", devices[0]["capabilities"], name)
+            self.assertEqual(len(devices[0]["device_ids"]), 1, name)
+            device_ids += devices[0]["device_ids"]
+            self.assertEqual(flag_value(as_list(svc["command"]), "device"), "cuda:0", name)
+            self.assertTrue(re.match(r"^\d+[gm]b$", str(svc["shm_size"])), name)
+            self.assertEqual(svc["ulimits"]["memlock"], {"soft": -1, "hard": -1}, name)
+            env = svc["environment"]
+            self.assertEqual(env["NCCL_DEBUG"], "WARN", name)
+            self.assertTrue(env["NCCL_SOCKET_IFNAME"], name)
+        self.assertEqual(len(set(device_ids)), len(device_ids), "two workers share a GPU")
+
+    def test_cpu_file_has_no_gpu(self):
+        _, services = self.services("deploy/compose/compose.cpu.yaml")
+        for name, svc in services.items():
+            self.assertNotIn("deploy", svc, name + ": the CPU variant reserves no devices")
+        for name, svc in self.workers(services).items():
+            self.assertEqual(flag_value(as_list(svc["command"]), "device"), "cpu", name)
+
+
+def k8s_docs(layout):
+    """Every document a kustomization (and the ones it includes) lists, plus generated maps."""
+    (kust,) = load_all(os.path.join(layout, "kustomization.yaml"))
+    docs = []
+    for res in kust.get("resources", []):
+        path = os.path.normpath(os.path.join(layout, res))
+        if os.path.isdir(path):
+            docs += k8s_docs(path)
+        else:
+            docs += load_all(path)
+    for gen in kust.get("configMapGenerator", []):
+        data = dict(l.split("=", 1) for l in gen.get("literals", []))
+        docs.append({"kind": "ConfigMap", "metadata": {"name": gen["name"]}, "data": data})
+    return docs
+
+
+def containers_of(doc):
+    return doc["spec"]["template"]["spec"]["containers"]
+
+
+class KubernetesTest(unittest.TestCase):
+
+    def workloads(self, docs):
+        return [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+
+    def test_kustomizations_resolve(self):
+        for layout in K8S_LAYOUTS:
+            kinds = sorted(d["kind"] for d in k8s_docs(layout))
+            self.assertEqual(kinds, ["ConfigMap", "Deployment", "PersistentVolumeClaim",
+                                     "Service", "Service", "Service", "StatefulSet"], layout)
+
+    def test_probes_resources_and_volumes(self):
+        for layout in K8S_LAYOUTS:
+            docs = k8s_docs(layout)
+            claims = {d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim"}
+            for w in self.workloads(docs):
+                where = layout + " " + w["metadata"]["name"]
+                volumes = {v["name"]: v for v in w["spec"]["template"]["spec"]["volumes"]}
+                for c in containers_of(w):
+                    ports = {p["containerPort"] for p in c["ports"]}
+                    listen = flag_value(c["args"], "listen")  # worker: host:port
+                    port = int(listen.rsplit(":", 1)[1] if listen else flag_value(c["args"], "port"))
+                    self.assertIn(port, ports, where)
+                    for probe in ("readinessProbe", "livenessProbe"):
+                        self.assertIn("grpc", c[probe], where + " " + probe + " is not gRPC")
+                        self.assertEqual(c[probe]["grpc"]["port"], port, where + " " + probe)
+                    self.assertIn("cpu", c["resources"]["requests"], where)
+                    self.assertIn("memory", c["resources"]["requests"], where)
+                    self.assertIn("memory", c["resources"]["limits"], where)
+                    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+                    self.assertIn("/checkpoints", mounts, where)
+                    pvc = volumes[mounts["/checkpoints"]]["persistentVolumeClaim"]["claimName"]
+                    self.assertIn(pvc, claims, where)
+                    if w["kind"] == "StatefulSet":  # workers
+                        self.assertEqual(c["resources"]["limits"]["nvidia.com/gpu"], 1, where)
+                        self.assertEqual(flag_value(c["args"], "device"), "cuda:0", where)
+                        shm = volumes[mounts["/dev/shm"]]
+                        self.assertEqual(shm["emptyDir"]["medium"], "Memory", where)
+                        env = {e["name"]: e.get("value") for e in c["env"]}
+                        self.assertEqual(env["NCCL_DEBUG"], "WARN", where)
+                        self.assertIn("NCCL_SOCKET_IFNAME", env, where)
+
+    def test_workers_join_the_front_end_service(self):
+        for layout in K8S_LAYOUTS:
+            docs = k8s_docs(layout)
+            services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
+            (front,) = [d for d in docs if d["kind"] == "Deployment"]
+            (workers,) = [d for d in docs if d["kind"] == "StatefulSet"]
+            (layout_map,) = [d for d in docs if d["kind"] == "ConfigMap"]
+            self.assertEqual(int(layout_map["data"]["workers"]), workers["spec"]["replicas"],
+                             layout + ": front end must expect every worker replica")
+            front_labels = front["spec"]["template"]["metadata"]["labels"]
+            front_port = int(flag_value(containers_of(front)[0]["args"], "port"))
+            host, port = flag_value(containers_of(workers)[0]["args"], "frontend").split(":")
+            svc = services[host]
+            self.assertEqual(svc["spec"]["selector"], front_labels, layout)
+            self.assertIn(int(port), [p["port"] for p in svc["spec"]["ports"]], layout)
+            self.assertEqual(int(port), front_port, layout)
+            # The front end is not ready until the workers joined: the join Service must
+            # publish it before it is ready, or nobody could ever join.
+            self.assertTrue(svc["spec"].get("publishNotReadyAddresses"), layout)
+            self.assertEqual(workers["spec"]["serviceName"], "moe-worker", layout)
+            self.assertIn("moe-worker", services, layout)
+
+
+def dockerfile_instructions():
+    """(instruction, argument) pairs, with continuation lines joined and comments dropped."""
+    out, cur = [], ""
+    with open(DOCKERFILE) as f:
+        for line in f:
+            s = line.rstrip("\n")
+            if not cur and (not s.strip() or s.lstrip().startswith("#")):
+                continue
+            if s.endswith("\\"):
+                cur += s[:-1] + " "
+                continue
+            cur += s
+            word, _, rest = cur.strip().partition(" ")
+            out.append((word.upper(), rest.strip()))
+            cur = ""
+    return out
+
+
+class DockerfileTest(unittest.TestCase):
+
+    def stages(self):
+        stages = []
+        for word, rest in dockerfile_instructions():
+            if word == "FROM":
+                image, _, name = rest.partition(" AS ")
+                stages.append({"image": image.strip(), "name": name.strip(), "steps": []})
+            else:
+                stages[-1]["steps"].append((word, rest))
+        return stages
+
+    def test_build_on_cuda_devel_ship_on_matching_runtime(self):
+        build, runtime = self.stages()
+        m = re.match(r"^nvidia/cuda:(13\.\d+\.\d+)-devel-(ubuntu\d+\.\d+)$", build["image"])
+        self.assertTrue(m, build["image"])
+        self.assertEqual(runtime["image"], "nvidia/cuda:%s-runtime-%s" % m.groups())
+
+    def test_build_stage_uses_the_project_setup_script_only(self):
+        build, runtime = self.stages()
+        runs = [rest for word, rest in build["steps"] if word == "RUN"]
+        self.assertIn(("COPY", "setup.sh /src/setup.sh"), build["steps"])
+        self.assertEqual(runs[0], "/src/setup.sh", "the first RUN must be the setup script")
+        for word, rest in build["steps"] + runtime["steps"]:
+            self.assertNotRegex(rest, r"\b(apt-get|apt|dpkg|pip3?|curl|wget)\b",
+                                "packages come from setup.sh only: " + rest)
+        # The script exists and is the one CI runs.
+        with open("setup.sh") as f:
+            self.assertIn("PACKAGES=(", f.read())
+        self.assertRegex(runs[1], r"^bazel build //server:moed //server:moe-worker //client:moectl")
+
+    def test_runtime_stage(self):
+        _, runtime = self.stages()
+        steps = dict((w, r) for w, r in runtime["steps"])
+        self.assertNotIn(steps["USER"].split(":")[0], ("root", "0"))
+        self.assertEqual(steps["ENTRYPOINT"], '["moed"]')
+        health = steps["HEALTHCHECK"]
+        self.assertRegex(health, r'CMD \["moectl", .*"health"\]')
+        copies = [r for w, r in runtime["steps"] if w == "COPY"]
+        self.assertEqual(copies, ["--from=build /opt/moed /opt/moed"],
+                         "the runtime stage carries only the collected binaries and libraries")
+
+    def test_collected_binaries_are_built(self):
+        build, _ = self.stages()
+        built = re.findall(r"//([\w/]+):([\w-]+)", build["steps"][-1][1])
+        collected = re.findall(r"bazel-bin/([\w/-]+)", build["steps"][-1][1])
+        self.assertEqual(["%s/%s" % t for t in built], collected)
+
+
+class ImagesPinnedTest(unittest.TestCase):
+
+    def test_every_image_is_pinned(self):
+        images = []
+        for word, rest in dockerfile_instructions():
+            if word == "FROM":
+                images.append((DOCKERFILE, rest.split()[0]))
+        for path in COMPOSE_FILES:
+            for name, svc in load_all(path)[0]["services"].items():
+                images.append((path + " " + name, svc["image"]))
+            images.append((path + " x-worker", load_all(path)[0]["x-worker"]["image"]))
+        for layout in K8S_LAYOUTS:
+            for d in k8s_docs(layout):
+                if d["kind"] in ("Deployment", "StatefulSet"):
+                    for c in containers_of(d):
+                        images.append((layout + " " + d["metadata"]["name"], c["image"]))
+        self.assertGreaterEqual(len(images), 8)
+        for where, image in images:
+            self.assertTrue(is_pinned(image), "%s: image %r is not pinned" % (where, image))
+            self.assertNotIn(":latest", image, where)
+        self.assertFalse(is_pinned("nvidia/cuda:13.0-devel-ubuntu24.04"))  # the check can fail
+        self.assertFalse(is_pinned("moed"))
+
+
+def helpfull(binary):
+    """Flag names a binary accepts, from its --helpfull output (absl prints '--name (...)')."""
+    proc = subprocess.run([binary, "--helpfull"], capture_output=True, text=True, timeout=30)
+    text = proc.stdout + proc.stderr
+    names = set(re.findall(r"^\s+--([A-Za-z0-9_]+) ", text, re.M))
+    assert "helpfull" in names or len(names) > 3, "no flags parsed from %s:\n%s" % (binary, text)
+    return names
+
+
+class FlagsExistTest(unittest.TestCase):
+    """Every flag written in the deployment files and docs/DEPLOY.md exists in its binary."""
+
+    def setUp(self):
+        if not ARGS.bin_dir:
+            self.skipTest("--bin_dir not given (run through Bazel)")
+        self.flags = {b: helpfull(os.path.join(ARGS.bin_dir, p))
+                      for b, p in (("moed", "server/moed"), ("moe-worker", "server/moe-worker"),
+                                   ("moectl", "client/moectl"))}
+
+    def uses(self):
+        """(where, binary, [args]) for every command line in the deployment files."""
+        out = []
+        for path in COMPOSE_FILES:
+            doc = load_all(path)[0]
+            for name, svc in doc["services"].items():
+                binary = (as_list(svc.get("entrypoint")) or ["moed"])[0]
+                out.append((path + " " + name, binary, as_list(svc.get("command"))))
+        for layout in K8S_LAYOUTS:
+            for d in k8s_docs(layout):
+                if d["kind"] in ("Deployment", "StatefulSet"):
+                    for c in containers_of(d):
+                        out.append((layout, (c.get("command") or ["moed"])[0], c["args"]))
+        for word, rest in dockerfile_instructions():
+            if word == "CMD":
+                out.append((DOCKERFILE, "moed", yaml.safe_load(rest)))
+            if word == "HEALTHCHECK":
+                out.append((DOCKERFILE, "moectl", yaml.safe_load(rest.split("CMD", 1)[1])[1:]))
+        # Command lines in the guide: any line invoking one of the binaries.
+        with open(DEPLOY_DOC) as f:
+            for line in f:
+                for m in re.finditer(r"\b(moed|moe-worker|moectl)((?:\s+--[\w]+(?:=\S*)?)+)",
+                                     line):
+                    out.append((DEPLOY_DOC, m.group(1), m.group(2).split()))
+        return out
+
+    def test_flags_exist(self):
+        uses = self.uses()
+        self.assertGreater(len(uses), 10)
+        for where, binary, args in uses:
+            for name in flag_names(args):
+                self.assertIn(name, self.flags[binary],
+                              "%s: %s has no flag --%s" % (where, binary, name))
+
+
+def main():
+    global ARGS
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin_dir", default="", help="folder holding server/ and client/ "
+                        "binaries (the runfiles root under Bazel)")
+    ARGS, rest = parser.parse_known_args()
+    unittest.main(argv=[sys.argv[0]] + rest, verbosity=2)
+
+
+if __name__ == "__main__":
+    main()
