@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
+#include "gloo/alltoall.h"
 #include "gloo/alltoallv.h"
 #include "gloo/barrier.h"
 #include "gloo/common/error.h"
@@ -31,11 +32,12 @@
 namespace moe {
 namespace {
 
-// Thrown by the store adapter below so that the store's own Status (DEADLINE_EXCEEDED for a
-// rank that never showed up, or the store's transport error) crosses Gloo unchanged.
-struct StoreError : std::exception {
-  explicit StoreError(absl::Status s) : status(std::move(s)) {}
-  const char* what() const noexcept override { return "key-value store error"; }
+// Thrown by our own code running inside a Gloo call (the store adapter, the all-to-all size
+// check) so that its Status (e.g. the store's DEADLINE_EXCEEDED for a rank that never showed
+// up) crosses Gloo unchanged.
+struct StatusError : std::exception {
+  explicit StatusError(absl::Status s) : status(std::move(s)) {}
+  const char* what() const noexcept override { return "status error"; }
   absl::Status status;
 };
 
@@ -47,7 +49,7 @@ absl::Status CallGloo(const std::string& what, Fn&& fn) {
   try {
     fn();
     return absl::OkStatus();
-  } catch (const StoreError& e) {
+  } catch (const StatusError& e) {  // already ours
     return absl::Status(e.status.code(),
                         absl::StrCat("gloo ", what, ": ", e.status.message()));
   } catch (const gloo::IoException& e) {
@@ -78,12 +80,12 @@ class StoreAdapter : public gloo::rendezvous::Store {
 
   void set(const std::string& key, const std::vector<char>& data) override {
     absl::Status s = store_->Set(Key(key), std::string(data.begin(), data.end()));
-    if (!s.ok()) throw StoreError(std::move(s));
+    if (!s.ok()) throw StatusError(std::move(s));
   }
 
   std::vector<char> get(const std::string& key) override {
     absl::StatusOr<std::string> value = store_->Get(Key(key), timeout_);
-    if (!value.ok()) throw StoreError(value.status());
+    if (!value.ok()) throw StatusError(value.status());
     return std::vector<char>(value->begin(), value->end());
   }
 
@@ -95,7 +97,7 @@ class StoreAdapter : public gloo::rendezvous::Store {
     for (const std::string& key : keys) {
       absl::StatusOr<std::string> value =
           store_->Get(Key(key), std::max(deadline - absl::Now(), absl::ZeroDuration()));
-      if (!value.ok()) throw StoreError(value.status());
+      if (!value.ok()) throw StatusError(value.status());
     }
   }
 
@@ -197,6 +199,26 @@ class GlooCommunicator : public Communicator {
         if (send_total > 0) std::memmove(recv, send, send_total);
         return;
       }
+      const absl::Time deadline = absl::Now() + options_.timeout;
+      // Gloo aborts the process when a peer sends more bytes than we posted and silently
+      // leaves the tail unwritten when it sends fewer, so the sizes are checked first with a
+      // fixed-size exchange: what each rank will send me against what I expect. A mismatch
+      // is the caller's bug; it fails here (and, by closing the connections, at the peers).
+      std::vector<uint64_t> announced(send_bytes.begin(), send_bytes.end());
+      std::vector<uint64_t> incoming(size_, 0);
+      gloo::AlltoallOptions sizes(context_);
+      sizes.setInput(announced.data(), announced.size());
+      sizes.setOutput(incoming.data(), incoming.size());
+      sizes.setTag(tag);
+      sizes.setTimeout(ToChrono(options_.timeout));
+      gloo::alltoall(sizes);
+      for (int peer = 0; peer < size_; ++peer) {
+        if (incoming[peer] != recv_bytes[peer]) {
+          throw StatusError(absl::InvalidArgumentError(absl::StrCat(
+              "rank ", rank_, " expects ", recv_bytes[peer], " bytes from rank ", peer,
+              ", which sends ", incoming[peer])));
+        }
+      }
       std::vector<int64_t> send_counts(send_bytes.begin(), send_bytes.end());
       std::vector<int64_t> recv_counts(recv_bytes.begin(), recv_bytes.end());
       gloo::AlltoallvOptions opts(context_);
@@ -207,7 +229,7 @@ class GlooCommunicator : public Communicator {
                                     : reinterpret_cast<uint8_t*>(&zero_size_anchor),
                      std::move(recv_counts));
       opts.setTag(tag);
-      opts.setTimeout(ToChrono(options_.timeout));
+      opts.setTimeout(ToChrono(deadline - absl::Now()));
       gloo::alltoallv(opts);
     });
   }

@@ -9,6 +9,12 @@
 // error, DEADLINE_EXCEEDED for a timeout. After any failure the communicator is broken: Gloo
 // closes every connection of the group, and every later call fails at once with UNAVAILABLE.
 //
+// AllToAllV first exchanges the byte counts (one fixed-size all-to-all) and checks them
+// against recv_bytes: Gloo itself would abort the process on a peer that sends more than
+// expected and leave the buffer's tail unwritten on one that sends less. A mismatch returns
+// INVALID_ARGUMENT on the rank that expects wrongly and breaks the group (its peers get
+// UNAVAILABLE at once instead of waiting for the timeout).
+//
 // Calls are serialised by an internal mutex (a collective from two threads at once would
 // interleave on the wire); use one communicator per layer thread.
 //
