@@ -1,0 +1,63 @@
+// Internals of moectl (client/moectl_main.cc): the flags every subcommand shares and one
+// entry point per subcommand. Each Run* takes the positional arguments after the subcommand
+// name and returns the process exit code: 0 success, 1 failure (RPC error, FAIL verdict),
+// 2 usage error. Errors go to stderr as "moectl <command>: <CODE>: <message>", CODE being the
+// gRPC status name (INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, ...), so scripts can grep it.
+#ifndef MOED_CLIENT_MOECTL_H_
+#define MOED_CLIENT_MOECTL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/declare.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "client/moe_client.h"
+
+ABSL_DECLARE_FLAG(std::string, server);
+ABSL_DECLARE_FLAG(int64_t, deadline_ms);
+ABSL_DECLARE_FLAG(std::string, layer);
+ABSL_DECLARE_FLAG(int64_t, tokens);
+ABSL_DECLARE_FLAG(std::string, dtype);
+ABSL_DECLARE_FLAG(uint64_t, input_seed);
+ABSL_DECLARE_FLAG(bool, json);
+
+namespace moe {
+namespace client {
+namespace cli {
+
+using Args = std::vector<std::string>;
+
+// A client for --server with --deadline_ms as its default deadline.
+absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags();
+// Prints "moectl <command>: CODE: message" to stderr; returns 1.
+int ReportError(absl::string_view command, const absl::Status& status);
+// Prints "moectl <command>: <message>" and a hint to stderr; returns 2.
+int UsageError(absl::string_view command, absl::string_view message);
+// --dtype as a DType (FP32 or BF16).
+absl::StatusOr<DType> InputDTypeFromFlag();
+// A layer name for commands that create a temporary layer: --layer, or "<prefix>-<pid>".
+std::string LayerNameOr(absl::string_view prefix);
+// Quotes and escapes a string for JSON output.
+std::string JsonString(absl::string_view s);
+
+int RunHealth(const Args& args);
+int RunStatus(const Args& args);
+int RunCreateLayer(const Args& args);
+int RunDeleteLayer(const Args& args);
+int RunListLayers(const Args& args);
+int RunGetLayer(const Args& args);
+int RunForward(const Args& args);
+int RunBackward(const Args& args);
+int RunCheckpoint(const Args& args);
+int RunSmoke(const Args& args);
+int RunBench(const Args& args);
+
+}  // namespace cli
+}  // namespace client
+}  // namespace moe
+
+#endif  // MOED_CLIENT_MOECTL_H_

@@ -1,0 +1,168 @@
+// moectl bench: throughput and latency of Forward and Forward+Backward through the service.
+//
+// Each timed step is measured on the client (wall clock around the RPCs), so the numbers
+// include serialisation and the network hop: what a trainer calling moed would see.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <cstdio>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "client/layer_flags.h"
+#include "client/moectl.h"
+#include "client/tensor_util.h"
+
+ABSL_FLAG(int64_t, steps, 20, "bench: timed steps of each kind.");
+ABSL_FLAG(int64_t, warmup, 2, "bench: untimed steps of each kind first.");
+ABSL_FLAG(std::string, progress, "auto", "bench: progress bar on stderr: auto (if a tty)|on|off.");
+
+namespace moe {
+namespace client {
+namespace cli {
+namespace {
+
+struct Series {
+  std::vector<double> latency_ms;
+  double wall_s = 0.0;
+};
+
+double Percentile(std::vector<double> values, double p) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  // Nearest-rank on the sorted sample.
+  const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * values.size()));
+  return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+std::string SeriesJson(const Series& s, int64_t tokens) {
+  const double n = static_cast<double>(s.latency_ms.size());
+  const double mean =
+      n > 0 ? std::accumulate(s.latency_ms.begin(), s.latency_ms.end(), 0.0) / n : 0.0;
+  const double steps_per_s = s.wall_s > 0 ? n / s.wall_s : 0.0;
+  return absl::StrFormat(
+      "{\"steps\": %d, \"steps_per_s\": %.3f, \"tokens_per_s\": %.1f, \"latency_ms\": "
+      "{\"mean\": %.3f, \"p50\": %.3f, \"p90\": %.3f, \"p99\": %.3f, \"min\": %.3f, "
+      "\"max\": %.3f}}",
+      static_cast<int>(n), steps_per_s, steps_per_s * tokens, mean,
+      Percentile(s.latency_ms, 50), Percentile(s.latency_ms, 90), Percentile(s.latency_ms, 99),
+      n > 0 ? *std::min_element(s.latency_ms.begin(), s.latency_ms.end()) : 0.0,
+      n > 0 ? *std::max_element(s.latency_ms.begin(), s.latency_ms.end()) : 0.0);
+}
+
+class ProgressBar {
+ public:
+  ProgressBar(int64_t total, bool enabled) : total_(total), enabled_(enabled) {}
+  void Update(int64_t done, const char* phase) {
+    if (!enabled_) return;
+    constexpr int kWidth = 30;
+    const int filled = total_ > 0 ? static_cast<int>(kWidth * done / total_) : kWidth;
+    std::fprintf(stderr, "\r%-16s [%s%s] %lld/%lld", phase, std::string(filled, '#').c_str(),
+                 std::string(kWidth - filled, '.').c_str(), static_cast<long long>(done),
+                 static_cast<long long>(total_));
+    if (done == total_) std::fputc('\n', stderr);
+    std::fflush(stderr);
+  }
+
+ private:
+  const int64_t total_;
+  const bool enabled_;
+};
+
+// Runs `warmup` + `steps` calls of `step`, timing the last `steps`.
+absl::StatusOr<Series> Measure(int64_t warmup, int64_t steps, const char* phase,
+                               bool show_progress, const std::function<absl::Status()>& step) {
+  ProgressBar bar(warmup + steps, show_progress);
+  Series series;
+  absl::Time start = absl::Now();
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    if (i == warmup) start = absl::Now();
+    const absl::Time t0 = absl::Now();
+    absl::Status status = step();
+    if (!status.ok()) return status;
+    if (i >= warmup) series.latency_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    bar.Update(i + 1, phase);
+  }
+  series.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
+  return series;
+}
+
+}  // namespace
+
+int RunBench(const Args& args) {
+  if (!args.empty()) return UsageError("bench", "takes no positional arguments");
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const int64_t warmup = absl::GetFlag(FLAGS_warmup);
+  const int64_t tokens = absl::GetFlag(FLAGS_tokens);
+  if (steps <= 0 || warmup < 0 || tokens < 0) {
+    return UsageError("bench", "--steps must be > 0, --warmup and --tokens >= 0");
+  }
+  const std::string progress = absl::GetFlag(FLAGS_progress);
+  if (progress != "auto" && progress != "on" && progress != "off") {
+    return UsageError("bench", "--progress is auto, on or off");
+  }
+  const bool show_progress = progress == "on" || (progress == "auto" && isatty(2));
+  auto dtype = InputDTypeFromFlag();
+  if (!dtype.ok()) return UsageError("bench", dtype.status().message());
+  auto client = ConnectFromFlags();
+  if (!client.ok()) return ReportError("bench", client.status());
+
+  // An existing layer when --layer names one; otherwise a temporary one from the layer flags.
+  const bool temporary = absl::GetFlag(FLAGS_layer).empty();
+  const std::string name = LayerNameOr("bench");
+  absl::StatusOr<v1::LayerInfo> info;
+  if (temporary) {
+    auto config = LayerConfigFromFlags();
+    if (!config.ok()) return UsageError("bench", config.status().message());
+    info = (*client)->CreateLayer(name, *config);
+  } else {
+    info = (*client)->GetLayer(name);
+  }
+  if (!info.ok()) return ReportError("bench", info.status());
+
+  const int64_t hidden = info->config().hidden();
+  const uint64_t seed = absl::GetFlag(FLAGS_input_seed);
+  const Tensor x = RandomNormal(*dtype, {tokens, hidden}, seed);
+  const Tensor d_out = RandomNormal(*dtype, {tokens, hidden}, seed + 1);
+  MoeClient& c = **client;
+
+  auto forward = Measure(warmup, steps, "forward", show_progress, [&]() {
+    return c.Forward(name, x, /*keep_for_backward=*/false).status();
+  });
+  absl::StatusOr<Series> training = absl::InternalError("not run");
+  if (forward.ok()) {
+    training = Measure(warmup, steps, "forward+backward", show_progress, [&]() -> absl::Status {
+      auto fwd = c.Forward(name, x, /*keep_for_backward=*/true);
+      if (!fwd.ok()) return fwd.status();
+      return c.Backward(name, fwd->step_id, d_out).status();
+    });
+  }
+  // Gradients accumulated by the timed backwards are dropped so an existing layer is left as
+  // it was found, apart from its counters.
+  if (temporary) {
+    c.DeleteLayer(name).IgnoreError();
+  } else {
+    c.ZeroGradients(name).IgnoreError();
+  }
+  if (!forward.ok()) return ReportError("bench", forward.status());
+  if (!training.ok()) return ReportError("bench", training.status());
+
+  std::printf(
+      "{\"server\": %s, \"layer\": %s, \"config\": %s, \"ep_ranks\": %d, \"tokens\": %lld, "
+      "\"datatype\": \"%s\", \"warmup\": %lld, \"forward\": %s, \"forward_backward\": %s}\n",
+      JsonString(c.target()).c_str(), JsonString(name).c_str(),
+      JsonString(DescribeLayerConfig(info->config())).c_str(), info->ep_ranks(),
+      static_cast<long long>(tokens), DTypeName(*dtype), static_cast<long long>(warmup),
+      SeriesJson(*forward, tokens).c_str(), SeriesJson(*training, tokens).c_str());
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace client
+}  // namespace moe

@@ -1,0 +1,176 @@
+// moectl: the command-line client of moed. See kUsage below (or `moectl --help`).
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "client/moectl.h"
+
+ABSL_FLAG(std::string, server, "",
+          "moed address host:port (default: $MOED_SERVER, else localhost:50051).");
+ABSL_FLAG(int64_t, deadline_ms, 60000, "Deadline of each RPC, milliseconds.");
+ABSL_FLAG(std::string, layer, "",
+          "Layer name. smoke and bench create (and delete) a temporary layer when empty.");
+ABSL_FLAG(int64_t, tokens, 32, "T: tokens of a random input (forward, backward, smoke, bench).");
+ABSL_FLAG(std::string, dtype, "fp32", "Datatype of random inputs: fp32|bf16.");
+ABSL_FLAG(uint64_t, input_seed, 1, "Seed of random inputs (x, d_out).");
+
+namespace {
+
+constexpr char kUsage[] = R"(the command-line client of moed (moe.v1.MoeService).
+
+usage: moectl <command> [flags]
+
+commands:
+  health          grpc.health.v1 check; exit 0 iff SERVING.
+                    --wait_ms=N keeps asking until SERVING or N ms have passed.
+  status          workers (rank, address, device, alive, memory), layers, serving state.
+                    --json prints the GetStatusResponse as JSON.
+  create-layer    --layer=NAME and the layer flags below; prints the LayerInfo.
+  delete-layer    --layer=NAME
+  list-layers     one line per layer.
+  get-layer       --layer=NAME; prints the LayerInfo as JSON.
+  forward         --layer=NAME [--input=x.npy | --tokens=T --dtype=fp32|bf16 --input_seed=S]
+                    [--output=out.npy] [--keep_for_backward]; prints a JSON summary with
+                    aux_loss, z_loss, tokens_per_expert and step_id.
+  backward        --layer=NAME --step_id=ID [--d_out=d.npy | --tokens=T (random d_out)]
+                    [--d_aux=1 --d_z_loss=1] [--output=d_x.npy]
+  checkpoint      save|load --layer=NAME --dir=DIR (a directory on the server's disk).
+  smoke           creates a layer from the layer flags, runs a forward and a backward through
+                    the service and the same step in-process on the local CPU engine, compares
+                    out, aux, z-loss, d_x, the initial weights and every gradient; prints
+                    PASS/FAIL with the max relative errors (max|a-b| / max|ref|).
+                    --rtol (default 1e-4 fp32, 3e-2 bf16) --keep_layer --json
+  bench           steps/s and latency percentiles (p50/p90/p99) of forward and
+                    forward+backward: --steps=N --warmup=W --tokens=T; progress on stderr,
+                    JSON on stdout. Uses --layer if given, else a temporary layer.
+
+common flags: --server=HOST:PORT --deadline_ms=MS
+layer flags (create-layer, smoke, bench): --hidden --ffn --experts --top_k
+  --score_function=softmax|sigmoid --pre_softmax --num_groups --group_topk --scaling_factor
+  --expert_bias --aux_loss_coeff --z_loss_coeff --capacity_factor --align_size
+  --activation=silu|gelu|relu|linear --gated --use_bias --compute_dtype=fp32|bf16 --seed
+
+Bad requests come back with their gRPC code on stderr, e.g.
+  moectl forward: INVALID_ARGUMENT: x: shape [32, 16] does not match ...
+exit status: 0 ok, 1 error or FAIL, 2 usage error.
+Tensors in .npy files are float32 ('<f4'); NumPy has no bfloat16, so BF16 tensors are written
+as float32 (exactly) and --dtype=bf16 converts what is read.
+)";
+
+}  // namespace
+
+namespace moe {
+namespace client {
+namespace cli {
+
+absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags() {
+  std::string target = absl::GetFlag(FLAGS_server);
+  if (target.empty()) {
+    const char* env = std::getenv("MOED_SERVER");
+    target = env != nullptr && *env != '\0' ? env : "localhost:50051";
+  }
+  ClientOptions options;
+  options.default_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
+  return MoeClient::Connect(target, options);
+}
+
+int ReportError(absl::string_view command, const absl::Status& status) {
+  std::fprintf(stderr, "moectl %s: %s: %s\n", std::string(command).c_str(),
+               absl::StatusCodeToString(status.code()).c_str(),
+               std::string(status.message()).c_str());
+  return 1;
+}
+
+int UsageError(absl::string_view command, absl::string_view message) {
+  std::fprintf(stderr, "moectl %s: %s\n(see moectl --help)\n", std::string(command).c_str(),
+               std::string(message).c_str());
+  return 2;
+}
+
+absl::StatusOr<DType> InputDTypeFromFlag() {
+  const std::string name = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_dtype));
+  if (name == "FP32") return DType::kFloat32;
+  if (name == "BF16") return DType::kBFloat16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype: '", absl::GetFlag(FLAGS_dtype), "' is not fp32 or bf16"));
+}
+
+std::string LayerNameOr(absl::string_view prefix) {
+  const std::string layer = absl::GetFlag(FLAGS_layer);
+  return layer.empty() ? absl::StrCat(prefix, "-", getpid()) : layer;
+}
+
+std::string JsonString(absl::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buffer[8];
+      std::snprintf(buffer, sizeof(buffer), "\\u%04x", c);
+      out += buffer;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace cli
+}  // namespace client
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  using moe::client::cli::Args;
+  absl::FlagsUsageConfig usage_config;
+  // --help lists the flags of every moectl source file, not only of this one.
+  usage_config.contains_help_flags = [](absl::string_view path) {
+    return absl::StrContains(path, "client/");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::SetProgramUsageMessage(kUsage);
+  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+
+  const std::map<std::string, std::function<int(const Args&)>> commands = {
+      {"health", moe::client::cli::RunHealth},
+      {"status", moe::client::cli::RunStatus},
+      {"create-layer", moe::client::cli::RunCreateLayer},
+      {"delete-layer", moe::client::cli::RunDeleteLayer},
+      {"list-layers", moe::client::cli::RunListLayers},
+      {"get-layer", moe::client::cli::RunGetLayer},
+      {"forward", moe::client::cli::RunForward},
+      {"backward", moe::client::cli::RunBackward},
+      {"checkpoint", moe::client::cli::RunCheckpoint},
+      {"smoke", moe::client::cli::RunSmoke},
+      {"bench", moe::client::cli::RunBench},
+  };
+  if (positional.size() < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string command = positional[1];
+  if (command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  auto it = commands.find(command);
+  if (it == commands.end()) {
+    return moe::client::cli::UsageError(command, "unknown command");
+  }
+  Args args(positional.begin() + 2, positional.end());
+  return it->second(args);
+}

@@ -1,0 +1,129 @@
+// moectl forward and backward: one step through the service with a random input or a .npy
+// file, the result written to .npy.
+#include <cstdio>
+#include <optional>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/moectl.h"
+#include "client/npy.h"
+#include "client/tensor_util.h"
+
+ABSL_FLAG(std::string, input, "", "forward: x from this .npy file ([T, H]) instead of random.");
+ABSL_FLAG(std::string, output, "", "forward / backward: write out / d_x to this .npy file.");
+ABSL_FLAG(bool, keep_for_backward, false,
+          "forward: keep the step on the server for a later `moectl backward --step_id`.");
+ABSL_FLAG(uint64_t, step_id, 0, "backward: the step_id printed by forward --keep_for_backward.");
+ABSL_FLAG(std::string, d_out, "", "backward: d_out from this .npy file instead of random.");
+ABSL_FLAG(std::string, d_aux, "", "backward: gradient w.r.t. the aux loss (empty = server's 1).");
+ABSL_FLAG(std::string, d_z_loss, "",
+          "backward: gradient w.r.t. the z-loss (empty = server's 1).");
+
+namespace moe {
+namespace client {
+namespace cli {
+namespace {
+
+// x (or d_out) from `path`, converted to --dtype when it says bf16; else random [T, hidden].
+absl::StatusOr<Tensor> InputTensor(const std::string& path, int64_t hidden, uint64_t seed) {
+  auto dtype = InputDTypeFromFlag();
+  if (!dtype.ok()) return dtype.status();
+  if (!path.empty()) {
+    auto t = ReadNpy(path);
+    if (!t.ok()) return t.status();
+    if (t->dtype() == DType::kFloat32 && *dtype == DType::kBFloat16) return ToBf16(*t);
+    return t;
+  }
+  const int64_t tokens = absl::GetFlag(FLAGS_tokens);
+  if (tokens < 0) return absl::InvalidArgumentError("--tokens must be >= 0");
+  return RandomNormal(*dtype, {tokens, hidden}, seed);
+}
+
+absl::StatusOr<std::optional<double>> OptionalDouble(absl::string_view flag,
+                                                     const std::string& text) {
+  if (text.empty()) return std::optional<double>();
+  double value = 0;
+  if (!absl::SimpleAtod(text, &value)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", text, "' is not a number"));
+  }
+  return std::optional<double>(value);
+}
+
+}  // namespace
+
+int RunForward(const Args& args) {
+  if (!args.empty()) return UsageError("forward", "takes no positional arguments");
+  const std::string layer = absl::GetFlag(FLAGS_layer);
+  if (layer.empty()) return UsageError("forward", "--layer is required");
+  auto client = ConnectFromFlags();
+  if (!client.ok()) return ReportError("forward", client.status());
+  // The hidden size of a random input comes from the layer itself.
+  int64_t hidden = 0;
+  if (absl::GetFlag(FLAGS_input).empty()) {
+    auto info = (*client)->GetLayer(layer);
+    if (!info.ok()) return ReportError("forward", info.status());
+    hidden = info->config().hidden();
+  }
+  auto x = InputTensor(absl::GetFlag(FLAGS_input), hidden, absl::GetFlag(FLAGS_input_seed));
+  if (!x.ok()) return ReportError("forward", x.status());
+  auto result = (*client)->Forward(layer, *x, absl::GetFlag(FLAGS_keep_for_backward));
+  if (!result.ok()) return ReportError("forward", result.status());
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (!output.empty()) {
+    absl::Status written = WriteNpy(output, result->out);
+    if (!written.ok()) return ReportError("forward", written);
+  }
+  std::printf(
+      "{\"layer\": %s, \"tokens\": %lld, \"datatype\": \"%s\", \"out_shape\": \"%s\", "
+      "\"aux_loss\": %.9g, \"z_loss\": %.9g, \"step_id\": %llu, \"tokens_per_expert\": [%s], "
+      "\"output\": %s}\n",
+      JsonString(layer).c_str(), static_cast<long long>(x->rank() > 0 ? x->dim(0) : 0),
+      DTypeName(x->dtype()), result->out.ShapeString().c_str(), result->aux_loss,
+      result->z_loss, static_cast<unsigned long long>(result->step_id),
+      absl::StrJoin(result->tokens_per_expert, ", ").c_str(), JsonString(output).c_str());
+  return 0;
+}
+
+int RunBackward(const Args& args) {
+  if (!args.empty()) return UsageError("backward", "takes no positional arguments");
+  const std::string layer = absl::GetFlag(FLAGS_layer);
+  if (layer.empty()) return UsageError("backward", "--layer is required");
+  const uint64_t step_id = absl::GetFlag(FLAGS_step_id);
+  if (step_id == 0) {
+    return UsageError("backward", "--step_id is required (from forward --keep_for_backward)");
+  }
+  auto d_aux = OptionalDouble("d_aux", absl::GetFlag(FLAGS_d_aux));
+  if (!d_aux.ok()) return UsageError("backward", d_aux.status().message());
+  auto d_z = OptionalDouble("d_z_loss", absl::GetFlag(FLAGS_d_z_loss));
+  if (!d_z.ok()) return UsageError("backward", d_z.status().message());
+  auto client = ConnectFromFlags();
+  if (!client.ok()) return ReportError("backward", client.status());
+  int64_t hidden = 0;
+  if (absl::GetFlag(FLAGS_d_out).empty()) {
+    auto info = (*client)->GetLayer(layer);
+    if (!info.ok()) return ReportError("backward", info.status());
+    hidden = info->config().hidden();
+  }
+  // A random d_out uses the next seed after x's, so forward+backward with the same
+  // --input_seed never reuse x as d_out.
+  auto d_out =
+      InputTensor(absl::GetFlag(FLAGS_d_out), hidden, absl::GetFlag(FLAGS_input_seed) + 1);
+  if (!d_out.ok()) return ReportError("backward", d_out.status());
+  auto d_x = (*client)->Backward(layer, step_id, *d_out, *d_aux, *d_z);
+  if (!d_x.ok()) return ReportError("backward", d_x.status());
+  const std::string output = absl::GetFlag(FLAGS_output);
+  if (!output.empty()) {
+    absl::Status written = WriteNpy(output, *d_x);
+    if (!written.ok()) return ReportError("backward", written);
+  }
+  std::printf("{\"layer\": %s, \"step_id\": %llu, \"d_x_shape\": \"%s\", \"output\": %s}\n",
+              JsonString(layer).c_str(), static_cast<unsigned long long>(step_id),
+              d_x->ShapeString().c_str(), JsonString(output).c_str());
+  return 0;
+}
+
+}  // namespace cli
+}  // namespace client
+}  // namespace moe

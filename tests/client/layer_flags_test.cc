@@ -1,0 +1,127 @@
+// moectl's layer flags (client/layer_flags.h): command lines parsed by absl into a
+// moe.v1.LayerConfig, the defaults, the errors for unknown names, and the engine conversion
+// of client/config_convert.h applied to the result.
+#include "client/layer_flags.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/reflection.h"
+#include "client/config_convert.h"
+#include "gtest/gtest.h"
+
+namespace moe {
+namespace client {
+namespace {
+
+// Parses `flags` as a command line; every test starts from the defaults.
+class LayerFlagsTest : public ::testing::Test {
+ protected:
+  void Parse(std::vector<std::string> flags) {
+    flags.insert(flags.begin(), "moectl");
+    std::vector<char*> argv;
+    for (std::string& f : flags) argv.push_back(f.data());
+    absl::ParseCommandLine(static_cast<int>(argv.size()), argv.data());
+  }
+
+ private:
+  absl::FlagSaver saver_;
+};
+
+TEST_F(LayerFlagsTest, DefaultsAreTheTinySpecLayer) {
+  auto config = LayerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->hidden(), 32);
+  EXPECT_EQ(config->ffn(), 64);
+  EXPECT_EQ(config->num_experts(), 8);
+  EXPECT_EQ(config->top_k(), 2);
+  EXPECT_EQ(config->score_function(), v1::SCORE_FUNCTION_SOFTMAX);
+  EXPECT_EQ(config->activation(), v1::ACTIVATION_SILU);
+  EXPECT_TRUE(config->gated());
+  EXPECT_EQ(config->compute_dtype(), "FP32");
+}
+
+TEST_F(LayerFlagsTest, EveryFlagReachesItsField) {
+  Parse({"--hidden=1024", "--ffn=2048", "--experts=256", "--top_k=8",
+         "--score_function=sigmoid", "--pre_softmax", "--num_groups=8", "--group_topk=4",
+         "--scaling_factor=2.5", "--expert_bias", "--aux_loss_coeff=0.01",
+         "--z_loss_coeff=0.001", "--capacity_factor=1.25", "--align_size=16",
+         "--activation=GELU", "--gated=false", "--use_bias", "--compute_dtype=bf16",
+         "--seed=1234567890123"});
+  auto config = LayerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->hidden(), 1024);
+  EXPECT_EQ(config->ffn(), 2048);
+  EXPECT_EQ(config->num_experts(), 256);
+  EXPECT_EQ(config->top_k(), 8);
+  EXPECT_EQ(config->score_function(), v1::SCORE_FUNCTION_SIGMOID);
+  EXPECT_TRUE(config->pre_softmax());
+  EXPECT_EQ(config->num_groups(), 8);
+  EXPECT_EQ(config->group_topk(), 4);
+  EXPECT_EQ(config->scaling_factor(), 2.5);
+  EXPECT_TRUE(config->use_expert_bias());
+  EXPECT_EQ(config->aux_loss_coeff(), 0.01);
+  EXPECT_EQ(config->z_loss_coeff(), 0.001);
+  EXPECT_EQ(config->capacity_factor(), 1.25);
+  EXPECT_EQ(config->align_size(), 16);
+  EXPECT_EQ(config->activation(), v1::ACTIVATION_GELU);
+  EXPECT_TRUE(config->has_gated());
+  EXPECT_FALSE(config->gated());
+  EXPECT_TRUE(config->use_bias());
+  EXPECT_EQ(config->compute_dtype(), "BF16");
+  EXPECT_EQ(config->init_seed(), 1234567890123u);
+
+  // And through the client's own conversion to the engine's config.
+  auto engine = EngineConfigFromProto(*config);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ(engine->num_experts, 256);
+  EXPECT_EQ(engine->score_function, ScoreFunction::kSigmoid);
+  EXPECT_EQ(engine->activation, Activation::kGelu);
+  EXPECT_FALSE(engine->gated);
+  EXPECT_EQ(engine->compute_dtype, DType::kBFloat16);
+  EXPECT_EQ(engine->init_seed, 1234567890123u);
+  EXPECT_EQ(ConfigToString(*engine), ConfigToString(*EngineConfigFromProto(
+                                         ProtoFromEngineConfig(*engine))));
+}
+
+TEST_F(LayerFlagsTest, UnknownNamesAreInvalidArgumentNamingTheFlag) {
+  for (const char* flag : {"--score_function=tanh", "--activation=swish", "--compute_dtype=fp8"}) {
+    absl::FlagSaver saver;
+    Parse({flag});
+    auto config = LayerConfigFromFlags();
+    EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument) << flag;
+    const std::string name = std::string(flag).substr(0, std::string(flag).find('='));
+    EXPECT_NE(config.status().message().find(name), std::string::npos) << config.status();
+  }
+}
+
+TEST_F(LayerFlagsTest, ProtoDefaultsApplyForUnsetFields) {
+  v1::LayerConfig proto;  // nothing optional set
+  proto.set_hidden(8);
+  proto.set_ffn(16);
+  proto.set_num_experts(4);
+  auto engine = EngineConfigFromProto(proto);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ(engine->top_k, 1);
+  EXPECT_EQ(engine->scaling_factor, 1.0);
+  EXPECT_TRUE(engine->gated);
+  EXPECT_EQ(engine->compute_dtype, DType::kFloat32);
+  EXPECT_EQ(engine->activation, Activation::kSilu);
+  proto.set_compute_dtype("FP16");
+  EXPECT_EQ(EngineConfigFromProto(proto).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(LayerFlagsTest, DescriptionNamesTheShape) {
+  Parse({"--hidden=48", "--experts=4", "--aux_loss_coeff=0.5"});
+  const std::string text = DescribeLayerConfig(*LayerConfigFromFlags());
+  EXPECT_NE(text.find("hidden=48"), std::string::npos) << text;
+  EXPECT_NE(text.find("experts=4"), std::string::npos) << text;
+  EXPECT_NE(text.find("aux=0.5"), std::string::npos) << text;
+  EXPECT_NE(text.find("activation=silu"), std::string::npos) << text;
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace moe
