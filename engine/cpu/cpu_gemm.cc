@@ -1,0 +1,100 @@
+// GEMM on the CPU through OpenBLAS. fp32 operands go straight to cblas_sgemm; bf16 operands
+// are widened into compact fp32 temporaries first, and a bf16 C is computed in an fp32
+// temporary (loaded from C when beta != 0) and rounded once at the end.
+#include <cblas.h>
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/cpu_kernels.h"
+
+namespace moe {
+namespace cpu {
+namespace {
+
+// Copies a rows x cols matrix with leading dimension ld into a compact fp32 array.
+std::vector<float> Widen(const void* src, DType type, int64_t rows, int64_t cols, int64_t ld) {
+  std::vector<float> out(static_cast<size_t>(rows * cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = LoadFloat(src, type, r * ld + c);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status CheckFloatType(const char* op, const char* field, DType type) {
+  if (type != DType::kFloat32 && type != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", field, " must be FP32 or BF16, got ", DTypeName(type)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Gemm(const GemmArgs& g) {
+  if (g.m < 0 || g.n < 0 || g.k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: negative size m=", g.m, " n=", g.n, " k=", g.k));
+  }
+  if (absl::Status s = CheckFloatType("Gemm", "ab_type", g.ab_type); !s.ok()) return s;
+  if (absl::Status s = CheckFloatType("Gemm", "c_type", g.c_type); !s.ok()) return s;
+  if (g.m == 0 || g.n == 0) return absl::OkStatus();
+  // Storage shapes of A and B (row-major) and their minimum leading dimensions.
+  const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  if (g.ldc < g.n || g.c == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemm: bad C (ldc=", g.ldc, " n=", g.n, ")"));
+  }
+  if (g.k > 0 && (g.lda < a_cols || g.ldb < b_cols || g.a == nullptr || g.b == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemm: bad A/B (lda=", g.lda, " needs ",
+                                                   a_cols, ", ldb=", g.ldb, " needs ", b_cols,
+                                                   ")"));
+  }
+  const bool c_f32 = g.c_type == DType::kFloat32;
+  std::vector<float> c_tmp;
+  float* c = nullptr;
+  int64_t ldc = g.ldc;
+  if (c_f32) {
+    c = static_cast<float*>(g.c);
+  } else {
+    c_tmp.assign(static_cast<size_t>(g.m * g.n), 0.0f);
+    if (g.beta != 0.0f) c_tmp = Widen(g.c, g.c_type, g.m, g.n, g.ldc);
+    c = c_tmp.data();
+    ldc = g.n;
+  }
+  if (g.k == 0) {
+    // C = beta * C (BLAS leaves C alone only when beta == 1).
+    for (int64_t i = 0; i < g.m; ++i) {
+      for (int64_t j = 0; j < g.n; ++j) {
+        c[i * ldc + j] = g.beta == 0.0f ? 0.0f : g.beta * c[i * ldc + j];
+      }
+    }
+  } else {
+    const float* a = static_cast<const float*>(g.a);
+    const float* b = static_cast<const float*>(g.b);
+    int64_t lda = g.lda, ldb = g.ldb;
+    std::vector<float> a_tmp, b_tmp;
+    if (g.ab_type == DType::kBFloat16) {
+      a_tmp = Widen(g.a, g.ab_type, a_rows, a_cols, g.lda);
+      b_tmp = Widen(g.b, g.ab_type, b_rows, b_cols, g.ldb);
+      a = a_tmp.data();
+      b = b_tmp.data();
+      lda = a_cols;
+      ldb = b_cols;
+    }
+    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                g.trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(g.m),
+                static_cast<blasint>(g.n), static_cast<blasint>(g.k), g.alpha, a,
+                static_cast<blasint>(lda), b, static_cast<blasint>(ldb), g.beta, c,
+                static_cast<blasint>(ldc));
+  }
+  if (!c_f32) {
+    for (int64_t i = 0; i < g.m; ++i) {
+      for (int64_t j = 0; j < g.n; ++j) StoreFloat(g.c, g.c_type, i * g.ldc + j, c[i * g.n + j]);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cpu
+}  // namespace moe

@@ -1,0 +1,301 @@
+// MoeLayer creation, parameters, gradients, optimizer state and updates (SPEC.md
+// "Parameters", "Initialisation", "Updates").
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/init.h"
+#include "engine/moe_layer_impl.h"
+#include "engine/status_macros.h"
+
+namespace moe {
+
+OptimizerConfig OptimizerConfig::Sgd(double lr, double momentum, double weight_decay) {
+  OptimizerConfig o;
+  o.kind = Kind::kSgd;
+  o.lr = lr;
+  o.momentum = momentum;
+  o.weight_decay = weight_decay;
+  return o;
+}
+
+OptimizerConfig OptimizerConfig::AdamW(double lr, double weight_decay) {
+  OptimizerConfig o;
+  o.kind = Kind::kAdamW;
+  o.lr = lr;
+  o.weight_decay = weight_decay;
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(const LayerConfig& config,
+                                                          Backend* backend, Communicator* comm) {
+  if (backend == nullptr || comm == nullptr) {
+    return absl::InvalidArgumentError("MoeLayer::Create: backend and communicator are required");
+  }
+  RETURN_IF_ERROR(ValidateConfig(config, comm->size()));
+  if (comm->memory_space() != backend->memory_space()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MoeLayer::Create: communicator '", comm->name(), "' and backend '", backend->name(),
+        "' use different memory spaces"));
+  }
+  auto layer = std::make_unique<MoeLayerImpl>(config, backend, comm);
+  RETURN_IF_ERROR(layer->Init());
+  return std::unique_ptr<MoeLayer>(std::move(layer));
+}
+
+MoeLayerImpl::MoeLayerImpl(const LayerConfig& config, Backend* backend, Communicator* comm)
+    : config_(config),
+      backend_(backend),
+      comm_(comm),
+      rank_(comm->rank()),
+      ranks_(comm->size()),
+      local_experts_(config.num_experts / comm->size()),
+      first_expert_(comm->rank() * (config.num_experts / comm->size())),
+      accumulated_counts_(config.num_experts, 0) {}
+
+absl::Status MoeLayerImpl::Init() {
+  const LayerConfig& c = config_;
+  const int64_t H = c.hidden, E = c.num_experts, F = c.ffn, up = UpWidth(c), El = local_experts_;
+  const bool bf16 = c.compute_dtype == DType::kBFloat16;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, bool has_grad,
+                 bool compute_copy, const std::vector<float>* init) -> absl::Status {
+    LayerParam p;
+    p.name = name;
+    p.shape = std::move(shape);
+    p.has_grad = has_grad;
+    p.has_compute_copy = compute_copy && bf16;
+    const size_t bytes = static_cast<size_t>(p.count()) * sizeof(float);
+    ASSIGN_OR_RETURN(p.master, backend_->Allocate(bytes));
+    if (init != nullptr) {
+      RETURN_IF_ERROR(backend_->CopyFromHost(p.master.data(), init->data(), bytes));
+    } else {
+      RETURN_IF_ERROR(backend_->Memset(p.master.data(), 0, bytes));
+    }
+    if (has_grad) {
+      ASSIGN_OR_RETURN(p.grad, backend_->Allocate(bytes));
+      RETURN_IF_ERROR(backend_->Memset(p.grad.data(), 0, bytes));
+    }
+    if (p.has_compute_copy) {
+      ASSIGN_OR_RETURN(p.compute, backend_->Allocate(p.count() * DTypeSize(c.compute_dtype)));
+      RETURN_IF_ERROR(RefreshComputeCopy(p));
+    }
+    params_.push_back(std::move(p));
+    return absl::OkStatus();
+  };
+  const std::vector<float> gate = InitGate(c);
+  RETURN_IF_ERROR(add("gate", {H, E}, true, false, &gate));
+  if (c.use_expert_bias) RETURN_IF_ERROR(add("expert_bias", {E}, false, false, nullptr));
+  {
+    const std::vector<float> wi = InitWi(c, first_expert_, El);
+    RETURN_IF_ERROR(add("wi", {El, H, up}, true, true, &wi));
+  }
+  {
+    const std::vector<float> wo = InitWo(c, first_expert_, El);
+    RETURN_IF_ERROR(add("wo", {El, F, H}, true, true, &wo));
+  }
+  if (c.use_bias) {
+    RETURN_IF_ERROR(add("wi_bias", {El, up}, true, false, nullptr));
+    RETURN_IF_ERROR(add("wo_bias", {El, H}, true, false, nullptr));
+  }
+  return backend_->Synchronize();
+}
+
+LayerParam* MoeLayerImpl::Find(const std::string& name) {
+  for (LayerParam& p : params_) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+const LayerParam* MoeLayerImpl::Find(const std::string& name) const {
+  for (const LayerParam& p : params_) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+absl::Status MoeLayerImpl::RefreshComputeCopy(LayerParam& p) {
+  if (!p.has_compute_copy) return absl::OkStatus();
+  return backend_->Convert(p.master.data(), DType::kFloat32, p.compute.data(),
+                           config_.compute_dtype, p.count());
+}
+
+absl::StatusOr<Buffer> MoeLayerImpl::Upload(const void* host, size_t bytes) {
+  ASSIGN_OR_RETURN(Buffer b, backend_->Allocate(bytes));
+  RETURN_IF_ERROR(backend_->CopyFromHost(b.data(), host, bytes));
+  return b;
+}
+
+absl::StatusOr<Tensor> MoeLayerImpl::Download(const Buffer& buffer, DType dtype,
+                                              const std::vector<int64_t>& shape) const {
+  Tensor t = Tensor::Zeros(dtype, shape);
+  if (t.num_bytes() > buffer.size()) {
+    return absl::InternalError("Download: buffer smaller than the tensor");
+  }
+  RETURN_IF_ERROR(backend_->CopyToHost(t.raw(), buffer.data(), t.num_bytes()));
+  return t;
+}
+
+std::vector<std::string> MoeLayerImpl::ParameterNames() const {
+  std::vector<std::string> names;
+  for (const LayerParam& p : params_) names.push_back(p.name);
+  return names;
+}
+
+absl::StatusOr<Tensor> MoeLayerImpl::GetParameter(const std::string& name) const {
+  const LayerParam* p = Find(name);
+  if (p == nullptr) {
+    return absl::NotFoundError(absl::StrCat("parameter '", name, "' does not exist (have: ",
+                                            absl::StrJoin(ParameterNames(), ", "), ")"));
+  }
+  return Download(p->master, DType::kFloat32, p->shape);
+}
+
+absl::Status MoeLayerImpl::SetParameter(const std::string& name, const Tensor& value) {
+  LayerParam* p = Find(name);
+  if (p == nullptr) {
+    return absl::NotFoundError(absl::StrCat("parameter '", name, "' does not exist (have: ",
+                                            absl::StrJoin(ParameterNames(), ", "), ")"));
+  }
+  RETURN_IF_ERROR(CheckShape(name, value.shape(), p->shape));
+  if (value.dtype() != DType::kFloat32 && value.dtype() != DType::kBFloat16 &&
+      value.dtype() != DType::kFloat64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, ": datatype must be FP32, BF16 or FP64, got ", DTypeName(value.dtype())));
+  }
+  const Tensor f32 = value.ConvertTo(DType::kFloat32);
+  RETURN_IF_ERROR(backend_->CopyFromHost(p->master.data(), f32.raw(), f32.num_bytes()));
+  RETURN_IF_ERROR(RefreshComputeCopy(*p));
+  return backend_->Synchronize();
+}
+
+absl::StatusOr<Tensor> MoeLayerImpl::GetGradient(const std::string& name) const {
+  const LayerParam* p = Find(name);
+  if (p == nullptr || !p->has_grad) {
+    return absl::NotFoundError(absl::StrCat("parameter '", name, "' has no gradient"));
+  }
+  return Download(p->grad, DType::kFloat32, p->shape);
+}
+
+absl::Status MoeLayerImpl::ZeroGradients() {
+  for (LayerParam& p : params_) {
+    if (p.has_grad) RETURN_IF_ERROR(backend_->Memset(p.grad.data(), 0, p.grad.size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayerImpl::ApplyOptimizer(const OptimizerConfig& o) {
+  const bool adamw = o.kind == OptimizerConfig::Kind::kAdamW;
+  if (!std::isfinite(o.lr) || o.lr < 0 || !std::isfinite(o.weight_decay) || o.weight_decay < 0 ||
+      !std::isfinite(o.momentum) || o.momentum < 0 || o.momentum >= 1 ||
+      (adamw && (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) ||
+                 !(o.eps > 0)))) {
+    return absl::InvalidArgumentError(
+        "optimizer: lr, weight_decay >= 0; momentum, beta1, beta2 in [0, 1); eps > 0");
+  }
+  Backend::OptimizerArgs args;
+  args.adamw = adamw;
+  args.lr = o.lr;
+  args.momentum = o.momentum;
+  args.beta1 = o.beta1;
+  args.beta2 = o.beta2;
+  args.eps = o.eps;
+  args.weight_decay = o.weight_decay;
+  if (adamw) args.step = ++optimizer_step_;
+  const bool needs_m = adamw || o.momentum != 0.0;
+  for (LayerParam& p : params_) {
+    if (!p.has_grad) continue;
+    const size_t bytes = p.master.size();
+    if (needs_m && p.m.data() == nullptr) {
+      ASSIGN_OR_RETURN(p.m, backend_->Allocate(bytes));
+      RETURN_IF_ERROR(backend_->Memset(p.m.data(), 0, bytes));
+    }
+    if (adamw && p.v.data() == nullptr) {
+      ASSIGN_OR_RETURN(p.v, backend_->Allocate(bytes));
+      RETURN_IF_ERROR(backend_->Memset(p.v.data(), 0, bytes));
+    }
+    RETURN_IF_ERROR(backend_->OptimizerStep(args, p.master.as<float>(), p.grad.as<float>(),
+                                            needs_m ? p.m.as<float>() : nullptr,
+                                            adamw ? p.v.as<float>() : nullptr, p.count()));
+    RETURN_IF_ERROR(RefreshComputeCopy(p));
+  }
+  RETURN_IF_ERROR(ZeroGradients());
+  return backend_->Synchronize();
+}
+
+std::vector<std::string> MoeLayerImpl::StateNames() const {
+  std::vector<std::string> names;
+  for (const LayerParam& p : params_) {
+    if (p.m.data() != nullptr) names.push_back(p.name + ".m");
+    if (p.v.data() != nullptr) names.push_back(p.name + ".v");
+  }
+  if (optimizer_step_ > 0) names.push_back("step");
+  return names;
+}
+
+absl::StatusOr<Tensor> MoeLayerImpl::GetState(const std::string& name) const {
+  if (name == "step" && optimizer_step_ > 0) {
+    return Tensor::FromFloats({1}, {static_cast<float>(optimizer_step_)});
+  }
+  const size_t dot = name.rfind('.');
+  const LayerParam* p = dot == std::string::npos ? nullptr : Find(name.substr(0, dot));
+  if (p != nullptr) {
+    const std::string which = name.substr(dot + 1);
+    if (which == "m" && p->m.data() != nullptr) return Download(p->m, DType::kFloat32, p->shape);
+    if (which == "v" && p->v.data() != nullptr) return Download(p->v, DType::kFloat32, p->shape);
+  }
+  return absl::NotFoundError(absl::StrCat("optimizer state '", name, "' does not exist"));
+}
+
+absl::Status MoeLayerImpl::SetState(const std::string& name, const Tensor& value) {
+  if (name == "step") {
+    RETURN_IF_ERROR(CheckShape(name, value.shape(), {1}));
+    const double step = value.GetFloat(0);
+    if (!(step >= 0) || step != std::floor(step)) {
+      return absl::InvalidArgumentError("step: must be a non-negative integer");
+    }
+    optimizer_step_ = static_cast<int64_t>(step);
+    return absl::OkStatus();
+  }
+  const size_t dot = name.rfind('.');
+  LayerParam* p = dot == std::string::npos ? nullptr : Find(name.substr(0, dot));
+  const std::string which = dot == std::string::npos ? "" : name.substr(dot + 1);
+  if (p == nullptr || !p->has_grad || (which != "m" && which != "v")) {
+    return absl::NotFoundError(absl::StrCat("optimizer state '", name,
+                                            "' is not a valid name (<param>.m, <param>.v, step)"));
+  }
+  RETURN_IF_ERROR(CheckShape(name, value.shape(), p->shape));
+  Buffer& slot = which == "m" ? p->m : p->v;
+  if (slot.data() == nullptr) {
+    ASSIGN_OR_RETURN(slot, backend_->Allocate(p->master.size()));
+  }
+  const Tensor f32 = value.ConvertTo(DType::kFloat32);
+  RETURN_IF_ERROR(backend_->CopyFromHost(slot.data(), f32.raw(), f32.num_bytes()));
+  return backend_->Synchronize();
+}
+
+absl::Status MoeLayerImpl::UpdateExpertBias(double rate) {
+  LayerParam* bias = Find("expert_bias");
+  if (bias == nullptr) {
+    return absl::FailedPreconditionError("UpdateExpertBias: the layer has no expert_bias "
+                                         "(use_expert_bias=false)");
+  }
+  if (!std::isfinite(rate)) return absl::InvalidArgumentError("UpdateExpertBias: rate not finite");
+  const int64_t E = config_.num_experts;
+  std::vector<float> b(E);
+  RETURN_IF_ERROR(backend_->CopyToHost(b.data(), bias->master.data(), E * sizeof(float)));
+  double mean = 0;
+  for (int64_t f : accumulated_counts_) mean += static_cast<double>(f);
+  mean /= static_cast<double>(E);
+  for (int64_t e = 0; e < E; ++e) {
+    const double diff = mean - static_cast<double>(accumulated_counts_[e]);
+    const double sign = diff > 0 ? 1.0 : (diff < 0 ? -1.0 : 0.0);
+    b[e] = static_cast<float>(b[e] + rate * sign);
+  }
+  RETURN_IF_ERROR(backend_->CopyFromHost(bias->master.data(), b.data(), E * sizeof(float)));
+  std::fill(accumulated_counts_.begin(), accumulated_counts_.end(), 0);
+  return backend_->Synchronize();
+}
+
+}  // namespace moe

@@ -1,0 +1,165 @@
+// Smoke test of MoeLayer on the CPU backend with the local communicator: forward and backward
+// run at the TE tiny shape, are bit-identical across runs, handle T = 0, and enforce the
+// one-backward-per-context rule and input validation.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "engine/comm/local_communicator.h"
+#include "engine/cpu/cpu_backend.h"
+#include "engine/moe_layer.h"
+#include "gtest/gtest.h"
+
+namespace moe {
+namespace {
+
+LayerConfig Tiny() {
+  LayerConfig c;
+  c.hidden = 32;
+  c.ffn = 64;
+  c.num_experts = 8;
+  c.top_k = 2;
+  c.aux_loss_coeff = 1e-2;
+  c.z_loss_coeff = 1e-3;
+  c.init_seed = 7;
+  return c;
+}
+
+Tensor Input(int64_t tokens, int64_t hidden, uint32_t seed) {
+  std::vector<float> v(tokens * hidden);
+  uint32_t s = seed;
+  for (float& f : v) {
+    s = s * 1664525u + 1013904223u;
+    f = static_cast<float>((s >> 8) & 0xffff) / 65536.0f * 2.0f - 1.0f;
+  }
+  return Tensor::FromFloats({tokens, hidden}, v);
+}
+
+struct Step {
+  ForwardResult fwd;
+  Tensor d_x;
+  std::vector<Tensor> grads;
+};
+
+Step RunStep(const LayerConfig& c, const Tensor& x, const Tensor& d_out) {
+  auto backend = MakeCpuBackend();
+  auto comm = MakeLocalCommunicator();
+  auto layer = MoeLayer::Create(c, backend.get(), comm.get());
+  EXPECT_TRUE(layer.ok()) << layer.status();
+  std::unique_ptr<StepContext> saved;
+  Step step;
+  auto fwd = (*layer)->Forward(x, &saved);
+  EXPECT_TRUE(fwd.ok()) << fwd.status();
+  step.fwd = *std::move(fwd);
+  auto d_x = (*layer)->Backward(*saved, d_out, 1.0, 1.0);
+  EXPECT_TRUE(d_x.ok()) << d_x.status();
+  step.d_x = *std::move(d_x);
+  for (const std::string& name : (*layer)->ParameterNames()) {
+    auto g = (*layer)->GetGradient(name);
+    if (g.ok()) step.grads.push_back(*std::move(g));
+  }
+  return step;
+}
+
+bool SameBytes(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && a.bytes() == b.bytes();
+}
+
+TEST(MoeLayerSmokeTest, TinyForwardBackwardIsBitIdentical) {
+  const LayerConfig c = Tiny();
+  const Tensor x = Input(32, 32, 1), d_out = Input(32, 32, 2);
+  const Step a = RunStep(c, x, d_out), b = RunStep(c, x, d_out);
+  ASSERT_EQ(a.fwd.out.shape(), (std::vector<int64_t>{32, 32}));
+  EXPECT_TRUE(SameBytes(a.fwd.out, b.fwd.out));
+  EXPECT_TRUE(SameBytes(a.d_x, b.d_x));
+  EXPECT_EQ(a.fwd.aux_loss, b.fwd.aux_loss);
+  EXPECT_EQ(a.fwd.z_loss, b.fwd.z_loss);
+  ASSERT_EQ(a.grads.size(), 3u);  // gate, wi, wo
+  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(SameBytes(a.grads[i], b.grads[i]));
+  // Sanity: every token routed to k experts, non-trivial outputs and gradients.
+  int64_t pairs = 0;
+  for (int64_t n : a.fwd.tokens_per_expert) pairs += n;
+  EXPECT_EQ(pairs, 32 * 2);
+  EXPECT_GT(a.fwd.aux_loss, 0.0);
+  EXPECT_GT(a.fwd.z_loss, 0.0);
+  double out_norm = 0, gate_grad_norm = 0;
+  for (int64_t i = 0; i < a.fwd.out.num_elements(); ++i) out_norm += std::fabs(a.fwd.out.GetFloat(i));
+  for (int64_t i = 0; i < a.grads[0].num_elements(); ++i) {
+    gate_grad_norm += std::fabs(a.grads[0].GetFloat(i));
+  }
+  EXPECT_GT(out_norm, 0.0);
+  EXPECT_GT(gate_grad_norm, 0.0);
+}
+
+TEST(MoeLayerSmokeTest, Bf16AndEveryFeatureRuns) {
+  LayerConfig c = Tiny();
+  c.compute_dtype = DType::kBFloat16;
+  c.score_function = ScoreFunction::kSigmoid;
+  c.use_expert_bias = true;
+  c.num_groups = 4;
+  c.group_topk = 2;
+  c.use_bias = true;
+  c.align_size = 16;
+  c.capacity_factor = 1.0;
+  c.activation = Activation::kGelu;
+  const Tensor x = Input(32, 32, 3).ConvertTo(DType::kBFloat16);
+  const Tensor d_out = Input(32, 32, 4).ConvertTo(DType::kBFloat16);
+  const Step a = RunStep(c, x, d_out), b = RunStep(c, x, d_out);
+  EXPECT_EQ(a.fwd.out.dtype(), DType::kBFloat16);
+  EXPECT_EQ(a.d_x.dtype(), DType::kBFloat16);
+  EXPECT_TRUE(SameBytes(a.fwd.out, b.fwd.out));
+  EXPECT_TRUE(SameBytes(a.d_x, b.d_x));
+  ASSERT_EQ(a.grads.size(), 5u);  // gate, wi, wo, wi_bias, wo_bias
+  for (size_t i = 0; i < a.grads.size(); ++i) EXPECT_TRUE(SameBytes(a.grads[i], b.grads[i]));
+}
+
+TEST(MoeLayerSmokeTest, ZeroTokens) {
+  const LayerConfig c = Tiny();
+  auto backend = MakeCpuBackend();
+  auto comm = MakeLocalCommunicator();
+  auto layer = MoeLayer::Create(c, backend.get(), comm.get());
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  std::unique_ptr<StepContext> saved;
+  auto fwd = (*layer)->Forward(Tensor::Zeros(DType::kFloat32, {0, 32}), &saved);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  EXPECT_EQ(fwd->out.shape(), (std::vector<int64_t>{0, 32}));
+  EXPECT_EQ(fwd->aux_loss, 0.0);
+  EXPECT_EQ(fwd->z_loss, 0.0);
+  auto d_x = (*layer)->Backward(*saved, Tensor::Zeros(DType::kFloat32, {0, 32}), 1.0, 1.0);
+  ASSERT_TRUE(d_x.ok()) << d_x.status();
+  EXPECT_EQ(d_x->shape(), (std::vector<int64_t>{0, 32}));
+  auto g = (*layer)->GetGradient("gate");
+  ASSERT_TRUE(g.ok());
+  for (int64_t i = 0; i < g->num_elements(); ++i) ASSERT_EQ(g->GetFloat(i), 0.0f);
+}
+
+TEST(MoeLayerSmokeTest, ContextUsedTwiceAndBadInputs) {
+  const LayerConfig c = Tiny();
+  auto backend = MakeCpuBackend();
+  auto comm = MakeLocalCommunicator();
+  auto layer = MoeLayer::Create(c, backend.get(), comm.get());
+  ASSERT_TRUE(layer.ok());
+  std::unique_ptr<StepContext> saved;
+  const Tensor x = Input(8, 32, 5);
+  ASSERT_TRUE((*layer)->Forward(x, &saved).ok());
+  EXPECT_EQ((*layer)->Backward(*saved, Input(9, 32, 6), 1, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);  // d_out shape differs from the forward's
+  ASSERT_TRUE((*layer)->Backward(*saved, Input(8, 32, 6), 1, 1).ok());
+  EXPECT_EQ((*layer)->Backward(*saved, Input(8, 32, 6), 1, 1).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*layer)->Forward(Input(8, 31, 5), nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*layer)->Forward(Tensor::Zeros(DType::kInt32, {8, 32}), nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*layer)->SetParameter("wi", Tensor::Zeros(DType::kFloat32, {8, 32, 64})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*layer)->GetParameter("nope").status().code(), absl::StatusCode::kNotFound);
+  LayerConfig bad = c;
+  bad.top_k = 9;
+  EXPECT_EQ(MoeLayer::Create(bad, backend.get(), comm.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace moe
