@@ -166,12 +166,10 @@ class RemoteMoE(torch.nn.Module):
         return info
 
     def forward(self, x, return_z_loss=False):
-        if x.shape[-1] != self.hidden:
-            # The server would say INVALID_ARGUMENT too; failing here names the module.
-            raise ValueError("RemoteMoE %r: last dimension of x is %d, the layer's hidden "
-                             "size is %d" % (self.name, x.shape[-1], self.hidden))
+        # A wrong last dimension goes to the server as is: it answers INVALID_ARGUMENT, raised
+        # here as moe_client.InvalidArgument with the gRPC code.
         shape = x.shape
-        x2d = x.reshape(-1, self.hidden)
+        x2d = x.reshape(-1, x.shape[-1]) if x.dim() > 0 else x
         if torch.is_grad_enabled():
             anchor = torch.zeros((), requires_grad=True)
             out, aux, z = _RemoteMoEFunction.apply(x2d, anchor, self)

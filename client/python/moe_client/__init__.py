@@ -1,0 +1,28 @@
+"""moe_client: the Python client of moed (moe.v1.MoeService).
+
+    from moe_client import Client, RemoteMoE
+    client = Client("localhost:50051")
+    moe = RemoteMoE(client, "ffn0", hidden=512, ffn=1024, num_experts=8, top_k=2)
+    out, aux = moe(x)
+
+Modules: client (Client, one method per RPC), errors (MoeError and one subclass per gRPC
+code), codec (numpy/torch <-> wire tensors, fp32 and bf16), torch_layer (RemoteMoE),
+jax_layer (remote_moe, a jax.custom_vjp wrapper; UNTESTED, JAX is not on the build machine).
+The generated stubs (module `proto.moe_pb2`) must be importable: see client/python/README.md.
+"""
+
+from moe_client.client import Client, ForwardResult, layer_config
+from moe_client.errors import (AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition,
+                               Internal, InvalidArgument, MoeError, NotFound, ResourceExhausted,
+                               Unavailable, Unimplemented)
+
+try:
+    from moe_client.torch_layer import RemoteMoE
+except ImportError:  # pragma: no cover - torch-less installs still get the Client
+    RemoteMoE = None
+
+__all__ = [
+    "Client", "ForwardResult", "layer_config", "RemoteMoE", "MoeError", "InvalidArgument",
+    "NotFound", "AlreadyExists", "FailedPrecondition", "ResourceExhausted", "Unavailable",
+    "DeadlineExceeded", "Cancelled", "Internal", "Unimplemented",
+]

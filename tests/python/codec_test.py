@@ -1,0 +1,80 @@
+"""Tensor codecs (client/python/moe_client/codec.py), without a server: fp32/bf16/fp64/int
+round trips through the wire message, bf16 rounding identical to torch's (round to nearest
+even, NaN kept), zero-copy numpy decoding, byte-count checks, chunking of large tensors."""
+
+import unittest
+
+import numpy as np
+import torch
+
+from moe_client import codec
+from proto import moe_pb2
+
+
+class CodecTest(unittest.TestCase):
+
+    def test_numpy_round_trips_are_exact(self):
+        rng = np.random.default_rng(0)
+        for dtype, name in ((np.float32, "FP32"), (np.float64, "FP64"), (np.int32, "INT32"),
+                            (np.int64, "INT64")):
+            a = (rng.standard_normal((3, 5)) * 100).astype(dtype)
+            t = codec.to_proto(a)
+            self.assertEqual((t.datatype, list(t.shape)), (name, [3, 5]))
+            self.assertEqual(len(t.raw_data), a.nbytes)
+            np.testing.assert_array_equal(codec.to_numpy(t), a)
+
+    def test_numpy_decode_is_a_view_of_the_message(self):
+        t = codec.to_proto(np.arange(6, dtype=np.float32).reshape(2, 3))
+        a = codec.to_numpy(t)
+        self.assertFalse(a.flags.writeable)
+        self.assertFalse(a.flags.owndata)  # np.frombuffer: no copy
+
+    def test_bf16_rounding_matches_torch(self):
+        rng = np.random.default_rng(1)
+        values = np.concatenate([
+            rng.standard_normal(10000).astype(np.float32) * 10,
+            # exact ties between two bf16 values: round half to even
+            (np.arange(1, 200, dtype=np.uint32) << 16 | 0x8000).view(np.float32),
+            np.array([0.0, -0.0, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-40], np.float32),
+        ])
+        ours = codec.to_torch(codec.to_proto(values, "BF16"))
+        theirs = torch.from_numpy(values).to(torch.bfloat16)
+        self.assertEqual(ours.dtype, torch.bfloat16)
+        self.assertTrue(torch.equal(ours.view(torch.int16), theirs.view(torch.int16)))
+        nan = codec.to_numpy(codec.to_proto(np.array([np.nan], np.float32), "BF16"))
+        self.assertTrue(np.isnan(nan[0]))
+
+    def test_torch_bf16_and_fp32_round_trip(self):
+        x = torch.randn(4, 7)
+        for value in (x, x.bfloat16()):
+            back = codec.to_torch(codec.to_proto(value))
+            self.assertEqual(back.dtype, value.dtype)
+            self.assertTrue(torch.equal(back, value))
+            back += 1  # writable by default (a copy)
+        self.assertEqual(codec.to_proto(x.bfloat16()).datatype, "BF16")
+        self.assertEqual(codec.to_numpy(codec.to_proto(x.bfloat16())).dtype, np.float32)
+
+    def test_wrong_byte_count_is_an_error(self):
+        t = moe_pb2.Tensor(datatype="FP32", shape=[2, 2], raw_data=b"\0" * 12)
+        with self.assertRaisesRegex(ValueError, "needs 16 bytes, got 12"):
+            codec.to_numpy(t)
+        with self.assertRaisesRegex(ValueError, "unknown datatype"):
+            codec.to_numpy(moe_pb2.Tensor(datatype="FP8", shape=[1], raw_data=b"\0"))
+        with self.assertRaises(TypeError):
+            codec.to_proto(np.zeros(3, np.float16))
+
+    def test_chunks_cover_the_tensor_in_order(self):
+        a = np.random.default_rng(2).standard_normal((5, 7, 3)).astype(np.float32)
+        chunks = list(codec.chunks_of("wi", a, max_chunk_bytes=40))
+        self.assertEqual(len(chunks), -(-a.nbytes // 40))
+        self.assertTrue(all(len(c.raw_data) <= 40 for c in chunks))
+        out = codec.assemble_chunks(chunks + list(codec.chunks_of("empty", np.zeros((0, 3),
+                                                                                   np.float32))))
+        np.testing.assert_array_equal(out["wi"], a)
+        self.assertEqual(out["empty"].shape, (0, 3))
+        with self.assertRaisesRegex(ValueError, "starts at element"):
+            codec.assemble_chunks([chunks[0], chunks[2]])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
