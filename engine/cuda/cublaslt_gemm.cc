@@ -1,0 +1,166 @@
+#include "engine/cuda/cublaslt_gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/cuda_status.h"
+#include "engine/status_macros.h"
+
+namespace moe {
+namespace cuda {
+
+struct CublasLtGemm::Plan {
+  cublasLtMatmulDescOpaque_t desc;
+  cublasLtMatmulAlgo_t algo;
+};
+
+namespace {
+
+cudaDataType_t CudaType(DType t) { return t == DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// Rounds a dimension up to its bucket: multiples of 32 up to 256, then 4 buckets per octave.
+int64_t Bucket(int64_t v) {
+  if (v <= 256) return (v + 31) / 32 * 32;
+  int64_t p = 1;
+  while (p * 2 <= v) p *= 2;
+  const int64_t step = p / 4;
+  return (v + step - 1) / step * step;
+}
+
+int AlignmentBytes(const void* p, int64_t ld, size_t elem) {
+  int a = 16;
+  while (a > static_cast<int>(elem) &&
+         ((reinterpret_cast<uintptr_t>(p) % a) != 0 || (ld * elem) % a != 0)) {
+    a /= 2;
+  }
+  return a;
+}
+
+// Column-major layouts of cuBLASLt's A (our B), B (our A) and C for dims m, n, k.
+struct Layouts {
+  cublasLtMatrixLayoutOpaque_t a, b, c;
+};
+
+absl::Status InitLayouts(const GemmArgs& g, int64_t m, int64_t n, int64_t k, int64_t lda,
+                         int64_t ldb, int64_t ldc, Layouts* out) {
+  // cuBLASLt A = op(B)^T, [n, k]: stored [n, k] (no transpose) or [k, n] (transposed).
+  const cudaDataType_t ab = CudaType(g.ab_type);
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&out->a, ab, g.trans_b ? k : n,
+                                                    g.trans_b ? n : k, ldb));
+  // cuBLASLt B = op(A)^T, [k, m]: stored [k, m] (no transpose) or [m, k] (transposed).
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&out->b, ab, g.trans_a ? m : k,
+                                                    g.trans_a ? k : m, lda));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&out->c, CudaType(g.c_type), n, m, ldc));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create() {
+  std::unique_ptr<CublasLtGemm> gemm(new CublasLtGemm());
+  cublasLtHandle_t handle;
+  CUBLASLT_RETURN_IF_ERROR(cublasLtCreate(&handle));
+  gemm->handle_ = handle;
+  return gemm;
+}
+
+CublasLtGemm::~CublasLtGemm() {
+  if (handle_ != nullptr) cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+size_t CublasLtGemm::cached_plans() const {
+  absl::MutexLock lock(&mu_);
+  return plans_.size();
+}
+
+absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(
+    const GemmArgs& g, int64_t m, int64_t n, int64_t k, int alignment_bits,
+    size_t workspace_bytes) {
+  auto plan = std::make_shared<Plan>();
+  CUBLASLT_RETURN_IF_ERROR(
+      cublasLtMatmulDescInit(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  // cuBLASLt's transa applies to our B, transb to our A.
+  const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      &plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      &plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  // Leading dimensions for the query: packed at the queried size (alignment is in the key).
+  const int64_t lda = g.trans_a ? m : k, ldb = g.trans_b ? k : n, ldc = n;
+  Layouts layouts;
+  RETURN_IF_ERROR(InitLayouts(g, m, n, k, lda, ldb, ldc, &layouts));
+  cublasLtMatmulPreferenceOpaque_t pref;
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulPreferenceInit(&pref));
+  const uint64_t ws = workspace_bytes;
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      &pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+  const uint32_t align_a = (alignment_bits >> 0) & 0xff, align_b = (alignment_bits >> 8) & 0xff,
+                 align_c = (alignment_bits >> 16) & 0xff;
+  // Our B is cuBLASLt's A and vice versa.
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align_b, sizeof(align_b)));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &align_a, sizeof(align_a)));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+      &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
+  cublasLtMatmulHeuristicResult_t result;
+  int found = 0;
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+      static_cast<cublasLtHandle_t>(handle_), &plan->desc, &layouts.a, &layouts.b, &layouts.c,
+      &layouts.c, &pref, 1, &result, &found));
+  if (found == 0) {
+    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for GEMM m=", m,
+                                                 " n=", n, " k=", k, " ab=",
+                                                 DTypeName(g.ab_type), " c=",
+                                                 DTypeName(g.c_type)));
+  }
+  plan->algo = result.algo;
+  return plan;
+}
+
+absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
+                               size_t workspace_bytes) {
+  const size_t ab_size = DTypeSize(g.ab_type), c_size = DTypeSize(g.c_type);
+  const int alignment_bits = AlignmentBytes(g.a, g.lda, ab_size) |
+                             (AlignmentBytes(g.b, g.ldb, ab_size) << 8) |
+                             (AlignmentBytes(g.c, g.ldc, c_size) << 16);
+  const int64_t bm = Bucket(g.m), bn = Bucket(g.n), bk = Bucket(g.k);
+  const Key key{g.trans_a, g.trans_b, static_cast<int>(g.ab_type), static_cast<int>(g.c_type),
+                bm, bn, bk, alignment_bits};
+  std::shared_ptr<Plan> plan;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) plan = it->second;
+  }
+  if (plan == nullptr) {
+    ASSIGN_OR_RETURN(plan, FindPlan(g, bm, bn, bk, alignment_bits, workspace_bytes));
+    absl::MutexLock lock(&mu_);
+    plans_.emplace(key, plan);
+  }
+  Layouts layouts;
+  RETURN_IF_ERROR(InitLayouts(g, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, &layouts));
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  cublasStatus_t st = cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), &plan->desc,
+                                     &g.alpha, g.b, &layouts.a, g.a, &layouts.b, &g.beta, g.c,
+                                     &layouts.c, g.c, &layouts.c, &plan->algo, workspace,
+                                     workspace_bytes, s);
+  if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  // The bucket's plan does not fit this exact shape: query it exactly (not cached).
+  ASSIGN_OR_RETURN(std::shared_ptr<Plan> exact,
+                   FindPlan(g, g.m, g.n, g.k, alignment_bits, workspace_bytes));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), &exact->desc,
+                                          &g.alpha, g.b, &layouts.a, g.a, &layouts.b, &g.beta,
+                                          g.c, &layouts.c, g.c, &layouts.c, &exact->algo,
+                                          workspace, workspace_bytes, s));
+  return absl::OkStatus();
+}
+
+}  // namespace cuda
+}  // namespace moe

@@ -1,0 +1,60 @@
+// Row-major GEMMs (engine/backend.h GemmArgs) through cuBLASLt, with cached plans.
+//
+// cuBLASLt is column-major: a row-major [r, c] matrix with leading dimension ld is the
+// column-major [c, r] one, so C = op(A) op(B) is computed as C^T = op(B)^T op(A)^T, i.e.
+// cuBLASLt's "A" is our B and its "B" is our A. Plans (matmul descriptor + heuristic algo) are
+// cached by (transposes, types, alignments, bucketed m/n/k): the token dimension of expert
+// GEMMs changes every step, and a fresh heuristic query per shape would cost more than the
+// GEMM. A plan found for the bucket (dims rounded up) is used for every shape in it; should
+// cuBLASLt refuse it, the exact shape is queried instead.
+//
+//   ASSIGN_OR_RETURN(auto gemm, CublasLtGemm::Create());
+//   RETURN_IF_ERROR(gemm->Run(args, stream, workspace, workspace_bytes));
+#ifndef MOED_ENGINE_CUDA_CUBLASLT_GEMM_H_
+#define MOED_ENGINE_CUDA_CUBLASLT_GEMM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/backend.h"
+
+namespace moe {
+namespace cuda {
+
+class CublasLtGemm {
+ public:
+  static absl::StatusOr<std::unique_ptr<CublasLtGemm>> Create();
+  ~CublasLtGemm();
+  CublasLtGemm(const CublasLtGemm&) = delete;
+  CublasLtGemm& operator=(const CublasLtGemm&) = delete;
+
+  // Enqueues C = alpha op(A) op(B) + beta C on `stream` (cudaStream_t). m, n > 0 and k > 0
+  // (the backend handles empty shapes). `workspace` must stay untouched by other streams until
+  // this GEMM has run.
+  absl::Status Run(const GemmArgs& args, void* stream, void* workspace, size_t workspace_bytes);
+
+  size_t cached_plans() const;
+
+ private:
+  struct Plan;
+  using Key = std::tuple<int, int, int, int, int64_t, int64_t, int64_t, int>;
+  CublasLtGemm() = default;
+  absl::StatusOr<std::shared_ptr<Plan>> FindPlan(const GemmArgs& args, int64_t m, int64_t n,
+                                                 int64_t k, int alignment_bits,
+                                                 size_t workspace_bytes);
+
+  void* handle_ = nullptr;  // cublasLtHandle_t
+  mutable absl::Mutex mu_;
+  std::map<Key, std::shared_ptr<Plan>> plans_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace cuda
+}  // namespace moe
+
+#endif  // MOED_ENGINE_CUDA_CUBLASLT_GEMM_H_

@@ -1,0 +1,313 @@
+// CudaBackend: device, streams, the memory pool, copies and GEMMs.
+#include "engine/cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/cuda_backend_impl.h"
+#include "engine/cuda/cuda_status.h"
+#include "engine/status_macros.h"
+
+namespace moe {
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  return count;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
+  ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> backend, cuda::CudaBackend::Create(device));
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+namespace cuda {
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+  const int count = CudaDeviceCount();
+  if (device < 0 || device >= count) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", device, " requested but ", count, " visible"));
+  }
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(device));
+  RETURN_IF_ERROR(backend->Init());
+  return backend;
+}
+
+absl::Status CudaBackend::Init() {
+  RETURN_IF_ERROR(Activate());
+  // Keep freed pool memory for reuse: steps allocate and free the same sizes every time.
+  cudaMemPool_t pool;
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device_));
+  uint64_t threshold = std::numeric_limits<uint64_t>::max();
+  CUDA_RETURN_IF_ERROR(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  cudaStream_t s;
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  stream_ = s;
+  for (int i = 0; i < kSideStreams; ++i) {
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    side_streams_[i] = s;
+  }
+  for (int i = 0; i <= kSideStreams; ++i) {
+    cudaEvent_t e;
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    side_events_[i] = e;
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace_[i], kWorkspaceBytes));
+  }
+  ASSIGN_OR_RETURN(gemm_, CublasLtGemm::Create());
+  return absl::OkStatus();
+}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
+  gemm_.reset();
+  for (int i = 0; i <= kSideStreams; ++i) {
+    if (workspace_[i] != nullptr) cudaFree(workspace_[i]);
+    if (side_events_[i] != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(side_events_[i]));
+  }
+  for (void* s : side_streams_) {
+    if (s != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(s));
+  }
+  if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+}
+
+absl::Status CudaBackend::Activate() const {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
+  if (bytes == 0) return Buffer();
+  RETURN_IF_ERROR(Activate());
+  void* p = nullptr;
+  const cudaError_t err = cudaMallocAsync(&p, bytes, static_cast<cudaStream_t>(stream_));
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    return absl::ResourceExhaustedError(absl::StrCat("cudaMallocAsync of ", bytes, " bytes on ",
+                                                     name(), ": ", cudaGetErrorString(err)));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    live_[p] = bytes;
+    allocated_ += bytes;
+    peak_ = std::max(peak_, allocated_);
+  }
+  return Buffer(p, bytes, [this](void* q) { Release(q); });
+}
+
+void CudaBackend::Release(void* p) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(p);
+    if (it != live_.end()) {
+      allocated_ -= it->second;
+      live_.erase(it);
+    }
+  }
+  cudaSetDevice(device_);
+  cudaFreeAsync(p, static_cast<cudaStream_t>(stream_));  // stream-ordered: after queued work
+}
+
+size_t CudaBackend::allocated_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return allocated_;
+}
+
+size_t CudaBackend::peak_allocated_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+absl::StatusOr<void*> CudaBackend::ScratchAlloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes == 0) return p;
+  CUDA_RETURN_IF_ERROR(cudaMallocAsync(&p, bytes, static_cast<cudaStream_t>(stream_)));
+  return p;
+}
+
+absl::Status CudaBackend::ScratchFree(void* p) {
+  if (p != nullptr) CUDA_RETURN_IF_ERROR(cudaFreeAsync(p, static_cast<cudaStream_t>(stream_)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyFromHost(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (dst == nullptr || host_src == nullptr) {
+    return absl::InvalidArgumentError("CopyFromHost: null pointer");
+  }
+  RETURN_IF_ERROR(Activate());
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice,
+                                       static_cast<cudaStream_t>(stream_)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  RETURN_IF_ERROR(Activate());
+  if (bytes > 0) {
+    if (host_dst == nullptr || src == nullptr) {
+      return absl::InvalidArgumentError("CopyToHost: null pointer");
+    }
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost,
+                                         static_cast<cudaStream_t>(stream_)));
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return absl::OkStatus();
+  if (dst == nullptr || src == nullptr) return absl::InvalidArgumentError("Copy: null pointer");
+  RETURN_IF_ERROR(Activate());
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                       static_cast<cudaStream_t>(stream_)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Memset(void* dst, int value, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  if (dst == nullptr) return absl::InvalidArgumentError("Memset: null pointer");
+  RETURN_IF_ERROR(Activate());
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, value, bytes, static_cast<cudaStream_t>(stream_)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Synchronize() {
+  RETURN_IF_ERROR(Activate());
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CheckGemm(const GemmArgs& g) const {
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemm: ", what));
+  };
+  if (g.m < 0 || g.n < 0 || g.k < 0) return bad("negative dimension");
+  if (g.ab_type != DType::kFloat32 && g.ab_type != DType::kBFloat16) return bad("ab_type");
+  if (g.c_type != DType::kFloat32 && g.c_type != DType::kBFloat16) return bad("c_type");
+  if (g.m == 0 || g.n == 0) return absl::OkStatus();
+  if (g.c == nullptr || g.ldc < g.n) return bad("c is null or ldc < n");
+  if (g.k == 0) return absl::OkStatus();
+  if (g.a == nullptr || g.b == nullptr) return bad("a or b is null");
+  if (g.lda < (g.trans_a ? g.m : g.k)) return bad("lda too small");
+  if (g.ldb < (g.trans_b ? g.k : g.n)) return bad("ldb too small");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunGemm(const GemmArgs& g, void* stream, void* workspace) {
+  if (g.m == 0 || g.n == 0) return absl::OkStatus();
+  if (g.k == 0) {  // C = beta * C
+    if (g.beta == 1.0f) return absl::OkStatus();
+    CUDA_RETURN_IF_ERROR(
+        LaunchScale(g.c, ToKType(g.c_type), g.beta, g.m, g.n, g.ldc, stream));
+    return absl::OkStatus();
+  }
+  return gemm_->Run(g, stream, workspace, kWorkspaceBytes);
+}
+
+absl::Status CudaBackend::Gemm(const GemmArgs& args) {
+  RETURN_IF_ERROR(CheckGemm(args));
+  RETURN_IF_ERROR(Activate());
+  return RunGemm(args, stream_, workspace_[0]);
+}
+
+absl::Status CudaBackend::GroupedGemm(absl::Span<const GemmArgs> gemms) {
+  double flops = 0;
+  int nonempty = 0;
+  for (const GemmArgs& g : gemms) {
+    RETURN_IF_ERROR(CheckGemm(g));
+    if (g.m > 0 && g.n > 0 && g.k > 0) {
+      flops += 2.0 * g.m * g.n * g.k;
+      ++nonempty;
+    }
+  }
+  RETURN_IF_ERROR(Activate());
+  // Large experts fill the GPU one at a time; small ones overlap on side streams.
+  constexpr double kSmallGemmFlops = 60e9;
+  if (nonempty <= 1 || flops / nonempty > kSmallGemmFlops) {
+    for (const GemmArgs& g : gemms) RETURN_IF_ERROR(RunGemm(g, stream_, workspace_[0]));
+    return absl::OkStatus();
+  }
+  const cudaStream_t main = static_cast<cudaStream_t>(stream_);
+  cudaEvent_t fork = static_cast<cudaEvent_t>(side_events_[kSideStreams]);
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, main));
+  const int used = std::min(kSideStreams, nonempty);
+  for (int i = 0; i < used; ++i) {
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamWaitEvent(static_cast<cudaStream_t>(side_streams_[i]), fork, 0));
+  }
+  int next = 0;
+  absl::Status status;
+  for (const GemmArgs& g : gemms) {
+    if (g.m == 0 || g.n == 0) continue;
+    if (g.k == 0) {
+      status = RunGemm(g, stream_, workspace_[0]);  // ordered before the join on main
+    } else {
+      const int i = next++ % used;
+      status = RunGemm(g, side_streams_[i], workspace_[i + 1]);
+    }
+    if (!status.ok()) break;
+  }
+  // Join even after an error, so that the main stream never runs ahead of side work.
+  for (int i = 0; i < used; ++i) {
+    cudaEvent_t done = static_cast<cudaEvent_t>(side_events_[i]);
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(done, static_cast<cudaStream_t>(side_streams_[i])));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(main, done, 0));
+  }
+  return status;
+}
+
+absl::Status CudaBackend::Convert(const void* src, DType src_type, void* dst, DType dst_type,
+                                  int64_t count) {
+  if (count < 0) return absl::InvalidArgumentError("Convert: negative count");
+  if (count == 0) return absl::OkStatus();
+  auto floating = [](DType t) { return t == DType::kFloat32 || t == DType::kBFloat16; };
+  if (src == nullptr || dst == nullptr) return absl::InvalidArgumentError("Convert: null pointer");
+  RETURN_IF_ERROR(Activate());
+  if (src_type == dst_type) return Copy(dst, src, count * DTypeSize(src_type));
+  if (!floating(src_type) || !floating(dst_type)) {
+    return absl::InvalidArgumentError(absl::StrCat("Convert: ", DTypeName(src_type), " -> ",
+                                                   DTypeName(dst_type), " unsupported"));
+  }
+  CUDA_RETURN_IF_ERROR(
+      LaunchConvert(src, ToKType(src_type), dst, ToKType(dst_type), count, stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::AddInPlace(float* dst, const float* src, int64_t count) {
+  if (count < 0) return absl::InvalidArgumentError("AddInPlace: negative count");
+  if (count == 0) return absl::OkStatus();
+  if (src == nullptr || dst == nullptr) {
+    return absl::InvalidArgumentError("AddInPlace: null pointer");
+  }
+  RETURN_IF_ERROR(Activate());
+  CUDA_RETURN_IF_ERROR(LaunchAddInPlace(dst, src, count, stream_));
+  return absl::OkStatus();
+}
+
+std::vector<GroupTable> MakeGroupTables(GroupRows group_rows) {
+  std::vector<GroupTable> tables;
+  int64_t row = 0;
+  for (size_t g = 0; g < group_rows.size(); g += kMaxTableGroups) {
+    GroupTable t;
+    t.first_group = static_cast<int64_t>(g);
+    t.count = static_cast<int>(std::min<size_t>(kMaxTableGroups, group_rows.size() - g));
+    for (int i = 0; i < t.count; ++i) {
+      t.start[i] = row;
+      row += group_rows[g + i];
+    }
+    t.start[t.count] = row;
+    tables.push_back(t);
+  }
+  return tables;
+}
+
+}  // namespace cuda
+}  // namespace moe

@@ -1,0 +1,30 @@
+// The CUDA backend: engine/backend.h on one GPU.
+//
+// Memory comes from the device's stream-ordered pool (cudaMallocAsync, release threshold
+// raised so freed blocks are reused instead of returned to the driver); every kernel, copy and
+// GEMM runs on the backend's one non-blocking stream, except grouped GEMMs of small experts,
+// which fan out over a few extra streams joined back by events. Only CopyToHost and Synchronize
+// wait. GEMMs go through cuBLASLt (engine/cuda/cublaslt_gemm.h); kernels through the launcher
+// API of engine/cuda/kernels.cuh. No CUDA type appears in this header.
+//
+//   ASSIGN_OR_RETURN(std::unique_ptr<Backend> gpu, MakeCudaBackend(/*device=*/0));
+//   ASSIGN_OR_RETURN(Buffer x, gpu->Allocate(bytes));
+#ifndef MOED_ENGINE_CUDA_CUDA_BACKEND_H_
+#define MOED_ENGINE_CUDA_CUDA_BACKEND_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+
+namespace moe {
+
+// A backend on CUDA device `device` (0-based). FAILED_PRECONDITION when no such device.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+
+// Number of visible CUDA devices (0 when none or no driver).
+int CudaDeviceCount();
+
+}  // namespace moe
+
+#endif  // MOED_ENGINE_CUDA_CUDA_BACKEND_H_

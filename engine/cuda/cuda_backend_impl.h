@@ -1,0 +1,105 @@
+// Private: the CudaBackend class behind MakeCudaBackend (engine/cuda/cuda_backend.h).
+// cuda_backend.cc holds memory, copies and GEMMs; cuda_backend_ops.cc the kernel entry points.
+// State below is touched from one thread at a time (the Backend contract: the layer serialises
+// calls), except the allocation table, which buffer deleters may reach from any thread.
+#ifndef MOED_ENGINE_CUDA_CUDA_BACKEND_IMPL_H_
+#define MOED_ENGINE_CUDA_CUDA_BACKEND_IMPL_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "engine/backend.h"
+#include "engine/cuda/cublaslt_gemm.h"
+#include "engine/cuda/kernels.cuh"
+
+namespace moe {
+namespace cuda {
+
+inline KType ToKType(DType t) { return t == DType::kBFloat16 ? KType::kBF16 : KType::kF32; }
+
+class CudaBackend : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device);
+  ~CudaBackend() override;
+
+  std::string name() const override { return "cuda:" + std::to_string(device_); }
+  MemorySpace memory_space() const override { return MemorySpace::kDevice; }
+  void* stream() const override { return stream_; }
+
+  absl::StatusOr<Buffer> Allocate(size_t bytes) override;
+  absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  absl::Status Copy(void* dst, const void* src, size_t bytes) override;
+  absl::Status Memset(void* dst, int value, size_t bytes) override;
+  absl::Status Synchronize() override;
+  size_t allocated_bytes() const override;
+  size_t peak_allocated_bytes() const override;
+
+  absl::Status Gemm(const GemmArgs& args) override;
+  absl::Status GroupedGemm(absl::Span<const GemmArgs> gemms) override;
+  absl::Status Convert(const void* src, DType src_type, void* dst, DType dst_type,
+                       int64_t count) override;
+  absl::Status AddInPlace(float* dst, const float* src, int64_t count) override;
+
+  absl::Status RouterForward(const RouterForwardArgs& args) override;
+  absl::Status RouterBackward(const RouterBackwardArgs& args) override;
+  absl::Status RoutePlan(const RoutePlanArgs& args) override;
+  absl::Status Permute(const PermuteArgs& args) override;
+  absl::Status GatherRows(const void* src, const int32_t* index, int64_t rows, int64_t width,
+                          DType dtype, void* dst) override;
+  absl::Status CopyRowBlocks(const void* src, void* dst, size_t row_bytes,
+                             absl::Span<const RowBlock> blocks) override;
+  absl::Status CombineRows(const void* y, DType y_type, const int32_t* pair_row,
+                           const float* weight, int64_t tokens, int64_t top_k, int64_t width,
+                           void* out, DType out_type) override;
+  absl::Status CombineBackward(const void* d_out, DType d_out_type, const void* y, DType y_type,
+                               const int32_t* pair_row, const float* weight, int64_t tokens,
+                               int64_t top_k, int64_t width, int64_t total_rows, void* d_y,
+                               float* d_weight) override;
+  absl::Status ActivationForward(const ActivationArgs& args) override;
+  absl::Status ActivationBackward(const ActivationArgs& args) override;
+  absl::Status AddGroupBias(void* y, DType dtype, const float* bias, int64_t width,
+                            GroupRows group_rows) override;
+  absl::Status GroupBiasGrad(const void* d_y, DType dtype, int64_t width, GroupRows group_rows,
+                             float* d_bias) override;
+  absl::Status OptimizerStep(const OptimizerArgs& args, float* param, const float* grad,
+                             float* state1, float* state2, int64_t count) override;
+
+ private:
+  static constexpr int kSideStreams = 4;
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+  explicit CudaBackend(int device) : device_(device) {}
+  absl::Status Init();
+  absl::Status Activate() const;  // cudaSetDevice(device_)
+  // Stream-ordered scratch for one call (freed on the stream after its kernels).
+  absl::StatusOr<void*> ScratchAlloc(size_t bytes);
+  absl::Status ScratchFree(void* p);
+  absl::Status RunGemm(const GemmArgs& args, void* stream, void* workspace);
+  absl::Status CheckGemm(const GemmArgs& args) const;
+  void Release(void* p);
+
+  int device_;
+  void* stream_ = nullptr;                      // cudaStream_t
+  void* side_streams_[kSideStreams] = {};       // cudaStream_t
+  void* side_events_[kSideStreams + 1] = {};    // cudaEvent_t; [kSideStreams] is the fork
+  void* workspace_[kSideStreams + 1] = {};      // cuBLASLt workspaces; [0] main stream
+  std::unique_ptr<CublasLtGemm> gemm_;
+
+  mutable absl::Mutex mu_;
+  std::unordered_map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);
+  size_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t peak_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Splits host row counts into kernel tables of at most kMaxTableGroups groups each.
+std::vector<GroupTable> MakeGroupTables(GroupRows group_rows);
+
+}  // namespace cuda
+}  // namespace moe
+
+#endif  // MOED_ENGINE_CUDA_CUDA_BACKEND_IMPL_H_
