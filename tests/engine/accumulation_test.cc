@@ -1,0 +1,176 @@
+// Determinism and gradient accumulation of the CPU layer:
+//  - two runs (fresh layers with one seed, or one layer twice) give bit-identical outputs,
+//    input gradients and parameter gradients, in fp32 and bf16, at a size where the backend
+//    runs multithreaded;
+//  - two backwards accumulate into what one backward on the concatenated batch gives.
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/reference/engine_adapter.h"
+#include "tests/reference/finite_difference.h"
+
+namespace moe_ref {
+namespace {
+
+using moe::DType;
+using moe::LayerConfig;
+using moe::Tensor;
+
+LayerConfig MediumConfig(DType dtype) {
+  LayerConfig c;
+  c.hidden = 128;
+  c.ffn = 256;
+  c.num_experts = 8;
+  c.top_k = 2;
+  c.aux_loss_coeff = 1e-2;
+  c.z_loss_coeff = 1e-3;
+  c.capacity_factor = 1.25;
+  c.align_size = 16;
+  c.use_bias = true;
+  c.compute_dtype = dtype;
+  c.init_seed = 5;
+  return c;
+}
+
+Tensor RandomTensor(int64_t rows, int64_t cols, uint64_t seed, DType dtype) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> dist(0.0, 1.0);
+  std::vector<double> v(rows * cols);
+  for (double& x : v) x = dist(rng);
+  return FromDoubles(v, {rows, cols}, dtype);
+}
+
+// Everything a step produces, as raw bytes.
+std::vector<std::string> StepBytes(moe::MoeLayer* layer, const Tensor& x, const Tensor& d_out) {
+  absl::StatusOr<EngineStep> step = RunStep(layer, x, &d_out, 1.0, 1.0);
+  EXPECT_TRUE(step.ok()) << step.status();
+  if (!step.ok()) return {};
+  std::vector<std::string> bytes = {std::string(step->forward.out.bytes()),
+                                    std::string(step->d_x.bytes())};
+  bytes.push_back(std::to_string(step->forward.aux_loss) + "/" +
+                  std::to_string(step->forward.z_loss));
+  for (const std::string& name : layer->ParameterNames()) {
+    if (name == "expert_bias") continue;
+    absl::StatusOr<Tensor> g = layer->GetGradient(name);
+    EXPECT_TRUE(g.ok()) << g.status();
+    if (g.ok()) bytes.push_back(std::string(g->bytes()));
+  }
+  return bytes;
+}
+
+class DeterminismTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(DeterminismTest, TwoRunsAreBitIdentical) {
+  const LayerConfig c = MediumConfig(GetParam());
+  const int64_t T = 1000;
+  Tensor x = RandomTensor(T, c.hidden, 1, GetParam());
+  Tensor d_out = RandomTensor(T, c.hidden, 2, GetParam());
+  absl::StatusOr<CpuLayer> a = MakeCpuLayer(c);
+  absl::StatusOr<CpuLayer> b = MakeCpuLayer(c);
+  ASSERT_TRUE(a.ok() && b.ok());
+  const std::vector<std::string> first = StepBytes(a->layer.get(), x, d_out);
+  ASSERT_EQ(StepBytes(b->layer.get(), x, d_out), first) << "fresh layers differ";
+  ASSERT_TRUE(a->layer->ZeroGradients().ok());
+  ASSERT_EQ(StepBytes(a->layer.get(), x, d_out), first) << "the same layer twice differs";
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, DeterminismTest,
+                         ::testing::Values(DType::kFloat32, DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(moe::DTypeName(info.param));
+                         });
+
+// Concatenates two [T, H] tensors along the token dimension.
+Tensor Concat(const Tensor& a, const Tensor& b) {
+  std::vector<double> v = ToDoubles(a), w = ToDoubles(b);
+  v.insert(v.end(), w.begin(), w.end());
+  return FromDoubles(v, {a.dim(0) + b.dim(0), a.dim(1)}, a.dtype());
+}
+
+std::vector<std::vector<double>> Gradients(const moe::MoeLayer& layer) {
+  RefGradients g = ReadGradients(layer).value();
+  return {g.d_gate, g.d_wi, g.d_wo, g.d_wi_bias, g.d_wo_bias};
+}
+
+// Two backwards accumulate like one on the concatenated batch. The aux loss, the z-loss and
+// capacity are off on purpose: all three depend on T (1/T scaling, f counts, per-batch
+// capacity), so two half batches are a different function from one whole batch.
+TEST(AccumulationTest, TwoBackwardsEqualOneOnTheConcatenatedBatch) {
+  LayerConfig c = MediumConfig(DType::kFloat32);
+  c.aux_loss_coeff = 0.0;
+  c.z_loss_coeff = 0.0;
+  c.capacity_factor = 0.0;
+  const int64_t T1 = 45, T2 = 38;
+  Tensor x1 = RandomTensor(T1, c.hidden, 11, DType::kFloat32);
+  Tensor x2 = RandomTensor(T2, c.hidden, 12, DType::kFloat32);
+  Tensor d1 = RandomTensor(T1, c.hidden, 13, DType::kFloat32);
+  Tensor d2 = RandomTensor(T2, c.hidden, 14, DType::kFloat32);
+
+  absl::StatusOr<CpuLayer> split = MakeCpuLayer(c);
+  absl::StatusOr<CpuLayer> whole = MakeCpuLayer(c);
+  ASSERT_TRUE(split.ok() && whole.ok());
+  // Both forwards first, backwards in reverse order: contexts are independent.
+  std::unique_ptr<moe::StepContext> s1, s2;
+  ASSERT_TRUE(split->layer->Forward(x1, &s1).ok());
+  ASSERT_TRUE(split->layer->Forward(x2, &s2).ok());
+  absl::StatusOr<Tensor> dx2 = split->layer->Backward(*s2, d2, 1.0, 1.0);
+  absl::StatusOr<Tensor> dx1 = split->layer->Backward(*s1, d1, 1.0, 1.0);
+  ASSERT_TRUE(dx1.ok() && dx2.ok());
+  const std::vector<std::vector<double>> after_first_only = [&] {
+    absl::StatusOr<CpuLayer> one = MakeCpuLayer(c);
+    EXPECT_TRUE(RunStep(one->layer.get(), x1, &d1, 1.0, 1.0).ok());
+    return Gradients(*one->layer);
+  }();
+
+  const Tensor d_whole = Concat(d1, d2);
+  absl::StatusOr<EngineStep> step =
+      RunStep(whole->layer.get(), Concat(x1, x2), &d_whole, 1.0, 1.0);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_LE(RelativeError(ToDoubles(Concat(*dx1, *dx2)), ToDoubles(step->d_x)), 1e-6);
+  const auto accumulated = Gradients(*split->layer);
+  const auto reference = Gradients(*whole->layer);
+  for (size_t i = 0; i < reference.size(); ++i) {
+    EXPECT_LE(RelativeError(accumulated[i], reference[i]), 1e-5) << "gradient " << i;
+    EXPECT_GT(RelativeError(after_first_only[i], reference[i]), 1e-2)
+        << "gradient " << i << ": the second batch contributes nothing, test is vacuous";
+  }
+}
+
+TEST(AccumulationTest, ZeroGradientsRestartsAccumulation) {
+  LayerConfig c = MediumConfig(DType::kFloat32);
+  Tensor x = RandomTensor(30, c.hidden, 21, DType::kFloat32);
+  Tensor d = RandomTensor(30, c.hidden, 22, DType::kFloat32);
+  absl::StatusOr<CpuLayer> cpu = MakeCpuLayer(c);
+  ASSERT_TRUE(cpu.ok());
+  ASSERT_TRUE(RunStep(cpu->layer.get(), x, &d, 1.0, 1.0).ok());
+  const auto once = Gradients(*cpu->layer);
+  ASSERT_TRUE(RunStep(cpu->layer.get(), x, &d, 1.0, 1.0).ok());
+  const auto twice = Gradients(*cpu->layer);
+  for (size_t i = 0; i < once.size(); ++i) {
+    std::vector<double> doubled = once[i];
+    for (double& v : doubled) v *= 2.0;
+    EXPECT_LE(RelativeError(twice[i], doubled), 1e-6) << "gradient " << i;
+  }
+  ASSERT_TRUE(cpu->layer->ZeroGradients().ok());
+  for (const auto& g : Gradients(*cpu->layer)) {
+    for (double v : g) ASSERT_EQ(v, 0.0);
+  }
+}
+
+TEST(AccumulationTest, AContextServesOneBackwardOnly) {
+  LayerConfig c = MediumConfig(DType::kFloat32);
+  Tensor x = RandomTensor(8, c.hidden, 31, DType::kFloat32);
+  absl::StatusOr<CpuLayer> cpu = MakeCpuLayer(c);
+  ASSERT_TRUE(cpu.ok());
+  std::unique_ptr<moe::StepContext> saved;
+  ASSERT_TRUE(cpu->layer->Forward(x, &saved).ok());
+  ASSERT_TRUE(cpu->layer->Backward(*saved, x, 1.0, 1.0).ok());
+  EXPECT_EQ(cpu->layer->Backward(*saved, x, 1.0, 1.0).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace moe_ref
