@@ -52,6 +52,7 @@ int RunListLayers(const Args& args);
 int RunGetLayer(const Args& args);
 int RunForward(const Args& args);
 int RunBackward(const Args& args);
+int RunApplyOptimizer(const Args& args);
 int RunCheckpoint(const Args& args);
 int RunSmoke(const Args& args);
 int RunBench(const Args& args);

@@ -14,6 +14,10 @@ ABSL_FLAG(int64_t, wait_ms, 0,
           "health: keep checking until SERVING or this many milliseconds have passed.");
 ABSL_FLAG(bool, json, false, "status, smoke: print JSON instead of text.");
 ABSL_FLAG(std::string, dir, "", "checkpoint: directory on the server's disk.");
+ABSL_FLAG(std::string, optimizer, "sgd", "apply-optimizer: sgd|adamw.");
+ABSL_FLAG(double, lr, 1e-3, "apply-optimizer: learning rate.");
+ABSL_FLAG(double, momentum, 0.0, "apply-optimizer: SGD momentum.");
+ABSL_FLAG(double, weight_decay, 0.0, "apply-optimizer: weight decay (AdamW: decoupled).");
 
 namespace moe {
 namespace client {
@@ -145,6 +149,35 @@ int RunGetLayer(const Args& args) {
   auto info = (*client)->GetLayer(name);
   if (!info.ok()) return ReportError("get-layer", info.status());
   std::printf("%s\n", ToJson(*info).c_str());
+  return 0;
+}
+
+int RunApplyOptimizer(const Args& args) {
+  if (!args.empty()) return UsageError("apply-optimizer", "takes no positional arguments");
+  std::string name;
+  int code = 0;
+  if (!RequireLayer("apply-optimizer", &name, &code)) return code;
+  const std::string kind = absl::GetFlag(FLAGS_optimizer);
+  if (kind != "sgd" && kind != "adamw") {
+    return UsageError("apply-optimizer", "--optimizer is sgd or adamw");
+  }
+  auto client = ConnectFromFlags();
+  if (!client.ok()) return ReportError("apply-optimizer", client.status());
+  absl::Status status;
+  if (kind == "sgd") {
+    v1::SgdOptimizer sgd;
+    sgd.set_lr(absl::GetFlag(FLAGS_lr));
+    sgd.set_momentum(absl::GetFlag(FLAGS_momentum));
+    sgd.set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
+    status = (*client)->ApplySgd(name, sgd);
+  } else {
+    v1::AdamWOptimizer adamw;
+    adamw.set_lr(absl::GetFlag(FLAGS_lr));
+    adamw.set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
+    status = (*client)->ApplyAdamW(name, adamw);
+  }
+  if (!status.ok()) return ReportError("apply-optimizer", status);
+  std::printf("applied %s (lr %g) to %s\n", kind.c_str(), absl::GetFlag(FLAGS_lr), name.c_str());
   return 0;
 }
 

@@ -46,6 +46,8 @@ commands:
                     aux_loss, z_loss, tokens_per_expert and step_id.
   backward        --layer=NAME --step_id=ID [--d_out=d.npy | --tokens=T (random d_out)]
                     [--d_aux=1 --d_z_loss=1] [--output=d_x.npy]
+  apply-optimizer --layer=NAME [--optimizer=sgd|adamw --lr=1e-3 --momentum=0
+                    --weight_decay=0]: one step from the accumulated gradients, which it zeroes.
   checkpoint      save|load --layer=NAME --dir=DIR (a directory on the server's disk).
   smoke           creates a layer from the layer flags, runs a forward and a backward through
                     the service and the same step in-process on the local CPU engine, compares
@@ -154,6 +156,7 @@ int main(int argc, char** argv) {
       {"get-layer", moe::client::cli::RunGetLayer},
       {"forward", moe::client::cli::RunForward},
       {"backward", moe::client::cli::RunBackward},
+      {"apply-optimizer", moe::client::cli::RunApplyOptimizer},
       {"checkpoint", moe::client::cli::RunCheckpoint},
       {"smoke", moe::client::cli::RunSmoke},
       {"bench", moe::client::cli::RunBench},
