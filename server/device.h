@@ -1,0 +1,44 @@
+// The one place a worker turns its --device flag into a Backend and a Communicator.
+//
+// A worker makes one WorkerDevice per layer (its own backend instance and its own
+// communicator under the layer's store prefix) plus one for its world group at Setup. Own
+// communicators let different layers run on different threads: a Gloo context must not be
+// used by two threads at once, and a layer's calls are serialised by the worker anyway.
+//
+//   ASSIGN_OR_RETURN(WorkerDevice device,
+//                    MakeWorkerDevice("cpu", store, "g3/layer/7", rank, size, options));
+//   ASSIGN_OR_RETURN(auto layer, MoeLayer::Create(config, device.backend.get(),
+//                                                 device.comm.get()));
+//
+// Devices: "cpu" (CPU backend + Gloo over TCP). The CUDA build adds "cuda:N" here.
+#ifndef MOED_SERVER_DEVICE_H_
+#define MOED_SERVER_DEVICE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/backend.h"
+#include "engine/comm/communicator.h"
+#include "engine/comm/kv_store.h"
+
+namespace moe {
+
+struct WorkerDevice {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Communicator> comm;
+};
+
+// Checks the flag's syntax and that the device exists here, without building anything.
+absl::Status CheckDeviceFlag(const std::string& device_flag);
+
+// Collective: every rank of the group calls it with the same prefix and size.
+absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,
+                                              std::shared_ptr<KeyValueStore> store,
+                                              const std::string& prefix, int rank, int size,
+                                              const CommOptions& options);
+
+}  // namespace moe
+
+#endif  // MOED_SERVER_DEVICE_H_

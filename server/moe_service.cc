@@ -1,0 +1,270 @@
+// MoeServiceImpl: layers, status, and the helpers shared by the step and weight handlers
+// (moe_service_steps.cc, moe_service_weights.cc).
+#include "server/moe_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+#include "server/proto_convert.h"
+#include "server/status_convert.h"
+
+namespace moe {
+
+MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics* metrics)
+    : options_(std::move(options)), pool_(pool), metrics_(metrics) {}
+
+grpc::Status MoeServiceImpl::Finish(const char* method, absl::Time start,
+                                    const absl::Status& status) {
+  if (metrics_ != nullptr) {
+    metrics_->CountRequest(method, static_cast<int>(status.code()),
+                           absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  return ToGrpcStatus(status);
+}
+
+absl::StatusOr<std::shared_ptr<MoeServiceImpl::Layer>> MoeServiceImpl::FindLayer(
+    const std::string& name) const {
+  RETURN_IF_ERROR(ValidateLayerName("layer", name));
+  absl::MutexLock lock(&layers_mu_);
+  auto it = layers_.find(name);
+  if (it == layers_.end()) {
+    return absl::NotFoundError(absl::StrCat("layer: no layer named \"", name, "\""));
+  }
+  return it->second;
+}
+
+absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
+    const std::string& name, grpc::ServerContext* context) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer, FindLayer(name));
+  absl::Time deadline = absl::FromChrono(context->deadline());
+  if (!layer->turn.Lock(deadline, [context] { return context->IsCancelled(); })) {
+    if (context->IsCancelled()) return absl::CancelledError("client cancelled");
+    return absl::DeadlineExceededError(
+        absl::StrCat("deadline passed while waiting for layer \"", name, "\""));
+  }
+  auto turn = std::make_unique<Turn>(layer, &setup_mu_);
+  setup_mu_.ReaderLock();
+  turn->set_shared();
+  {
+    absl::MutexLock lock(&layer->mu);
+    if (layer->deleted) {
+      return absl::NotFoundError(absl::StrCat("layer: \"", name, "\" was deleted"));
+    }
+  }
+  ASSIGN_OR_RETURN(turn->set, pool_->Serving());
+  return turn;
+}
+
+absl::Time MoeServiceImpl::InternalDeadline(grpc::ServerContext* context,
+                                            bool collective) const {
+  absl::Time deadline = absl::Now() + options_.step_timeout;
+  if (!collective) deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+  return deadline;
+}
+
+v1::LayerInfo MoeServiceImpl::Info(const Layer& layer) const {
+  v1::LayerInfo info;
+  info.set_name(layer.name);
+  *info.mutable_config() = ConfigToProto(layer.config);
+  info.set_ep_ranks(pool_->world_size());
+  for (const ParameterLayout& p : LayerParameters(layer.config)) {
+    v1::ParameterInfo* param = info.add_parameters();
+    param->set_name(p.name);
+    for (int64_t d : p.shape) param->add_shape(d);
+  }
+  absl::MutexLock lock(&layer.mu);
+  info.set_saved_steps(static_cast<int64_t>(layer.saved.size()));
+  info.set_saved_bytes(layer.saved_bytes);
+  info.set_forward_count(layer.forward_count);
+  *info.mutable_accumulated_load() = ComputeLoad(layer.accumulated);
+  return info;
+}
+
+grpc::Status MoeServiceImpl::CreateLayer(grpc::ServerContext* context,
+                                         const v1::CreateLayerRequest* request,
+                                         v1::CreateLayerResponse* response) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    RETURN_IF_ERROR(ValidateLayerName("name", request->name()));
+    if (!request->has_config()) return absl::InvalidArgumentError("config: required");
+    ASSIGN_OR_RETURN(LayerConfig config, ConfigFromProto(request->config()));
+    absl::Status valid = ValidateConfig(config, pool_->world_size());
+    if (!valid.ok()) {
+      return absl::Status(valid.code(), absl::StrCat("config: ", valid.message()));
+    }
+    auto layer = std::make_shared<Layer>();
+    layer->name = request->name();
+    layer->id = next_layer_id_++;
+    layer->config = config;
+    layer->accumulated.assign(config.num_experts, 0);
+    {
+      absl::MutexLock lock(&layers_mu_);
+      if (layers_.count(request->name()) != 0) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("name: a layer named \"", request->name(), "\" exists"));
+      }
+      layers_[request->name()] = layer;
+    }
+    // New layer: this turn is immediate; later requests for it queue behind the creation.
+    layer->turn.Lock(absl::InfiniteFuture(), nullptr);
+    Turn turn(layer, &setup_mu_);
+    setup_mu_.ReaderLock();
+    turn.set_shared();
+    absl::Status status = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(WorkerSet set, pool_->Serving());
+      internal::WorkerCreateLayerRequest create;
+      create.set_generation(set.generation);
+      create.set_layer_id(layer->id);
+      create.set_name(layer->name);
+      *create.mutable_config() = ConfigToProto(config);
+      return pool_->ForEachWorker(
+          set, InternalDeadline(context, true),
+          [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+            internal::WorkerCreateLayerResponse created;
+            return FromGrpcStatus(stub->CreateLayer(ctx, create, &created));
+          },
+          /*collective=*/true);
+    }();
+    if (!status.ok()) {
+      absl::MutexLock lock(&layers_mu_);
+      layers_.erase(layer->name);
+      absl::MutexLock layer_lock(&layer->mu);
+      layer->deleted = true;
+      return status;
+    }
+    *response->mutable_layer() = Info(*layer);
+    return absl::OkStatus();
+  };
+  return Finish("CreateLayer", start, run());
+}
+
+grpc::Status MoeServiceImpl::DeleteLayer(grpc::ServerContext* context,
+                                         const v1::DeleteLayerRequest* request,
+                                         v1::DeleteLayerResponse*) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer, FindLayer(request->name()));
+    // The layer leaves the books even when the workers are unreachable: a new generation
+    // re-creates only the layers still listed.
+    {
+      absl::MutexLock lock(&layers_mu_);
+      auto it = layers_.find(request->name());
+      if (it == layers_.end() || it->second != layer) {
+        return absl::NotFoundError(absl::StrCat("name: no layer named \"", request->name(), "\""));
+      }
+      layers_.erase(it);
+    }
+    if (!layer->turn.Lock(absl::Now() + options_.step_timeout, nullptr)) {
+      return absl::OkStatus();  // the workers drop it at the next generation at the latest
+    }
+    Turn turn(layer, &setup_mu_);
+    setup_mu_.ReaderLock();
+    turn.set_shared();
+    {
+      absl::MutexLock lock(&layer->mu);
+      layer->deleted = true;
+    }
+    absl::StatusOr<WorkerSet> set = pool_->Serving();
+    if (!set.ok()) return absl::OkStatus();
+    internal::WorkerLayerRequest del;
+    del.set_generation(set->generation);
+    del.set_layer_id(layer->id);
+    // Best effort: a worker that misses it drops the layer at the next generation.
+    pool_->ForEachWorker(
+        *set, InternalDeadline(context, false),
+        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          internal::WorkerEmpty empty;
+          return FromGrpcStatus(stub->DeleteLayer(ctx, del, &empty));
+        },
+        /*collective=*/false)
+        .IgnoreError();
+    return absl::OkStatus();
+  };
+  return Finish("DeleteLayer", start, run());
+}
+
+grpc::Status MoeServiceImpl::ListLayers(grpc::ServerContext*, const v1::ListLayersRequest*,
+                                        v1::ListLayersResponse* response) {
+  const absl::Time start = absl::Now();
+  std::vector<std::shared_ptr<Layer>> layers;
+  {
+    absl::MutexLock lock(&layers_mu_);
+    for (const auto& kv : layers_) layers.push_back(kv.second);
+  }
+  for (const auto& layer : layers) *response->add_layers() = Info(*layer);
+  return Finish("ListLayers", start, absl::OkStatus());
+}
+
+grpc::Status MoeServiceImpl::GetLayer(grpc::ServerContext*, const v1::GetLayerRequest* request,
+                                      v1::GetLayerResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<Layer>> layer = FindLayer(request->name());
+  if (layer.ok()) *response->mutable_layer() = Info(**layer);
+  return Finish("GetLayer", start, layer.status());
+}
+
+grpc::Status MoeServiceImpl::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                                       v1::GetStatusResponse* response) {
+  const absl::Time start = absl::Now();
+  response->set_serving(pool_->serving());
+  response->set_generation(pool_->generation());
+  response->set_world_size(pool_->world_size());
+  response->set_message(pool_->message());
+  for (const v1::WorkerStatus& worker : pool_->WorkerStatuses()) *response->add_workers() = worker;
+  std::vector<std::shared_ptr<Layer>> layers;
+  {
+    absl::MutexLock lock(&layers_mu_);
+    for (const auto& kv : layers_) layers.push_back(kv.second);
+  }
+  for (const auto& layer : layers) *response->add_layers() = Info(*layer);
+  return Finish("GetStatus", start, absl::OkStatus());
+}
+
+absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
+  absl::WriterMutexLock setup_lock(&setup_mu_);
+  std::vector<std::shared_ptr<Layer>> layers;
+  {
+    absl::MutexLock lock(&layers_mu_);
+    for (const auto& kv : layers_) layers.push_back(kv.second);
+  }
+  for (const auto& layer : layers) {
+    internal::WorkerCreateLayerRequest create;
+    create.set_generation(set.generation);
+    create.set_layer_id(layer->id);
+    create.set_name(layer->name);
+    *create.mutable_config() = ConfigToProto(layer->config);
+    RETURN_IF_ERROR(pool_->ForEachWorker(
+        set, absl::Now() + options_.step_timeout,
+        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          internal::WorkerCreateLayerResponse created;
+          return FromGrpcStatus(stub->CreateLayer(ctx, create, &created));
+        },
+        /*collective=*/false));
+    absl::MutexLock lock(&layer->mu);
+    layer->saved.clear();
+    layer->saved_bytes = 0;
+    layer->accumulated.assign(layer->config.num_experts, 0);
+  }
+  return absl::OkStatus();
+}
+
+std::string MoeServiceImpl::RenderLayerMetrics() const {
+  std::string out =
+      "# HELP moed_saved_steps Steps kept for backward, by layer.\n"
+      "# TYPE moed_saved_steps gauge\n";
+  std::string bytes =
+      "# HELP moed_saved_bytes Worker memory held by saved steps, by layer.\n"
+      "# TYPE moed_saved_bytes gauge\n";
+  absl::MutexLock lock(&layers_mu_);
+  for (const auto& kv : layers_) {
+    absl::MutexLock layer_lock(&kv.second->mu);
+    absl::StrAppend(&out, "moed_saved_steps{layer=\"", kv.first, "\"} ",
+                    kv.second->saved.size(), "\n");
+    absl::StrAppend(&bytes, "moed_saved_bytes{layer=\"", kv.first, "\"} ",
+                    kv.second->saved_bytes, "\n");
+  }
+  return out + bytes;
+}
+
+}  // namespace moe

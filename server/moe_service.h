@@ -1,0 +1,165 @@
+// moed's public service (moe.v1.MoeService, proto/moe.proto): validates every request before
+// any worker sees it, serialises each layer's steps in arrival order, splits batches into
+// contiguous per-worker token slices, fans calls out through the WorkerPool and gathers the
+// answers. It owns no model tensors; it remembers each layer's config (to re-create layers
+// when the workers form a new generation) and the bookkeeping of saved steps.
+//
+// Locking order: setup_mu_ (shared by operations, exclusive while layers are re-created for
+// a new generation) is taken after a layer's FIFO turn and before layers_mu_ / a layer's mu.
+// Collective worker calls (CreateLayer, Forward, Backward) run under the layer's FIFO turn
+// with the internal deadline --step_timeout_ms; the client's deadline and cancellation are
+// honoured while waiting for the turn, and a started step is finished (aborting it on one
+// rank would leave the others in a collective) but its answer dropped if the client left.
+//
+//   MoeServiceImpl service(options, &pool, &metrics);
+//   pool.set_on_setup([&](const WorkerSet& set) { return service.RecreateLayers(set); });
+//   builder.RegisterService(&service);
+#ifndef MOED_SERVER_MOE_SERVICE_H_
+#define MOED_SERVER_MOE_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/config.h"
+#include "engine/dtype.h"
+#include "engine/tensor.h"
+#include "proto/moe.grpc.pb.h"
+#include "server/fifo_mutex.h"
+#include "server/metrics.h"
+#include "server/worker_pool.h"
+
+namespace moe {
+
+struct ServiceOptions {
+  int64_t max_saved_steps = 64;                // per layer
+  int64_t max_saved_bytes = int64_t{8} << 30;  // per layer, summed over workers
+  absl::Duration step_timeout = absl::Seconds(30);
+  int64_t max_message_bytes = int64_t{256} << 20;  // public messages, both directions
+};
+
+class MoeServiceImpl final : public v1::MoeService::Service {
+ public:
+  MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics* metrics);
+
+  // WorkerPool on_setup hook: creates every known layer on the new generation's workers
+  // (weights from init_seed; saved steps and accumulated load are dropped).
+  absl::Status RecreateLayers(const WorkerSet& set);
+  // Prometheus gauges of layers (appended to Metrics::Render).
+  std::string RenderLayerMetrics() const;
+
+  grpc::Status CreateLayer(grpc::ServerContext*, const v1::CreateLayerRequest*,
+                           v1::CreateLayerResponse*) override;
+  grpc::Status DeleteLayer(grpc::ServerContext*, const v1::DeleteLayerRequest*,
+                           v1::DeleteLayerResponse*) override;
+  grpc::Status ListLayers(grpc::ServerContext*, const v1::ListLayersRequest*,
+                          v1::ListLayersResponse*) override;
+  grpc::Status GetLayer(grpc::ServerContext*, const v1::GetLayerRequest*,
+                        v1::GetLayerResponse*) override;
+  grpc::Status Forward(grpc::ServerContext*, const v1::ForwardRequest*,
+                       v1::ForwardResponse*) override;
+  grpc::Status Backward(grpc::ServerContext*, const v1::BackwardRequest*,
+                        v1::BackwardResponse*) override;
+  grpc::Status ReleaseStep(grpc::ServerContext*, const v1::ReleaseStepRequest*,
+                           v1::ReleaseStepResponse*) override;
+  grpc::Status GetGradients(grpc::ServerContext*, const v1::GetGradientsRequest*,
+                            grpc::ServerWriter<v1::TensorChunk>*) override;
+  grpc::Status ZeroGradients(grpc::ServerContext*, const v1::ZeroGradientsRequest*,
+                             v1::ZeroGradientsResponse*) override;
+  grpc::Status ApplyOptimizer(grpc::ServerContext*, const v1::ApplyOptimizerRequest*,
+                              v1::ApplyOptimizerResponse*) override;
+  grpc::Status UpdateExpertBias(grpc::ServerContext*, const v1::UpdateExpertBiasRequest*,
+                                v1::UpdateExpertBiasResponse*) override;
+  grpc::Status GetWeights(grpc::ServerContext*, const v1::GetWeightsRequest*,
+                          grpc::ServerWriter<v1::TensorChunk>*) override;
+  grpc::Status SetWeights(grpc::ServerContext*, grpc::ServerReader<v1::SetWeightsRequest>*,
+                          v1::SetWeightsResponse*) override;
+  grpc::Status SaveCheckpoint(grpc::ServerContext*, const v1::SaveCheckpointRequest*,
+                              v1::SaveCheckpointResponse*) override;
+  grpc::Status LoadCheckpoint(grpc::ServerContext*, const v1::LoadCheckpointRequest*,
+                              v1::LoadCheckpointResponse*) override;
+  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                         v1::GetStatusResponse*) override;
+
+ private:
+  struct SavedStep {
+    int64_t tokens = 0;
+    DType dtype = DType::kFloat32;
+    int64_t bytes = 0;
+  };
+  // The front end's record of one layer.
+  struct Layer {
+    std::string name;
+    uint64_t id = 0;
+    LayerConfig config;
+    FifoMutex turn;  // one worker operation at a time, in arrival order
+    mutable absl::Mutex mu;
+    bool deleted ABSL_GUARDED_BY(mu) = false;
+    std::map<uint64_t, SavedStep> saved ABSL_GUARDED_BY(mu);
+    int64_t saved_bytes ABSL_GUARDED_BY(mu) = 0;
+    int64_t forward_count ABSL_GUARDED_BY(mu) = 0;
+    std::vector<int64_t> accumulated ABSL_GUARDED_BY(mu);  // [E] since the last bias update
+  };
+
+  // A layer's FIFO turn, setup_mu_ held shared, and the serving workers, for one operation.
+  class Turn {
+   public:
+    Turn(std::shared_ptr<Layer> layer, absl::Mutex* setup_mu)
+        : layer_(std::move(layer)), setup_mu_(setup_mu) {}
+    ~Turn() {
+      if (shared_) setup_mu_->ReaderUnlock();
+      layer_->turn.Unlock();
+    }
+    Turn(const Turn&) = delete;
+    Turn& operator=(const Turn&) = delete;
+    void set_shared() { shared_ = true; }
+    Layer& layer() { return *layer_; }
+    WorkerSet set;
+
+   private:
+    std::shared_ptr<Layer> layer_;
+    absl::Mutex* setup_mu_;
+    bool shared_ = false;
+  };
+  absl::StatusOr<std::shared_ptr<Layer>> FindLayer(const std::string& name) const;
+  // Waits for the layer's turn (client deadline/cancellation honoured), then takes setup_mu_
+  // shared and the serving worker set.
+  absl::StatusOr<std::unique_ptr<Turn>> TakeTurn(const std::string& name,
+                                                 grpc::ServerContext* context);
+  v1::LayerInfo Info(const Layer& layer) const;
+  absl::Time InternalDeadline(grpc::ServerContext* context, bool collective) const;
+  // Releases steps on the workers (best effort; they are dropped from the books anyway).
+  void ReleaseOnWorkers(const WorkerSet& set, const Layer& layer,
+                        const std::vector<uint64_t>& step_ids);
+  // Whole-layer tensors gathered from the workers' shards.
+  absl::Status GatherTensors(const WorkerSet& set, const Layer& layer, bool gradients,
+                             const std::vector<std::string>& names, grpc::ServerContext* context,
+                             std::vector<std::pair<std::string, Tensor>>* out);
+  absl::Status ResolveNames(const Layer& layer, bool gradients,
+                            const google::protobuf::RepeatedPtrField<std::string>& requested,
+                            std::vector<std::string>* names) const;
+  grpc::Status Finish(const char* method, absl::Time start, const absl::Status& status);
+
+  const ServiceOptions options_;
+  WorkerPool* const pool_;
+  Metrics* const metrics_;
+  std::atomic<uint64_t> next_step_id_{1};
+  std::atomic<uint64_t> next_layer_id_{1};
+
+  // Shared by every worker operation; exclusive while RecreateLayers runs.
+  absl::Mutex setup_mu_;
+  mutable absl::Mutex layers_mu_;
+  std::map<std::string, std::shared_ptr<Layer>> layers_ ABSL_GUARDED_BY(layers_mu_);
+};
+
+}  // namespace moe
+
+#endif  // MOED_SERVER_MOE_SERVICE_H_

@@ -1,0 +1,289 @@
+// MoeServiceImpl: Forward, Backward, ReleaseStep.
+//
+// Token split: T tokens over R workers, contiguous and in order; worker r gets
+// T / R tokens plus one more when r < T % R. Every worker takes part, also with 0 tokens.
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+#include "server/moe_service.h"
+#include "server/proto_convert.h"
+#include "server/status_convert.h"
+
+namespace moe {
+namespace {
+
+// Offsets (in rows) of each worker's slice: slice r is rows [offsets[r], offsets[r + 1]).
+std::vector<int64_t> SplitRows(int64_t tokens, int ranks) {
+  std::vector<int64_t> offsets(ranks + 1, 0);
+  for (int r = 0; r < ranks; ++r) {
+    offsets[r + 1] = offsets[r] + tokens / ranks + (r < tokens % ranks ? 1 : 0);
+  }
+  return offsets;
+}
+
+// [T, H] activations: FP32 or BF16, rank 2, H = hidden, bytes consistent.
+absl::StatusOr<DType> CheckActivation(absl::string_view field, const v1::Tensor& t,
+                                      int64_t hidden) {
+  ASSIGN_OR_RETURN(DType dtype, CheckTensorProto(field, t));
+  if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".datatype: ", t.datatype(), " is not FP32 or BF16"));
+  }
+  if (t.shape_size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".shape: rank ", t.shape_size(), ", expected [tokens, ", hidden, "]"));
+  }
+  if (t.shape(1) != hidden) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".shape[1]: ", t.shape(1),
+                                                   " != the layer's hidden size ", hidden));
+  }
+  return dtype;
+}
+
+void SliceTensor(const v1::Tensor& whole, int64_t row_begin, int64_t row_end, size_t row_bytes,
+                 v1::Tensor* slice) {
+  slice->set_datatype(whole.datatype());
+  slice->add_shape(row_end - row_begin);
+  slice->add_shape(whole.shape(1));
+  slice->set_raw_data(whole.raw_data().data() + row_begin * row_bytes,
+                      (row_end - row_begin) * row_bytes);
+}
+
+}  // namespace
+
+grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
+                                     const v1::ForwardRequest* request,
+                                     v1::ForwardResponse* response) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
+    if (!request->has_x()) return absl::InvalidArgumentError("x: required");
+    ASSIGN_OR_RETURN(DType dtype, CheckActivation("x", request->x(), found->config.hidden));
+    const bool keep = request->keep_for_backward();
+    auto check_budget = [&](const Layer& layer) -> absl::Status {
+      absl::MutexLock lock(&layer.mu);
+      if (static_cast<int64_t>(layer.saved.size()) >= options_.max_saved_steps) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "keep_for_backward: layer \"", layer.name, "\" already holds ", layer.saved.size(),
+            " saved steps (limit --max_saved_steps=", options_.max_saved_steps,
+            "); call Backward or ReleaseStep first"));
+      }
+      if (layer.saved_bytes >= options_.max_saved_bytes) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "keep_for_backward: layer \"", layer.name, "\" saved steps hold ", layer.saved_bytes,
+            " bytes (limit --max_saved_bytes=", options_.max_saved_bytes, ")"));
+      }
+      return absl::OkStatus();
+    };
+    if (keep) RETURN_IF_ERROR(check_budget(*found));
+
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    Layer& layer = turn->layer();
+    if (keep) RETURN_IF_ERROR(check_budget(layer));
+    const int ranks = turn->set.size();
+    const int64_t tokens = request->x().shape(0);
+    const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
+    const std::vector<int64_t> offsets = SplitRows(tokens, ranks);
+    const uint64_t step_id = keep ? next_step_id_++ : 0;
+
+    std::vector<internal::WorkerForwardResponse> answers(ranks);
+    RETURN_IF_ERROR(pool_->ForEachWorker(
+        turn->set, InternalDeadline(context, true),
+        [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          internal::WorkerForwardRequest call;
+          call.set_generation(turn->set.generation);
+          call.set_layer_id(layer.id);
+          call.set_step_id(step_id);
+          SliceTensor(request->x(), offsets[r], offsets[r + 1], row_bytes, call.mutable_x());
+          return FromGrpcStatus(stub->Forward(ctx, call, &answers[r]));
+        },
+        /*collective=*/true));
+
+    // Gather the output slices in rank order.
+    v1::Tensor* out = response->mutable_out();
+    out->set_datatype(DTypeName(dtype));
+    out->add_shape(tokens);
+    out->add_shape(layer.config.hidden);
+    std::string* raw = out->mutable_raw_data();
+    raw->reserve(tokens * row_bytes);
+    int64_t saved_bytes = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const v1::Tensor& slice = answers[r].out();
+      if (slice.raw_data().size() != (offsets[r + 1] - offsets[r]) * row_bytes) {
+        return absl::InternalError(absl::StrCat("worker ", r, " returned ",
+                                                slice.raw_data().size(), " output bytes"));
+      }
+      raw->append(slice.raw_data());
+      saved_bytes += answers[r].saved_bytes();
+    }
+    const internal::WorkerForwardResponse& first = answers[0];
+    response->set_aux_loss(first.aux_loss());
+    response->set_z_loss(first.z_loss());
+    std::vector<int64_t> counts(first.tokens_per_expert().begin(),
+                                first.tokens_per_expert().end());
+    for (int64_t c : counts) response->add_tokens_per_expert(c);
+    *response->mutable_load() = ComputeLoad(counts);
+    {
+      absl::MutexLock lock(&layer.mu);
+      ++layer.forward_count;
+      if (layer.accumulated.size() == counts.size()) {
+        for (size_t e = 0; e < counts.size(); ++e) layer.accumulated[e] += counts[e];
+      }
+      if (keep) {
+        layer.saved[step_id] = SavedStep{tokens, dtype, saved_bytes};
+        layer.saved_bytes += saved_bytes;
+      }
+    }
+    if (metrics_ != nullptr) metrics_->CountTokens(layer.name, tokens, counts);
+    if (keep) {
+      // A client that left cannot use the step; a step over the byte budget is refused.
+      absl::Status refuse;
+      if (context->IsCancelled()) refuse = absl::CancelledError("client cancelled");
+      {
+        absl::MutexLock lock(&layer.mu);
+        if (refuse.ok() && layer.saved_bytes > options_.max_saved_bytes) {
+          refuse = absl::ResourceExhaustedError(absl::StrCat(
+              "keep_for_backward: this step needs ", saved_bytes, " bytes; the layer's saved "
+              "steps would hold ", layer.saved_bytes, " bytes (limit --max_saved_bytes=",
+              options_.max_saved_bytes, ")"));
+        }
+        if (!refuse.ok()) {
+          layer.saved.erase(step_id);
+          layer.saved_bytes -= saved_bytes;
+        }
+      }
+      if (!refuse.ok()) {
+        ReleaseOnWorkers(turn->set, layer, {step_id});
+        response->Clear();
+        return refuse;
+      }
+      response->set_step_id(step_id);
+    }
+    return absl::OkStatus();
+  };
+  return Finish("Forward", start, run());
+}
+
+grpc::Status MoeServiceImpl::Backward(grpc::ServerContext* context,
+                                      const v1::BackwardRequest* request,
+                                      v1::BackwardResponse* response) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
+    if (request->step_id() == 0) {
+      return absl::FailedPreconditionError(
+          "step_id: 0 is not a step (Forward returns 0 without keep_for_backward)");
+    }
+    if (!request->has_d_out()) return absl::InvalidArgumentError("d_out: required");
+    ASSIGN_OR_RETURN(DType dtype,
+                     CheckActivation("d_out", request->d_out(), found->config.hidden));
+    const double d_aux = request->has_d_aux() ? request->d_aux() : 1.0;
+    const double d_z_loss = request->has_d_z_loss() ? request->d_z_loss() : 1.0;
+    if (!std::isfinite(d_aux)) return absl::InvalidArgumentError("d_aux: not finite");
+    if (!std::isfinite(d_z_loss)) return absl::InvalidArgumentError("d_z_loss: not finite");
+
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    Layer& layer = turn->layer();
+    SavedStep step;
+    {
+      absl::MutexLock lock(&layer.mu);
+      auto it = layer.saved.find(request->step_id());
+      if (it == layer.saved.end()) {
+        const bool issued = request->step_id() < next_step_id_.load();
+        return absl::FailedPreconditionError(absl::StrCat(
+            "step_id: ", request->step_id(),
+            issued ? " is not held by layer \"" + layer.name +
+                         "\" (released, already used by a Backward, dropped when the workers "
+                         "re-formed, or a step of another layer)"
+                   : std::string(" was never issued")));
+      }
+      if (request->d_out().shape(0) != it->second.tokens) {
+        return absl::InvalidArgumentError(absl::StrCat("d_out.shape[0]: ",
+                                                       request->d_out().shape(0),
+                                                       " != the step's tokens ",
+                                                       it->second.tokens));
+      }
+      // The step is consumed by this Backward, whatever its outcome.
+      step = it->second;
+      layer.saved_bytes -= step.bytes;
+      layer.saved.erase(it);
+    }
+    const int ranks = turn->set.size();
+    const std::vector<int64_t> offsets = SplitRows(step.tokens, ranks);
+    const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
+    std::vector<internal::WorkerBackwardResponse> answers(ranks);
+    RETURN_IF_ERROR(pool_->ForEachWorker(
+        turn->set, InternalDeadline(context, true),
+        [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          internal::WorkerBackwardRequest call;
+          call.set_generation(turn->set.generation);
+          call.set_layer_id(layer.id);
+          call.set_step_id(request->step_id());
+          call.set_d_aux(d_aux);
+          call.set_d_z_loss(d_z_loss);
+          SliceTensor(request->d_out(), offsets[r], offsets[r + 1], row_bytes,
+                      call.mutable_d_out());
+          return FromGrpcStatus(stub->Backward(ctx, call, &answers[r]));
+        },
+        /*collective=*/true));
+    v1::Tensor* d_x = response->mutable_d_x();
+    d_x->set_datatype(DTypeName(step.dtype));
+    d_x->add_shape(step.tokens);
+    d_x->add_shape(layer.config.hidden);
+    for (int r = 0; r < ranks; ++r) d_x->mutable_raw_data()->append(answers[r].d_x().raw_data());
+    const size_t want = step.tokens * layer.config.hidden * DTypeSize(step.dtype);
+    if (d_x->raw_data().size() != want) {
+      return absl::InternalError(absl::StrCat("workers returned ", d_x->raw_data().size(),
+                                              " d_x bytes, expected ", want));
+    }
+    return absl::OkStatus();
+  };
+  return Finish("Backward", start, run());
+}
+
+grpc::Status MoeServiceImpl::ReleaseStep(grpc::ServerContext* context,
+                                         const v1::ReleaseStepRequest* request,
+                                         v1::ReleaseStepResponse* response) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    Layer& layer = turn->layer();
+    {
+      absl::MutexLock lock(&layer.mu);
+      auto it = layer.saved.find(request->step_id());
+      if (it == layer.saved.end()) return absl::OkStatus();  // released = false
+      layer.saved_bytes -= it->second.bytes;
+      layer.saved.erase(it);
+    }
+    response->set_released(true);
+    ReleaseOnWorkers(turn->set, layer, {request->step_id()});
+    return absl::OkStatus();
+  };
+  return Finish("ReleaseStep", start, run());
+}
+
+void MoeServiceImpl::ReleaseOnWorkers(const WorkerSet& set, const Layer& layer,
+                                      const std::vector<uint64_t>& step_ids) {
+  for (uint64_t step_id : step_ids) {
+    internal::WorkerReleaseStepRequest call;
+    call.set_generation(set.generation);
+    call.set_layer_id(layer.id);
+    call.set_step_id(step_id);
+    // Best effort: the books no longer hold the step; a worker that misses the release frees
+    // it at the next generation.
+    pool_->ForEachWorker(
+        set, absl::Now() + options_.step_timeout,
+        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          internal::WorkerEmpty empty;
+          return FromGrpcStatus(stub->ReleaseStep(ctx, call, &empty));
+        },
+        /*collective=*/false)
+        .IgnoreError();
+  }
+}
+
+}  // namespace moe

@@ -1,0 +1,454 @@
+// MoeServiceImpl: gradients, optimizer, expert bias, weights and checkpoints.
+//
+// Whole-layer tensors <-> worker shards: an expert-sharded tensor ([E, ...]) is the
+// concatenation along its first dimension of the workers' [El, ...] shards in rank order
+// (row-major, so the bytes simply concatenate); a replicated one (gate, expert_bias) is read
+// from rank 0 and written to every rank.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+#include "server/chunking.h"
+#include "server/moe_service.h"
+#include "server/proto_convert.h"
+#include "server/status_convert.h"
+
+namespace moe {
+namespace {
+
+std::map<std::string, ParameterLayout> LayoutByName(const LayerConfig& config) {
+  std::map<std::string, ParameterLayout> out;
+  for (ParameterLayout& p : LayerParameters(config)) out[p.name] = p;
+  return out;
+}
+
+std::vector<int64_t> ShardShape(const ParameterLayout& p, int ranks) {
+  std::vector<int64_t> shape = p.shape;
+  if (p.expert_sharded) shape[0] /= ranks;
+  return shape;
+}
+
+// Removes a directory tree (checkpoint directories hold only plain files).
+void RemoveTree(const std::string& path) {
+  const std::string command = absl::StrCat("rm -rf -- '", path, "'");
+  if (std::system(command.c_str()) != 0) {
+    std::fprintf(stderr, "moed: could not remove %s\n", path.c_str());
+  }
+}
+
+absl::Status CheckDirectory(const std::string& dir) {
+  if (dir.empty()) return absl::InvalidArgumentError("directory: required");
+  if (dir[0] != '/') return absl::InvalidArgumentError("directory: must be an absolute path");
+  if (dir.find('\'') != std::string::npos || dir.find("/../") != std::string::npos) {
+    return absl::InvalidArgumentError("directory: must not contain ' or /../");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MoeServiceImpl::ResolveNames(
+    const Layer& layer, bool gradients,
+    const google::protobuf::RepeatedPtrField<std::string>& requested,
+    std::vector<std::string>* names) const {
+  const std::vector<ParameterLayout> params = LayerParameters(layer.config);
+  if (requested.empty()) {
+    for (const ParameterLayout& p : params) {
+      if (!gradients || p.has_gradient) names->push_back(p.name);
+    }
+    return absl::OkStatus();
+  }
+  const auto by_name = LayoutByName(layer.config);
+  for (const std::string& name : requested) {
+    auto it = by_name.find(name);
+    if (it == by_name.end() || (gradients && !it->second.has_gradient)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "names: \"", name, "\" is not a ", gradients ? "gradient" : "parameter",
+          " of layer \"", layer.name, "\""));
+    }
+    names->push_back(name);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& layer,
+                                           bool gradients, const std::vector<std::string>& names,
+                                           grpc::ServerContext* context,
+                                           std::vector<std::pair<std::string, Tensor>>* out) {
+  const auto by_name = LayoutByName(layer.config);
+  const int ranks = set.size();
+  std::vector<std::vector<std::pair<std::string, Tensor>>> shards(ranks);
+  RETURN_IF_ERROR(pool_->ForEachWorker(
+      set, InternalDeadline(context, false),
+      [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) -> absl::Status {
+        internal::WorkerGetTensorsRequest call;
+        call.set_generation(set.generation);
+        call.set_layer_id(layer.id);
+        call.set_kind(gradients ? internal::TENSOR_KIND_GRADIENT
+                                : internal::TENSOR_KIND_PARAMETER);
+        std::map<std::string, ExpectedTensor> expected;
+        for (const std::string& name : names) {
+          const ParameterLayout& p = by_name.at(name);
+          if (!p.expert_sharded && r != 0) continue;
+          call.add_names(name);
+          expected[name] = ExpectedTensor{DType::kFloat32, ShardShape(p, ranks)};
+        }
+        if (call.names().empty()) return absl::OkStatus();
+        ChunkAssembler assembler(std::move(expected));
+        auto reader = stub->GetTensors(ctx, call);
+        v1::TensorChunk chunk;
+        absl::Status added;
+        while (reader->Read(&chunk)) {
+          if (added.ok()) added = assembler.Add(chunk);
+        }
+        RETURN_IF_ERROR(FromGrpcStatus(reader->Finish()));
+        if (!added.ok()) return absl::InternalError(added.message());
+        ASSIGN_OR_RETURN(shards[r], assembler.Finish());
+        return absl::OkStatus();
+      },
+      /*collective=*/false));
+  for (const std::string& name : names) {
+    const ParameterLayout& p = by_name.at(name);
+    Tensor whole = Tensor::Zeros(DType::kFloat32, p.shape);
+    size_t offset = 0;
+    for (int r = 0; r < (p.expert_sharded ? ranks : 1); ++r) {
+      for (const auto& named : shards[r]) {
+        if (named.first != name) continue;
+        std::memcpy(static_cast<char*>(whole.raw()) + offset, named.second.raw(),
+                    named.second.num_bytes());
+        offset += named.second.num_bytes();
+      }
+    }
+    if (offset != whole.num_bytes()) {
+      return absl::InternalError(absl::StrCat("workers returned ", offset, " bytes of \"", name,
+                                              "\", expected ", whole.num_bytes()));
+    }
+    out->emplace_back(name, std::move(whole));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Streams gathered tensors to the client in chunks that fit the message limit.
+absl::Status StreamTensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                           int64_t max_chunk_bytes, int64_t max_message_bytes,
+                           grpc::ServerWriter<v1::TensorChunk>* writer) {
+  if (max_chunk_bytes < 0) return absl::InvalidArgumentError("max_chunk_bytes: must be >= 0");
+  if (max_chunk_bytes == 0) max_chunk_bytes = kDefaultChunkBytes;
+  // Room for the chunk's name and shape next to the raw bytes.
+  max_chunk_bytes = std::min<int64_t>(max_chunk_bytes, max_message_bytes - 4096);
+  for (const auto& named : tensors) {
+    RETURN_IF_ERROR(ChunkTensor(named.first, named.second, max_chunk_bytes,
+                                [&](const v1::TensorChunk& chunk) {
+                                  return writer->Write(chunk)
+                                             ? absl::OkStatus()
+                                             : absl::CancelledError("client stopped reading");
+                                }));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status MoeServiceImpl::GetGradients(grpc::ServerContext* context,
+                                          const v1::GetGradientsRequest* request,
+                                          grpc::ServerWriter<v1::TensorChunk>* writer) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
+    std::vector<std::string> names;
+    RETURN_IF_ERROR(ResolveNames(*found, /*gradients=*/true, request->names(), &names));
+    if (request->max_chunk_bytes() < 0) {
+      return absl::InvalidArgumentError("max_chunk_bytes: must be >= 0");
+    }
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    {
+      ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+      RETURN_IF_ERROR(GatherTensors(turn->set, turn->layer(), true, names, context, &tensors));
+    }
+    return StreamTensors(tensors, request->max_chunk_bytes(), options_.max_message_bytes,
+                         writer);
+  };
+  return Finish("GetGradients", start, run());
+}
+
+grpc::Status MoeServiceImpl::GetWeights(grpc::ServerContext* context,
+                                        const v1::GetWeightsRequest* request,
+                                        grpc::ServerWriter<v1::TensorChunk>* writer) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
+    std::vector<std::string> names;
+    RETURN_IF_ERROR(ResolveNames(*found, /*gradients=*/false, request->names(), &names));
+    if (request->max_chunk_bytes() < 0) {
+      return absl::InvalidArgumentError("max_chunk_bytes: must be >= 0");
+    }
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    {
+      ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+      RETURN_IF_ERROR(GatherTensors(turn->set, turn->layer(), false, names, context, &tensors));
+    }
+    return StreamTensors(tensors, request->max_chunk_bytes(), options_.max_message_bytes,
+                         writer);
+  };
+  return Finish("GetWeights", start, run());
+}
+
+grpc::Status MoeServiceImpl::SetWeights(grpc::ServerContext* context,
+                                        grpc::ServerReader<v1::SetWeightsRequest>* reader,
+                                        v1::SetWeightsResponse* response) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    // Read and validate the whole stream before any worker sees it.
+    v1::SetWeightsRequest message;
+    std::string name;
+    std::shared_ptr<Layer> layer;
+    std::unique_ptr<ChunkAssembler> assembler;
+    absl::Status invalid;
+    while (reader->Read(&message)) {
+      if (!invalid.ok()) continue;  // drain the stream, keep the first error
+      if (layer == nullptr) {
+        absl::StatusOr<std::shared_ptr<Layer>> found = FindLayer(message.layer());
+        if (!found.ok()) {
+          invalid = found.status();
+          continue;
+        }
+        layer = *found;
+        name = message.layer();
+        std::map<std::string, ExpectedTensor> expected;
+        for (const ParameterLayout& p : LayerParameters(layer->config)) {
+          expected[p.name] = ExpectedTensor{DType::kFloat32, p.shape};
+        }
+        assembler = std::make_unique<ChunkAssembler>(std::move(expected));
+      } else if (!message.layer().empty() && message.layer() != name) {
+        invalid = absl::InvalidArgumentError(absl::StrCat(
+            "layer: \"", message.layer(), "\" differs from the stream's first \"", name, "\""));
+        continue;
+      }
+      if (!message.has_chunk()) {
+        invalid = absl::InvalidArgumentError("chunk: required");
+        continue;
+      }
+      invalid = assembler->Add(message.chunk());
+    }
+    RETURN_IF_ERROR(invalid);
+    if (layer == nullptr) return absl::InvalidArgumentError("layer: empty stream");
+    ASSIGN_OR_RETURN(auto tensors, assembler->Finish());
+    for (const auto& named : tensors) {
+      for (int64_t i = 0; i < named.second.num_elements(); ++i) {
+        if (!std::isfinite(named.second.data<float>()[i])) {
+          return absl::InvalidArgumentError(absl::StrCat("chunk \"", named.first,
+                                                         "\": element ", i, " is not finite"));
+        }
+      }
+    }
+
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(name, context));
+    const auto by_name = LayoutByName(turn->layer().config);
+    const int ranks = turn->set.size();
+    RETURN_IF_ERROR(pool_->ForEachWorker(
+        turn->set, InternalDeadline(context, false),
+        [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) -> absl::Status {
+          internal::WorkerEmpty empty;
+          auto writer = stub->SetTensors(ctx, &empty);
+          absl::Status written;
+          for (const auto& named : tensors) {
+            const ParameterLayout& p = by_name.at(named.first);
+            Tensor shard = named.second;
+            if (p.expert_sharded) {
+              const int64_t per = p.shape[0] / ranks;
+              shard = named.second.SliceRows(r * per, (r + 1) * per);
+            }
+            written = ChunkTensor(named.first, shard, kDefaultChunkBytes,
+                                  [&](const v1::TensorChunk& chunk) {
+                                    internal::WorkerSetTensorsRequest call;
+                                    call.set_generation(turn->set.generation);
+                                    call.set_layer_id(turn->layer().id);
+                                    *call.mutable_chunk() = chunk;
+                                    return writer->Write(call)
+                                               ? absl::OkStatus()
+                                               : absl::UnavailableError("worker stream closed");
+                                  });
+            if (!written.ok()) break;
+          }
+          writer->WritesDone();
+          absl::Status finished = FromGrpcStatus(writer->Finish());
+          return finished.ok() ? written : finished;
+        },
+        /*collective=*/false));
+    for (const auto& named : tensors) response->add_updated(named.first);
+    return absl::OkStatus();
+  };
+  return Finish("SetWeights", start, run());
+}
+
+grpc::Status MoeServiceImpl::ZeroGradients(grpc::ServerContext* context,
+                                           const v1::ZeroGradientsRequest* request,
+                                           v1::ZeroGradientsResponse*) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    internal::WorkerLayerRequest call;
+    call.set_generation(turn->set.generation);
+    call.set_layer_id(turn->layer().id);
+    return pool_->ForEachWorker(
+        turn->set, InternalDeadline(context, false),
+        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          internal::WorkerEmpty empty;
+          return FromGrpcStatus(stub->ZeroGradients(ctx, call, &empty));
+        },
+        /*collective=*/false);
+  };
+  return Finish("ZeroGradients", start, run());
+}
+
+grpc::Status MoeServiceImpl::ApplyOptimizer(grpc::ServerContext* context,
+                                            const v1::ApplyOptimizerRequest* request,
+                                            v1::ApplyOptimizerResponse*) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
+    RETURN_IF_ERROR(OptimizerFromProto(request->has_sgd() ? &request->sgd() : nullptr,
+                                       request->has_adamw() ? &request->adamw() : nullptr)
+                        .status());
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    internal::WorkerOptimizerRequest call;
+    call.set_generation(turn->set.generation);
+    call.set_layer_id(turn->layer().id);
+    if (request->has_sgd()) *call.mutable_sgd() = request->sgd();
+    if (request->has_adamw()) *call.mutable_adamw() = request->adamw();
+    return pool_->ForEachWorker(
+        turn->set, InternalDeadline(context, true),
+        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          internal::WorkerEmpty empty;
+          return FromGrpcStatus(stub->ApplyOptimizer(ctx, call, &empty));
+        },
+        /*collective=*/false);
+  };
+  return Finish("ApplyOptimizer", start, run());
+}
+
+grpc::Status MoeServiceImpl::UpdateExpertBias(grpc::ServerContext* context,
+                                              const v1::UpdateExpertBiasRequest* request,
+                                              v1::UpdateExpertBiasResponse* response) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
+    if (!std::isfinite(request->rate()) || request->rate() < 0) {
+      return absl::InvalidArgumentError("rate: must be finite and >= 0");
+    }
+    if (!found->config.use_expert_bias) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer: \"", found->name, "\" has no expert bias (config.use_expert_bias is false)"));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    internal::WorkerExpertBiasRequest call;
+    call.set_generation(turn->set.generation);
+    call.set_layer_id(turn->layer().id);
+    call.set_rate(request->rate());
+    std::vector<internal::WorkerExpertBiasResponse> answers(turn->set.size());
+    RETURN_IF_ERROR(pool_->ForEachWorker(
+        turn->set, InternalDeadline(context, true),
+        [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          return FromGrpcStatus(stub->UpdateExpertBias(ctx, call, &answers[r]));
+        },
+        /*collective=*/false));
+    *response->mutable_expert_bias() = answers[0].expert_bias();
+    absl::MutexLock lock(&turn->layer().mu);
+    turn->layer().accumulated.assign(turn->layer().config.num_experts, 0);
+    return absl::OkStatus();
+  };
+  return Finish("UpdateExpertBias", start, run());
+}
+
+grpc::Status MoeServiceImpl::SaveCheckpoint(grpc::ServerContext* context,
+                                            const v1::SaveCheckpointRequest* request,
+                                            v1::SaveCheckpointResponse* response) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
+    std::string dir = request->directory();
+    RETURN_IF_ERROR(CheckDirectory(dir));
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    // Atomic: the workers write a fresh sibling directory; it replaces `dir` by rename only
+    // once every worker succeeded (the old checkpoint is removed after the rename).
+    const std::string suffix = absl::StrCat(getpid(), ".", next_step_id_++);
+    const std::string tmp = absl::StrCat(dir, ".tmp.", suffix);
+    internal::WorkerCheckpointRequest call;
+    call.set_generation(turn->set.generation);
+    call.set_layer_id(turn->layer().id);
+    call.set_directory(tmp);
+    absl::Status saved = pool_->ForEachWorker(
+        turn->set, InternalDeadline(context, true),
+        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          internal::WorkerEmpty empty;
+          return FromGrpcStatus(stub->SaveCheckpoint(ctx, call, &empty));
+        },
+        /*collective=*/true);
+    if (!saved.ok()) {
+      RemoveTree(tmp);
+      return saved;
+    }
+    const std::string old = absl::StrCat(dir, ".old.", suffix);
+    struct stat st;
+    const bool existed = stat(dir.c_str(), &st) == 0;
+    if (existed && rename(dir.c_str(), old.c_str()) != 0) {
+      RemoveTree(tmp);
+      return absl::InternalError(absl::StrCat("directory: cannot move the old ", dir, ": ",
+                                              strerror(errno)));
+    }
+    if (rename(tmp.c_str(), dir.c_str()) != 0) {
+      const std::string error = strerror(errno);
+      if (existed) rename(old.c_str(), dir.c_str());
+      RemoveTree(tmp);
+      return absl::InternalError(absl::StrCat("directory: cannot rename into ", dir, ": ", error));
+    }
+    if (existed) RemoveTree(old);
+    response->set_directory(dir);
+    return absl::OkStatus();
+  };
+  return Finish("SaveCheckpoint", start, run());
+}
+
+grpc::Status MoeServiceImpl::LoadCheckpoint(grpc::ServerContext* context,
+                                            const v1::LoadCheckpointRequest* request,
+                                            v1::LoadCheckpointResponse*) {
+  const absl::Time start = absl::Now();
+  auto run = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
+    RETURN_IF_ERROR(CheckDirectory(request->directory()));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    Layer& layer = turn->layer();
+    internal::WorkerCheckpointRequest call;
+    call.set_generation(turn->set.generation);
+    call.set_layer_id(layer.id);
+    call.set_directory(request->directory());
+    // The workers drop their saved steps of this layer on load.
+    {
+      absl::MutexLock lock(&layer.mu);
+      layer.saved.clear();
+      layer.saved_bytes = 0;
+      layer.accumulated.assign(layer.config.num_experts, 0);
+    }
+    return pool_->ForEachWorker(
+        turn->set, InternalDeadline(context, true),
+        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          internal::WorkerEmpty empty;
+          return FromGrpcStatus(stub->LoadCheckpoint(ctx, call, &empty));
+        },
+        /*collective=*/true);
+  };
+  return Finish("LoadCheckpoint", start, run());
+}
+
+}  // namespace moe

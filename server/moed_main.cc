@@ -1,0 +1,198 @@
+// moed: the front end. Serves moe.v1.MoeService, grpc.health.v1.Health, server reflection and
+// moe.internal.Coordinator on one port, and Prometheus metrics on --metrics_port.
+//
+//   moed --workers=2 --device=cpu --port=50051            # embedded: starts 2 moe-workers
+//   moed --expect_workers=2 --port=50051                  # workers join on their own:
+//   moe-worker --frontend=HOST:50051 --device=cpu         #   (one per device)
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "engine/comm/memory_kv_store.h"
+#include "server/coordinator_service.h"
+#include "server/device.h"
+#include "server/metrics.h"
+#include "server/moe_service.h"
+#include "server/worker_launcher.h"
+#include "server/worker_pool.h"
+
+ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
+ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one; see --port_file)");
+ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port here once listening");
+ABSL_FLAG(int, workers, 2, "embedded mode: start this many local moe-worker processes");
+ABSL_FLAG(int, expect_workers, 0,
+          "external mode (> 0): start no workers, wait for this many to join");
+ABSL_FLAG(std::string, device, "cpu", "embedded mode: --device of the started workers");
+ABSL_FLAG(std::string, worker_binary, "",
+          "embedded mode: moe-worker executable (default: next to this binary)");
+ABSL_FLAG(bool, respawn_workers, true, "embedded mode: restart a worker that exits");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus text metrics over HTTP on this port (0: off)");
+ABSL_FLAG(int64_t, max_saved_steps, 64, "per layer: steps kept for backward at once");
+ABSL_FLAG(int64_t, max_saved_bytes, int64_t{8} << 30,
+          "per layer: worker memory (bytes, all workers) held by saved steps");
+ABSL_FLAG(int64_t, step_timeout_ms, 30000, "deadline of every internal step call");
+ABSL_FLAG(int64_t, collective_timeout_ms, 30000, "per-collective timeout inside the workers");
+ABSL_FLAG(int64_t, heartbeat_ms, 500, "interval of the worker liveness pings");
+ABSL_FLAG(int64_t, ping_timeout_ms, 1000, "deadline of one liveness ping");
+ABSL_FLAG(int64_t, worker_dead_after_ms, 3000,
+          "a worker that answers no ping for this long is dead (requests fail UNAVAILABLE)");
+ABSL_FLAG(int64_t, setup_timeout_ms, 60000, "deadline of the workers' communicator setup");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
+          "largest public request/response message (bytes)");
+
+namespace moe {
+namespace {
+
+int Main() {
+  const int expect = absl::GetFlag(FLAGS_expect_workers);
+  const bool embedded = expect <= 0;
+  const int world = embedded ? absl::GetFlag(FLAGS_workers) : expect;
+  if (world <= 0) {
+    std::fprintf(stderr, "moed: --workers or --expect_workers must be > 0\n");
+    return 2;
+  }
+  std::string worker_binary;
+  if (embedded) {
+    absl::Status device_ok = CheckDeviceFlag(absl::GetFlag(FLAGS_device));
+    absl::StatusOr<std::string> path = WorkerBinaryPath(absl::GetFlag(FLAGS_worker_binary));
+    if (!device_ok.ok() || !path.ok()) {
+      std::fprintf(stderr, "moed: %s\n",
+                   (device_ok.ok() ? path.status() : device_ok).ToString().c_str());
+      return 2;
+    }
+    worker_binary = *path;
+  }
+  const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
+  if (max_message < (1 << 16) || max_message > INT32_MAX) {
+    std::fprintf(stderr, "moed: --max_message_bytes must be in [65536, 2^31)\n");
+    return 2;
+  }
+
+  // Block the shutdown signals in every thread; the main thread waits for them below.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  WorkerPoolOptions pool_options;
+  pool_options.world_size = world;
+  pool_options.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
+  pool_options.ping_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_ping_timeout_ms));
+  pool_options.dead_after = absl::Milliseconds(absl::GetFlag(FLAGS_worker_dead_after_ms));
+  pool_options.setup_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_setup_timeout_ms));
+  pool_options.collective_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
+  WorkerPool pool(pool_options);
+
+  ServiceOptions service_options;
+  service_options.max_saved_steps = absl::GetFlag(FLAGS_max_saved_steps);
+  service_options.max_saved_bytes = absl::GetFlag(FLAGS_max_saved_bytes);
+  service_options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
+  service_options.max_message_bytes = max_message;
+  Metrics metrics;
+  MoeServiceImpl service(service_options, &pool, &metrics);
+  CoordinatorService coordinator(&pool, std::make_shared<MemoryKeyValueStore>());
+  metrics.set_extra([&] {
+    std::string out = absl::StrCat(
+        "# HELP moed_serving 1 when every worker is up and the service answers steps.\n",
+        "# TYPE moed_serving gauge\nmoed_serving ", pool.serving() ? 1 : 0, "\n",
+        "# HELP moed_worker_alive 1 per live worker rank.\n# TYPE moed_worker_alive gauge\n");
+    std::string memory =
+        "# HELP moed_worker_memory_bytes Backend memory of each worker.\n"
+        "# TYPE moed_worker_memory_bytes gauge\n";
+    for (const v1::WorkerStatus& w : pool.WorkerStatuses()) {
+      absl::StrAppend(&out, "moed_worker_alive{rank=\"", w.rank(), "\"} ", w.alive() ? 1 : 0,
+                      "\n");
+      absl::StrAppend(&memory, "moed_worker_memory_bytes{rank=\"", w.rank(), "\"} ",
+                      w.memory_bytes(), "\n");
+    }
+    return out + memory + service.RenderLayerMetrics() +
+           absl::StrCat("# TYPE moed_generation gauge\nmoed_generation ", pool.generation(),
+                        "\n");
+  });
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":",
+                                        absl::GetFlag(FLAGS_port)),
+                           grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
+  builder.SetMaxSendMessageSize(static_cast<int>(max_message));
+  builder.RegisterService(&service);
+  builder.RegisterService(&coordinator);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::fprintf(stderr, "moed: cannot listen on %s:%d\n", absl::GetFlag(FLAGS_host).c_str(),
+                 absl::GetFlag(FLAGS_port));
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  auto set_health = [health](bool serving) {
+    health->SetServingStatus(serving);
+    health->SetServingStatus("moe.v1.MoeService", serving);
+  };
+  set_health(false);
+  pool.set_on_serving_changed(set_health);
+  pool.set_on_setup([&](const WorkerSet& set) { return service.RecreateLayers(set); });
+  pool.Start();
+
+  std::unique_ptr<MetricsHttpServer> http;
+  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started = MetricsHttpServer::Start(
+        absl::GetFlag(FLAGS_metrics_port), [&] { return metrics.Render(); });
+    if (!started.ok()) {
+      std::fprintf(stderr, "moed: %s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    http = std::move(*started);
+  }
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    const std::string path = absl::GetFlag(FLAGS_port_file);
+    std::ofstream(path + ".tmp") << port << "\n";
+    std::rename((path + ".tmp").c_str(), path.c_str());
+  }
+  std::fprintf(stderr, "moed: listening on %s:%d, %s %d worker(s)%s\n",
+               absl::GetFlag(FLAGS_host).c_str(), port, embedded ? "starting" : "expecting",
+               world,
+               http ? absl::StrCat(", metrics on :", http->port()).c_str() : "");
+
+  std::unique_ptr<WorkerLauncher> launcher;
+  if (embedded) {
+    launcher = std::make_unique<WorkerLauncher>(
+        worker_binary, absl::StrCat("127.0.0.1:", port), absl::GetFlag(FLAGS_device), world,
+        absl::GetFlag(FLAGS_respawn_workers), std::vector<std::string>{}, &pool);
+    absl::Status started = launcher->Start();
+    if (!started.ok()) {
+      std::fprintf(stderr, "moed: %s\n", started.ToString().c_str());
+      return 1;
+    }
+  }
+
+  int received = 0;
+  sigwait(&signals, &received);
+  std::fprintf(stderr, "moed: signal %d, shutting down\n", received);
+  set_health(false);
+  if (launcher) launcher->Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}
+
+}  // namespace
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return moe::Main();
+}

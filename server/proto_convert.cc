@@ -1,0 +1,217 @@
+#include "server/proto_convert.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+
+namespace moe {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<DType> CheckTensorProto(absl::string_view field, const v1::Tensor& proto) {
+  if (proto.datatype().empty()) return Invalid(absl::StrCat(field, ".datatype"), "required");
+  absl::StatusOr<DType> dtype = ParseDType(proto.datatype());
+  if (!dtype.ok()) {
+    return Invalid(absl::StrCat(field, ".datatype"),
+                   absl::StrCat("unknown datatype \"", proto.datatype(),
+                                "\" (FP32, BF16, FP64, INT32, INT64)"));
+  }
+  std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
+  RETURN_IF_ERROR(CheckByteCount(field, *dtype, shape, proto.raw_data().size()));
+  return *dtype;
+}
+
+absl::StatusOr<Tensor> TensorFromProto(absl::string_view field, const v1::Tensor& proto) {
+  ASSIGN_OR_RETURN(DType dtype, CheckTensorProto(field, proto));
+  std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
+  return Tensor::FromBytes(dtype, std::move(shape), proto.raw_data());
+}
+
+void TensorToProto(const Tensor& tensor, v1::Tensor* proto) {
+  proto->set_datatype(DTypeName(tensor.dtype()));
+  proto->clear_shape();
+  for (int64_t d : tensor.shape()) proto->add_shape(d);
+  proto->set_raw_data(tensor.bytes().data(), tensor.bytes().size());
+}
+
+absl::StatusOr<LayerConfig> ConfigFromProto(const v1::LayerConfig& p) {
+  LayerConfig c;
+  c.hidden = p.hidden();
+  c.ffn = p.ffn();
+  c.num_experts = p.num_experts();
+  c.top_k = p.has_top_k() ? p.top_k() : 1;
+  switch (p.score_function()) {
+    case v1::SCORE_FUNCTION_UNSPECIFIED:
+    case v1::SCORE_FUNCTION_SOFTMAX:
+      c.score_function = ScoreFunction::kSoftmax;
+      break;
+    case v1::SCORE_FUNCTION_SIGMOID:
+      c.score_function = ScoreFunction::kSigmoid;
+      break;
+    default:
+      return Invalid("config.score_function",
+                     absl::StrCat("unknown value ", p.score_function()));
+  }
+  c.pre_softmax = p.pre_softmax();
+  c.num_groups = p.num_groups();
+  c.group_topk = p.group_topk();
+  c.scaling_factor = p.has_scaling_factor() ? p.scaling_factor() : 1.0;
+  c.use_expert_bias = p.use_expert_bias();
+  c.aux_loss_coeff = p.aux_loss_coeff();
+  c.z_loss_coeff = p.z_loss_coeff();
+  c.capacity_factor = p.capacity_factor();
+  c.align_size = p.align_size();
+  switch (p.activation()) {
+    case v1::ACTIVATION_UNSPECIFIED:
+    case v1::ACTIVATION_SILU:
+      c.activation = Activation::kSilu;
+      break;
+    case v1::ACTIVATION_GELU:
+      c.activation = Activation::kGelu;
+      break;
+    case v1::ACTIVATION_RELU:
+      c.activation = Activation::kRelu;
+      break;
+    case v1::ACTIVATION_LINEAR:
+      c.activation = Activation::kLinear;
+      break;
+    default:
+      return Invalid("config.activation", absl::StrCat("unknown value ", p.activation()));
+  }
+  c.gated = p.has_gated() ? p.gated() : true;
+  c.use_bias = p.use_bias();
+  if (p.compute_dtype().empty() || p.compute_dtype() == "FP32") {
+    c.compute_dtype = DType::kFloat32;
+  } else if (p.compute_dtype() == "BF16") {
+    c.compute_dtype = DType::kBFloat16;
+  } else {
+    return Invalid("config.compute_dtype",
+                   absl::StrCat("\"", p.compute_dtype(), "\" is not FP32 or BF16"));
+  }
+  c.init_seed = p.init_seed();
+  return c;
+}
+
+v1::LayerConfig ConfigToProto(const LayerConfig& c) {
+  v1::LayerConfig p;
+  p.set_hidden(c.hidden);
+  p.set_ffn(c.ffn);
+  p.set_num_experts(c.num_experts);
+  p.set_top_k(c.top_k);
+  p.set_score_function(c.score_function == ScoreFunction::kSigmoid ? v1::SCORE_FUNCTION_SIGMOID
+                                                                   : v1::SCORE_FUNCTION_SOFTMAX);
+  p.set_pre_softmax(c.pre_softmax);
+  p.set_num_groups(c.num_groups);
+  p.set_group_topk(c.group_topk);
+  p.set_scaling_factor(c.scaling_factor);
+  p.set_use_expert_bias(c.use_expert_bias);
+  p.set_aux_loss_coeff(c.aux_loss_coeff);
+  p.set_z_loss_coeff(c.z_loss_coeff);
+  p.set_capacity_factor(c.capacity_factor);
+  p.set_align_size(c.align_size);
+  switch (c.activation) {
+    case Activation::kSilu:
+      p.set_activation(v1::ACTIVATION_SILU);
+      break;
+    case Activation::kGelu:
+      p.set_activation(v1::ACTIVATION_GELU);
+      break;
+    case Activation::kRelu:
+      p.set_activation(v1::ACTIVATION_RELU);
+      break;
+    case Activation::kLinear:
+      p.set_activation(v1::ACTIVATION_LINEAR);
+      break;
+  }
+  p.set_gated(c.gated);
+  p.set_use_bias(c.use_bias);
+  p.set_compute_dtype(DTypeName(c.compute_dtype));
+  p.set_init_seed(c.init_seed);
+  return p;
+}
+
+absl::StatusOr<OptimizerConfig> OptimizerFromProto(const v1::SgdOptimizer* sgd,
+                                                   const v1::AdamWOptimizer* adamw) {
+  OptimizerConfig o;
+  auto finite = [](double v) { return std::isfinite(v); };
+  if (sgd != nullptr) {
+    o = OptimizerConfig::Sgd(sgd->lr(), sgd->momentum(), sgd->weight_decay());
+    if (!finite(sgd->lr()) || sgd->lr() <= 0) return Invalid("sgd.lr", "must be > 0");
+    if (!finite(sgd->momentum()) || sgd->momentum() < 0 || sgd->momentum() >= 1) {
+      return Invalid("sgd.momentum", "must be in [0, 1)");
+    }
+    if (!finite(sgd->weight_decay()) || sgd->weight_decay() < 0) {
+      return Invalid("sgd.weight_decay", "must be >= 0");
+    }
+    return o;
+  }
+  if (adamw != nullptr) {
+    o = OptimizerConfig::AdamW(adamw->lr(), adamw->weight_decay());
+    if (adamw->has_beta1()) o.beta1 = adamw->beta1();
+    if (adamw->has_beta2()) o.beta2 = adamw->beta2();
+    if (adamw->has_eps()) o.eps = adamw->eps();
+    if (!finite(o.lr) || o.lr <= 0) return Invalid("adamw.lr", "must be > 0");
+    if (!finite(o.beta1) || o.beta1 < 0 || o.beta1 >= 1) {
+      return Invalid("adamw.beta1", "must be in [0, 1)");
+    }
+    if (!finite(o.beta2) || o.beta2 < 0 || o.beta2 >= 1) {
+      return Invalid("adamw.beta2", "must be in [0, 1)");
+    }
+    if (!finite(o.eps) || o.eps <= 0) return Invalid("adamw.eps", "must be > 0");
+    if (!finite(o.weight_decay) || o.weight_decay < 0) {
+      return Invalid("adamw.weight_decay", "must be >= 0");
+    }
+    return o;
+  }
+  return Invalid("optimizer", "set exactly one of sgd, adamw");
+}
+
+absl::Status ValidateLayerName(absl::string_view field, absl::string_view name) {
+  if (name.empty()) return Invalid(field, "required");
+  if (name.size() > 128) return Invalid(field, "longer than 128 characters");
+  for (char ch : name) {
+    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '_' || ch == '.' || ch == '-';
+    if (!ok) return Invalid(field, "only [A-Za-z0-9_.-] allowed");
+  }
+  return absl::OkStatus();
+}
+
+v1::ExpertLoad ComputeLoad(const std::vector<int64_t>& counts) {
+  v1::ExpertLoad load;
+  int64_t total = 0;
+  for (size_t e = 0; e < counts.size(); ++e) {
+    load.add_tokens_per_expert(counts[e]);
+    if (counts[e] == 0) load.add_idle_experts(static_cast<int64_t>(e));
+    total += counts[e];
+  }
+  if (!counts.empty() && total > 0) {
+    load.set_min_tokens(*std::min_element(counts.begin(), counts.end()));
+    load.set_max_tokens(*std::max_element(counts.begin(), counts.end()));
+    load.set_mean_tokens(static_cast<double>(total) / static_cast<double>(counts.size()));
+  }
+  return load;
+}
+
+std::vector<ParameterLayout> LayerParameters(const LayerConfig& c) {
+  const int64_t up = UpWidth(c);
+  std::vector<ParameterLayout> out;
+  out.push_back({"gate", {c.hidden, c.num_experts}, false, true});
+  if (c.use_expert_bias) out.push_back({"expert_bias", {c.num_experts}, false, false});
+  out.push_back({"wi", {c.num_experts, c.hidden, up}, true, true});
+  out.push_back({"wo", {c.num_experts, c.ffn, c.hidden}, true, true});
+  if (c.use_bias) {
+    out.push_back({"wi_bias", {c.num_experts, up}, true, true});
+    out.push_back({"wo_bias", {c.num_experts, c.hidden}, true, true});
+  }
+  return out;
+}
+
+}  // namespace moe

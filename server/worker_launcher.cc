@@ -1,0 +1,149 @@
+#include "server/worker_launcher.h"
+
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace moe {
+
+absl::StatusOr<std::string> WorkerBinaryPath(const std::string& flag_value) {
+  std::string path = flag_value;
+  if (path.empty()) {
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n <= 0) return absl::InternalError("cannot read /proc/self/exe");
+    self[n] = '\0';
+    std::string dir(self);
+    dir = dir.substr(0, dir.rfind('/'));
+    path = dir + "/moe-worker";
+  }
+  if (access(path.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("--worker_binary: ", path,
+                                            " is not an executable file (", strerror(errno), ")"));
+  }
+  return path;
+}
+
+WorkerLauncher::WorkerLauncher(std::string binary, std::string frontend, std::string device,
+                               int count, bool respawn, std::vector<std::string> extra_args,
+                               WorkerPool* pool)
+    : binary_(std::move(binary)),
+      frontend_(std::move(frontend)),
+      device_(std::move(device)),
+      count_(count),
+      respawn_(respawn),
+      extra_args_(std::move(extra_args)),
+      pool_(pool) {}
+
+WorkerLauncher::~WorkerLauncher() { Stop(); }
+
+absl::StatusOr<pid_t> WorkerLauncher::Spawn(int rank) {
+  std::vector<std::string> args = {binary_, absl::StrCat("--frontend=", frontend_),
+                                   absl::StrCat("--device=", device_),
+                                   absl::StrCat("--rank=", rank)};
+  args.insert(args.end(), extra_args_.begin(), extra_args_.end());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid == 0) {
+    // Child: die with moed; signals moed blocks must not stay blocked in the worker.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    sigset_t all;
+    sigfillset(&all);
+    sigprocmask(SIG_UNBLOCK, &all, nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+absl::Status WorkerLauncher::Start() {
+  absl::MutexLock lock(&mu_);
+  pids_.assign(count_, -1);
+  for (int r = 0; r < count_; ++r) {
+    absl::StatusOr<pid_t> pid = Spawn(r);
+    if (!pid.ok()) return pid.status();
+    pids_[r] = *pid;
+  }
+  reaper_ = std::thread([this] { ReapLoop(); });
+  return absl::OkStatus();
+}
+
+void WorkerLauncher::ReapLoop() {
+  while (true) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100))) return;
+    }
+    int status = 0;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) continue;
+    int rank = -1;
+    {
+      absl::MutexLock lock(&mu_);
+      for (int r = 0; r < count_; ++r) {
+        if (pids_[r] == pid) rank = r;
+      }
+      if (rank >= 0) pids_[rank] = -1;
+    }
+    if (rank < 0) continue;
+    const std::string why = WIFSIGNALED(status)
+                                ? absl::StrCat("process ", pid, " killed by signal ",
+                                               WTERMSIG(status))
+                                : absl::StrCat("process ", pid, " exited with status ",
+                                               WEXITSTATUS(status));
+    std::fprintf(stderr, "moed: worker %d %s\n", rank, why.c_str());
+    pool_->MarkDead(rank, why);
+    if (!respawn_) continue;
+    absl::SleepFor(absl::Seconds(1));  // no tight loop when a worker cannot start at all
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    absl::StatusOr<pid_t> replacement = Spawn(rank);
+    if (replacement.ok()) {
+      pids_[rank] = *replacement;
+    } else {
+      std::fprintf(stderr, "moed: cannot restart worker %d: %s\n", rank,
+                   replacement.status().ToString().c_str());
+    }
+  }
+}
+
+void WorkerLauncher::Stop() {
+  std::vector<pid_t> pids;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    pids = pids_;
+  }
+  if (reaper_.joinable()) reaper_.join();
+  for (pid_t pid : pids) {
+    if (pid > 0) kill(pid, SIGTERM);
+  }
+  const absl::Time give_up = absl::Now() + absl::Seconds(3);
+  for (pid_t pid : pids) {
+    if (pid <= 0) continue;
+    while (waitpid(pid, nullptr, WNOHANG) == 0) {
+      if (absl::Now() > give_up) {
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+}
+
+}  // namespace moe

@@ -1,0 +1,59 @@
+// Embedded mode: moed starts its own moe-worker processes (one per rank), notices when one
+// exits (the pool marks it dead at once instead of waiting for missed pings) and, unless told
+// not to, starts a replacement that rejoins under the same rank.
+//
+//   WorkerLauncher launcher(WorkerBinaryPath(flag), "127.0.0.1:50051", "cpu", 2, &pool);
+//   RETURN_IF_ERROR(launcher.Start());
+//   ...
+//   launcher.Stop();  // SIGTERM, then SIGKILL after a grace period
+#ifndef MOED_SERVER_WORKER_LAUNCHER_H_
+#define MOED_SERVER_WORKER_LAUNCHER_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "server/worker_pool.h"
+
+namespace moe {
+
+// flag_value if set, else "moe-worker" next to this executable (/proc/self/exe), which holds
+// for bazel-bin/server/ and for an install directory alike.
+absl::StatusOr<std::string> WorkerBinaryPath(const std::string& flag_value);
+
+class WorkerLauncher {
+ public:
+  WorkerLauncher(std::string binary, std::string frontend, std::string device, int count,
+                 bool respawn, std::vector<std::string> extra_args, WorkerPool* pool);
+  ~WorkerLauncher();
+
+  absl::Status Start();
+  void Stop();
+
+ private:
+  absl::StatusOr<pid_t> Spawn(int rank);
+  void ReapLoop();
+
+  const std::string binary_;
+  const std::string frontend_;
+  const std::string device_;
+  const int count_;
+  const bool respawn_;
+  const std::vector<std::string> extra_args_;
+  WorkerPool* const pool_;
+
+  absl::Mutex mu_;
+  std::vector<pid_t> pids_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread reaper_;
+};
+
+}  // namespace moe
+
+#endif  // MOED_SERVER_WORKER_LAUNCHER_H_

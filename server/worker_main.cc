@@ -1,0 +1,138 @@
+// moe-worker: one process per device. Serves moe.internal.Worker, joins the front end given
+// by --frontend, then waits for the front end's Setup and per-layer calls.
+//
+//   moe-worker --frontend=10.0.0.5:50051 --device=cpu            # any free rank
+//   moe-worker --frontend=10.0.0.5:50051 --device=cpu --rank=1   # a restarted rank 1
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "proto/worker.grpc.pb.h"
+#include "server/device.h"
+#include "server/grpc_kv_store.h"
+#include "server/status_convert.h"
+#include "server/worker_service.h"
+
+ABSL_FLAG(std::string, frontend, "", "host:port of moed's gRPC port (required)");
+ABSL_FLAG(std::string, device, "cpu", "device this worker runs on: cpu");
+ABSL_FLAG(int, rank, -1, "rank to ask for (-1: any free rank)");
+ABSL_FLAG(std::string, listen, "0.0.0.0:0",
+          "address of this worker's own gRPC service (port 0: pick a free one)");
+ABSL_FLAG(std::string, advertise_host, "",
+          "host name or address the front end and peers reach this worker at (empty: "
+          "127.0.0.1 when --frontend is on localhost, else this host's name)");
+ABSL_FLAG(int, join_timeout_s, 60, "give up when the front end does not accept the join");
+ABSL_FLAG(int, orphan_timeout_s, 60,
+          "exit when the front end has not pinged for this long after setup (0: never)");
+
+namespace moe {
+namespace {
+
+std::string AdvertiseHost(const std::string& frontend) {
+  if (!absl::GetFlag(FLAGS_advertise_host).empty()) return absl::GetFlag(FLAGS_advertise_host);
+  std::string host = frontend.substr(0, frontend.rfind(':'));
+  if (host == "localhost" || host == "127.0.0.1" || host == "[::1]") return "127.0.0.1";
+  char name[256] = {0};
+  if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') return name;
+  return "127.0.0.1";
+}
+
+int Main() {
+  const std::string frontend = absl::GetFlag(FLAGS_frontend);
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (frontend.empty()) {
+    std::fprintf(stderr, "moe-worker: --frontend=HOST:PORT is required\n");
+    return 2;
+  }
+  absl::Status device_ok = CheckDeviceFlag(device);
+  if (!device_ok.ok()) {
+    std::fprintf(stderr, "moe-worker: %s\n", device_ok.ToString().c_str());
+    return 2;
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(INT_MAX);
+  args.SetMaxSendMessageSize(INT_MAX);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(frontend, grpc::InsecureChannelCredentials(), args);
+  auto store = std::make_shared<GrpcKeyValueStore>(channel);
+  WorkerService service(device, store);
+
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(INT_MAX);
+  builder.SetMaxSendMessageSize(INT_MAX);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    std::fprintf(stderr, "moe-worker: cannot listen on %s\n",
+                 absl::GetFlag(FLAGS_listen).c_str());
+    return 1;
+  }
+  const std::string address = absl::StrCat(AdvertiseHost(frontend), ":", port);
+
+  // Join, retrying while the front end is not up yet.
+  auto coordinator = internal::Coordinator::NewStub(channel);
+  internal::JoinRequest join;
+  join.set_requested_rank(absl::GetFlag(FLAGS_rank));
+  join.set_address(address);
+  join.set_device(device);
+  join.set_pid(getpid());
+  internal::JoinResponse joined;
+  const absl::Time give_up = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
+  while (true) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::Status status = coordinator->Join(&context, join, &joined);
+    if (status.ok()) break;
+    const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    if (!retry || absl::Now() > give_up) {
+      std::fprintf(stderr, "moe-worker: join %s failed: %s\n", frontend.c_str(),
+                   status.error_message().c_str());
+      return 1;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  std::fprintf(stderr, "moe-worker: rank %d of %d at %s (front end %s, device %s)\n",
+               joined.rank(), joined.world_size(), address.c_str(), frontend.c_str(),
+               device.c_str());
+
+  // Orphan watchdog: a worker whose front end is gone exits instead of lingering.
+  const int orphan_s = absl::GetFlag(FLAGS_orphan_timeout_s);
+  std::thread watchdog([&] {
+    while (!service.HasShutdownRequest()) {
+      absl::SleepFor(absl::Milliseconds(500));
+      if (orphan_s > 0 && absl::Now() - service.last_ping() > absl::Seconds(orphan_s)) {
+        std::fprintf(stderr, "moe-worker: no ping from the front end for %ds, exiting\n",
+                     orphan_s);
+        _exit(3);
+      }
+    }
+  });
+  service.WaitForShutdownRequest();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  watchdog.join();
+  // Layers may still be held by calls stuck in collectives: do not wait for them.
+  std::fflush(stderr);
+  _exit(0);
+}
+
+}  // namespace
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return moe::Main();
+}

@@ -1,0 +1,374 @@
+#include "server/worker_pool.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <climits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "server/status_convert.h"
+
+namespace moe {
+namespace {
+
+bool IsTransport(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded ||
+         code == absl::StatusCode::kCancelled || code == absl::StatusCode::kAborted;
+}
+
+std::shared_ptr<internal::Worker::Stub> MakeStub(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(INT_MAX);
+  args.SetMaxSendMessageSize(INT_MAX);
+  // Reconnect quickly after a worker restarts on the same address.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return internal::Worker::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+}  // namespace
+
+WorkerPool::WorkerPool(WorkerPoolOptions options) : options_(std::move(options)) {
+  absl::MutexLock lock(&mu_);
+  slots_.resize(options_.world_size);
+  message_ = absl::StrCat("waiting for ", options_.world_size, " worker(s) to join");
+}
+
+WorkerPool::~WorkerPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    CancelInFlightLocked();
+  }
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (setup_thread_.joinable()) setup_thread_.join();
+}
+
+void WorkerPool::Start() {
+  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  setup_thread_ = std::thread([this] { SetupLoop(); });
+}
+
+absl::Status WorkerPool::QuickPing(internal::Worker::Stub* stub, absl::Duration timeout) const {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  internal::PingRequest request;
+  internal::PingResponse response;
+  return FromGrpcStatus(stub->Ping(&context, request, &response));
+}
+
+absl::StatusOr<internal::JoinResponse> WorkerPool::Join(const internal::JoinRequest& request) {
+  if (request.address().empty()) return absl::InvalidArgumentError("address: required");
+  const int size = options_.world_size;
+  int rank = request.requested_rank();
+  std::shared_ptr<internal::Worker::Stub> previous;
+  {
+    absl::MutexLock lock(&mu_);
+    if (rank >= size || rank < -1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("requested_rank: ", rank, " is outside [0, ", size, ") (or -1)"));
+    }
+    if (rank == -1) {
+      for (int r = 0; r < size && rank == -1; ++r) {
+        if (!slots_[r].alive) rank = r;
+      }
+      if (rank == -1) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("all ", size, " ranks are held by live workers"));
+      }
+    }
+    if (slots_[rank].alive) previous = slots_[rank].stub;
+  }
+  // A restarted worker may rejoin before its predecessor was found dead: evict the old one
+  // only if it does not answer.
+  if (previous != nullptr && QuickPing(previous.get(), absl::Milliseconds(500)).ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " is held by a live worker"));
+  }
+  std::shared_ptr<internal::Worker::Stub> stub = MakeStub(request.address());
+  absl::MutexLock lock(&mu_);
+  Slot& slot = slots_[rank];
+  if (slot.alive && slot.stub != previous) {
+    return absl::AbortedError(absl::StrCat("rank ", rank, " was taken concurrently; retry"));
+  }
+  slot.filled = true;
+  slot.alive = true;
+  slot.address = request.address();
+  slot.device = request.device();
+  slot.pid = request.pid();
+  slot.stub = std::move(stub);
+  slot.last_seen = absl::Now();
+  slot.error.clear();
+  need_setup_ = true;
+  CancelInFlightLocked();
+  SetServingLocked(false, absl::StrCat("worker ", rank, " (", request.address(),
+                                       ") joined; rebuilding communicators"));
+  internal::JoinResponse response;
+  response.set_rank(rank);
+  response.set_world_size(size);
+  response.set_generation(generation_);
+  return response;
+}
+
+absl::StatusOr<WorkerSet> WorkerPool::Serving() const {
+  absl::MutexLock lock(&mu_);
+  if (!serving_) return absl::UnavailableError(absl::StrCat("not serving: ", message_));
+  WorkerSet set;
+  set.generation = generation_;
+  for (const Slot& slot : slots_) set.stubs.push_back(slot.stub);
+  return set;
+}
+
+bool WorkerPool::serving() const {
+  absl::MutexLock lock(&mu_);
+  return serving_;
+}
+
+int64_t WorkerPool::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+std::string WorkerPool::message() const {
+  absl::MutexLock lock(&mu_);
+  return serving_ ? "" : message_;
+}
+
+void WorkerPool::SetServingLocked(bool serving, const std::string& message) {
+  const bool changed = serving != serving_;
+  serving_ = serving;
+  message_ = message;
+  if (changed && on_serving_changed_) on_serving_changed_(serving);
+}
+
+void WorkerPool::CancelInFlightLocked() {
+  for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+}
+
+void WorkerPool::MarkDead(int rank, const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (rank < 0 || rank >= static_cast<int>(slots_.size()) || !slots_[rank].alive) return;
+  Slot& slot = slots_[rank];
+  slot.alive = false;
+  slot.error = why;
+  need_setup_ = true;
+  CancelInFlightLocked();
+  SetServingLocked(false, absl::StrCat("worker ", rank, " (", slot.address, ") gone: ", why));
+}
+
+void WorkerPool::Restart(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  need_setup_ = true;
+  CancelInFlightLocked();
+  SetServingLocked(false, absl::StrCat("rebuilding communicators: ", why));
+}
+
+absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline,
+                                       const WorkerFn& fn, bool collective) {
+  const int n = set.size();
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
+  std::vector<absl::Status> results(n);
+  {
+    absl::MutexLock lock(&mu_);
+    if (generation_ != set.generation || !(serving_ || in_setup_)) {
+      return absl::UnavailableError(absl::StrCat("not serving: ", message_));
+    }
+    for (int r = 0; r < n; ++r) {
+      contexts[r] = std::make_unique<grpc::ClientContext>();
+      contexts[r]->set_deadline(absl::ToChronoTime(deadline));
+      in_flight_.insert(contexts[r].get());
+    }
+  }
+  std::vector<std::thread> threads;
+  for (int r = 1; r < n; ++r) {
+    threads.emplace_back([&, r] { results[r] = fn(r, set.stubs[r].get(), contexts[r].get()); });
+  }
+  if (n > 0) results[0] = fn(0, set.stubs[0].get(), contexts[0].get());
+  for (std::thread& t : threads) t.join();
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& context : contexts) in_flight_.erase(context.get());
+  }
+
+  int failed = 0, transport_failures = 0;
+  for (int r = 0; r < n; ++r) {
+    if (results[r].ok()) continue;
+    ++failed;
+    if (IsTransport(results[r].code())) {
+      ++transport_failures;
+      // Connection-level failure: is the worker itself gone?
+      if (!QuickPing(set.stubs[r].get(), options_.ping_timeout).ok()) {
+        MarkDead(r, absl::StrCat("call failed (", results[r].message(),
+                                 ") and the worker does not answer pings"));
+      }
+    }
+  }
+  if (failed == 0) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    for (int r = 0; r < n; ++r) {
+      if (!slots_[r].alive) {
+        return absl::UnavailableError(absl::StrCat("worker ", r, " (", slots_[r].address,
+                                                   ") gone: ", slots_[r].error));
+      }
+    }
+    if (generation_ != set.generation || !(serving_ || in_setup_)) {
+      return absl::UnavailableError(absl::StrCat("not serving: ", message_));
+    }
+  }
+  if (collective && (failed < n || transport_failures > 0)) {
+    Restart("a collective call failed on some workers");
+  }
+  int pick = -1;
+  for (int r = 0; r < n; ++r) {
+    if (!results[r].ok() && (pick < 0 || (IsTransport(results[pick].code()) &&
+                                          !IsTransport(results[r].code())))) {
+      pick = r;
+    }
+  }
+  if (absl::Now() >= deadline && IsTransport(results[pick].code())) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("workers did not answer within the deadline: ", results[pick].message()));
+  }
+  return absl::Status(results[pick].code(),
+                      absl::StrCat("worker ", pick, ": ", results[pick].message()));
+}
+
+void WorkerPool::HeartbeatLoop() {
+  while (true) {
+    std::vector<std::pair<int, std::shared_ptr<internal::Worker::Stub>>> targets;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.heartbeat_interval)) return;
+      for (int r = 0; r < static_cast<int>(slots_.size()); ++r) {
+        if (slots_[r].alive) targets.emplace_back(r, slots_[r].stub);
+      }
+    }
+    std::vector<std::thread> threads;
+    for (const auto& target : targets) {
+      threads.emplace_back([this, target] {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + options_.ping_timeout));
+        internal::PingRequest request;
+        internal::PingResponse response;
+        grpc::Status status = target.second->Ping(&context, request, &response);
+        absl::MutexLock lock(&mu_);
+        Slot& slot = slots_[target.first];
+        if (slot.stub != target.second || !slot.alive) return;
+        if (status.ok()) {
+          slot.last_seen = absl::Now();
+          slot.memory_bytes = response.memory_bytes();
+          slot.peak_memory_bytes = response.peak_memory_bytes();
+          if (!response.device().empty()) slot.device = response.device();
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    std::vector<std::pair<int, std::string>> dead;
+    {
+      absl::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      for (int r = 0; r < static_cast<int>(slots_.size()); ++r) {
+        if (slots_[r].alive && now - slots_[r].last_seen > options_.dead_after) {
+          dead.emplace_back(r, absl::StrCat("no answer to pings for ",
+                                            absl::FormatDuration(now - slots_[r].last_seen)));
+        }
+      }
+    }
+    for (const auto& d : dead) MarkDead(d.first, d.second);
+  }
+}
+
+void WorkerPool::SetupLoop() {
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stopping_) return true;
+    if (!need_setup_) return false;
+    for (const Slot& slot : slots_) {
+      if (!slot.alive) return false;
+    }
+    return true;
+  };
+  while (true) {
+    int64_t generation;
+    WorkerSet set;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(&ready));
+      if (stopping_) return;
+      need_setup_ = false;
+      generation = ++generation_;
+      set.generation = generation;
+      for (const Slot& slot : slots_) set.stubs.push_back(slot.stub);
+      message_ = absl::StrCat("setting up generation ", generation);
+      in_setup_ = true;
+    }
+    absl::Status status = RunSetup(generation, set);
+    absl::MutexLock lock(&mu_);
+    in_setup_ = false;
+    if (generation_ != generation || need_setup_) continue;  // membership changed meanwhile
+    if (status.ok()) {
+      SetServingLocked(true, "");
+    } else {
+      message_ = absl::StrCat("setup of generation ", generation, " failed: ", status.message());
+      need_setup_ = true;  // retried after a pause (a dead worker is found by the pings)
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Seconds(1));
+    }
+  }
+}
+
+absl::Status WorkerPool::RunSetup(int64_t generation, const WorkerSet& set) {
+  std::vector<absl::Status> results(set.size());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < set.size(); ++r) {
+    threads.emplace_back([&, r] {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + options_.setup_timeout));
+      internal::SetupRequest request;
+      request.set_generation(generation);
+      request.set_rank(r);
+      request.set_world_size(set.size());
+      request.set_store_prefix(absl::StrCat("g", generation, "/"));
+      request.set_collective_timeout_ms(absl::ToInt64Milliseconds(options_.collective_timeout));
+      internal::SetupResponse response;
+      results[r] = FromGrpcStatus(set.stubs[r]->Setup(&context, request, &response));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < set.size(); ++r) {
+    if (!results[r].ok()) {
+      return absl::Status(results[r].code(),
+                          absl::StrCat("worker ", r, " Setup: ", results[r].message()));
+    }
+  }
+  // Layers are re-created while still not serving (in_setup_): steps cannot slip in.
+  if (on_setup_) {
+    absl::Status status = on_setup_(set);
+    if (!status.ok()) return status;
+  }
+  return absl::OkStatus();
+}
+
+std::vector<v1::WorkerStatus> WorkerPool::WorkerStatuses() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::WorkerStatus> out;
+  const absl::Time now = absl::Now();
+  for (int r = 0; r < static_cast<int>(slots_.size()); ++r) {
+    const Slot& slot = slots_[r];
+    v1::WorkerStatus status;
+    status.set_rank(r);
+    status.set_address(slot.address);
+    status.set_device(slot.device);
+    status.set_alive(slot.alive);
+    status.set_memory_bytes(slot.memory_bytes);
+    status.set_peak_memory_bytes(slot.peak_memory_bytes);
+    status.set_last_seen_ms_ago(slot.filled ? absl::ToInt64Milliseconds(now - slot.last_seen)
+                                            : -1);
+    status.set_error(slot.filled ? slot.error : "not joined yet");
+    status.set_pid(slot.pid);
+    out.push_back(status);
+  }
+  return out;
+}
+
+}  // namespace moe

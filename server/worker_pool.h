@@ -1,0 +1,137 @@
+// The front end's view of its workers: membership (Join, ranks, generations), liveness
+// (a ping loop), the Setup of each generation, and fan-out of calls to every worker.
+//
+// Life of a generation: every rank slot filled by a live worker -> the setup thread bumps the
+// generation, calls Worker.Setup on all workers in parallel (they rendezvous through the
+// store under "g<generation>/"), runs the on_setup hook (the service re-creates its layers),
+// then the pool is serving. A worker that misses pings for dead_after, whose process exited,
+// or whose call failed and who then fails a quick ping, is dead: serving stops, every
+// in-flight call is cancelled (callers see UNAVAILABLE), and the pool waits for a worker to
+// join that rank again; then a new generation starts.
+//
+//   WorkerPool pool(options, store);
+//   pool.set_on_setup([&](const WorkerSet& set) { return RecreateLayers(set); });
+//   pool.Start();
+//   ASSIGN_OR_RETURN(WorkerSet set, pool.Serving());
+//   RETURN_IF_ERROR(pool.ForEachWorker(set, deadline, [&](int rank, Stub* stub,
+//                                                         grpc::ClientContext* ctx) { ... }));
+#ifndef MOED_SERVER_WORKER_POOL_H_
+#define MOED_SERVER_WORKER_POOL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/moe.pb.h"
+#include "proto/worker.grpc.pb.h"
+
+namespace moe {
+
+struct WorkerPoolOptions {
+  int world_size = 1;
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration ping_timeout = absl::Seconds(1);
+  absl::Duration dead_after = absl::Seconds(3);  // no answer for this long = dead
+  absl::Duration setup_timeout = absl::Seconds(60);
+  absl::Duration collective_timeout = absl::Seconds(30);  // passed to the workers
+};
+
+// The workers of one generation, by rank.
+struct WorkerSet {
+  int64_t generation = 0;
+  std::vector<std::shared_ptr<internal::Worker::Stub>> stubs;
+  int size() const { return static_cast<int>(stubs.size()); }
+};
+
+class WorkerPool {
+ public:
+  using WorkerFn =
+      std::function<absl::Status(int rank, internal::Worker::Stub* stub, grpc::ClientContext*)>;
+
+  explicit WorkerPool(WorkerPoolOptions options);
+  ~WorkerPool();  // stops the threads
+
+  // Called on the setup thread after every worker's Setup succeeded, before serving.
+  void set_on_setup(std::function<absl::Status(const WorkerSet&)> fn) { on_setup_ = fn; }
+  // Called with the new state whenever serving changes (health status).
+  void set_on_serving_changed(std::function<void(bool)> fn) { on_serving_changed_ = fn; }
+  void Start();
+
+  // Coordinator.Join: assigns a rank (see worker.proto JoinRequest).
+  absl::StatusOr<internal::JoinResponse> Join(const internal::JoinRequest& request);
+
+  // The current generation's workers when serving; UNAVAILABLE saying why not otherwise.
+  absl::StatusOr<WorkerSet> Serving() const;
+  bool serving() const;
+  int world_size() const { return options_.world_size; }
+
+  // Calls fn for every rank in parallel, each with a context whose deadline is `deadline`.
+  // Returns OK when all succeed. Otherwise: UNAVAILABLE naming the worker when a worker of
+  // `set` died or the generation changed meanwhile; else the most telling worker error
+  // (a non-transport code before UNAVAILABLE/DEADLINE_EXCEEDED/CANCELLED), prefixed by
+  // its rank. With `collective`, a failure that may have left ranks out of step (partial
+  // success, or a transport error) also restarts the generation (communicators rebuilt).
+  absl::Status ForEachWorker(const WorkerSet& set, absl::Time deadline, const WorkerFn& fn,
+                             bool collective);
+
+  // Marks `rank` dead (a process exit seen by the embedded launcher, a failed ping).
+  void MarkDead(int rank, const std::string& why);
+  // Forces a new generation with the same workers (communicators rebuilt, layers re-created).
+  void Restart(const std::string& why);
+
+  std::vector<v1::WorkerStatus> WorkerStatuses() const;
+  int64_t generation() const;
+  std::string message() const;  // why not serving (empty when serving)
+
+ private:
+  struct Slot {
+    bool filled = false;  // a worker joined this rank at some point
+    bool alive = false;
+    std::string address;
+    std::string device;
+    int64_t pid = 0;
+    std::shared_ptr<internal::Worker::Stub> stub;
+    absl::Time last_seen;
+    std::string error;
+    int64_t memory_bytes = 0;
+    int64_t peak_memory_bytes = 0;
+  };
+
+  void HeartbeatLoop();
+  void SetupLoop();
+  absl::Status RunSetup(int64_t generation, const WorkerSet& set);
+  void SetServingLocked(bool serving, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CancelInFlightLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A quick ping of one address; OK if it answered.
+  absl::Status QuickPing(internal::Worker::Stub* stub, absl::Duration timeout) const;
+
+  const WorkerPoolOptions options_;
+  std::function<absl::Status(const WorkerSet&)> on_setup_;
+  std::function<void(bool)> on_serving_changed_;
+
+  mutable absl::Mutex mu_;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool serving_ ABSL_GUARDED_BY(mu_) = false;
+  bool need_setup_ ABSL_GUARDED_BY(mu_) = true;
+  bool in_setup_ ABSL_GUARDED_BY(mu_) = false;  // on_setup_ may fan out while set up
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string message_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+  std::thread heartbeat_thread_;
+  std::thread setup_thread_;
+};
+
+}  // namespace moe
+
+#endif  // MOED_SERVER_WORKER_POOL_H_

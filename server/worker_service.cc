@@ -1,0 +1,378 @@
+#include "server/worker_service.h"
+
+#include <unistd.h>
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/checkpoint.h"
+#include "engine/status_macros.h"
+#include "server/chunking.h"
+#include "server/proto_convert.h"
+#include "server/status_convert.h"
+
+namespace moe {
+namespace {
+
+grpc::Status Grpc(const absl::Status& s) { return ToGrpcStatus(s); }
+
+}  // namespace
+
+WorkerService::LayerSlot::~LayerSlot() {
+  // The layer uses the backend and communicator: destroy it (and its steps) first.
+  absl::MutexLock lock(&mu);
+  steps.clear();
+  layer.reset();
+}
+
+WorkerService::WorkerService(std::string device, std::shared_ptr<KeyValueStore> store)
+    : device_(std::move(device)), store_(std::move(store)) {}
+
+WorkerService::~WorkerService() = default;
+
+absl::Time WorkerService::last_ping() const {
+  absl::MutexLock lock(&mu_);
+  return last_ping_;
+}
+
+int64_t WorkerService::generation() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+absl::StatusOr<std::shared_ptr<WorkerService::LayerSlot>> WorkerService::FindSlot(
+    int64_t generation, uint64_t layer_id) {
+  absl::MutexLock lock(&mu_);
+  if (generation != generation_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker is in generation ", generation_, ", call is for generation ", generation));
+  }
+  auto it = layers_.find(layer_id);
+  if (it == layers_.end()) {
+    return absl::NotFoundError(absl::StrCat("worker has no layer id ", layer_id));
+  }
+  return it->second;
+}
+
+void WorkerService::UpdateMemory(LayerSlot* slot) {
+  if (slot->device.backend == nullptr) return;
+  slot->memory_bytes = static_cast<int64_t>(slot->device.backend->allocated_bytes());
+  slot->peak_bytes = static_cast<int64_t>(slot->device.backend->peak_allocated_bytes());
+}
+
+grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupRequest* request,
+                                  internal::SetupResponse* response) {
+  absl::MutexLock setup_lock(&setup_mu_);
+  std::map<uint64_t, std::shared_ptr<LayerSlot>> old_layers;
+  std::shared_ptr<WorkerDevice> old_world;
+  CommOptions options;
+  options.timeout = absl::Milliseconds(std::max<int64_t>(1, request->collective_timeout_ms()));
+  {
+    absl::MutexLock lock(&mu_);
+    old_layers.swap(layers_);
+    old_world = std::move(world_);
+    generation_ = request->generation();
+    rank_ = request->rank();
+    world_size_ = request->world_size();
+    store_prefix_ = request->store_prefix();
+    comm_options_ = options;
+  }
+  // Dropped outside mu_: a slot in use by a stuck step is freed when that step returns.
+  old_layers.clear();
+  old_world.reset();
+
+  absl::StatusOr<WorkerDevice> world =
+      MakeWorkerDevice(device_, store_, absl::StrCat(request->store_prefix(), "world"),
+                       request->rank(), request->world_size(), options);
+  if (!world.ok()) return Grpc(world.status());
+  absl::Status barrier = world->comm->Barrier();
+  if (!barrier.ok()) return Grpc(barrier);
+  {
+    absl::MutexLock lock(&mu_);
+    if (generation_ == request->generation()) {
+      world_ = std::make_shared<WorkerDevice>(std::move(*world));
+    }
+  }
+  response->set_device(device_);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
+                                        const internal::WorkerCreateLayerRequest* request,
+                                        internal::WorkerCreateLayerResponse* response) {
+  absl::StatusOr<LayerConfig> config = ConfigFromProto(request->config());
+  if (!config.ok()) return Grpc(config.status());
+  std::string prefix;
+  int rank, size;
+  CommOptions options;
+  auto slot = std::make_shared<LayerSlot>();
+  slot->name = request->name();
+  {
+    absl::MutexLock lock(&mu_);
+    if (request->generation() != generation_) {
+      return Grpc(absl::FailedPreconditionError("CreateLayer for another generation"));
+    }
+    if (layers_.count(request->layer_id()) != 0) {
+      return Grpc(absl::AlreadyExistsError(absl::StrCat("layer id ", request->layer_id())));
+    }
+    prefix = absl::StrCat(store_prefix_, "layer/", request->layer_id(), "/");
+    rank = rank_;
+    size = world_size_;
+    options = comm_options_;
+  }
+  absl::MutexLock slot_lock(&slot->mu);
+  absl::StatusOr<WorkerDevice> device = MakeWorkerDevice(device_, store_, prefix, rank, size,
+                                                         options);
+  if (!device.ok()) return Grpc(device.status());
+  slot->device = std::move(*device);
+  absl::StatusOr<std::unique_ptr<MoeLayer>> layer =
+      MoeLayer::Create(*config, slot->device.backend.get(), slot->device.comm.get());
+  if (!layer.ok()) return Grpc(layer.status());
+  slot->layer = std::move(*layer);
+  UpdateMemory(slot.get());
+  response->set_first_expert(slot->layer->first_expert());
+  response->set_local_experts(slot->layer->local_experts());
+  absl::MutexLock lock(&mu_);
+  if (request->generation() != generation_) {
+    return Grpc(absl::FailedPreconditionError("generation changed during CreateLayer"));
+  }
+  layers_[request->layer_id()] = slot;
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::DeleteLayer(grpc::ServerContext*,
+                                        const internal::WorkerLayerRequest* request,
+                                        internal::WorkerEmpty*) {
+  std::shared_ptr<LayerSlot> slot;
+  {
+    absl::MutexLock lock(&mu_);
+    if (request->generation() != generation_) {
+      return Grpc(absl::FailedPreconditionError("DeleteLayer for another generation"));
+    }
+    auto it = layers_.find(request->layer_id());
+    if (it == layers_.end()) return grpc::Status::OK;  // idempotent
+    slot = std::move(it->second);
+    layers_.erase(it);
+  }
+  return grpc::Status::OK;  // freed when the last in-flight call drops `slot`
+}
+
+grpc::Status WorkerService::Forward(grpc::ServerContext*,
+                                    const internal::WorkerForwardRequest* request,
+                                    internal::WorkerForwardResponse* response) {
+  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
+      FindSlot(request->generation(), request->layer_id());
+  if (!slot.ok()) return Grpc(slot.status());
+  absl::StatusOr<Tensor> x = TensorFromProto("x", request->x());
+  if (!x.ok()) return Grpc(x.status());
+  LayerSlot* s = slot->get();
+  absl::MutexLock lock(&s->mu);
+  std::unique_ptr<StepContext> saved;
+  const bool keep = request->step_id() != 0;
+  absl::StatusOr<ForwardResult> result = s->layer->Forward(*x, keep ? &saved : nullptr);
+  UpdateMemory(s);
+  if (!result.ok()) return Grpc(result.status());
+  TensorToProto(result->out, response->mutable_out());
+  response->set_aux_loss(result->aux_loss);
+  response->set_z_loss(result->z_loss);
+  for (int64_t c : result->tokens_per_expert) response->add_tokens_per_expert(c);
+  if (keep && saved != nullptr) {
+    response->set_saved_bytes(static_cast<int64_t>(saved->bytes()));
+    s->steps[request->step_id()] = std::move(saved);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Backward(grpc::ServerContext*,
+                                     const internal::WorkerBackwardRequest* request,
+                                     internal::WorkerBackwardResponse* response) {
+  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
+      FindSlot(request->generation(), request->layer_id());
+  if (!slot.ok()) return Grpc(slot.status());
+  absl::StatusOr<Tensor> d_out = TensorFromProto("d_out", request->d_out());
+  if (!d_out.ok()) return Grpc(d_out.status());
+  LayerSlot* s = slot->get();
+  absl::MutexLock lock(&s->mu);
+  auto it = s->steps.find(request->step_id());
+  if (it == s->steps.end()) {
+    return Grpc(absl::FailedPreconditionError(
+        absl::StrCat("step_id ", request->step_id(), " is not held by this worker")));
+  }
+  // One backward per step: the context is freed whatever the outcome.
+  std::unique_ptr<StepContext> saved = std::move(it->second);
+  s->steps.erase(it);
+  absl::StatusOr<Tensor> d_x =
+      s->layer->Backward(*saved, *d_out, request->d_aux(), request->d_z_loss());
+  saved.reset();
+  UpdateMemory(s);
+  if (!d_x.ok()) return Grpc(d_x.status());
+  TensorToProto(*d_x, response->mutable_d_x());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::ReleaseStep(grpc::ServerContext*,
+                                        const internal::WorkerReleaseStepRequest* request,
+                                        internal::WorkerEmpty*) {
+  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
+      FindSlot(request->generation(), request->layer_id());
+  if (!slot.ok()) return Grpc(slot.status());
+  absl::MutexLock lock(&(*slot)->mu);
+  (*slot)->steps.erase(request->step_id());
+  UpdateMemory(slot->get());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::GetTensors(grpc::ServerContext*,
+                                       const internal::WorkerGetTensorsRequest* request,
+                                       grpc::ServerWriter<v1::TensorChunk>* writer) {
+  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
+      FindSlot(request->generation(), request->layer_id());
+  if (!slot.ok()) return Grpc(slot.status());
+  LayerSlot* s = slot->get();
+  absl::MutexLock lock(&s->mu);
+  for (const std::string& name : request->names()) {
+    absl::StatusOr<Tensor> t = request->kind() == internal::TENSOR_KIND_GRADIENT
+                                   ? s->layer->GetGradient(name)
+                                   : s->layer->GetParameter(name);
+    if (!t.ok()) return Grpc(t.status());
+    absl::Status status =
+        ChunkTensor(name, *t, request->max_chunk_bytes(), [&](const v1::TensorChunk& chunk) {
+          return writer->Write(chunk) ? absl::OkStatus()
+                                      : absl::CancelledError("front end stopped reading");
+        });
+    if (!status.ok()) return Grpc(status);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::SetTensors(grpc::ServerContext*,
+                                       grpc::ServerReader<internal::WorkerSetTensorsRequest>* reader,
+                                       internal::WorkerEmpty*) {
+  internal::WorkerSetTensorsRequest request;
+  std::shared_ptr<LayerSlot> slot;
+  std::unique_ptr<ChunkAssembler> assembler;
+  while (reader->Read(&request)) {
+    if (slot == nullptr) {
+      absl::StatusOr<std::shared_ptr<LayerSlot>> found =
+          FindSlot(request.generation(), request.layer_id());
+      if (!found.ok()) return Grpc(found.status());
+      slot = *found;
+      // Expected shard shapes: the layer's current parameters.
+      std::map<std::string, ExpectedTensor> expected;
+      absl::MutexLock lock(&slot->mu);
+      for (const std::string& name : slot->layer->ParameterNames()) {
+        absl::StatusOr<Tensor> t = slot->layer->GetParameter(name);
+        if (!t.ok()) return Grpc(t.status());
+        expected[name] = ExpectedTensor{t->dtype(), t->shape()};
+      }
+      assembler = std::make_unique<ChunkAssembler>(std::move(expected));
+    }
+    absl::Status status = assembler->Add(request.chunk());
+    if (!status.ok()) return Grpc(status);
+  }
+  if (slot == nullptr) return grpc::Status::OK;
+  absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> tensors = assembler->Finish();
+  if (!tensors.ok()) return Grpc(tensors.status());
+  absl::MutexLock lock(&slot->mu);
+  for (const auto& named : *tensors) {
+    absl::Status status = slot->layer->SetParameter(named.first, named.second);
+    if (!status.ok()) return Grpc(status);
+  }
+  UpdateMemory(slot.get());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::ZeroGradients(grpc::ServerContext*,
+                                          const internal::WorkerLayerRequest* request,
+                                          internal::WorkerEmpty*) {
+  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
+      FindSlot(request->generation(), request->layer_id());
+  if (!slot.ok()) return Grpc(slot.status());
+  absl::MutexLock lock(&(*slot)->mu);
+  return Grpc((*slot)->layer->ZeroGradients());
+}
+
+grpc::Status WorkerService::ApplyOptimizer(grpc::ServerContext*,
+                                           const internal::WorkerOptimizerRequest* request,
+                                           internal::WorkerEmpty*) {
+  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
+      FindSlot(request->generation(), request->layer_id());
+  if (!slot.ok()) return Grpc(slot.status());
+  absl::StatusOr<OptimizerConfig> optimizer =
+      OptimizerFromProto(request->has_sgd() ? &request->sgd() : nullptr,
+                         request->has_adamw() ? &request->adamw() : nullptr);
+  if (!optimizer.ok()) return Grpc(optimizer.status());
+  absl::MutexLock lock(&(*slot)->mu);
+  absl::Status status = (*slot)->layer->ApplyOptimizer(*optimizer);
+  UpdateMemory(slot->get());
+  return Grpc(status);
+}
+
+grpc::Status WorkerService::UpdateExpertBias(grpc::ServerContext*,
+                                             const internal::WorkerExpertBiasRequest* request,
+                                             internal::WorkerExpertBiasResponse* response) {
+  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
+      FindSlot(request->generation(), request->layer_id());
+  if (!slot.ok()) return Grpc(slot.status());
+  absl::MutexLock lock(&(*slot)->mu);
+  absl::Status status = (*slot)->layer->UpdateExpertBias(request->rate());
+  if (!status.ok()) return Grpc(status);
+  absl::StatusOr<Tensor> bias = (*slot)->layer->GetParameter("expert_bias");
+  if (!bias.ok()) return Grpc(bias.status());
+  for (int64_t i = 0; i < bias->num_elements(); ++i) {
+    response->add_expert_bias(bias->data<float>()[i]);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::SaveCheckpoint(grpc::ServerContext*,
+                                           const internal::WorkerCheckpointRequest* request,
+                                           internal::WorkerEmpty*) {
+  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
+      FindSlot(request->generation(), request->layer_id());
+  if (!slot.ok()) return Grpc(slot.status());
+  absl::MutexLock lock(&(*slot)->mu);
+  return Grpc(moe::SaveCheckpoint(*(*slot)->layer, request->directory()));
+}
+
+grpc::Status WorkerService::LoadCheckpoint(grpc::ServerContext*,
+                                           const internal::WorkerCheckpointRequest* request,
+                                           internal::WorkerEmpty*) {
+  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
+      FindSlot(request->generation(), request->layer_id());
+  if (!slot.ok()) return Grpc(slot.status());
+  absl::MutexLock lock(&(*slot)->mu);
+  (*slot)->steps.clear();
+  absl::Status status = moe::LoadCheckpoint((*slot)->layer.get(), request->directory());
+  if (status.ok()) status = (*slot)->layer->ZeroGradients();
+  UpdateMemory(slot->get());
+  return Grpc(status);
+}
+
+grpc::Status WorkerService::Ping(grpc::ServerContext*, const internal::PingRequest*,
+                                 internal::PingResponse* response) {
+  absl::MutexLock lock(&mu_);
+  last_ping_ = absl::Now();
+  response->set_rank(rank_);
+  response->set_generation(generation_);
+  response->set_device(device_);
+  int64_t memory = 0, peak = 0;
+  for (const auto& kv : layers_) {
+    memory += kv.second->memory_bytes;
+    peak += kv.second->peak_bytes;
+  }
+  response->set_memory_bytes(memory);
+  response->set_peak_memory_bytes(peak);
+  response->set_layers(static_cast<int32_t>(layers_.size()));
+  response->set_pid(getpid());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Shutdown(grpc::ServerContext*, const internal::WorkerEmpty*,
+                                     internal::WorkerEmpty*) {
+  if (!shutdown_.HasBeenNotified()) shutdown_.Notify();
+  return grpc::Status::OK;
+}
+
+}  // namespace moe

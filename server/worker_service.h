@@ -1,0 +1,116 @@
+// moe-worker's gRPC service (moe.internal.Worker, proto/worker.proto): this process's shard of
+// every layer, the saved steps awaiting backward, and the per-layer communicators.
+//
+// Threading. gRPC runs each call on its own thread. Each layer lives in a LayerSlot with its
+// own mutex, backend and communicator (server/device.h), so calls on one layer run one at a
+// time while different layers run concurrently. The front end issues a layer's collective
+// calls (CreateLayer, Forward, Backward) in the same order to every worker and waits for all
+// of them before the next, so every rank enters the same collectives in the same order.
+// Ping and Setup never wait for a layer: a step stuck in a collective (a dead peer) cannot
+// block health checks, and Setup drops the slots (an in-flight call keeps its slot alive
+// through a shared_ptr until its collective times out or fails).
+//
+//   WorkerService service("cpu", store, /*rank_hint=*/-1);
+//   builder.RegisterService(&service);
+//   ...; service.WaitForShutdownRequest();
+#ifndef MOED_SERVER_WORKER_SERVICE_H_
+#define MOED_SERVER_WORKER_SERVICE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "engine/comm/kv_store.h"
+#include "engine/moe_layer.h"
+#include "proto/worker.grpc.pb.h"
+#include "server/device.h"
+
+namespace moe {
+
+class WorkerService final : public internal::Worker::Service {
+ public:
+  WorkerService(std::string device, std::shared_ptr<KeyValueStore> store);
+  ~WorkerService() override;
+
+  // Blocks until a Shutdown call arrived.
+  void WaitForShutdownRequest() { shutdown_.WaitForNotification(); }
+  bool HasShutdownRequest() const { return shutdown_.HasBeenNotified(); }
+  // Time of the last Ping from the front end (for the orphan watchdog).
+  absl::Time last_ping() const;
+  int64_t generation() const;
+
+  grpc::Status Setup(grpc::ServerContext*, const internal::SetupRequest*,
+                     internal::SetupResponse*) override;
+  grpc::Status CreateLayer(grpc::ServerContext*, const internal::WorkerCreateLayerRequest*,
+                           internal::WorkerCreateLayerResponse*) override;
+  grpc::Status DeleteLayer(grpc::ServerContext*, const internal::WorkerLayerRequest*,
+                           internal::WorkerEmpty*) override;
+  grpc::Status Forward(grpc::ServerContext*, const internal::WorkerForwardRequest*,
+                       internal::WorkerForwardResponse*) override;
+  grpc::Status Backward(grpc::ServerContext*, const internal::WorkerBackwardRequest*,
+                        internal::WorkerBackwardResponse*) override;
+  grpc::Status ReleaseStep(grpc::ServerContext*, const internal::WorkerReleaseStepRequest*,
+                           internal::WorkerEmpty*) override;
+  grpc::Status GetTensors(grpc::ServerContext*, const internal::WorkerGetTensorsRequest*,
+                          grpc::ServerWriter<v1::TensorChunk>*) override;
+  grpc::Status SetTensors(grpc::ServerContext*,
+                          grpc::ServerReader<internal::WorkerSetTensorsRequest>*,
+                          internal::WorkerEmpty*) override;
+  grpc::Status ZeroGradients(grpc::ServerContext*, const internal::WorkerLayerRequest*,
+                             internal::WorkerEmpty*) override;
+  grpc::Status ApplyOptimizer(grpc::ServerContext*, const internal::WorkerOptimizerRequest*,
+                              internal::WorkerEmpty*) override;
+  grpc::Status UpdateExpertBias(grpc::ServerContext*, const internal::WorkerExpertBiasRequest*,
+                                internal::WorkerExpertBiasResponse*) override;
+  grpc::Status SaveCheckpoint(grpc::ServerContext*, const internal::WorkerCheckpointRequest*,
+                              internal::WorkerEmpty*) override;
+  grpc::Status LoadCheckpoint(grpc::ServerContext*, const internal::WorkerCheckpointRequest*,
+                              internal::WorkerEmpty*) override;
+  grpc::Status Ping(grpc::ServerContext*, const internal::PingRequest*,
+                    internal::PingResponse*) override;
+  grpc::Status Shutdown(grpc::ServerContext*, const internal::WorkerEmpty*,
+                        internal::WorkerEmpty*) override;
+
+ private:
+  struct LayerSlot {
+    std::string name;
+    absl::Mutex mu;  // serialises every call on this layer
+    WorkerDevice device ABSL_GUARDED_BY(mu);
+    std::unique_ptr<MoeLayer> layer ABSL_GUARDED_BY(mu);
+    std::map<uint64_t, std::unique_ptr<StepContext>> steps ABSL_GUARDED_BY(mu);
+    std::atomic<int64_t> memory_bytes{0};  // backend bytes after the last call (telemetry)
+    std::atomic<int64_t> peak_bytes{0};
+    ~LayerSlot();
+  };
+
+  // The slot of `layer_id` in `generation`: FAILED_PRECONDITION for another generation,
+  // NOT_FOUND for an unknown layer.
+  absl::StatusOr<std::shared_ptr<LayerSlot>> FindSlot(int64_t generation, uint64_t layer_id);
+  static void UpdateMemory(LayerSlot* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot->mu);
+
+  const std::string device_;
+  const std::shared_ptr<KeyValueStore> store_;
+  absl::Notification shutdown_;
+
+  mutable absl::Mutex mu_;  // guards the membership state and the layer map below
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = -1;
+  int rank_ ABSL_GUARDED_BY(mu_) = -1;
+  int world_size_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string store_prefix_ ABSL_GUARDED_BY(mu_);
+  CommOptions comm_options_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<WorkerDevice> world_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::shared_ptr<LayerSlot>> layers_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_ping_ ABSL_GUARDED_BY(mu_) = absl::Now();
+  absl::Mutex setup_mu_;  // one Setup at a time (rendezvous is slow; Ping must not wait)
+};
+
+}  // namespace moe
+
+#endif  // MOED_SERVER_WORKER_SERVICE_H_
