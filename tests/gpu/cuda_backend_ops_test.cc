@@ -1,0 +1,365 @@
+// Every CUDA backend operation against the CPU backend on identical inputs (GPU machine only;
+// tagged manual). Index outputs must match exactly, float outputs within fp32 rounding (or one
+// bf16 ulp where the result is stored as bf16).
+#include <algorithm>
+#include <numeric>
+
+#include "gtest/gtest.h"
+#include "tests/gpu/backend_pair.h"
+
+namespace moe {
+namespace gpu_test {
+namespace {
+
+#define REQUIRE_GPU(bp) \
+  if (!(bp).ok()) GTEST_SKIP() << "no GPU: " << (bp).error()
+
+// Runs `fn(backend, on_gpu)` on both backends and checks both statuses.
+template <typename Fn>
+void Both(BackendPair& bp, const Fn& fn) {
+  absl::Status c = fn(bp.cpu(), false);
+  ASSERT_TRUE(c.ok()) << "cpu: " << c;
+  absl::Status g = fn(bp.gpu(), true);
+  ASSERT_TRUE(g.ok()) << "gpu: " << g;
+}
+template <typename T = void>
+T* P(const Mirrored& m, bool gpu) {
+  return static_cast<T*>(gpu ? m.gpu.data() : m.cpu.data());
+}
+
+struct GemmCase {
+  bool ta, tb;
+  int64_t m, n, k;
+  DType ab, c;
+  float beta;
+};
+
+TEST(CudaOps, GemmMatchesCpu) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  const GemmCase cases[] = {
+      {false, false, 37, 53, 29, DType::kFloat32, DType::kFloat32, 0.f},
+      {true, false, 64, 48, 100, DType::kFloat32, DType::kFloat32, 1.f},
+      {false, true, 130, 70, 64, DType::kFloat32, DType::kFloat32, 0.5f},
+      {true, true, 16, 24, 8, DType::kFloat32, DType::kFloat32, 0.f},
+      {false, false, 256, 512, 128, DType::kBFloat16, DType::kBFloat16, 0.f},
+      {false, true, 200, 96, 256, DType::kBFloat16, DType::kBFloat16, 0.f},
+      {true, false, 128, 256, 300, DType::kBFloat16, DType::kFloat32, 1.f},
+      {false, false, 8, 8, 0, DType::kFloat32, DType::kFloat32, 0.5f},
+  };
+  uint64_t seed = 1;
+  for (const GemmCase& gc : cases) {
+    const int64_t ar = gc.ta ? gc.k : gc.m, ac = gc.ta ? gc.m : gc.k;
+    const int64_t br = gc.tb ? gc.n : gc.k, bc = gc.tb ? gc.k : gc.n;
+    const int64_t lda = ac + 3 * (gc.ab == DType::kFloat32), ldb = bc, ldc = gc.n;
+    std::vector<float> a = RandomFloats(ar * lda, seed++), b = RandomFloats(br * ldb, seed++);
+    std::vector<float> c0 = RandomFloats(gc.m * ldc, seed++);
+    const bool bf = gc.ab == DType::kBFloat16;
+    Mirrored A = bf ? bp.Upload(FloatsToBf16(a)) : bp.Upload(a);
+    Mirrored B = bf ? bp.Upload(FloatsToBf16(b)) : bp.Upload(b);
+    Mirrored C = gc.c == DType::kBFloat16 ? bp.Upload(FloatsToBf16(c0)) : bp.Upload(c0);
+    Both(bp, [&](Backend* be, bool g) {
+      GemmArgs args;
+      args.trans_a = gc.ta, args.trans_b = gc.tb, args.m = gc.m, args.n = gc.n, args.k = gc.k;
+      args.a = P(A, g), args.lda = lda, args.b = P(B, g), args.ldb = ldb;
+      args.c = P(C, g), args.ldc = ldc, args.ab_type = gc.ab, args.c_type = gc.c;
+      args.beta = gc.beta;
+      return be->Gemm(args);
+    });
+    Results<float> r = gc.c == DType::kBFloat16 ? bp.DownloadBf16(C, gc.m * ldc)
+                                                : bp.Download<float>(C, gc.m * ldc);
+    const double tol = gc.c == DType::kBFloat16 ? 1e-2 : (bf ? 1e-4 : 1e-5);
+    EXPECT_LE(MaxRelError(r), tol) << "m=" << gc.m << " n=" << gc.n << " k=" << gc.k
+                                   << " ta=" << gc.ta << " tb=" << gc.tb;
+  }
+}
+
+TEST(CudaOps, GroupedGemmMatchesCpu) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  // 40 small experts (side streams) with some empty ones.
+  const int64_t H = 64, N = 96, experts = 40;
+  std::vector<int64_t> rows(experts);
+  for (int64_t e = 0; e < experts; ++e) rows[e] = (e * 7) % 23;
+  const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  Mirrored X = bp.Upload(FloatsToBf16(RandomFloats(total * H, 3)));
+  Mirrored W = bp.Upload(FloatsToBf16(RandomFloats(experts * H * N, 4)));
+  Mirrored Y = bp.Output(total * N * 2);
+  Both(bp, [&](Backend* be, bool g) {
+    std::vector<GemmArgs> gemms;
+    int64_t off = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      GemmArgs a;
+      a.m = rows[e], a.n = N, a.k = H;
+      a.a = P<char>(X, g) + off * H * 2, a.lda = H;
+      a.b = P<char>(W, g) + e * H * N * 2, a.ldb = N;
+      a.c = P<char>(Y, g) + off * N * 2, a.ldc = N;
+      a.ab_type = a.c_type = DType::kBFloat16;
+      gemms.push_back(a);
+      off += rows[e];
+    }
+    return be->GroupedGemm(gemms);
+  });
+  EXPECT_LE(MaxRelError(bp.DownloadBf16(Y, total * N)), 1e-2);
+}
+
+TEST(CudaOps, ConvertAddOptimizer) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  const int64_t n = 10007;
+  std::vector<float> x = RandomFloats(n, 5);
+  Mirrored X = bp.Upload(x), XB = bp.Output(n * 2), X2 = bp.Output(n * 4);
+  Both(bp, [&](Backend* be, bool g) {
+    absl::Status s = be->Convert(P(X, g), DType::kFloat32, P(XB, g), DType::kBFloat16, n);
+    if (!s.ok()) return s;
+    return be->Convert(P(XB, g), DType::kBFloat16, P(X2, g), DType::kFloat32, n);
+  });
+  Results<uint16_t> xb = bp.Download<uint16_t>(XB, n);
+  EXPECT_EQ(xb.cpu, xb.gpu) << "bf16 rounding differs";
+  EXPECT_EQ(MaxRelError(bp.Download<float>(X2, n)), 0.0);
+
+  Mirrored D = bp.Upload(RandomFloats(n, 6));
+  Both(bp, [&](Backend* be, bool g) { return be->AddInPlace(P<float>(D, g), P<float>(X, g), n); });
+  EXPECT_EQ(MaxRelError(bp.Download<float>(D, n)), 0.0);
+
+  for (int variant = 0; variant < 3; ++variant) {
+    Backend::OptimizerArgs args;
+    args.adamw = variant == 2;
+    args.lr = 0.01, args.momentum = variant == 1 ? 0.9 : 0.0, args.weight_decay = 0.1;
+    args.step = 3;
+    Mirrored Pm = bp.Upload(RandomFloats(n, 7)), G = bp.Upload(RandomFloats(n, 8));
+    Mirrored M = bp.Upload(RandomFloats(n, 9, 0.1f)), V = bp.Upload(RandomFloats(n, 10, 0.0f));
+    Both(bp, [&](Backend* be, bool g) {
+      return be->OptimizerStep(args, P<float>(Pm, g), P<float>(G, g),
+                               variant == 0 ? nullptr : P<float>(M, g),
+                               args.adamw ? P<float>(V, g) : nullptr, n);
+    });
+    EXPECT_LE(MaxRelError(bp.Download<float>(Pm, n)), 1e-6) << "variant " << variant;
+    if (variant > 0) EXPECT_LE(MaxRelError(bp.Download<float>(M, n)), 1e-6);
+    if (variant == 2) EXPECT_LE(MaxRelError(bp.Download<float>(V, n)), 1e-6);
+  }
+}
+
+struct RouterCase {
+  const char* name;
+  ScoreFunction score;
+  bool pre;
+  int64_t T, E, k, groups, group_topk;
+  double scaling;
+  bool bias;
+};
+
+TEST(CudaOps, RouterMatchesCpu) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  const RouterCase cases[] = {
+      {"softmax_post", ScoreFunction::kSoftmax, false, 128, 32, 4, 0, 0, 1.0, false},
+      {"softmax_pre", ScoreFunction::kSoftmax, true, 2048, 32, 4, 0, 0, 1.2, false},
+      {"softmax_grouped", ScoreFunction::kSoftmax, false, 2048, 128, 8, 8, 4, 1.0, false},
+      {"sigmoid_bias_grouped", ScoreFunction::kSigmoid, false, 7168, 128, 4, 8, 4, 1.2, true},
+      {"sigmoid_k8", ScoreFunction::kSigmoid, false, 7168, 32, 8, 0, 0, 1.0, false},
+      {"sigmoid_k1", ScoreFunction::kSigmoid, false, 100, 8, 1, 0, 0, 1.0, true},
+      {"dsv3", ScoreFunction::kSigmoid, false, 512, 256, 8, 8, 4, 2.5, true},
+      {"empty", ScoreFunction::kSoftmax, false, 0, 8, 2, 0, 0, 1.0, false},
+  };
+  uint64_t seed = 100;
+  for (const RouterCase& rc : cases) {
+    SCOPED_TRACE(rc.name);
+    LayerConfig c;
+    c.hidden = 16, c.ffn = 16, c.num_experts = rc.E, c.top_k = rc.k;
+    c.score_function = rc.score, c.pre_softmax = rc.pre, c.num_groups = rc.groups;
+    c.group_topk = rc.group_topk, c.scaling_factor = rc.scaling, c.use_expert_bias = rc.bias;
+    const int64_t T = rc.T, E = rc.E, K = rc.k;
+    Mirrored Z = bp.Upload(RandomFloats(T * E, seed++, 2.0f));
+    Mirrored Bias = bp.Upload(RandomFloats(E, seed++, 0.1f));
+    Mirrored TopE = bp.Output(T * K * 4), TopW = bp.Output(T * K * 4);
+    Mirrored S = bp.Output(T * E * 4), L = bp.Output(T * 4), Cnt = bp.Output(E * 4);
+    Mirrored Loss = bp.Output((E + 1) * 8);
+    Both(bp, [&](Backend* be, bool g) {
+      RouterForwardArgs a;
+      a.config = &c, a.tokens = T, a.logits = P<float>(Z, g);
+      a.expert_bias = rc.bias ? P<float>(Bias, g) : nullptr;
+      a.topk_expert = P<int32_t>(TopE, g), a.topk_weight = P<float>(TopW, g);
+      a.scores = P<float>(S, g), a.logsumexp = P<float>(L, g);
+      a.expert_counts = P<int32_t>(Cnt, g), a.loss_partials = P<double>(Loss, g);
+      return be->RouterForward(a);
+    });
+    Results<int32_t> top = bp.Download<int32_t>(TopE, T * K);
+    EXPECT_EQ(top.cpu, top.gpu) << "selected experts / slot order differ";
+    EXPECT_LE(MaxRelError(bp.Download<float>(TopW, T * K)), 1e-5);
+    EXPECT_LE(MaxRelError(bp.Download<float>(S, T * E)), 1e-5);
+    EXPECT_LE(MaxRelError(bp.Download<float>(L, T)), 1e-5);
+    Results<int32_t> cnt = bp.Download<int32_t>(Cnt, E);
+    EXPECT_EQ(cnt.cpu, cnt.gpu);
+    Results<double> loss = bp.Download<double>(Loss, E + 1);
+    for (int64_t e = 0; e <= E; ++e) {
+      EXPECT_NEAR(loss.gpu[e], loss.cpu[e], 1e-5 * std::max(1.0, std::fabs(loss.cpu[e])))
+          << "loss partial " << e;
+    }
+    // Backward with aux and z-loss terms.
+    Mirrored DW = bp.Upload(RandomFloats(T * K, seed++));
+    Mirrored Aux = bp.Upload(RandomFloats(E, seed++, 0.01f));
+    Mirrored DZ = bp.Output(T * E * 4);
+    Both(bp, [&](Backend* be, bool g) {
+      RouterBackwardArgs a;
+      a.config = &c, a.tokens = T, a.logits = P<float>(Z, g), a.scores = P<float>(S, g);
+      a.logsumexp = P<float>(L, g), a.topk_expert = P<int32_t>(TopE, g);
+      a.d_topk_weight = P<float>(DW, g), a.aux_grad = P<float>(Aux, g);
+      a.z_loss_grad_scale = 1e-3, a.d_logits = P<float>(DZ, g);
+      return be->RouterBackward(a);
+    });
+    EXPECT_LE(MaxRelError(bp.Download<float>(DZ, T * E)), 1e-4);
+  }
+}
+
+TEST(CudaOps, PlanPermuteGatherCombine) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  const int64_t T = 3000, K = 4, E = 16, W = 40;
+  std::mt19937_64 rng(11);
+  std::vector<int32_t> experts(T * K);
+  std::vector<float> weights(T * K);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<int32_t> perm(E);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    // Distinct experts per token, skewed toward low indices so that capacity drops some.
+    std::sort(perm.begin(), perm.begin() + K + 4);
+    for (int64_t j = 0; j < K; ++j) {
+      experts[t * K + j] = perm[j];
+      weights[t * K + j] = static_cast<float>(rng() % 8) / 8.0f;  // many ties
+    }
+  }
+  Mirrored Ex = bp.Upload(experts), Wt = bp.Upload(weights);
+  for (int64_t capacity : {int64_t{-1}, int64_t{700}, int64_t{0}}) {
+    SCOPED_TRACE(capacity);
+    Mirrored Kept = bp.Output(T * K), KC = bp.Output(E * 4);
+    Both(bp, [&](Backend* be, bool g) {
+      RoutePlanArgs a;
+      a.tokens = T, a.top_k = K, a.num_experts = E, a.capacity = capacity;
+      a.topk_expert = P<int32_t>(Ex, g), a.topk_weight = P<float>(Wt, g);
+      a.kept = P<uint8_t>(Kept, g), a.kept_counts = P<int32_t>(KC, g);
+      return be->RoutePlan(a);
+    });
+    Results<uint8_t> kept = bp.Download<uint8_t>(Kept, T * K);
+    ASSERT_EQ(kept.cpu, kept.gpu);
+    Results<int32_t> kc = bp.Download<int32_t>(KC, E);
+    ASSERT_EQ(kc.cpu, kc.gpu);
+    // Permute with align 8.
+    std::vector<int64_t> offsets(E + 1, 0);
+    for (int64_t e = 0; e < E; ++e) offsets[e + 1] = offsets[e] + (kc.cpu[e] + 7) / 8 * 8;
+    const int64_t rows = offsets[E];
+    Mirrored Off = bp.Upload(offsets), PR = bp.Output(T * K * 4), RT = bp.Output(rows * 4);
+    Both(bp, [&](Backend* be, bool g) {
+      PermuteArgs a;
+      a.tokens = T, a.top_k = K, a.num_experts = E, a.total_rows = rows;
+      a.topk_expert = P<int32_t>(Ex, g), a.kept = P<uint8_t>(Kept, g);
+      a.expert_offsets = P<int64_t>(Off, g), a.pair_row = P<int32_t>(PR, g);
+      a.row_token = P<int32_t>(RT, g);
+      return be->Permute(a);
+    });
+    Results<int32_t> pr = bp.Download<int32_t>(PR, T * K), rt = bp.Download<int32_t>(RT, rows);
+    ASSERT_EQ(pr.cpu, pr.gpu);
+    ASSERT_EQ(rt.cpu, rt.gpu);
+    for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+      const size_t es = DTypeSize(dt);
+      std::vector<float> xf = RandomFloats(T * W, 12);
+      Mirrored X = dt == DType::kBFloat16 ? bp.Upload(FloatsToBf16(xf)) : bp.Upload(xf);
+      Mirrored G = bp.Output(rows * W * es);
+      Both(bp, [&](Backend* be, bool g) {
+        return be->GatherRows(P(X, g), P<int32_t>(RT, g), rows, W, dt, P(G, g));
+      });
+      Results<uint8_t> gr = bp.Download<uint8_t>(G, rows * W * es);
+      ASSERT_EQ(gr.cpu, gr.gpu);
+      // Row blocks: reverse the order of 5 blocks.
+      std::vector<RowBlock> blocks;
+      const int64_t part = rows / 5;
+      for (int i = 0; i < 5; ++i) blocks.push_back(RowBlock{i * part, (4 - i) * part, part});
+      Mirrored Moved = bp.Upload(std::vector<uint8_t>(rows * W * es, 0));
+      Both(bp, [&](Backend* be, bool g) {
+        return be->CopyRowBlocks(P(G, g), P(Moved, g), W * es, blocks);
+      });
+      Results<uint8_t> mv = bp.Download<uint8_t>(Moved, rows * W * es);
+      ASSERT_EQ(mv.cpu, mv.gpu);
+      // Combine and its backward (y in dt, out fp32 and dt).
+      for (DType out_t : {DType::kFloat32, dt}) {
+        Mirrored Out = bp.Output(T * W * DTypeSize(out_t));
+        Both(bp, [&](Backend* be, bool g) {
+          return be->CombineRows(P(G, g), dt, P<int32_t>(PR, g), P<float>(Wt, g), T, K, W,
+                                 P(Out, g), out_t);
+        });
+        Results<float> out = out_t == DType::kBFloat16 ? bp.DownloadBf16(Out, T * W)
+                                                       : bp.Download<float>(Out, T * W);
+        EXPECT_LE(MaxRelError(out), out_t == DType::kBFloat16 ? 8e-3 : 1e-6);
+      }
+      std::vector<float> df = RandomFloats(T * W, 13);
+      Mirrored DOut = dt == DType::kBFloat16 ? bp.Upload(FloatsToBf16(df)) : bp.Upload(df);
+      Mirrored DY = bp.Output(rows * W * es), DWt = bp.Output(T * K * 4);
+      Both(bp, [&](Backend* be, bool g) {
+        return be->CombineBackward(P(DOut, g), dt, P(G, g), dt, P<int32_t>(PR, g),
+                                   P<float>(Wt, g), T, K, W, rows, P(DY, g), P<float>(DWt, g));
+      });
+      Results<float> dy = dt == DType::kBFloat16 ? bp.DownloadBf16(DY, rows * W)
+                                                 : bp.Download<float>(DY, rows * W);
+      EXPECT_LE(MaxRelError(dy), dt == DType::kBFloat16 ? 8e-3 : 1e-6);
+      EXPECT_LE(MaxRelError(bp.Download<float>(DWt, T * K)), 1e-5);
+    }
+  }
+}
+
+TEST(CudaOps, ActivationsAndBiases) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  const std::vector<int64_t> groups = {5, 0, 17, 9, 33};
+  const int64_t rows = 64;  // all groups' rows
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    for (Activation act : {Activation::kSilu, Activation::kGelu, Activation::kRelu,
+                           Activation::kLinear}) {
+      for (bool gated : {true, false}) {
+        for (int64_t F : {int64_t{48}, int64_t{13}}) {
+          SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " act=" << ActivationName(act)
+                                            << " gated=" << gated << " F=" << F);
+          const int64_t up = gated ? 2 * F : F;
+          const size_t es = DTypeSize(dt);
+          const bool bf = dt == DType::kBFloat16;
+          std::vector<float> h = RandomFloats(rows * up, 20), da = RandomFloats(rows * F, 21);
+          Mirrored Hm = bf ? bp.Upload(FloatsToBf16(h)) : bp.Upload(h);
+          Mirrored Bias = bp.Upload(RandomFloats(groups.size() * up, 22, 0.5f));
+          Mirrored A = bp.Output(rows * F * es);
+          Mirrored DA = bf ? bp.Upload(FloatsToBf16(da)) : bp.Upload(da);
+          Mirrored DH = bp.Output(rows * up * es);
+          Both(bp, [&](Backend* be, bool g) {
+            ActivationArgs a;
+            a.activation = act, a.gated = gated, a.rows = rows, a.ffn = F, a.dtype = dt;
+            a.h = P(Hm, g), a.a = P(A, g), a.up_bias = P<float>(Bias, g), a.group_rows = groups;
+            absl::Status s = be->ActivationForward(a);
+            if (!s.ok()) return s;
+            a.d_a = P(DA, g), a.d_h = P(DH, g);
+            return be->ActivationBackward(a);
+          });
+          const double tol = bf ? 8e-3 : 1e-5;
+          auto down = [&](const Mirrored& m, size_t n) {
+            return bf ? bp.DownloadBf16(m, n) : bp.Download<float>(m, n);
+          };
+          EXPECT_LE(MaxRelError(down(Hm, rows * up)), tol) << "h + bias";
+          EXPECT_LE(MaxRelError(down(A, rows * F)), tol) << "a";
+          EXPECT_LE(MaxRelError(down(DH, rows * up)), tol) << "d_h";
+          // Bias gradient over the groups (fp32 accumulation).
+          Mirrored DB = bp.Upload(RandomFloats(groups.size() * up, 23));
+          Both(bp, [&](Backend* be, bool g) {
+            return be->GroupBiasGrad(P(DH, g), dt, up, groups, P<float>(DB, g));
+          });
+          EXPECT_LE(MaxRelError(bp.Download<float>(DB, groups.size() * up)), 1e-5);
+          Both(bp, [&](Backend* be, bool g) {
+            return be->AddGroupBias(P(DH, g), dt, P<float>(Bias, g), up, groups);
+          });
+          EXPECT_LE(MaxRelError(down(DH, rows * up)), tol) << "AddGroupBias";
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gpu_test
+}  // namespace moe
