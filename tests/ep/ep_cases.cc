@@ -68,8 +68,8 @@ Tensor ShardRows(const std::vector<float>& whole, std::vector<int64_t> shard_sha
                             Rows(whole, row, first, first + shard_shape[0]));
 }
 
-// The case's parameters beyond the seeded initialisation: non-zero biases (zero at init, so
-// they would test nothing), an expert bias, and the hot gate columns.
+}  // namespace
+
 absl::Status SetCaseParameters(const EpCase& c, MoeLayer* layer) {
   const LayerConfig& cfg = c.config;
   const int64_t E = cfg.num_experts, H = cfg.hidden, up = UpWidth(cfg);
@@ -95,7 +95,10 @@ absl::Status SetCaseParameters(const EpCase& c, MoeLayer* layer) {
   return absl::OkStatus();
 }
 
-}  // namespace
+Tensor CaseRows(const EpCase& c, const std::vector<float>& values, int64_t begin, int64_t end) {
+  return Tensor::FromFloats({end - begin, c.config.hidden},
+                            Rows(values, c.config.hidden, begin, end));
+}
 
 std::vector<EpCase> EpCases(int ranks) {
   std::vector<EpCase> cases;
@@ -217,6 +220,11 @@ absl::StatusOr<StepResult> RunStep(const EpCase& c, Communicator* comm, int64_t 
     ASSIGN_OR_RETURN(ForwardResult again, layer->Forward(x, nullptr));
     ASSIGN_OR_RETURN(result.out_after_step, ToFloats(again.out));
   }
+  if (c.config.use_expert_bias) {
+    RETURN_IF_ERROR(layer->UpdateExpertBias(0.01));
+    ASSIGN_OR_RETURN(Tensor bias, layer->GetParameter("expert_bias"));
+    ASSIGN_OR_RETURN(result.expert_bias_after, ToFloats(bias));
+  }
   return result;
 }
 
@@ -259,6 +267,7 @@ absl::StatusOr<std::vector<StepResult>> EpReference(const EpCase& c, int ranks) 
     refs[r].z_loss = losses.z_loss;
     refs[r].tokens_per_expert = losses.tokens_per_expert;
     refs[r].grads = grads;
+    refs[r].expert_bias_after = losses.expert_bias_after;  // global counts, one forward
   }
   return refs;
 }

@@ -29,6 +29,7 @@
 #include "engine/comm/communicator.h"
 #include "engine/config.h"
 #include "engine/moe_layer.h"
+#include "engine/tensor.h"
 
 namespace moe {
 namespace ep_test {
@@ -76,7 +77,16 @@ struct StepResult {
   // Gradients by parameter name, this rank's shard: "gate" [H, E], "wi" [El, H, up], ...
   std::map<std::string, std::vector<float>> grads;
   std::vector<float> out_after_step;  // second_step only: out of a forward after SGD
+  // use_expert_bias only: expert_bias after UpdateExpertBias(0.01) over this run's forwards.
+  std::vector<float> expert_bias_after;
 };
+
+// The case's parameters beyond the seeded initialisation: non-zero biases (zero at init, so
+// they would test nothing), a random expert bias, and the hot gate columns.
+absl::Status SetCaseParameters(const EpCase& c, MoeLayer* layer);
+
+// Rows [begin, end) of the case's x or d_out as a [end - begin, H] tensor.
+Tensor CaseRows(const EpCase& c, const std::vector<float>& values, int64_t begin, int64_t end);
 
 // Creates the case's layer on `comm` (CPU backend), sets the case's extra parameters, runs
 // Forward + Backward on tokens [begin, end) of the global batch with the given loss

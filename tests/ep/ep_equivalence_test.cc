@@ -38,6 +38,7 @@ absl::Status WriteStep(const WorkerContext& ctx, const std::string& name, const 
       {".out2", EncodeValues(s.out_after_step)},
       {".losses", EncodeValues(std::vector<double>{s.aux_loss, s.z_loss})},
       {".tokens_per_expert", EncodeValues(s.tokens_per_expert)},
+      {".expert_bias_after", EncodeValues(s.expert_bias_after)},
   };
   for (const auto& [suffix, bytes] : files) {
     if (absl::Status st = WriteResult(ctx, name + suffix, bytes); !st.ok()) return st;
@@ -126,6 +127,8 @@ TEST_P(EpEquivalenceTest, MatchesEp1) {
       EXPECT_LE(RelativeScalarError(losses[1], ref.z_loss), kTolerance)
           << losses[1] << " vs " << ref.z_loss;
       EXPECT_EQ(Read<int64_t>(rank, c.name + ".tokens_per_expert"), ref.tokens_per_expert);
+      // Sign updates from integer counts: exactly the same.
+      EXPECT_EQ(Read<float>(rank, c.name + ".expert_bias_after"), ref.expert_bias_after);
       for (const std::string& name : GradientNames(c.config)) {
         SCOPED_TRACE("gradient " + name);
         const std::vector<float> grad = Read<float>(rank, c.name + ".grad." + name);
