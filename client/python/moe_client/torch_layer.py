@@ -9,9 +9,11 @@
 
 Contract:
 - forward(x) returns (out, aux_loss); forward(x, return_z_loss=True) returns
-  (out, aux_loss, z_loss), and `moe.last_z_loss` always holds the latest z_loss. All three come
-  from one autograd.Function, so gradients reaching aux_loss and z_loss are sent to the
-  server as d_aux and d_z_loss (0 when the loss does not use them).
+  (out, aux_loss, z_loss). All three come from one autograd.Function, so gradients reaching
+  aux_loss and z_loss are sent to the server as d_aux and d_z_loss (0 when the loss does not
+  use them). `moe.last_z_loss` / `moe.last_tokens_per_expert` keep the latest values as plain
+  numbers for logging (not tensors: holding an output would keep the step's graph, and so the
+  server-side step, alive).
 - With grad enabled, Forward runs with keep_for_backward=True and backward() calls Backward
   with that step id. Under torch.no_grad() (inference) nothing is kept.
 - A kept step that never gets its backward (eval with grad on, an exception between forward
@@ -178,7 +180,7 @@ class RemoteMoE(torch.nn.Module):
             loss_dtype = _loss_dtype(x2d.dtype)
             aux, z = torch.tensor(aux, dtype=loss_dtype), torch.tensor(z, dtype=loss_dtype)
         out = out.reshape(shape).to(x.device)
-        self.last_z_loss = z
+        self.last_z_loss = float(z)
         return (out, aux, z) if return_z_loss else (out, aux)
 
     def step(self, sgd=None, adamw=None):
