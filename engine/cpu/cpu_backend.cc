@@ -59,7 +59,7 @@ class CpuBackend : public Backend {
   size_t allocated_bytes() const override { return allocated_.load(); }
   size_t peak_allocated_bytes() const override { return peak_.load(); }
 
-  absl::Status Gemm(const GemmArgs& args) override { return cpu::Gemm(args); }
+  absl::Status Gemm(const GemmArgs& args) override { return cpu::Gemm(args, threads_); }
 
   absl::Status Convert(const void* src, DType src_type, void* dst, DType dst_type,
                        int64_t count) override {

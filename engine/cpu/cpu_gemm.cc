@@ -3,21 +3,35 @@
 // temporary (loaded from C when beta != 0) and rounded once at the end.
 #include <cblas.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu/cpu_kernels.h"
+#include "engine/cpu/parallel.h"
 
 namespace moe {
 namespace cpu {
 namespace {
 
-// Copies a rows x cols matrix with leading dimension ld into a compact fp32 array.
-std::vector<float> Widen(const void* src, DType type, int64_t rows, int64_t cols, int64_t ld) {
+// Copies a rows x cols matrix with leading dimension ld into a compact fp32 array
+// (parallel over rows; each element is an exact widening).
+std::vector<float> Widen(const void* src, DType type, int64_t rows, int64_t cols, int64_t ld,
+                         int threads) {
   std::vector<float> out(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t c = 0; c < cols; ++c) out[r * cols + c] = LoadFloat(src, type, r * ld + c);
-  }
+  ParallelFor(threads, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t r = begin; r < end; ++r) {
+                  float* o = out.data() + r * cols;
+                  if (type == DType::kBFloat16) {
+                    const uint16_t* in = static_cast<const uint16_t*>(src) + r * ld;
+                    for (int64_t c = 0; c < cols; ++c) o[c] = Bf16ToFloat(in[c]);
+                  } else {
+                    const float* in = static_cast<const float*>(src) + r * ld;
+                    std::copy(in, in + cols, o);
+                  }
+                }
+              });
   return out;
 }
 
@@ -31,7 +45,7 @@ absl::Status CheckFloatType(const char* op, const char* field, DType type) {
   return absl::OkStatus();
 }
 
-absl::Status Gemm(const GemmArgs& g) {
+absl::Status Gemm(const GemmArgs& g, int threads) {
   if (g.m < 0 || g.n < 0 || g.k < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("Gemm: negative size m=", g.m, " n=", g.n, " k=", g.k));
@@ -58,7 +72,7 @@ absl::Status Gemm(const GemmArgs& g) {
     c = static_cast<float*>(g.c);
   } else {
     c_tmp.assign(static_cast<size_t>(g.m * g.n), 0.0f);
-    if (g.beta != 0.0f) c_tmp = Widen(g.c, g.c_type, g.m, g.n, g.ldc);
+    if (g.beta != 0.0f) c_tmp = Widen(g.c, g.c_type, g.m, g.n, g.ldc, threads);
     c = c_tmp.data();
     ldc = g.n;
   }
@@ -75,8 +89,8 @@ absl::Status Gemm(const GemmArgs& g) {
     int64_t lda = g.lda, ldb = g.ldb;
     std::vector<float> a_tmp, b_tmp;
     if (g.ab_type == DType::kBFloat16) {
-      a_tmp = Widen(g.a, g.ab_type, a_rows, a_cols, g.lda);
-      b_tmp = Widen(g.b, g.ab_type, b_rows, b_cols, g.ldb);
+      a_tmp = Widen(g.a, g.ab_type, a_rows, a_cols, g.lda, threads);
+      b_tmp = Widen(g.b, g.ab_type, b_rows, b_cols, g.ldb, threads);
       a = a_tmp.data();
       b = b_tmp.data();
       lda = a_cols;
@@ -89,9 +103,13 @@ absl::Status Gemm(const GemmArgs& g) {
                 static_cast<blasint>(ldc));
   }
   if (!c_f32) {
-    for (int64_t i = 0; i < g.m; ++i) {
-      for (int64_t j = 0; j < g.n; ++j) StoreFloat(g.c, g.c_type, i * g.ldc + j, c[i * g.n + j]);
-    }
+    // Round the fp32 result once into the bf16 C.
+    ParallelFor(threads, g.m, std::max<int64_t>(1, 16384 / g.n), [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        uint16_t* out = static_cast<uint16_t*>(g.c) + i * g.ldc;
+        for (int64_t j = 0; j < g.n; ++j) out[j] = FloatToBf16(c[i * g.n + j]);
+      }
+    });
   }
   return absl::OkStatus();
 }

@@ -29,7 +29,7 @@ inline void StoreFloat(void* p, DType type, int64_t i, float v) {
 absl::Status CheckFloatType(const char* op, const char* field, DType type);
 
 // cpu_gemm.cc
-absl::Status Gemm(const GemmArgs& args);
+absl::Status Gemm(const GemmArgs& args, int threads);
 
 // cpu_router.cc
 absl::Status RouterForward(const RouterForwardArgs& args, int threads);
