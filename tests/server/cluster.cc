@@ -1,0 +1,159 @@
+#include "tests/server/cluster.h"
+
+#include <grpcpp/generic/generic_stub.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+
+namespace moe {
+namespace {
+
+absl::StatusOr<pid_t> Spawn(std::vector<std::string> args) {
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork failed");
+  if (pid == 0) {
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+void KillAndReap(pid_t pid) {
+  if (pid <= 0) return;
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
+
+std::string RunfilePath(const std::string& path) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir ? srcdir : ".", "/", workspace ? workspace : "moed", "/", path);
+}
+
+absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOptions& options) {
+  std::unique_ptr<TestCluster> cluster(new TestCluster());
+  cluster->moed_path_ = RunfilePath("server/moed");
+  cluster->worker_path_ = RunfilePath("server/moe-worker");
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  static int counter = 0;
+  const std::string port_file =
+      absl::StrCat(tmp ? tmp : "/tmp", "/moed_port_", getpid(), "_", counter++);
+  std::vector<std::string> args = {cluster->moed_path_,
+                                   "--port=0",
+                                   "--host=127.0.0.1",
+                                   absl::StrCat("--port_file=", port_file),
+                                   absl::StrCat("--expect_workers=", options.workers),
+                                   "--heartbeat_ms=200",
+                                   "--worker_dead_after_ms=1500",
+                                   "--collective_timeout_ms=5000",
+                                   "--step_timeout_ms=20000"};
+  args.insert(args.end(), options.moed_flags.begin(), options.moed_flags.end());
+  absl::StatusOr<pid_t> moed = Spawn(args);
+  if (!moed.ok()) return moed.status();
+  cluster->moed_ = *moed;
+  // Wait for the port file.
+  int port = 0;
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (port == 0) {
+    std::ifstream in(port_file);
+    if (in >> port && port > 0) break;
+    port = 0;
+    if (absl::Now() > give_up) return absl::DeadlineExceededError("moed did not start");
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  cluster->address_ = absl::StrCat("127.0.0.1:", port);
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(256 << 20);
+  channel_args.SetMaxSendMessageSize(256 << 20);
+  cluster->channel_ = grpc::CreateCustomChannel(
+      cluster->address_, grpc::InsecureChannelCredentials(), channel_args);
+  cluster->stub_ = v1::MoeService::NewStub(cluster->channel_);
+  cluster->workers_.assign(options.workers, -1);
+  for (int r = 0; r < options.workers; ++r) {
+    absl::StatusOr<pid_t> pid = cluster->SpawnWorker(r);
+    if (!pid.ok()) return pid.status();
+    cluster->workers_[r] = *pid;
+  }
+  absl::Status serving = cluster->WaitServing(absl::Seconds(30));
+  if (!serving.ok()) return serving;
+  return cluster;
+}
+
+absl::StatusOr<pid_t> TestCluster::SpawnWorker(int rank) {
+  return Spawn({worker_path_, absl::StrCat("--frontend=", address_), "--device=cpu",
+                absl::StrCat("--rank=", rank), "--listen=127.0.0.1:0",
+                "--advertise_host=127.0.0.1", "--orphan_timeout_s=20"});
+}
+
+TestCluster::~TestCluster() {
+  for (pid_t pid : workers_) KillAndReap(pid);
+  KillAndReap(moed_);
+}
+
+absl::StatusOr<std::string> TestCluster::Health() {
+  grpc::GenericStub generic(channel_);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  grpc::ByteBuffer request, response;  // HealthCheckRequest{service = ""} is empty
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  absl::Notification done;
+  grpc::Status status;
+  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status s) {
+                      status = s;
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  if (!status.ok()) return absl::UnavailableError(status.error_message());
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return absl::InternalError("bad health response");
+  std::string bytes;
+  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  // HealthCheckResponse{status = 1 (field 1, varint)}: SERVING = 1, NOT_SERVING = 2.
+  if (bytes == std::string("\x08\x01", 2)) return std::string("SERVING");
+  if (bytes == std::string("\x08\x02", 2)) return std::string("NOT_SERVING");
+  return absl::StrCat("UNKNOWN(", bytes.size(), " bytes)");
+}
+
+absl::Status TestCluster::WaitServing(absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (absl::Now() < give_up) {
+    absl::StatusOr<std::string> health = Health();
+    if (health.ok() && *health == "SERVING") return absl::OkStatus();
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError("cluster did not become SERVING");
+}
+
+void TestCluster::KillWorker(int rank, int signal) {
+  kill(workers_[rank], signal);
+  if (signal == SIGKILL) {
+    waitpid(workers_[rank], nullptr, 0);
+    workers_[rank] = -1;
+  }
+}
+
+absl::Status TestCluster::RestartWorker(int rank) {
+  if (workers_[rank] > 0) KillAndReap(workers_[rank]);
+  absl::StatusOr<pid_t> pid = SpawnWorker(rank);
+  if (!pid.ok()) return pid.status();
+  workers_[rank] = *pid;
+  return absl::OkStatus();
+}
+
+bool TestCluster::MoedRunning() { return waitpid(moed_, nullptr, WNOHANG) == 0; }
+
+}  // namespace moe
