@@ -2,7 +2,12 @@
 //  - two runs (fresh layers with one seed, or one layer twice) give bit-identical outputs,
 //    input gradients and parameter gradients, in fp32 and bf16, at a size where the backend
 //    runs multithreaded;
-//  - two backwards accumulate into what one backward on the concatenated batch gives.
+//  - two backwards accumulate into what one backward on the concatenated batch gives;
+//  - ApplyOptimizer applies the accumulated gradients by the SGD/AdamW formulas (checked here
+//    in double), refreshes the compute copies and zeroes the gradients; UpdateExpertBias
+//    follows the counts accumulated over forwards.
+#include <cmath>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -170,6 +175,117 @@ TEST(AccumulationTest, AContextServesOneBackwardOnly) {
   ASSERT_TRUE(cpu->layer->Backward(*saved, x, 1.0, 1.0).ok());
   EXPECT_EQ(cpu->layer->Backward(*saved, x, 1.0, 1.0).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Expected masters after optimizer steps, computed in double from the gradients the layer
+// reported before each step (the formulas of engine/backend.h OptimizerArgs).
+struct Moments {
+  std::vector<double> m, v;
+};
+
+void SgdStep(const moe::OptimizerConfig& o, const std::vector<double>& g, std::vector<double>* p,
+             Moments* s) {
+  s->m.resize(p->size(), 0.0);
+  for (size_t i = 0; i < p->size(); ++i) {
+    const double grad = g[i] + o.weight_decay * (*p)[i];
+    s->m[i] = o.momentum * s->m[i] + grad;
+    (*p)[i] -= o.lr * s->m[i];
+  }
+}
+
+void AdamWStep(const moe::OptimizerConfig& o, int step, const std::vector<double>& g,
+               std::vector<double>* p, Moments* s) {
+  s->m.resize(p->size(), 0.0);
+  s->v.resize(p->size(), 0.0);
+  for (size_t i = 0; i < p->size(); ++i) {
+    s->m[i] = o.beta1 * s->m[i] + (1 - o.beta1) * g[i];
+    s->v[i] = o.beta2 * s->v[i] + (1 - o.beta2) * g[i] * g[i];
+    const double m_hat = s->m[i] / (1 - std::pow(o.beta1, step));
+    const double v_hat = s->v[i] / (1 - std::pow(o.beta2, step));
+    (*p)[i] -= o.lr * (m_hat / (std::sqrt(v_hat) + o.eps) + o.weight_decay * (*p)[i]);
+  }
+}
+
+class OptimizerTest : public ::testing::TestWithParam<bool /*adamw*/> {};
+
+TEST_P(OptimizerTest, StepsFollowTheFormulaAndRefreshComputeCopies) {
+  LayerConfig c = MediumConfig(DType::kBFloat16);
+  c.hidden = 32;
+  c.ffn = 48;
+  const bool adamw = GetParam();
+  moe::OptimizerConfig opt =
+      adamw ? moe::OptimizerConfig::AdamW(1e-2, 0.1) : moe::OptimizerConfig::Sgd(1e-2, 0.9, 0.1);
+  absl::StatusOr<CpuLayer> cpu = MakeCpuLayer(c);
+  ASSERT_TRUE(cpu.ok());
+  std::map<std::string, std::vector<double>> expected;
+  std::map<std::string, Moments> moments;
+  for (const std::string& name : cpu->layer->ParameterNames()) {
+    expected[name] = ToDoubles(cpu->layer->GetParameter(name).value());
+  }
+  for (int step = 1; step <= 3; ++step) {
+    Tensor x = RandomTensor(40, c.hidden, 100 + step, DType::kFloat32);
+    Tensor d = RandomTensor(40, c.hidden, 200 + step, DType::kFloat32);
+    ASSERT_TRUE(RunStep(cpu->layer.get(), x, &d, 1.0, 1.0).ok());
+    for (auto& [name, p] : expected) {
+      if (name == "expert_bias") continue;
+      const std::vector<double> g = ToDoubles(cpu->layer->GetGradient(name).value());
+      if (adamw) {
+        AdamWStep(opt, step, g, &p, &moments[name]);
+      } else {
+        SgdStep(opt, g, &p, &moments[name]);
+      }
+    }
+    ASSERT_TRUE(cpu->layer->ApplyOptimizer(opt).ok());
+    for (const auto& [name, p] : expected) {
+      EXPECT_LE(RelativeError(ToDoubles(cpu->layer->GetParameter(name).value()), p), 1e-5)
+          << name << " after step " << step;
+      if (name == "expert_bias") continue;
+      for (double g : ToDoubles(cpu->layer->GetGradient(name).value())) ASSERT_EQ(g, 0.0);
+    }
+  }
+  // The bf16 compute copies follow the masters: a layer given the same masters computes the
+  // same output bits.
+  absl::StatusOr<CpuLayer> copy = MakeCpuLayer(c);
+  ASSERT_TRUE(copy.ok());
+  for (const std::string& name : cpu->layer->ParameterNames()) {
+    ASSERT_TRUE(copy->layer->SetParameter(name, cpu->layer->GetParameter(name).value()).ok());
+  }
+  Tensor x = RandomTensor(40, c.hidden, 300, DType::kBFloat16);
+  EXPECT_EQ(copy->layer->Forward(x, nullptr).value().out.bytes(),
+            cpu->layer->Forward(x, nullptr).value().out.bytes());
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, OptimizerTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "AdamW" : "SgdMomentum");
+                         });
+
+// SPEC Updates: b_e += rate * sign(mean(f) - f_e) over the counts of every forward since the
+// last update; the counts then restart.
+TEST(ExpertBiasTest, UpdateFollowsAccumulatedCounts) {
+  LayerConfig c = MediumConfig(DType::kFloat32);
+  c.score_function = moe::ScoreFunction::kSigmoid;
+  c.use_expert_bias = true;
+  absl::StatusOr<CpuLayer> cpu = MakeCpuLayer(c);
+  ASSERT_TRUE(cpu.ok());
+  std::vector<int64_t> counts(c.num_experts, 0);
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<moe::ForwardResult> r =
+        cpu->layer->Forward(RandomTensor(50 + i, c.hidden, 400 + i, DType::kFloat32), nullptr);
+    ASSERT_TRUE(r.ok());
+    for (int64_t e = 0; e < c.num_experts; ++e) counts[e] += r->tokens_per_expert[e];
+  }
+  EXPECT_EQ(cpu->layer->accumulated_expert_counts(), counts);
+  const std::vector<double> before = ToDoubles(cpu->layer->GetParameter("expert_bias").value());
+  ASSERT_TRUE(cpu->layer->UpdateExpertBias(0.125).ok());
+  const std::vector<double> after = ToDoubles(cpu->layer->GetParameter("expert_bias").value());
+  double mean = 0;
+  for (int64_t f : counts) mean += static_cast<double>(f) / c.num_experts;
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const double sign = mean > counts[e] ? 1.0 : (mean < counts[e] ? -1.0 : 0.0);
+    EXPECT_DOUBLE_EQ(after[e], before[e] + 0.125 * sign) << "expert " << e;
+  }
+  EXPECT_EQ(cpu->layer->accumulated_expert_counts(), std::vector<int64_t>(c.num_experts, 0));
 }
 
 }  // namespace

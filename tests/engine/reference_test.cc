@@ -2,7 +2,9 @@
 // forward output, aux, z-loss, tokens_per_expert and every gradient, in fp32 and bf16, over
 // the router/FFN variants of SPEC.md, plus its edge cases (0 tokens, every token on one
 // expert, T = 37, align_size 16 vs 0, aux-only gradient under grouping).
+#include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -263,6 +265,68 @@ TEST(ReferenceEdgeCases, AlignSizeChangesNothing) {
   for (size_t i = 0; i < results[0].size(); ++i) {
     EXPECT_LE(RelativeError(results[1][i], results[0][i]), 1e-6) << "tensor " << i;
   }
+}
+
+// Capacity ties (SPEC Forward 7): identical tokens get identical probs, and among equal probs
+// the later token is dropped first. 4 distinct rows, each repeated 6 times, interleaved.
+TEST(ReferenceEdgeCases, CapacityTiesDropTheLaterToken) {
+  LayerConfig c = TinyConfig();
+  c.top_k = 1;
+  c.num_experts = 4;
+  c.capacity_factor = 0.5;  // ceil(0.5 * 24 * 1 / 4) = 3 pairs per expert
+  c.use_bias = true;
+  absl::StatusOr<CpuLayer> cpu = MakeCpuLayer(c);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  std::mt19937_64 rng(707);
+  RandomizeOptionalParams(&*cpu, &rng);
+  const int64_t T = 24, H = c.hidden;
+  const std::vector<double> rows = Normal(4 * H, 1.0, &rng);
+  std::vector<double> xd(T * H);
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy(rows.begin() + (t % 4) * H, rows.begin() + (t % 4 + 1) * H, xd.begin() + t * H);
+  }
+  Tensor x = FromDoubles(xd, {T, H}, DType::kFloat32);
+  Tensor d_out = FromDoubles(Normal(T * H, 1.0, &rng), {T, H}, DType::kFloat32);
+  absl::StatusOr<EngineStep> step = RunStep(cpu->layer.get(), x, &d_out, 1.0, 1.0);
+  ASSERT_TRUE(step.ok()) << step.status();
+  const RefParams p = ReadParams(*cpu->layer).value();
+  RefForwardResult ref = RefForward(FromLayerConfig(c), p, xd, T);
+  ASSERT_NE(ref.routing.kept, ref.routing.selected) << "nothing dropped: case is vacuous";
+  const std::vector<double> out = ToDoubles(step->forward.out);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> a(out.begin() + t * H, out.begin() + (t + 1) * H);
+    std::vector<double> b(ref.out.begin() + t * H, ref.out.begin() + (t + 1) * H);
+    EXPECT_LE(RelativeError(a, b), kFp32.out) << "token " << t;
+  }
+  RefGradients grad = RefBackward(FromLayerConfig(c), p, xd, ref, ToDoubles(d_out), 1.0, 1.0);
+  RefGradients eg = ReadGradients(*cpu->layer).value();
+  EXPECT_LE(RelativeError(eg.d_wi, grad.d_wi), kFp32.grad);
+  EXPECT_LE(RelativeError(eg.d_gate, grad.d_gate), kFp32.grad);
+}
+
+// x's dtype and the compute dtype are independent: bf16 x with fp32 compute, and fp32 x with
+// bf16 compute (outputs come back in x's dtype).
+TEST(ReferenceEdgeCases, MixedInputAndComputeDtypes) {
+  LayerConfig c = TinyConfig();
+  CompareWithReference(c, 32, 808, DType::kBFloat16, kBf16);
+  c.compute_dtype = DType::kBFloat16;
+  CompareWithReference(c, 32, 809, DType::kFloat32, kBf16);
+}
+
+// A forward that keeps nothing for the backward computes the same output bits.
+TEST(ReferenceEdgeCases, ForwardWithoutContextIsTheSame) {
+  LayerConfig c = TinyConfig();
+  absl::StatusOr<CpuLayer> cpu = MakeCpuLayer(c);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  std::mt19937_64 rng(909);
+  Tensor x = FromDoubles(Normal(32 * c.hidden, 1.0, &rng), {32, c.hidden}, DType::kFloat32);
+  std::unique_ptr<moe::StepContext> saved;
+  absl::StatusOr<moe::ForwardResult> with = cpu->layer->Forward(x, &saved);
+  absl::StatusOr<moe::ForwardResult> without = cpu->layer->Forward(x, nullptr);
+  ASSERT_TRUE(with.ok() && without.ok());
+  EXPECT_EQ(with->out.bytes(), without->out.bytes());
+  EXPECT_EQ(with->aux_loss, without->aux_loss);
+  EXPECT_EQ(with->z_loss, without->z_loss);
 }
 
 // SPEC "Aux": coeff 1e-2, k = 4 and 8, grouped sigmoid (2 groups, top-1 group). With d_out = 0
