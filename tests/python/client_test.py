@@ -1,0 +1,117 @@
+"""Every Client method against a live 2-worker CPU cluster: layers, steps, gradients,
+optimizers, expert bias, weights (chunked both ways), checkpoints, status and health."""
+
+import os
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+from local_cluster import LocalCluster, binaries_from_argv
+from moe_client import Client, FailedPrecondition, NotFound
+
+CLUSTER = None
+MOED = WORKER = None
+
+
+def setUpModule():
+    global CLUSTER
+    CLUSTER = LocalCluster(MOED, WORKER, workers=2).start()
+
+
+def tearDownModule():
+    CLUSTER.stop()
+
+
+class ClientTest(unittest.TestCase):
+
+    def setUp(self):
+        # Small chunks so that weights and gradients travel in many chunks.
+        self.client = Client(CLUSTER.address, timeout=30, chunk_bytes=1000)
+        for layer in self.client.list_layers():
+            self.client.delete_layer(layer.name)
+
+    def tearDown(self):
+        self.client.close()
+
+    def test_layers_and_status(self):
+        self.assertEqual(self.client.health(), "SERVING")
+        info = self.client.create_layer("b", hidden=8, ffn=16, num_experts=4, top_k=2,
+                                        score_function="sigmoid", activation="gelu")
+        self.client.create_layer("a", hidden=8, ffn=16, num_experts=2)
+        self.assertEqual(info.config.top_k, 2)
+        self.assertEqual(info.ep_ranks, 2)
+        self.assertEqual([l.name for l in self.client.list_layers()], ["a", "b"])
+        self.assertEqual(self.client.get_layer("a").config.top_k, 1)  # default filled in
+        status = self.client.get_status()
+        self.assertTrue(status.serving)
+        self.assertEqual(status.world_size, 2)
+        self.assertEqual(sorted(w.rank for w in status.workers), [0, 1])
+        self.client.delete_layer("a")
+        with self.assertRaises(NotFound):
+            self.client.get_layer("a")
+
+    def test_steps_gradients_and_optimizers(self):
+        self.client.create_layer("s", hidden=8, ffn=16, num_experts=4, top_k=2, init_seed=7)
+        x = np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32)
+        fwd = self.client.forward("s", x, keep_for_backward=True)
+        self.assertEqual(fwd.out.shape, (6, 8))
+        self.assertEqual(sum(fwd.tokens_per_expert), 6 * 2)
+        self.assertGreater(fwd.step_id, 0)
+        self.assertEqual(self.client.forward("s", x).step_id, 0)  # inference keeps nothing
+        d_x = self.client.backward("s", fwd.step_id, np.ones_like(x), d_aux=0.0, d_z_loss=0.0)
+        self.assertEqual(d_x.shape, (6, 8))
+        grads = self.client.get_gradients("s")
+        self.assertEqual(sorted(grads), ["gate", "wi", "wo"])
+        self.assertEqual(grads["wi"].shape, (4, 8, 32))
+        self.assertGreater(np.abs(grads["wo"]).max(), 0)
+        self.assertEqual(list(self.client.get_gradients("s", names=["gate"])), ["gate"])
+        self.client.zero_gradients("s")
+        self.assertEqual(np.abs(self.client.get_gradients("s")["wo"]).max(), 0)
+
+        kept = self.client.forward("s", x, keep_for_backward=True).step_id
+        self.assertTrue(self.client.release_step("s", kept))
+        self.assertFalse(self.client.release_step("s", kept))  # idempotent
+        with self.assertRaises(FailedPrecondition):
+            self.client.backward("s", kept, np.ones_like(x))
+
+        before = self.client.get_weights("s")
+        fwd = self.client.forward("s", x, keep_for_backward=True)
+        self.client.backward("s", fwd.step_id, np.ones_like(x))
+        self.client.apply_optimizer("s", adamw={"lr": 1e-2, "weight_decay": 0.01})
+        after = self.client.get_weights("s")
+        self.assertGreater(np.abs(after["wo"] - before["wo"]).max(), 0)
+        with self.assertRaises(TypeError):
+            self.client.apply_optimizer("s")
+
+    def test_expert_bias(self):
+        self.client.create_layer("eb", hidden=8, ffn=16, num_experts=4, top_k=2,
+                                 score_function="sigmoid", use_expert_bias=True)
+        x = np.random.default_rng(1).standard_normal((16, 8)).astype(np.float32)
+        counts = self.client.forward("eb", x).tokens_per_expert
+        bias = self.client.update_expert_bias("eb", 0.5)
+        mean = sum(counts) / len(counts)
+        expected = [0.5 * float(np.sign(mean - c)) for c in counts]
+        self.assertEqual(bias, expected)
+
+    def test_weights_round_trip_and_checkpoint(self):
+        self.client.create_layer("w", hidden=8, ffn=16, num_experts=4, top_k=2)
+        rng = np.random.default_rng(2)
+        new = {"gate": rng.standard_normal((8, 4)).astype(np.float32),
+               "wo": rng.standard_normal((4, 16, 8)).astype(np.float32)}
+        self.assertEqual(self.client.set_weights("w", new), ["gate", "wo"])
+        got = self.client.get_weights("w")
+        np.testing.assert_array_equal(got["gate"], new["gate"])
+        np.testing.assert_array_equal(got["wo"], new["wo"])
+
+        directory = os.path.join(tempfile.mkdtemp(prefix="moe-ckpt-"), "w")
+        self.assertEqual(self.client.save_checkpoint("w", directory), directory)
+        self.client.set_weights("w", {"gate": np.zeros((8, 4), np.float32)})
+        self.client.load_checkpoint("w", directory)
+        np.testing.assert_array_equal(self.client.get_weights("w")["gate"], new["gate"])
+
+
+if __name__ == "__main__":
+    MOED, WORKER, argv = binaries_from_argv(sys.argv)
+    unittest.main(argv=argv, verbosity=2)
