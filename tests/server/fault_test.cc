@@ -1,0 +1,215 @@
+// Worker faults: SIGKILL between and during steps, SIGSTOP (a worker that stops answering).
+// Clients get UNAVAILABLE within the bound and never hang, moed stays up with health
+// NOT_SERVING and GetStatus naming the worker; a restarted worker rejoins, layers are
+// re-created, a checkpoint restores the weights and service resumes.
+#include <signal.h>
+
+#include <atomic>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/cluster.h"
+#include "tests/server/test_util.h"
+
+namespace moe {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The cluster runs with --worker_dead_after_ms=1500 and --collective_timeout_ms=5000.
+constexpr absl::Duration kFailureBound = absl::Seconds(5);
+
+class FaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto cluster = TestCluster::Start(ClusterOptions{});
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+  }
+
+  grpc::Status Create(const std::string& name) {
+    grpc::ClientContext ctx;
+    v1::CreateLayerRequest request;
+    request.set_name(name);
+    *request.mutable_config() = TinyConfig(11);
+    v1::CreateLayerResponse response;
+    return cluster_->stub()->CreateLayer(&ctx, request, &response);
+  }
+  grpc::Status Forward(const std::string& layer, int64_t tokens, bool keep,
+                       v1::ForwardResponse* response, absl::Duration deadline = absl::Seconds(30)) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    v1::ForwardRequest request;
+    request.set_layer(layer);
+    *request.mutable_x() = FloatsToProto({tokens, 32}, RandomFloats(tokens * 32, tokens));
+    request.set_keep_for_backward(keep);
+    return cluster_->stub()->Forward(&ctx, request, response);
+  }
+  v1::GetStatusResponse Status() {
+    grpc::ClientContext ctx;
+    v1::GetStatusResponse status;
+    EXPECT_TRUE(cluster_->stub()->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+    return status;
+  }
+  std::vector<float> Wi(const std::string& layer) {
+    grpc::ClientContext ctx;
+    v1::GetWeightsRequest request;
+    request.set_layer(layer);
+    request.add_names("wi");
+    auto reader = cluster_->stub()->GetWeights(&ctx, request);
+    grpc::Status status;
+    auto weights = ReadChunks(reader.get(), &status);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return weights["wi"];
+  }
+  grpc::Status Checkpoint(const std::string& layer, const std::string& dir, bool save) {
+    grpc::ClientContext ctx;
+    if (save) {
+      v1::SaveCheckpointRequest request;
+      request.set_layer(layer);
+      request.set_directory(dir);
+      v1::SaveCheckpointResponse response;
+      return cluster_->stub()->SaveCheckpoint(&ctx, request, &response);
+    }
+    v1::LoadCheckpointRequest request;
+    request.set_layer(layer);
+    request.set_directory(dir);
+    v1::LoadCheckpointResponse response;
+    return cluster_->stub()->LoadCheckpoint(&ctx, request, &response);
+  }
+  void ExpectNotServingSoon() {
+    const absl::Time give_up = absl::Now() + kFailureBound;
+    absl::StatusOr<std::string> health = cluster_->Health();
+    while (absl::Now() < give_up && (!health.ok() || *health != "NOT_SERVING")) {
+      absl::SleepFor(absl::Milliseconds(20));
+      health = cluster_->Health();
+    }
+    ASSERT_TRUE(health.ok()) << health.status();
+    EXPECT_EQ(*health, "NOT_SERVING");
+  }
+
+  std::unique_ptr<TestCluster> cluster_;
+};
+
+TEST_F(FaultTest, KillBetweenStepsThenRejoinAndLoad) {
+  ASSERT_TRUE(Create("f").ok());
+  // Train one step so the weights differ from the seed's, then checkpoint them.
+  v1::ForwardResponse fwd;
+  ASSERT_TRUE(Forward("f", 16, true, &fwd).ok());
+  {
+    grpc::ClientContext ctx;
+    v1::BackwardRequest request;
+    request.set_layer("f");
+    request.set_step_id(fwd.step_id());
+    *request.mutable_d_out() = FloatsToProto({16, 32}, RandomFloats(16 * 32, 5));
+    v1::BackwardResponse response;
+    ASSERT_TRUE(cluster_->stub()->Backward(&ctx, request, &response).ok());
+    grpc::ClientContext ctx2;
+    v1::ApplyOptimizerRequest opt;
+    opt.set_layer("f");
+    opt.mutable_sgd()->set_lr(0.5);
+    v1::ApplyOptimizerResponse done;
+    ASSERT_TRUE(cluster_->stub()->ApplyOptimizer(&ctx2, opt, &done).ok());
+  }
+  const std::vector<float> trained = Wi("f");
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt_fault");
+  ASSERT_TRUE(Checkpoint("f", dir, /*save=*/true).ok());
+  ASSERT_TRUE(Forward("f", 8, true, &fwd).ok());
+  const uint64_t old_step = fwd.step_id();
+
+  cluster_->KillWorker(1, SIGKILL);
+  absl::Time start = absl::Now();
+  grpc::Status s = Forward("f", 8, false, &fwd);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_LT(absl::Now() - start, kFailureBound);
+  ExpectNotServingSoon();
+  start = absl::Now();
+  s = Forward("f", 8, false, &fwd);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_TRUE(cluster_->MoedRunning());
+  v1::GetStatusResponse status = Status();
+  EXPECT_FALSE(status.serving());
+  ASSERT_EQ(status.workers_size(), 2);
+  EXPECT_TRUE(status.workers(0).alive());
+  EXPECT_FALSE(status.workers(1).alive());
+  EXPECT_FALSE(status.workers(1).error().empty());
+  EXPECT_THAT(status.message(), HasSubstr("worker 1"));
+
+  ASSERT_TRUE(cluster_->RestartWorker(1).ok());
+  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
+  EXPECT_GT(Status().generation(), status.generation());
+  // The layer is back (re-created from its config), its old steps are gone.
+  {
+    grpc::ClientContext ctx;
+    v1::BackwardRequest request;
+    request.set_layer("f");
+    request.set_step_id(old_step);
+    *request.mutable_d_out() = FloatsToProto({8, 32}, RandomFloats(8 * 32, 6));
+    v1::BackwardResponse response;
+    EXPECT_EQ(cluster_->stub()->Backward(&ctx, request, &response).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+  EXPECT_NE(Wi("f"), trained);  // fresh from the seed until the checkpoint is loaded
+  ASSERT_TRUE(Checkpoint("f", dir, /*save=*/false).ok());
+  EXPECT_EQ(Wi("f"), trained);
+  EXPECT_TRUE(Forward("f", 8, true, &fwd).ok());
+}
+
+TEST_F(FaultTest, KillDuringStepsNeverHangs) {
+  ASSERT_TRUE(Create("a").ok());
+  ASSERT_TRUE(Create("b").ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> unavailable{0}, ok{0};
+  std::atomic<int64_t> slowest_ms{0};
+  auto client = [&](const std::string& layer) {
+    while (!stop) {
+      const absl::Time start = absl::Now();
+      v1::ForwardResponse fwd;
+      grpc::Status s = Forward(layer, 512, false, &fwd, absl::Seconds(60));
+      const int64_t ms = absl::ToInt64Milliseconds(absl::Now() - start);
+      if (ms > slowest_ms) slowest_ms = ms;
+      if (s.ok()) ++ok;
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE) ++unavailable;
+      if (!s.ok()) absl::SleepFor(absl::Milliseconds(20));
+    }
+  };
+  std::thread t1(client, "a"), t2(client, "b");
+  absl::SleepFor(absl::Milliseconds(500));
+  const int ok_before_kill = ok;
+  cluster_->KillWorker(0, SIGKILL);
+  absl::SleepFor(absl::Seconds(2));
+  stop = true;
+  t1.join();
+  t2.join();
+  EXPECT_GT(ok_before_kill, 0);
+  EXPECT_GT(unavailable, 0);
+  EXPECT_LT(slowest_ms, absl::ToInt64Milliseconds(kFailureBound));
+  EXPECT_TRUE(cluster_->MoedRunning());
+  ASSERT_TRUE(cluster_->RestartWorker(0).ok());
+  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
+  v1::ForwardResponse fwd;
+  EXPECT_TRUE(Forward("a", 64, false, &fwd).ok());
+  EXPECT_TRUE(Forward("b", 64, false, &fwd).ok());
+}
+
+TEST_F(FaultTest, StoppedWorkerIsDeclaredDead) {
+  ASSERT_TRUE(Create("s").ok());
+  cluster_->KillWorker(1, SIGSTOP);
+  const absl::Time start = absl::Now();
+  v1::ForwardResponse fwd;
+  grpc::Status s = Forward("s", 16, false, &fwd);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_LT(absl::Now() - start, kFailureBound);
+  ExpectNotServingSoon();
+  v1::GetStatusResponse status = Status();
+  EXPECT_FALSE(status.workers(1).alive());
+  EXPECT_THAT(status.workers(1).error(), HasSubstr("no answer"));
+  ASSERT_TRUE(cluster_->RestartWorker(1).ok());  // kills the stopped one, starts a new one
+  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
+  EXPECT_TRUE(Forward("s", 16, false, &fwd).ok());
+}
+
+}  // namespace
+}  // namespace moe
