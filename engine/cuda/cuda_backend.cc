@@ -76,6 +76,12 @@ CudaBackend::~CudaBackend() {
     if (s != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(s));
   }
   if (stream_ != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_));
+  // Hand this backend's pooled memory back (its buffers are all freed by now).
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, device_) == cudaSuccess) {
+    cudaDeviceSynchronize();
+    cudaMemPoolTrimTo(pool, 0);
+  }
 }
 
 absl::Status CudaBackend::Activate() const {

@@ -1,0 +1,267 @@
+// gpu_bench: the MoE layer on CUDA, forward and forward+backward, one JSON object per config
+// on stdout (and appended to --json). Single GPU (--size=1, NCCL with one rank) or one rank of
+// an expert-parallel group (--size=R --rank=r, ranks joined through a file store in
+// --store_dir; weak scaling: every rank gets the preset's token count, as GPU.md's PyTorch
+// EP=2 runs do).
+//
+//   gpu_bench --configs=te_seed,mixtral --iters=10
+//   gpu_bench --size=2 --rank=0 --store_dir=/tmp/s & gpu_bench --size=2 --rank=1 --store_dir=/tmp/s
+//
+// Times (medians over --iters steps after --warmup):
+//   *_ms         MoeLayer API time, host tensors in and out (x and d_out pinned by the bench);
+//   *_device_ms  the same minus the layer's host<->device copies (timed with CUDA events), i.e.
+//                device-resident, comparable with GPU.md's PyTorch/JAX columns.
+// TFLOP/s count the expert FFN only: 2*T*k*H*3F per forward (gated), x3 with backward.
+// EP runs add the dispatch/combine all-to-all (bytes each rank sends, its own part included,
+// over the exchange time; bus bandwidth = that x (R-1)/R, nccl-tests' definition) and a
+// standalone AllToAllV of the same size.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/gpu_timing.h"
+#include "engine/comm/file_kv_store.h"
+#include "engine/comm/memory_kv_store.h"
+#include "engine/comm/nccl_communicator.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/moe_layer.h"
+#include "engine/status_macros.h"
+
+ABSL_FLAG(std::string, configs, "te_seed,qwen3,mixtral,dsv3", "presets to run, in order");
+ABSL_FLAG(int, iters, 10, "timed steps of each kind");
+ABSL_FLAG(int, warmup, 3, "untimed forward+backward steps first");
+ABSL_FLAG(int, rank, 0, "this rank");
+ABSL_FLAG(int, size, 1, "EP ranks");
+ABSL_FLAG(int, device, -1, "CUDA device (default: --rank)");
+ABSL_FLAG(std::string, store_dir, "", "file store directory shared by the ranks (--size > 1)");
+ABSL_FLAG(std::string, json, "", "also append each JSON line to this file");
+ABSL_FLAG(int64_t, tokens, -1, "override T (per rank)");
+
+namespace moe {
+namespace {
+
+struct Preset {
+  const char* name;
+  int64_t tokens, hidden, ffn, experts, top_k;
+  bool sigmoid_grouped;
+};
+constexpr Preset kPresets[] = {
+    {"te_seed", 32768, 1024, 4096, 8, 2, false},
+    {"mixtral", 16384, 4096, 14336, 8, 2, false},
+    {"dsv3", 8192, 7168, 2048, 256, 8, true},
+    {"qwen3", 16384, 2048, 768, 128, 8, false},
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+double NowMs() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Deterministic pseudo-normal-ish bf16 data (sum of uniforms), fast enough for 10^8 elements.
+Tensor RandomBf16(int64_t rows, int64_t cols, uint64_t seed) {
+  Tensor t = Tensor::Zeros(DType::kBFloat16, {rows, cols});
+  uint16_t* p = t.data<uint16_t>();
+  uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
+  for (int64_t i = 0; i < rows * cols; ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    const float u = static_cast<float>((s >> 40) & 0xffffff) / 16777216.0f;
+    const float v = static_cast<float>((s >> 16) & 0xffffff) / 16777216.0f;
+    p[i] = FloatToBf16((u + v - 1.0f) * 2.4f);
+  }
+  return t;
+}
+
+std::string Json(const std::vector<std::pair<std::string, std::string>>& kv) {
+  std::vector<std::string> parts;
+  for (const auto& [k, v] : kv) parts.push_back(absl::StrCat("\"", k, "\": ", v));
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+}
+std::string Num(double v) { return absl::StrCat(v); }
+std::string Str(const std::string& s) { return absl::StrCat("\"", s, "\""); }
+std::string List(const std::vector<double>& v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
+
+// A standalone AllToAllV moving `bytes` per rank split evenly over the ranks.
+absl::StatusOr<double> StandaloneA2aMs(Backend* backend, Communicator* comm, size_t bytes) {
+  const int R = comm->size();
+  const size_t part = bytes / R / 256 * 256;
+  if (part == 0) return 0.0;
+  ASSIGN_OR_RETURN(Buffer send, backend->Allocate(part * R));
+  ASSIGN_OR_RETURN(Buffer recv, backend->Allocate(part * R));
+  RETURN_IF_ERROR(backend->Memset(send.data(), 1, part * R));
+  std::vector<size_t> sizes(R, part);
+  bench::TimingCommunicator tc(comm, backend->stream());
+  for (int i = 0; i < 3; ++i) RETURN_IF_ERROR(tc.AllToAllV(send.data(), sizes, recv.data(), sizes));
+  RETURN_IF_ERROR(backend->Synchronize());
+  std::vector<double> ms;
+  for (int i = 0; i < 20; ++i) {
+    tc.exchanges().Reset();
+    RETURN_IF_ERROR(tc.AllToAllV(send.data(), sizes, recv.data(), sizes));
+    ms.push_back(tc.exchanges().TotalMs());
+  }
+  return Median(ms);
+}
+
+absl::StatusOr<std::string> RunConfig(const Preset& p) {
+  const int rank = absl::GetFlag(FLAGS_rank), size = absl::GetFlag(FLAGS_size);
+  const int device = absl::GetFlag(FLAGS_device) >= 0 ? absl::GetFlag(FLAGS_device) : rank;
+  LayerConfig c;
+  c.hidden = p.hidden, c.ffn = p.ffn, c.num_experts = p.experts, c.top_k = p.top_k;
+  c.compute_dtype = DType::kBFloat16;
+  c.init_seed = 1;
+  if (p.sigmoid_grouped) {
+    c.score_function = ScoreFunction::kSigmoid, c.num_groups = 8, c.group_topk = 4;
+  }
+  const int64_t T = absl::GetFlag(FLAGS_tokens) > 0 ? absl::GetFlag(FLAGS_tokens) : p.tokens;
+
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> cuda, MakeCudaBackend(device));
+  std::shared_ptr<KeyValueStore> store;
+  if (size > 1) {
+    ASSIGN_OR_RETURN(store, FileKeyValueStore::Create(absl::GetFlag(FLAGS_store_dir)));
+  } else {
+    store = std::make_shared<MemoryKeyValueStore>();
+  }
+  CommOptions options;
+  options.timeout = absl::Seconds(300);
+  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> nccl,
+                   MakeNcclCommunicator(store, absl::StrCat("bench/", p.name), rank, size,
+                                        device, cuda->stream(), options));
+  bench::TimingBackend tb(cuda.get());
+  bench::TimingCommunicator tc(nccl.get(), cuda->stream());
+  const double t_init = NowMs();
+  ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::Create(c, &tb, &tc));
+  RETURN_IF_ERROR(cuda->Synchronize());
+  const double init_s = (NowMs() - t_init) / 1000;
+  const size_t weights_bytes = cuda->allocated_bytes();
+
+  Tensor x = RandomBf16(T, p.hidden, 11 + rank), d_out = RandomBf16(T, p.hidden, 23 + rank);
+  cudaHostRegister(x.raw(), x.num_bytes(), cudaHostRegisterDefault);
+  cudaHostRegister(d_out.raw(), d_out.num_bytes(), cudaHostRegisterDefault);
+
+  auto step = [&](bool backward) -> absl::Status {
+    std::unique_ptr<StepContext> saved;
+    ASSIGN_OR_RETURN(ForwardResult fwd, layer->Forward(x, backward ? &saved : nullptr));
+    if (!backward) return absl::OkStatus();
+    ASSIGN_OR_RETURN(Tensor d_x, layer->Backward(*saved, d_out, 1.0, 1.0));
+    (void)d_x;
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) RETURN_IF_ERROR(step(true));
+  RETURN_IF_ERROR(layer->ZeroGradients());
+
+  std::vector<double> api[2], device_ms[2], a2a_ms[2], a2a_bytes[2];
+  for (int bwd = 0; bwd < 2; ++bwd) {
+    for (int i = 0; i < absl::GetFlag(FLAGS_iters); ++i) {
+      if (size > 1) RETURN_IF_ERROR(tc.Barrier());
+      tb.copies().Reset();
+      tc.exchanges().Reset();
+      const double t0 = NowMs();
+      RETURN_IF_ERROR(step(bwd == 1));
+      const double total = NowMs() - t0;
+      size_t ex_bytes = 0;
+      const double copies = tb.copies().TotalMs();
+      const double ex = tc.exchanges().TotalMs(&ex_bytes);
+      api[bwd].push_back(total);
+      device_ms[bwd].push_back(total - copies);
+      a2a_ms[bwd].push_back(ex);
+      a2a_bytes[bwd].push_back(static_cast<double>(ex_bytes));
+    }
+  }
+  const double ffn_flops = 2.0 * T * p.top_k * p.hidden * 3.0 * p.ffn;
+  const double fwd_dev = Median(device_ms[0]), fb_dev = Median(device_ms[1]);
+  std::vector<std::pair<std::string, std::string>> kv = {
+      {"bench", Str("gpu_bench")},
+      {"config", Str(p.name)},
+      {"device", Str(cuda->name())},
+      {"rank", Num(rank)},
+      {"size", Num(size)},
+      {"tokens", Num(T)},
+      {"dtype", Str("BF16")},
+      {"init_s", Num(init_s)},
+      {"fwd_ms", Num(Median(api[0]))},
+      {"fwd_device_ms", Num(fwd_dev)},
+      {"fwdbwd_ms", Num(Median(api[1]))},
+      {"fwdbwd_device_ms", Num(fb_dev)},
+      {"fwd_tflops_device", Num(ffn_flops / fwd_dev / 1e9)},
+      {"fwdbwd_tflops_device", Num(3 * ffn_flops / fb_dev / 1e9)},
+      {"weights_bytes", Num(weights_bytes)},
+      {"peak_bytes", Num(cuda->peak_allocated_bytes())},
+      {"fwd_ms_all", List(api[0])},
+      {"fwdbwd_ms_all", List(api[1])},
+  };
+  if (size > 1) {
+    const double ms = Median(a2a_ms[0]), bytes = Median(a2a_bytes[0]);
+    const int n = size;
+    const double alg = bytes / (ms / 1000) / 1e9;
+    kv.push_back({"fwd_a2a_ms", Num(ms)});
+    kv.push_back({"fwd_a2a_bytes", Num(bytes)});
+    kv.push_back({"fwd_a2a_calls", Num(2)});
+    kv.push_back({"a2a_algbw_GBps", Num(alg)});
+    kv.push_back({"a2a_busbw_GBps", Num(alg * (n - 1) / n)});
+    kv.push_back({"fwdbwd_a2a_ms", Num(Median(a2a_ms[1]))});
+    // The same bytes per exchange in one standalone AllToAllV (the layer makes two per forward).
+    ASSIGN_OR_RETURN(double standalone_ms,
+                     StandaloneA2aMs(cuda.get(), nccl.get(), static_cast<size_t>(bytes / 2)));
+    const double s_alg = bytes / 2 / (standalone_ms / 1000) / 1e9;
+    kv.push_back({"standalone_a2a_bytes", Num(bytes / 2)});
+    kv.push_back({"standalone_a2a_ms", Num(standalone_ms)});
+    kv.push_back({"standalone_a2a_busbw_GBps", Num(s_alg * (n - 1) / n)});
+  }
+  cudaHostUnregister(x.raw());
+  cudaHostUnregister(d_out.raw());
+  layer.reset();
+  return Json(kv);
+}
+
+absl::Status Main() {
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',')) {
+    const Preset* preset = nullptr;
+    for (const Preset& p : kPresets) {
+      if (name == p.name) preset = &p;
+    }
+    if (preset == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown config '", name, "'"));
+    }
+    auto line = RunConfig(*preset);
+    if (!line.ok()) {
+      return absl::Status(line.status().code(),
+                          absl::StrCat(preset->name, ": ", line.status().message()));
+    }
+    std::printf("%s\n", line->c_str());
+    std::fflush(stdout);
+    if (!absl::GetFlag(FLAGS_json).empty()) {
+      std::ofstream(absl::GetFlag(FLAGS_json), std::ios::app) << *line << "\n";
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  absl::Status s = moe::Main();
+  if (!s.ok()) {
+    std::fprintf(stderr, "gpu_bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
