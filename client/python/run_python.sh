@@ -9,7 +9,9 @@
 set -euo pipefail
 root=${TEST_SRCDIR:+$TEST_SRCDIR/${TEST_WORKSPACE:-moed}}
 root=${root:-$PWD}
-export PYTHONPATH="$root/client/python:$root/client/python/gen:$(dirname "$1")${PYTHONPATH:+:$PYTHONPATH}"
+# The script's own folder too, for helpers next to a test (tests/python/local_cluster.py).
+export PYTHONPATH="$root/client/python:$root/client/python/gen:$(dirname "$1")\
+${PYTHONPATH:+:$PYTHONPATH}"
 # Keep tests single-threaded per process: CI has 2 cores shared with the workers under test.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export PYTHONDONTWRITEBYTECODE=1

@@ -19,7 +19,9 @@ shift
 mkdir -p "$dest/bin" "$dest/lib"
 
 # Libraries left to the runtime base image (regular expression on the file name).
-skip='^(linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libresolv|libutil|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia|libnvrtc|libnvJitLink)\.so'
+system='linux-vdso|ld-linux|libc|libm|libdl|librt|libpthread|libresolv|libutil|libstdc\+\+|libgcc_s'
+cuda='libcuda|libcudart|libcublas|libcublasLt|libnccl|libnvidia|libnvrtc|libnvJitLink'
+skip="^(${system}|${cuda})\.so"
 
 for bin in "$@"; do
   install -m 0755 "$bin" "$dest/bin/"
@@ -34,4 +36,5 @@ for bin in "$@"; do
     cp -nL "$path" "$dest/lib/$name"
   done
 done
-echo "collect_runtime: $(ls "$dest/bin" | wc -l) binaries, $(ls "$dest/lib" | wc -l) libraries in $dest"
+echo "collect_runtime: $(ls "$dest/bin" | wc -l) binaries," \
+  "$(ls "$dest/lib" | wc -l) libraries in $dest"

@@ -192,7 +192,8 @@ class KubernetesTest(unittest.TestCase):
                 for c in containers_of(w):
                     ports = {p["containerPort"] for p in c["ports"]}
                     listen = flag_value(c["args"], "listen")  # worker: host:port
-                    port = int(listen.rsplit(":", 1)[1] if listen else flag_value(c["args"], "port"))
+                    port = int(listen.rsplit(":", 1)[1] if listen
+                               else flag_value(c["args"], "port"))
                     self.assertIn(port, ports, where)
                     # The front end's readiness is grpc.health.v1 (SERVING = all workers in);
                     # liveness must not follow it (a lost worker would restart the front end
