@@ -214,10 +214,10 @@ int RunSmoke(const Args& args) {
     std::printf("  input   %lld tokens, %s, seed %llu; one forward + backward, d_aux = d_z = 1\n",
                 static_cast<long long>(tokens), DTypeName(*dtype),
                 static_cast<unsigned long long>(seed));
-    std::printf("  %-22s %-28s %12s %10s\n", "check (service vs local)", "", "max rel err",
+    std::printf("  %-22s %-34s %12s %10s\n", "check (service vs local)", "", "max rel err",
                 "tolerance");
     for (const Check& c : *checks) {
-      std::printf("  %-22s %-28.28s %12.3g %10.3g  %s\n", c.name.c_str(), c.detail.c_str(),
+      std::printf("  %-22s %-34.34s %12.3g %10.3g  %s\n", c.name.c_str(), c.detail.c_str(),
                   c.error, c.tolerance, c.pass() ? "ok" : "MISMATCH");
     }
     std::printf("verdict: %s (%zu checks, max rel error %.3g)\n", pass ? "PASS" : "FAIL",

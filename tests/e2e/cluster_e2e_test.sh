@@ -57,7 +57,11 @@ expect_code() {
 ctl() { "${MOECTL}" "$@" --server="${ADDRESS}"; }
 
 # JSON field of a one-line moectl answer, e.g. json_field step_id '{"step_id": 3}'.
-json_field() { grep -o "\"$1\": *[^,}]*" <<< "$2" | head -n 1 | sed 's/^[^:]*: *//; s/"//g'; }
+# Quoted values may contain commas ("[16, 32]"); numbers end at the next ',' or '}'.
+json_field() {
+  { grep -o "\"$1\": *\"[^\"]*\"" <<< "$2" || grep -o "\"$1\": *[^,}]*" <<< "$2"; } |
+    head -n 1 | sed 's/^[^:]*: *//; s/"//g'
+}
 
 # ---- start -----------------------------------------------------------------------------------
 ADDRESS="$("${CLUSTER_SH}" start --workers=2 --device=cpu --run_dir="${RUN_DIR}" --timeout=60 \
