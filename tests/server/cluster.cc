@@ -54,7 +54,9 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
                                    "--port=0",
                                    "--host=127.0.0.1",
                                    absl::StrCat("--port_file=", port_file),
-                                   absl::StrCat("--expect_workers=", options.workers),
+                                   options.embedded
+                                       ? absl::StrCat("--workers=", options.workers)
+                                       : absl::StrCat("--expect_workers=", options.workers),
                                    "--heartbeat_ms=200",
                                    "--worker_dead_after_ms=1500",
                                    "--collective_timeout_ms=5000",
@@ -80,8 +82,8 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
   cluster->channel_ = grpc::CreateCustomChannel(
       cluster->address_, grpc::InsecureChannelCredentials(), channel_args);
   cluster->stub_ = v1::MoeService::NewStub(cluster->channel_);
-  cluster->workers_.assign(options.workers, -1);
-  for (int r = 0; r < options.workers; ++r) {
+  cluster->workers_.assign(options.embedded ? 0 : options.workers, -1);
+  for (int r = 0; r < static_cast<int>(cluster->workers_.size()); ++r) {
     absl::StatusOr<pid_t> pid = cluster->SpawnWorker(r);
     if (!pid.ok()) return pid.status();
     cluster->workers_[r] = *pid;
@@ -155,5 +157,13 @@ absl::Status TestCluster::RestartWorker(int rank) {
 }
 
 bool TestCluster::MoedRunning() { return waitpid(moed_, nullptr, WNOHANG) == 0; }
+
+int TestCluster::SignalMoed(int signal) {
+  kill(moed_, signal);
+  int status = 0;
+  waitpid(moed_, &status, 0);
+  moed_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
 
 }  // namespace moe

@@ -28,6 +28,8 @@ namespace moe {
 struct ClusterOptions {
   int workers = 2;
   std::vector<std::string> moed_flags;  // extra flags, e.g. "--max_saved_steps=2"
+  // moed starts its own workers (--workers=N) instead of the test starting them.
+  bool embedded = false;
 };
 
 class TestCluster {
@@ -47,6 +49,8 @@ class TestCluster {
   void KillWorker(int rank, int signal);
   absl::Status RestartWorker(int rank);
   bool MoedRunning();
+  // Sends `signal` to moed; with wait, reaps it and returns its exit status (-1 if signalled).
+  int SignalMoed(int signal);
   pid_t worker_pid(int rank) const { return workers_[rank]; }
 
  private:
