@@ -379,14 +379,16 @@ absl::StatusOr<Tensor> MoeLayerImpl::Backward(StepContext& context, const Tensor
 
   // 5. Router backward.
   const double Tg = s->global_tokens;
+  // dL/dP[t, e] = C * f_e * d_aux. The host copy outlives the upload (asynchronous backends).
   Buffer aux_grad;
+  std::vector<float> aux_grad_host(E);
   if (c.aux_loss_coeff > 0 && Tg > 0) {
     const double coeff = E * c.aux_loss_coeff / (K * Tg * Tg);
-    std::vector<float> host(E);
     for (int64_t e = 0; e < E; ++e) {
-      host[e] = static_cast<float>(coeff * static_cast<double>(s->global_counts[e]) * d_aux);
+      aux_grad_host[e] =
+          static_cast<float>(coeff * static_cast<double>(s->global_counts[e]) * d_aux);
     }
-    ASSIGN_OR_RETURN(aux_grad, Upload(host.data(), E * sizeof(float)));
+    ASSIGN_OR_RETURN(aux_grad, Upload(aux_grad_host.data(), E * sizeof(float)));
   }
   ASSIGN_OR_RETURN(Buffer d_logits, backend_->Allocate(T * E * sizeof(float)));
   {

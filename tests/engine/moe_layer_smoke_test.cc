@@ -161,5 +161,85 @@ TEST(MoeLayerSmokeTest, ContextUsedTwiceAndBadInputs) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(MoeLayerSmokeTest, ParametersOptimizerAndState) {
+  const LayerConfig c = Tiny();
+  auto backend = MakeCpuBackend();
+  auto comm = MakeLocalCommunicator();
+  auto layer = MoeLayer::Create(c, backend.get(), comm.get());
+  ASSERT_TRUE(layer.ok());
+  MoeLayer& l = **layer;
+  EXPECT_EQ(l.ParameterNames(), (std::vector<std::string>{"gate", "wi", "wo"}));
+  EXPECT_EQ(l.GetParameter("wi")->shape(), (std::vector<int64_t>{8, 32, 128}));
+  EXPECT_EQ(l.GetParameter("wo")->shape(), (std::vector<int64_t>{8, 64, 32}));
+  // SetParameter round trip.
+  Tensor wo = *l.GetParameter("wo");
+  wo.data<float>()[5] = 0.25f;
+  ASSERT_TRUE(l.SetParameter("wo", wo).ok());
+  EXPECT_EQ(l.GetParameter("wo")->GetFloat(5), 0.25f);
+  EXPECT_TRUE(l.StateNames().empty());
+
+  // SGD: p_new = p - lr * g, gradients zeroed afterwards.
+  std::unique_ptr<StepContext> saved;
+  ASSERT_TRUE(l.Forward(Input(16, 32, 7), &saved).ok());
+  ASSERT_TRUE(l.Backward(*saved, Input(16, 32, 8), 1, 1).ok());
+  const Tensor gate = *l.GetParameter("gate"), grad = *l.GetGradient("gate");
+  ASSERT_TRUE(l.ApplyOptimizer(OptimizerConfig::Sgd(0.5)).ok());
+  const Tensor gate2 = *l.GetParameter("gate");
+  for (int64_t i = 0; i < gate.num_elements(); ++i) {
+    ASSERT_FLOAT_EQ(gate2.GetFloat(i), gate.GetFloat(i) - 0.5f * grad.GetFloat(i));
+  }
+  for (int64_t i = 0; i < grad.num_elements(); ++i) ASSERT_EQ(l.GetGradient("gate")->GetFloat(i), 0);
+
+  // AdamW creates m, v and the step count; SetState restores them.
+  ASSERT_TRUE(l.ApplyOptimizer(OptimizerConfig::AdamW(1e-3, 0.01)).ok());
+  EXPECT_EQ(l.StateNames(), (std::vector<std::string>{"gate.m", "gate.v", "wi.m", "wi.v", "wo.m",
+                                                      "wo.v", "step"}));
+  EXPECT_EQ(l.GetState("step")->GetFloat(0), 1.0f);
+  ASSERT_TRUE(l.SetState("step", Tensor::FromFloats({1}, {4.0f})).ok());
+  EXPECT_EQ(l.GetState("step")->GetFloat(0), 4.0f);
+  EXPECT_EQ(l.SetState("wi.m", Tensor::Zeros(DType::kFloat32, {1})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(l.SetState("bogus.m", Tensor::Zeros(DType::kFloat32, {1})).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(l.ApplyOptimizer(OptimizerConfig::Sgd(-1)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(l.UpdateExpertBias(0.1).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(MoeLayerSmokeTest, ExpertBiasUpdateFollowsCounts) {
+  LayerConfig c = Tiny();
+  c.score_function = ScoreFunction::kSigmoid;
+  c.use_expert_bias = true;
+  auto backend = MakeCpuBackend();
+  auto comm = MakeLocalCommunicator();
+  auto layer = MoeLayer::Create(c, backend.get(), comm.get());
+  ASSERT_TRUE(layer.ok());
+  auto fwd = (*layer)->Forward(Input(32, 32, 9), nullptr);
+  ASSERT_TRUE(fwd.ok());
+  const std::vector<int64_t> counts = (*layer)->accumulated_expert_counts();
+  EXPECT_EQ(counts, fwd->tokens_per_expert);
+  ASSERT_TRUE((*layer)->UpdateExpertBias(0.01).ok());
+  const Tensor bias = *(*layer)->GetParameter("expert_bias");
+  const double mean = 64.0 / 8.0;
+  for (int e = 0; e < 8; ++e) {
+    const float expect = counts[e] < mean ? 0.01f : (counts[e] > mean ? -0.01f : 0.0f);
+    EXPECT_FLOAT_EQ(bias.GetFloat(e), expect) << e;
+  }
+  EXPECT_EQ((*layer)->accumulated_expert_counts(), std::vector<int64_t>(8, 0));
+  EXPECT_EQ((*layer)->GetGradient("expert_bias").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(MoeLayerSmokeTest, LocalCommunicatorRefusesDeviceMemory) {
+  auto comm = MakeLocalCommunicator(MemorySpace::kDevice);
+  EXPECT_EQ(comm->size(), 1);
+  char a = 1, b = 0;
+  EXPECT_EQ(comm->AllGather(&a, &b, 1).code(), absl::StatusCode::kFailedPrecondition);
+  auto backend = MakeCpuBackend();
+  EXPECT_EQ(MoeLayer::Create(Tiny(), backend.get(), comm.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);  // memory spaces differ
+  auto host = MakeLocalCommunicator();
+  const std::vector<size_t> two = {2}, three = {3};
+  EXPECT_EQ(host->AllToAllV(&a, two, &b, three).code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace moe
