@@ -88,6 +88,9 @@ MOED_WORKER(ep_fault, const WorkerContext& ctx) {
                                    GlooTransportOptions{"", "127.0.0.1"});
   if (!gloo.ok()) return gloo.status();
   std::unique_ptr<Communicator> comm = std::move(*gloo);
+  // A rank may leave the rendezvous before its peers have finished theirs; a victim dying
+  // right away would then fail a peer's connect, not its step. Start the count after this.
+  if (absl::Status s = comm->Barrier(); !s.ok()) return s;
   if (ctx.rank == ctx.IntParam("victim", -1)) {
     comm = std::make_unique<FailingCommunicator>(
         std::move(comm), static_cast<int>(ctx.IntParam("fail_at", 0)), ctx.Param("mode", "exit"),
