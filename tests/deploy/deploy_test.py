@@ -373,14 +373,16 @@ class FlagsExistTest(unittest.TestCase):
         # Command lines in the guide: any line invoking one of the binaries.
         with open(DEPLOY_DOC) as f:
             for line in f:
-                for m in re.finditer(r"\b(moed|moe-worker|moectl)((?:\s+--[\w]+(?:=\S*)?)+)",
-                                     line):
+                # A binary, then flags and lower-case words (subcommands such as "health").
+                for m in re.finditer(r"\b(moed|moe-worker|moectl)((?:\s+(?:--\w+(?:=[^\s`]*)?"
+                                     r"|(?!moed\b|moe-worker\b|moectl\b)[a-z][\w-]*))+)", line):
                     out.append((DEPLOY_DOC, m.group(1), m.group(2).split()))
         return out
 
     def test_flags_exist(self):
         uses = self.uses()
         self.assertGreater(len(uses), 10)
+        self.assertGreater(sum(len(flag_names(args)) for _, _, args in uses), 40)
         for where, binary, args in uses:
             for name in flag_names(args):
                 self.assertIn(name, self.flags[binary],
