@@ -27,7 +27,8 @@ Contract:
   ZeroGradients; a parent model's zero_grad() does not reach the server (ApplyOptimizer zeroes
   the server's gradients itself).
 - The wire carries FP32 or BF16: fp64 inputs are sent as fp32 (the server computes in fp32)
-  and the results cast back; bf16 inputs travel as bf16.
+  and the results cast back; bf16 inputs travel as bf16. Tensors on a GPU are copied to the
+  host for the wire and the results copied back to x's device.
 """
 
 import logging
@@ -86,7 +87,7 @@ def _run_forward(module, x2d, keep):
     """Forward RPC; returns (out tensor in x's dtype, aux, z, step_id)."""
     r = module.client.forward(module.name, x2d, keep_for_backward=keep,
                               datatype=_wire_datatype(x2d.dtype), raw=True)
-    out = codec.to_torch(r.out).to(x2d.dtype)
+    out = codec.to_torch(r.out).to(device=x2d.device, dtype=x2d.dtype)
     module.last_tokens_per_expert = r.tokens_per_expert
     return out, r.aux_loss, r.z_loss, r.step_id
 
@@ -103,7 +104,8 @@ class _RemoteMoEFunction(torch.autograd.Function):
         ctx.step = _Step(module.client, module.name, step_id)
         ctx.save_for_backward(x2d)
         loss_dtype = _loss_dtype(x2d.dtype)
-        return out, torch.tensor(aux, dtype=loss_dtype), torch.tensor(z, dtype=loss_dtype)
+        return (out, torch.tensor(aux, dtype=loss_dtype, device=x2d.device),
+                torch.tensor(z, dtype=loss_dtype, device=x2d.device))
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -120,7 +122,7 @@ class _RemoteMoEFunction(torch.autograd.Function):
                                                 else torch.float32),
             d_aux=float(d_aux), d_z_loss=float(d_z), datatype=_wire_datatype(x2d.dtype),
             raw=True)
-        return codec.to_torch(d_x).to(x2d.dtype), None, None
+        return codec.to_torch(d_x).to(device=x2d.device, dtype=x2d.dtype), None, None
 
 
 class RemoteMoE(torch.nn.Module):
@@ -178,8 +180,9 @@ class RemoteMoE(torch.nn.Module):
         else:
             out, aux, z, _ = _run_forward(self, x2d, keep=False)
             loss_dtype = _loss_dtype(x2d.dtype)
-            aux, z = torch.tensor(aux, dtype=loss_dtype), torch.tensor(z, dtype=loss_dtype)
-        out = out.reshape(shape).to(x.device)
+            aux = torch.tensor(aux, dtype=loss_dtype, device=x2d.device)
+            z = torch.tensor(z, dtype=loss_dtype, device=x2d.device)
+        out = out.reshape(shape)
         self.last_z_loss = float(z)
         return (out, aux, z) if return_z_loss else (out, aux)
 
