@@ -108,13 +108,15 @@ absl::Status RouterForward(const RouterForwardArgs& a, int threads) {
         sig_sum += s[e];
       }
       for (int64_t e = 0; e < E; ++e) aux_p[t * E + e] = sigmoid ? s[e] / sig_sum : s[e];
-      // Selection score.
+      // Selection score. NaN (from NaN inputs) ranks lowest so that the ordering stays a
+      // strict weak order and the selection deterministic; the outputs are NaN anyway.
       for (int64_t e = 0; e < E; ++e) {
         if (sigmoid) {
           sel[e] = s[e] + (a.expert_bias != nullptr ? static_cast<double>(a.expert_bias[e]) : 0.0);
         } else {
           sel[e] = c.pre_softmax ? s[e] : z[e];
         }
+        if (std::isnan(sel[e])) sel[e] = -std::numeric_limits<double>::infinity();
       }
       int32_t* chosen = a.topk_expert + t * K;
       SelectExperts(c, sel, order, chosen);

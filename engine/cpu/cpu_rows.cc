@@ -2,6 +2,7 @@
 // on the CPU. Every output row/token is written by exactly one thread and every sum runs in a
 // fixed order (slot order for the combine), so results are bit-identical run to run.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -47,7 +48,11 @@ absl::Status RoutePlan(const RoutePlanArgs& a) {
     // Keep the `capacity` highest weights; the stable sort keeps earlier tokens ahead on
     // ties, so among equal weights the later token is dropped first.
     std::stable_sort(pairs.begin() + start[e], pairs.begin() + start[e + 1],
-                     [&](int64_t x, int64_t y) { return a.topk_weight[x] > a.topk_weight[y]; });
+                     [&](int64_t x, int64_t y) {
+                       // NaN weights rank lowest (a strict weak order even on bad input).
+                       const float wx = a.topk_weight[x], wy = a.topk_weight[y];
+                       return !std::isnan(wx) && (std::isnan(wy) || wx > wy);
+                     });
     for (int64_t p = start[e]; p < start[e + 1]; ++p) {
       a.kept[pairs[p]] = p - start[e] < a.capacity ? 1 : 0;
     }

@@ -241,5 +241,21 @@ TEST(MoeLayerSmokeTest, LocalCommunicatorRefusesDeviceMemory) {
   EXPECT_EQ(host->AllToAllV(&a, two, &b, three).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(MoeLayerSmokeTest, NanInputDoesNotCrash) {
+  LayerConfig c = Tiny();
+  c.capacity_factor = 1.0;
+  auto backend = MakeCpuBackend();
+  auto comm = MakeLocalCommunicator();
+  auto layer = MoeLayer::Create(c, backend.get(), comm.get());
+  ASSERT_TRUE(layer.ok());
+  Tensor x = Input(16, 32, 10);
+  for (int64_t i = 0; i < 32 * 4; ++i) x.data<float>()[i] = std::nanf("");
+  std::unique_ptr<StepContext> saved;
+  auto fwd = (*layer)->Forward(x, &saved);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  EXPECT_TRUE(std::isnan(fwd->out.GetFloat(0)));
+  EXPECT_TRUE((*layer)->Backward(*saved, Input(16, 32, 11), 1, 1).ok());
+}
+
 }  // namespace
 }  // namespace moe
