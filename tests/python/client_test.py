@@ -9,7 +9,7 @@ import unittest
 import numpy as np
 
 from local_cluster import LocalCluster, binaries_from_argv
-from moe_client import Client, FailedPrecondition, NotFound
+from moe_client import Client, DataLoss, FailedPrecondition, NotFound
 
 CLUSTER = None
 MOED = WORKER = None
@@ -110,6 +110,12 @@ class ClientTest(unittest.TestCase):
         self.client.set_weights("w", {"gate": np.zeros((8, 4), np.float32)})
         self.client.load_checkpoint("w", directory)
         np.testing.assert_array_equal(self.client.get_weights("w")["gate"], new["gate"])
+        with self.assertRaises(NotFound):
+            self.client.load_checkpoint("w", directory + "-missing")
+        os.remove(os.path.join(directory, "COMPLETE"))  # as if the save had not finished
+        with self.assertRaises(DataLoss) as cm:
+            self.client.load_checkpoint("w", directory)
+        self.assertIn("COMPLETE", cm.exception.message)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,9 @@ The generated stubs (module `proto.moe_pb2`) must be importable: see client/pyth
 """
 
 from moe_client.client import Client, ForwardResult, layer_config
-from moe_client.errors import (AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition,
-                               Internal, InvalidArgument, MoeError, NotFound, ResourceExhausted,
-                               Unavailable, Unimplemented)
+from moe_client.errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,
+                               FailedPrecondition, Internal, InvalidArgument, MoeError, NotFound,
+                               ResourceExhausted, Unavailable, Unimplemented)
 
 try:
     from moe_client.torch_layer import RemoteMoE
@@ -24,5 +24,5 @@ except ImportError:  # pragma: no cover - torch-less installs still get the Clie
 __all__ = [
     "Client", "ForwardResult", "layer_config", "RemoteMoE", "MoeError", "InvalidArgument",
     "NotFound", "AlreadyExists", "FailedPrecondition", "ResourceExhausted", "Unavailable",
-    "DeadlineExceeded", "Cancelled", "Internal", "Unimplemented",
+    "DeadlineExceeded", "Cancelled", "Aborted", "DataLoss", "Internal", "Unimplemented",
 ]

@@ -58,6 +58,14 @@ class Cancelled(MoeError):
     """The call was cancelled."""
 
 
+class Aborted(MoeError):
+    """The call was aborted (e.g. a concurrent membership change); it may be retried."""
+
+
+class DataLoss(MoeError):
+    """A checkpoint is incomplete or corrupted (the message names the file)."""
+
+
 class Internal(MoeError):
     """A server bug or an unexpected failure inside the server."""
 
@@ -76,6 +84,8 @@ _CLASS_OF_CODE = {
     grpc.StatusCode.UNAVAILABLE: Unavailable,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.CANCELLED: Cancelled,
+    grpc.StatusCode.ABORTED: Aborted,
+    grpc.StatusCode.DATA_LOSS: DataLoss,
     grpc.StatusCode.INTERNAL: Internal,
     grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
 }
