@@ -5,7 +5,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -400,6 +402,60 @@ TEST_F(ClusterTest, StatusHealthAndMetrics) {
   EXPECT_THAT(reply, HasSubstr("moed_serving 1"));
   EXPECT_THAT(reply, HasSubstr("moed_requests_total{method=\"GetStatus\""));
   EXPECT_THAT(reply, HasSubstr("moed_worker_alive{rank=\"1\"} 1"));
+}
+
+TEST_F(ClusterTest, ConcurrentClientsOnTwoLayers) {
+  const v1::LayerConfig config_a = TinyConfig(21), config_b = TinyConfig(22);
+  ASSERT_TRUE(Create("conc_a", config_a).ok());
+  ASSERT_TRUE(Create("conc_b", config_b).ok());
+  auto local_a = MakeLocalLayer(config_a);
+  auto local_b = MakeLocalLayer(config_b);
+  constexpr int kThreads = 8, kSteps = 12;
+  // Inference outputs do not depend on order: precompute them with the local engine.
+  std::vector<std::vector<float>> inputs, expected;
+  for (int i = 0; i < kThreads * kSteps; ++i) {
+    const int64_t tokens = 1 + i % 17;
+    inputs.push_back(RandomFloats(tokens * 32, 1000 + i));
+    auto& local = (i % 2 == 0) ? local_a : local_b;
+    auto ref = local->layer->Forward(Tensor::FromFloats({tokens, 32}, inputs.back()), nullptr);
+    ASSERT_TRUE(ref.ok());
+    expected.push_back(TensorFloats(ref->out));
+  }
+  std::atomic<int> wrong{0}, failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int s = 0; s < kSteps; ++s) {
+        const int i = t * kSteps + s;
+        const int64_t tokens = 1 + i % 17;
+        const std::string layer = (i % 2 == 0) ? "conc_a" : "conc_b";
+        v1::ForwardResponse fwd;
+        // Two threads keep activations on every third step and release them (so at most
+        // two steps are held at once, within --max_saved_steps=3): steps interleave.
+        const bool keep = t < 2 && s % 3 == 0;
+        grpc::Status status = Forward(layer, FloatsToProto({tokens, 32}, inputs[i]), keep, &fwd);
+        if (!status.ok()) {
+          ADD_FAILURE() << status.error_code() << " " << status.error_message();
+          ++failed;
+          continue;
+        }
+        if (MaxRelError(ProtoToFloats(fwd.out()), expected[i]) > 1e-5) ++wrong;
+        if (keep) {
+          grpc::ClientContext ctx;
+          v1::ReleaseStepRequest request;
+          request.set_layer(layer);
+          request.set_step_id(fwd.step_id());
+          v1::ReleaseStepResponse response;
+          if (!stub()->ReleaseStep(&ctx, request, &response).ok() || !response.released()) {
+            ++failed;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failed, 0);
+  EXPECT_EQ(wrong, 0);
 }
 
 }  // namespace
