@@ -1,0 +1,58 @@
+#!/bin/bash
+# gpu_checks.sh: every GPU test and benchmark in one go, on the GPU machine (2 GPUs), from the
+# folder tools/pack_gpu.sh made. Logs and JSON go to $OUT (default ./gpu_out); a summary table
+# is printed last. Each step has its own time limit, so one hang does not cost the others.
+#
+#   source .gpu/env.sh && tools/gpu_checks.sh [tests|bench|all]
+set -uo pipefail
+out=${OUT:-gpu_out}
+what=${1:-all}
+mkdir -p "$out"
+export MOED_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0
+log="$out/tests.log"
+summary=()
+step() {  # step NAME TIMEOUT_S COMMAND...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: $*" | tee -a "$log"
+  local t0=$(date +%s)
+  timeout "$limit" "$@" >>"$log" 2>&1
+  local rc=$?
+  summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
+  return $rc
+}
+{ date -u; nvidia-smi -L; nvidia-smi topo -m 2>/dev/null | head -5; } >>"$log" 2>&1
+if [ "$what" = all ] || [ "$what" = tests ]; then
+  step ops_test 120 cuda_backend_ops_test ||
+    step ops_test_memcheck 150 compute-sanitizer --tool memcheck cuda_backend_ops_test
+  step layer_test 120 cuda_layer_test
+  step ep2_test 120 ep2_gpu_test
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error|ok \(rank" "$log" | tail -40
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
+  step bench_1gpu 250 gpu_bench --configs="${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3}" \
+    --json="$out/bench_1gpu.jsonl"
+  rm -rf /tmp/moed_ep2_store
+  step bench_ep2 200 bash -c "gpu_bench --size=2 --rank=1 --store_dir=/tmp/moed_ep2_store \
+      --configs=${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3} --json=$out/bench_ep2_r1.jsonl \
+      >$out/bench_ep2_r1.log 2>&1 & \
+    gpu_bench --size=2 --rank=0 --store_dir=/tmp/moed_ep2_store \
+      --configs=${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3} --json=$out/bench_ep2_r0.jsonl; \
+    rc=\$?; wait; exit \$rc"
+  python3 - "$out" <<'PY'
+import json, sys, os
+out = sys.argv[1]
+for f in ("bench_1gpu.jsonl", "bench_ep2_r0.jsonl"):
+    p = os.path.join(out, f)
+    if not os.path.exists(p): continue
+    print(f)
+    for line in open(p):
+        r = json.loads(line)
+        extra = ""
+        if r.get("size", 1) > 1:
+            extra = " a2a %.1f GB/s bus (standalone %.1f)" % (r["a2a_busbw_GBps"], r["standalone_a2a_busbw_GBps"])
+        print("  %-8s fwd %7.2f ms (dev %7.2f, %5.0f TF)  fwd+bwd %7.2f ms (dev %7.2f, %5.0f TF)  peak %.1f GB init %.0fs%s" % (
+            r["config"], r["fwd_ms"], r["fwd_device_ms"], r["fwd_tflops_device"], r["fwdbwd_ms"],
+            r["fwdbwd_device_ms"], r["fwdbwd_tflops_device"], r["peak_bytes"] / 1e9, r["init_s"], extra))
+PY
+fi
+printf '%s\n' "${summary[@]}"
