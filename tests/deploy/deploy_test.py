@@ -333,6 +333,36 @@ class ImagesPinnedTest(unittest.TestCase):
         self.assertFalse(is_pinned("moed"))
 
 
+class SizingTableTest(unittest.TestCase):
+    """The sizing table of docs/DEPLOY.md recomputed from the shapes in its first column."""
+
+    def test_numbers(self):
+        rows = []
+        with open(DEPLOY_DOC) as f:
+            for line in f:
+                m = re.match(r"^\| (\w+) \(([\d, ]+)\) \|(.*)\|$", line)
+                if m:
+                    rows.append((m.group(1), [int(v) for v in m.group(2).split(",")],
+                                 [c.strip() for c in m.group(3).split("|")]))
+        self.assertEqual([r[0] for r in rows], ["te_seed", "mixtral", "dsv3", "qwen3"])
+        gib = float(1 << 30)
+        for name, (tokens, hidden, ffn, experts, k), cells in rows:
+            params = 3 * hidden * ffn                      # wi [H, 2F] + wo [F, H]
+            self.assertAlmostEqual(float(cells[0].split()[0]), params / 1e6, delta=0.051, msg=name)
+            self.assertAlmostEqual(float(cells[1]), 18 * params / gib, delta=0.0051, msg=name)
+            for ranks, cell in zip((1, 2, 8), cells[2:5]):
+                local, state, step = [float(v) for v in cell.split("/")]
+                rows_local, t = tokens * k / ranks, tokens / ranks
+                want_state = (experts // ranks) * 18 * params + 16 * hidden * experts
+                want_step = (t * hidden * 4 + t * experts * 8 + t * 4 + t * k * 12 +
+                             rows_local * (hidden + 3 * ffn) * 2 + t * k * hidden * 2)
+                self.assertEqual(local, experts // ranks, name)
+                self.assertAlmostEqual(state, want_state / gib, delta=max(0.006, 0.005 * state),
+                                       msg="%s R=%d state" % (name, ranks))
+                self.assertAlmostEqual(step, want_step / gib, delta=0.006,
+                                       msg="%s R=%d kept step" % (name, ranks))
+
+
 def helpfull(binary):
     """Flag names a binary accepts, from its --helpfull output ("    --name (help...")."""
     proc = subprocess.run([binary, "--helpfull"], capture_output=True, text=True, timeout=30)
