@@ -57,9 +57,8 @@ absl::StatusOr<LayerConfig> EngineConfigFromProto(const v1::LayerConfig& proto) 
   } else if (proto.compute_dtype() == "BF16") {
     config.compute_dtype = DType::kBFloat16;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("config.compute_dtype: '",
-                                                   proto.compute_dtype(),
-                                                   "' is not FP32 or BF16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.compute_dtype: '", proto.compute_dtype(), "' is not FP32 or BF16"));
   }
   config.init_seed = proto.init_seed();
   return config;

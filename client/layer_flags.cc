@@ -72,9 +72,8 @@ absl::StatusOr<v1::LayerConfig> LayerConfigFromFlags() {
 
   const std::string dtype = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_compute_dtype));
   if (dtype != "FP32" && dtype != "BF16") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--compute_dtype: '", absl::GetFlag(FLAGS_compute_dtype),
-                     "' is not fp32 or bf16"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--compute_dtype: '", absl::GetFlag(FLAGS_compute_dtype), "' is not fp32 or bf16"));
   }
   config.set_compute_dtype(dtype);
   config.set_init_seed(absl::GetFlag(FLAGS_seed));
@@ -84,15 +83,14 @@ absl::StatusOr<v1::LayerConfig> LayerConfigFromFlags() {
 std::string DescribeLayerConfig(const v1::LayerConfig& c) {
   std::string out = absl::StrCat(
       "hidden=", c.hidden(), " ffn=", c.ffn(), " experts=", c.num_experts(),
-      " top_k=", c.has_top_k() ? c.top_k() : 1, " score=",
-      c.score_function() == v1::SCORE_FUNCTION_SIGMOID ? "sigmoid" : "softmax",
+      " top_k=", c.has_top_k() ? c.top_k() : 1,
+      " score=", c.score_function() == v1::SCORE_FUNCTION_SIGMOID ? "sigmoid" : "softmax",
       " activation=",
       c.activation() == v1::ACTIVATION_UNSPECIFIED
           ? std::string("silu")
           : absl::AsciiStrToLower(v1::Activation_Name(c.activation()).substr(11)),
       c.has_gated() && !c.gated() ? " plain" : " gated",
-      " compute=", c.compute_dtype().empty() ? "FP32" : c.compute_dtype(),
-      " seed=", c.init_seed());
+      " compute=", c.compute_dtype().empty() ? "FP32" : c.compute_dtype(), " seed=", c.init_seed());
   if (c.pre_softmax()) absl::StrAppend(&out, " pre_softmax");
   if (c.num_groups() > 0) {
     absl::StrAppend(&out, " groups=", c.num_groups(), "/top", c.group_topk());

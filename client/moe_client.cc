@@ -115,9 +115,9 @@ void MoeClient::Prepare(const CallOptions& call, grpc::ClientContext* context) c
 }
 
 // The unary calls all have the same shape: fill a request, call, map the status.
-#define MOED_UNARY_CALL(method, request, response, call)                   \
-  grpc::ClientContext context;                                             \
-  Prepare(call, &context);                                                 \
+#define MOED_UNARY_CALL(method, request, response, call) \
+  grpc::ClientContext context;                           \
+  Prepare(call, &context);                               \
   RETURN_IF_ERROR(FromGrpcStatus(stub_->method(&context, request, &response)))
 
 absl::StatusOr<v1::LayerInfo> MoeClient::CreateLayer(const std::string& name,
@@ -156,8 +156,7 @@ absl::StatusOr<v1::LayerInfo> MoeClient::GetLayer(const std::string& name,
 }
 
 absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const Tensor& x,
-                                                 bool keep_for_backward,
-                                                 const CallOptions& call) {
+                                                 bool keep_for_backward, const CallOptions& call) {
   v1::ForwardRequest request;
   request.set_layer(layer);
   TensorToProto(x, request.mutable_x());
@@ -367,7 +366,8 @@ absl::StatusOr<ServingStatus> MoeClient::Health(const std::string& service,
   std::vector<grpc::Slice> slices;
   if (!response.Dump(&slices).ok()) return absl::InternalError("cannot read health response");
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return DecodeHealthResponse(bytes);
 }
 

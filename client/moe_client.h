@@ -57,7 +57,7 @@ struct CallOptions {
 };
 
 struct ForwardOutput {
-  Tensor out;                              // [T, H] in x's dtype
+  Tensor out;  // [T, H] in x's dtype
   double aux_loss = 0.0;
   double z_loss = 0.0;
   std::vector<int64_t> tokens_per_expert;  // [E]
@@ -125,8 +125,7 @@ class MoeClient {
                                                       const std::vector<NamedTensor>& tensors,
                                                       const CallOptions& call = {});
   // Returns the absolute directory written (on the server's disk).
-  absl::StatusOr<std::string> SaveCheckpoint(const std::string& layer,
-                                             const std::string& directory,
+  absl::StatusOr<std::string> SaveCheckpoint(const std::string& layer, const std::string& directory,
                                              const CallOptions& call = {});
   absl::Status LoadCheckpoint(const std::string& layer, const std::string& directory,
                               const CallOptions& call = {});

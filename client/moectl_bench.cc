@@ -6,8 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <functional>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -50,8 +50,8 @@ std::string SeriesJson(const Series& s, int64_t tokens) {
       "{\"steps\": %d, \"steps_per_s\": %.3f, \"tokens_per_s\": %.1f, \"latency_ms\": "
       "{\"mean\": %.3f, \"p50\": %.3f, \"p90\": %.3f, \"p99\": %.3f, \"min\": %.3f, "
       "\"max\": %.3f}}",
-      static_cast<int>(n), steps_per_s, steps_per_s * tokens, mean,
-      Percentile(s.latency_ms, 50), Percentile(s.latency_ms, 90), Percentile(s.latency_ms, 99),
+      static_cast<int>(n), steps_per_s, steps_per_s * tokens, mean, Percentile(s.latency_ms, 50),
+      Percentile(s.latency_ms, 90), Percentile(s.latency_ms, 99),
       n > 0 ? *std::min_element(s.latency_ms.begin(), s.latency_ms.end()) : 0.0,
       n > 0 ? *std::max_element(s.latency_ms.begin(), s.latency_ms.end()) : 0.0);
 }
@@ -76,8 +76,8 @@ class ProgressBar {
 };
 
 // Runs `warmup` + `steps` calls of `step`, timing the last `steps`.
-absl::StatusOr<Series> Measure(int64_t warmup, int64_t steps, const char* phase,
-                               bool show_progress, const std::function<absl::Status()>& step) {
+absl::StatusOr<Series> Measure(int64_t warmup, int64_t steps, const char* phase, bool show_progress,
+                               const std::function<absl::Status()>& step) {
   ProgressBar bar(warmup + steps, show_progress);
   Series series;
   absl::Time start = absl::Now();

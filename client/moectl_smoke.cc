@@ -51,8 +51,7 @@ struct StepResult {
   std::vector<NamedTensor> gradients;  // after the backward
 };
 
-absl::StatusOr<StepResult> RunLocal(const LayerConfig& config, const Tensor& x,
-                                    const Tensor& d_out,
+absl::StatusOr<StepResult> RunLocal(const LayerConfig& config, const Tensor& x, const Tensor& d_out,
                                     const std::vector<NamedTensor>& remote_weights,
                                     const std::vector<NamedTensor>& remote_gradients) {
   std::unique_ptr<Backend> backend = MakeCpuBackend();
@@ -83,8 +82,8 @@ absl::StatusOr<StepResult> RunLocal(const LayerConfig& config, const Tensor& x,
   return result;
 }
 
-absl::StatusOr<StepResult> RunRemote(MoeClient& client, const std::string& layer,
-                                     const Tensor& x, const Tensor& d_out) {
+absl::StatusOr<StepResult> RunRemote(MoeClient& client, const std::string& layer, const Tensor& x,
+                                     const Tensor& d_out) {
   StepResult result;
   auto weights = client.GetWeights(layer);
   if (!weights.ok()) return weights.status();
@@ -124,16 +123,15 @@ absl::StatusOr<std::vector<Check>> Compare(const StepResult& remote, const StepR
   }
   absl::Status s = tensor_check("out", remote.out, local.out, rtol);
   if (!s.ok()) return s;
-  checks.push_back({"aux_loss", absl::StrFormat("%.6g (local %.6g)", remote.aux_loss,
-                                                local.aux_loss),
+  checks.push_back({"aux_loss",
+                    absl::StrFormat("%.6g (local %.6g)", remote.aux_loss, local.aux_loss),
                     ScalarRelError(remote.aux_loss, local.aux_loss), rtol});
   checks.push_back({"z_loss", absl::StrFormat("%.6g (local %.6g)", remote.z_loss, local.z_loss),
                     ScalarRelError(remote.z_loss, local.z_loss), rtol});
   // Routing is discrete: the counts must agree exactly (a near-tie flipped by reassociation
   // would show here first).
-  checks.push_back({"tokens_per_expert", absl::StrCat("[", absl::StrJoin(
-                                                               remote.tokens_per_expert, " "),
-                                                      "]"),
+  checks.push_back({"tokens_per_expert",
+                    absl::StrCat("[", absl::StrJoin(remote.tokens_per_expert, " "), "]"),
                     remote.tokens_per_expert == local.tokens_per_expert ? 0.0 : 1.0, 0.0});
   s = tensor_check("d_x", remote.d_x, local.d_x, rtol);
   if (!s.ok()) return s;
@@ -174,9 +172,9 @@ int RunSmoke(const Args& args) {
   if (!remote.ok()) return ReportError("smoke", remote.status());
   auto local = RunLocal(*config, x, d_out, remote->weights, remote->gradients);
   if (!local.ok()) {
-    return ReportError("smoke", absl::Status(local.status().code(),
-                                             absl::StrCat("local engine: ",
-                                                          local.status().message())));
+    return ReportError("smoke",
+                       absl::Status(local.status().code(),
+                                    absl::StrCat("local engine: ", local.status().message())));
   }
   double rtol = absl::GetFlag(FLAGS_rtol);
   if (rtol <= 0) {
@@ -195,30 +193,32 @@ int RunSmoke(const Args& args) {
   if (absl::GetFlag(FLAGS_json)) {
     std::string items;
     for (const Check& c : *checks) {
-      absl::StrAppendFormat(&items, "%s{\"name\": %s, \"max_rel_error\": %.3g, \"tolerance\": "
-                            "%.3g, \"pass\": %s}", items.empty() ? "" : ", ",
-                            JsonString(c.name), c.error, c.tolerance, c.pass() ? "true" : "false");
+      absl::StrAppendFormat(&items,
+                            "%s{\"name\": %s, \"max_rel_error\": %.3g, \"tolerance\": "
+                            "%.3g, \"pass\": %s}",
+                            items.empty() ? "" : ", ", JsonString(c.name), c.error, c.tolerance,
+                            c.pass() ? "true" : "false");
     }
     std::printf(
         "{\"verdict\": \"%s\", \"server\": %s, \"layer\": %s, \"ep_ranks\": %d, \"config\": %s, "
         "\"tokens\": %lld, \"datatype\": \"%s\", \"aux_loss\": %.9g, \"z_loss\": %.9g, "
         "\"max_rel_error\": %.3g, \"checks\": [%s]}\n",
-        pass ? "PASS" : "FAIL", JsonString((*client)->target()).c_str(),
-        JsonString(name).c_str(), info->ep_ranks(),
-        JsonString(DescribeLayerConfig(info->config())).c_str(), static_cast<long long>(tokens),
-        DTypeName(*dtype), remote->aux_loss, remote->z_loss, worst, items.c_str());
+        pass ? "PASS" : "FAIL", JsonString((*client)->target()).c_str(), JsonString(name).c_str(),
+        info->ep_ranks(), JsonString(DescribeLayerConfig(info->config())).c_str(),
+        static_cast<long long>(tokens), DTypeName(*dtype), remote->aux_loss, remote->z_loss, worst,
+        items.c_str());
   } else {
-    std::printf("moectl smoke: server %s, layer %s over %d workers\n",
-                (*client)->target().c_str(), name.c_str(), info->ep_ranks());
+    std::printf("moectl smoke: server %s, layer %s over %d workers\n", (*client)->target().c_str(),
+                name.c_str(), info->ep_ranks());
     std::printf("  config  %s\n", DescribeLayerConfig(info->config()).c_str());
     std::printf("  input   %lld tokens, %s, seed %llu; one forward + backward, d_aux = d_z = 1\n",
                 static_cast<long long>(tokens), DTypeName(*dtype),
                 static_cast<unsigned long long>(seed));
-    std::printf("  %-22s %-34s %12s %10s\n", "check (service vs local)", "", "max rel err",
+    std::printf("  %-22s %-34s %12s %10s\n", "check", "service vs local engine", "max rel err",
                 "tolerance");
     for (const Check& c : *checks) {
-      std::printf("  %-22s %-34.34s %12.3g %10.3g  %s\n", c.name.c_str(), c.detail.c_str(),
-                  c.error, c.tolerance, c.pass() ? "ok" : "MISMATCH");
+      std::printf("  %-22s %-34.34s %12.3g %10.3g  %s\n", c.name.c_str(), c.detail.c_str(), c.error,
+                  c.tolerance, c.pass() ? "ok" : "MISMATCH");
     }
     std::printf("verdict: %s (%zu checks, max rel error %.3g)\n", pass ? "PASS" : "FAIL",
                 checks->size(), worst);

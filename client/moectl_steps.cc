@@ -18,8 +18,7 @@ ABSL_FLAG(bool, keep_for_backward, false,
 ABSL_FLAG(uint64_t, step_id, 0, "backward: the step_id printed by forward --keep_for_backward.");
 ABSL_FLAG(std::string, d_out, "", "backward: d_out from this .npy file instead of random.");
 ABSL_FLAG(std::string, d_aux, "", "backward: gradient w.r.t. the aux loss (empty = server's 1).");
-ABSL_FLAG(std::string, d_z_loss, "",
-          "backward: gradient w.r.t. the z-loss (empty = server's 1).");
+ABSL_FLAG(std::string, d_z_loss, "", "backward: gradient w.r.t. the z-loss (empty = server's 1).");
 
 namespace moe {
 namespace client {
@@ -80,8 +79,8 @@ int RunForward(const Args& args) {
       "\"aux_loss\": %.9g, \"z_loss\": %.9g, \"step_id\": %llu, \"tokens_per_expert\": [%s], "
       "\"output\": %s}\n",
       JsonString(layer).c_str(), static_cast<long long>(x->rank() > 0 ? x->dim(0) : 0),
-      DTypeName(x->dtype()), result->out.ShapeString().c_str(), result->aux_loss,
-      result->z_loss, static_cast<unsigned long long>(result->step_id),
+      DTypeName(x->dtype()), result->out.ShapeString().c_str(), result->aux_loss, result->z_loss,
+      static_cast<unsigned long long>(result->step_id),
       absl::StrJoin(result->tokens_per_expert, ", ").c_str(), JsonString(output).c_str());
   return 0;
 }
@@ -108,8 +107,7 @@ int RunBackward(const Args& args) {
   }
   // A random d_out uses the next seed after x's, so forward+backward with the same
   // --input_seed never reuse x as d_out.
-  auto d_out =
-      InputTensor(absl::GetFlag(FLAGS_d_out), hidden, absl::GetFlag(FLAGS_input_seed) + 1);
+  auto d_out = InputTensor(absl::GetFlag(FLAGS_d_out), hidden, absl::GetFlag(FLAGS_input_seed) + 1);
   if (!d_out.ok()) return ReportError("backward", d_out.status());
   auto d_x = (*client)->Backward(layer, step_id, *d_out, *d_aux, *d_z);
   if (!d_x.ok()) return ReportError("backward", d_x.status());

@@ -103,7 +103,9 @@ absl::StatusOr<Tensor> ParseNpy(absl::string_view contents) {
   const uint8_t major = static_cast<uint8_t>(contents[kMagicSize]);
   size_t header_len = 0;
   size_t header_start = 0;
-  const auto byte = [&](size_t i) { return static_cast<size_t>(static_cast<uint8_t>(contents[i])); };
+  const auto byte = [&](size_t i) {
+    return static_cast<size_t>(static_cast<uint8_t>(contents[i]));
+  };
   if (major == 1) {
     header_len = byte(8) | byte(9) << 8;
     header_start = 10;
@@ -138,8 +140,8 @@ absl::StatusOr<Tensor> ParseNpy(absl::string_view contents) {
   const absl::string_view data = contents.substr(header_start + header_len);
   const size_t expected = static_cast<size_t>(NumElements(*shape)) * DTypeSize(*dtype);
   if (data.size() != expected) {
-    return Invalid(absl::StrCat("data is ", data.size(), " bytes, shape ",
-                                shape_text, " of ", descr, " needs ", expected));
+    return Invalid(absl::StrCat("data is ", data.size(), " bytes, shape ", shape_text, " of ",
+                                descr, " needs ", expected));
   }
   return Tensor::FromBytes(*dtype, *shape, data);
 }
@@ -149,8 +151,8 @@ std::string SerializeNpy(const Tensor& tensor) {
       tensor.dtype() == DType::kBFloat16 ? tensor.ConvertTo(DType::kFloat32) : tensor;
   std::string shape = "(";
   for (int64_t d : stored.shape()) absl::StrAppend(&shape, d, ", ");
-  if (stored.rank() > 1) shape.resize(shape.size() - 2);     // "(3, 4)"
-  if (stored.rank() == 1) shape.resize(shape.size() - 1);    // "(3,)"
+  if (stored.rank() > 1) shape.resize(shape.size() - 2);   // "(3, 4)"
+  if (stored.rank() == 1) shape.resize(shape.size() - 1);  // "(3,)"
   shape += ")";
   std::string header = absl::StrCat("{'descr': '", DescrOf(stored.dtype()),
                                     "', 'fortran_order': False, 'shape': ", shape, ", }");

@@ -57,9 +57,9 @@ std::vector<v1::TensorChunk> ChunkTensor(const std::string& name, const Tensor& 
 absl::Status ChunkAssembler::CloseCurrent() {
   if (!open_) return absl::OkStatus();
   if (filled_elements_ != current_.tensor.num_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor '", current_.name, "' is incomplete: ", filled_elements_, " of ",
-        current_.tensor.num_elements(), " elements received"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", current_.name, "' is incomplete: ", filled_elements_, " of ",
+                     current_.tensor.num_elements(), " elements received"));
   }
   done_.push_back(std::move(current_));
   current_ = NamedTensor();
@@ -78,8 +78,8 @@ absl::Status ChunkAssembler::Add(const v1::TensorChunk& chunk) {
   const DType dtype = *parsed;
   std::vector<int64_t> shape(chunk.shape().begin(), chunk.shape().end());
   // A tensor's chunks are consecutive: a new name, or a completed tensor, starts a new one.
-  const bool continues = open_ && chunk.name() == current_.name &&
-                         filled_elements_ < current_.tensor.num_elements();
+  const bool continues =
+      open_ && chunk.name() == current_.name && filled_elements_ < current_.tensor.num_elements();
   if (!continues) {
     RETURN_IF_ERROR(CloseCurrent());
     for (const NamedTensor& seen : done_) {
@@ -100,9 +100,8 @@ absl::Status ChunkAssembler::Add(const v1::TensorChunk& chunk) {
         absl::StrCat(field, ": datatype or shape differs from the tensor's first chunk"));
   }
   if (chunk.element_offset() != filled_elements_) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": element_offset ",
-                                                   chunk.element_offset(), ", expected ",
-                                                   filled_elements_));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": element_offset ", chunk.element_offset(), ", expected ", filled_elements_));
   }
   const int64_t element_size = static_cast<int64_t>(DTypeSize(dtype));
   if (chunk.raw_data().size() % element_size != 0) {

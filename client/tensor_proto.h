@@ -54,7 +54,7 @@ class ChunkAssembler {
   absl::Status CloseCurrent();
 
   std::vector<NamedTensor> done_;
-  bool open_ = false;        // a tensor is being filled
+  bool open_ = false;  // a tensor is being filled
   NamedTensor current_;
   int64_t filled_elements_ = 0;
 };

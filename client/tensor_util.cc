@@ -30,8 +30,7 @@ std::vector<float> ToFloatVector(const Tensor& tensor) {
   return out;
 }
 
-Tensor RandomNormal(DType dtype, const std::vector<int64_t>& shape, uint64_t seed,
-                    double stddev) {
+Tensor RandomNormal(DType dtype, const std::vector<int64_t>& shape, uint64_t seed, double stddev) {
   Tensor t = Tensor::Zeros(DType::kFloat32, shape);
   std::mt19937_64 generator(seed);
   // Box-Muller by hand: std::normal_distribution's algorithm differs between standard

@@ -72,7 +72,7 @@ section "summary"
 echo "cluster   ${ADDRESS}: moed + ${WORKERS} CPU workers (logs in ${RUN_DIR})"
 grep -E '^  config' "${RUN_DIR}/smoke.txt" | sed 's/^  config  /layer     /' || true
 grep -E '^  input' "${RUN_DIR}/smoke.txt" | sed 's/^  input   /step      /' || true
-grep -E '^  (out|aux_loss|z_loss|tokens_per_expert|d_x|grad) ' "${RUN_DIR}/smoke.txt" || true
+grep -E '^  (check|out|aux_loss|z_loss|tokens_per_expert|d_x|grad) ' "${RUN_DIR}/smoke.txt" || true
 printf 'bench     forward: %s steps/s (p50 %s ms, p99 %s ms); forward+backward: %s steps/s (p50 %s ms, p99 %s ms); 256 tokens\n' \
   "$(field steps_per_s 1)" "$(field p50 1)" "$(field p99 1)" \
   "$(field steps_per_s 2)" "$(field p50 2)" "$(field p99 2)"

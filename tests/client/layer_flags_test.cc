@@ -44,12 +44,11 @@ TEST_F(LayerFlagsTest, DefaultsAreTheTinySpecLayer) {
 }
 
 TEST_F(LayerFlagsTest, EveryFlagReachesItsField) {
-  Parse({"--hidden=1024", "--ffn=2048", "--experts=256", "--top_k=8",
-         "--score_function=sigmoid", "--pre_softmax", "--num_groups=8", "--group_topk=4",
-         "--scaling_factor=2.5", "--expert_bias", "--aux_loss_coeff=0.01",
-         "--z_loss_coeff=0.001", "--capacity_factor=1.25", "--align_size=16",
-         "--activation=GELU", "--gated=false", "--use_bias", "--compute_dtype=bf16",
-         "--seed=1234567890123"});
+  Parse({"--hidden=1024", "--ffn=2048", "--experts=256", "--top_k=8", "--score_function=sigmoid",
+         "--pre_softmax", "--num_groups=8", "--group_topk=4", "--scaling_factor=2.5",
+         "--expert_bias", "--aux_loss_coeff=0.01", "--z_loss_coeff=0.001", "--capacity_factor=1.25",
+         "--align_size=16", "--activation=GELU", "--gated=false", "--use_bias",
+         "--compute_dtype=bf16", "--seed=1234567890123"});
   auto config = LayerConfigFromFlags();
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->hidden(), 1024);
@@ -82,8 +81,8 @@ TEST_F(LayerFlagsTest, EveryFlagReachesItsField) {
   EXPECT_FALSE(engine->gated);
   EXPECT_EQ(engine->compute_dtype, DType::kBFloat16);
   EXPECT_EQ(engine->init_seed, 1234567890123u);
-  EXPECT_EQ(ConfigToString(*engine), ConfigToString(*EngineConfigFromProto(
-                                         ProtoFromEngineConfig(*engine))));
+  EXPECT_EQ(ConfigToString(*engine),
+            ConfigToString(*EngineConfigFromProto(ProtoFromEngineConfig(*engine))));
 }
 
 TEST_F(LayerFlagsTest, UnknownNamesAreInvalidArgumentNamingTheFlag) {

@@ -74,8 +74,8 @@ TEST(NpyTest, RoundTripsEveryDTypeThroughAFile) {
 }
 
 TEST(NpyTest, Bf16IsStoredAsExactFloat32) {
-  Tensor t = Tensor::FromFloats({4}, {1.0f, -0.0078125f, 3.140625f, 1e30f}).ConvertTo(
-      DType::kBFloat16);
+  Tensor t =
+      Tensor::FromFloats({4}, {1.0f, -0.0078125f, 3.140625f, 1e30f}).ConvertTo(DType::kBFloat16);
   auto back = ParseNpy(SerializeNpy(t));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->dtype(), DType::kFloat32);

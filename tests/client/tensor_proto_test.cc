@@ -13,7 +13,8 @@ namespace {
 
 Tensor Iota(DType dtype, std::vector<int64_t> shape) {
   Tensor t = Tensor::Zeros(dtype, shape);
-  for (size_t i = 0; i < t.num_bytes(); ++i) t.data<uint8_t>()[i] = static_cast<uint8_t>(i * 13 + 1);
+  for (size_t i = 0; i < t.num_bytes(); ++i)
+    t.data<uint8_t>()[i] = static_cast<uint8_t>(i * 13 + 1);
   return t;
 }
 
