@@ -1,0 +1,109 @@
+// The front end alone, with no worker ever joining: every request is validated before any
+// worker is involved, so a bad request gets its own code (not UNAVAILABLE), a valid one that
+// needs the workers gets UNAVAILABLE, and the read-only RPCs work.
+#include <grpcpp/grpcpp.h>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/metrics.h"
+#include "server/moe_service.h"
+#include "server/worker_pool.h"
+#include "tests/server/test_util.h"
+
+namespace moe {
+namespace {
+
+using ::testing::HasSubstr;
+
+class ValidationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    WorkerPoolOptions pool_options;
+    pool_options.world_size = 2;
+    pool_ = std::make_unique<WorkerPool>(pool_options);  // never started: nobody joins
+    service_ = std::make_unique<MoeServiceImpl>(ServiceOptions{}, pool_.get(), &metrics_);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(port, 0);
+    stub_ = v1::MoeService::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
+                                                        grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  grpc::Status Create(const std::string& name, const v1::LayerConfig& config) {
+    grpc::ClientContext ctx;
+    v1::CreateLayerRequest request;
+    request.set_name(name);
+    *request.mutable_config() = config;
+    v1::CreateLayerResponse response;
+    return stub_->CreateLayer(&ctx, request, &response);
+  }
+
+  Metrics metrics_;
+  std::unique_ptr<WorkerPool> pool_;
+  std::unique_ptr<MoeServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::MoeService::Stub> stub_;
+};
+
+TEST_F(ValidationTest, BadConfigsNameTheirField) {
+  struct Case {
+    const char* field;
+    std::function<void(v1::LayerConfig*)> edit;
+  };
+  const std::vector<Case> cases = {
+      {"hidden", [](v1::LayerConfig* c) { c->set_hidden(0); }},
+      {"ffn", [](v1::LayerConfig* c) { c->set_ffn(-4); }},
+      {"top_k", [](v1::LayerConfig* c) { c->set_top_k(9); }},
+      {"num_experts", [](v1::LayerConfig* c) { c->set_num_experts(7); }},
+      {"expert_bias", [](v1::LayerConfig* c) { c->set_use_expert_bias(true); }},
+      {"compute_dtype", [](v1::LayerConfig* c) { c->set_compute_dtype("FP64"); }},
+      {"group", [](v1::LayerConfig* c) {
+         c->set_num_groups(3);
+         c->set_group_topk(1);
+       }},
+  };
+  for (const Case& c : cases) {
+    v1::LayerConfig config = TinyConfig(1);
+    c.edit(&config);
+    grpc::Status s = Create("layer", config);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
+    EXPECT_THAT(s.error_message(), HasSubstr(c.field)) << s.error_message();
+  }
+  grpc::ClientContext ctx;
+  v1::CreateLayerRequest no_config;
+  no_config.set_name("x");
+  v1::CreateLayerResponse response;
+  EXPECT_THAT(stub_->CreateLayer(&ctx, no_config, &response).error_message(),
+              HasSubstr("config"));
+  EXPECT_EQ(Create("", TinyConfig(1)).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(ValidationTest, ValidRequestsNeedTheWorkers) {
+  grpc::Status s = Create("layer", TinyConfig(1));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.error_message(), HasSubstr("waiting for 2 worker"));
+  // The failed creation left nothing behind.
+  grpc::ClientContext ctx;
+  v1::ListLayersResponse layers;
+  ASSERT_TRUE(stub_->ListLayers(&ctx, v1::ListLayersRequest(), &layers).ok());
+  EXPECT_EQ(layers.layers_size(), 0);
+  grpc::ClientContext ctx2;
+  v1::ForwardRequest forward;
+  forward.set_layer("layer");
+  v1::ForwardResponse out;
+  EXPECT_EQ(stub_->Forward(&ctx2, forward, &out).error_code(), grpc::StatusCode::NOT_FOUND);
+  grpc::ClientContext ctx3;
+  v1::GetStatusResponse status;
+  ASSERT_TRUE(stub_->GetStatus(&ctx3, v1::GetStatusRequest(), &status).ok());
+  EXPECT_FALSE(status.serving());
+  ASSERT_EQ(status.workers_size(), 2);
+  EXPECT_FALSE(status.workers(0).alive());
+  EXPECT_EQ(status.workers(0).error(), "not joined yet");
+}
+
+}  // namespace
+}  // namespace moe
