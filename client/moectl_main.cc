@@ -67,8 +67,9 @@ layer flags (create-layer, smoke, bench): --hidden --ffn --experts --top_k
 Bad requests come back with their gRPC code on stderr, e.g.
   moectl forward: INVALID_ARGUMENT: x: shape [32, 16] does not match ...
 exit status: 0 ok, 1 error or FAIL, 2 usage error.
-Tensors in .npy files are float32 ('<f4'); NumPy has no bfloat16, so BF16 tensors are written
-as float32 (exactly) and --dtype=bf16 converts what is read.
+.npy files: outputs are written as float32 ('<f4'); NumPy has no bfloat16, so BF16 results are
+widened to float32 (exactly). Inputs may be float32 or float64 and are converted to --dtype
+(fp32 by default, bf16 rounds to nearest even).
 )";
 
 }  // namespace

@@ -25,14 +25,19 @@ namespace client {
 namespace cli {
 namespace {
 
-// x (or d_out) from `path`, converted to --dtype when it says bf16; else random [T, hidden].
+// x (or d_out) from `path` (float32/float64 files converted to --dtype), else random
+// [--tokens, hidden] of --dtype.
 absl::StatusOr<Tensor> InputTensor(const std::string& path, int64_t hidden, uint64_t seed) {
   auto dtype = InputDTypeFromFlag();
   if (!dtype.ok()) return dtype.status();
   if (!path.empty()) {
     auto t = ReadNpy(path);
     if (!t.ok()) return t.status();
-    if (t->dtype() == DType::kFloat32 && *dtype == DType::kBFloat16) return ToBf16(*t);
+    // Floating files become --dtype (NumPy's default float64 included); others go as stored
+    // and the server says what it accepts.
+    if (t->dtype() == DType::kFloat32 || t->dtype() == DType::kFloat64) {
+      return t->ConvertTo(*dtype);
+    }
     return t;
   }
   const int64_t tokens = absl::GetFlag(FLAGS_tokens);
