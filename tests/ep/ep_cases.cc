@@ -147,6 +147,19 @@ std::vector<EpCase> EpCases(int ranks) {
     c.name = capacity > 0 ? "hot_rank0_capacity" : "hot_rank0_dropless";
     cases.push_back(c);
   }
+  // bf16 compute: rows travel as bf16 (2-byte elements), align 16, dropless.
+  {
+    EpCase c;
+    c.config = BaseConfig();
+    c.config.compute_dtype = DType::kBFloat16;
+    c.config.align_size = 16;
+    c.global_tokens = 40;
+    c.data_seed = seed++;
+    c.second_step = true;
+    c.tolerance = 1e-2;
+    c.name = "softmax_bf16_align16_dropless";
+    cases.push_back(c);
+  }
   return cases;
 }
 

@@ -29,8 +29,6 @@ using harness::ReadResult;
 using harness::WorkerContext;
 using harness::WriteResult;
 
-constexpr double kTolerance = 1e-5;
-
 absl::Status WriteStep(const WorkerContext& ctx, const std::string& name, const StepResult& s) {
   const std::pair<std::string, std::string> files[] = {
       {".out", EncodeValues(s.out)},
@@ -111,6 +109,7 @@ TEST_P(EpEquivalenceTest, MatchesEp1) {
     auto refs = EpReference(c, ranks);
     ASSERT_TRUE(refs.ok()) << refs.status();
     const int64_t E = c.config.num_experts, El = E / ranks;
+    const double kTolerance = c.tolerance;
     std::vector<float> gate_rank0;
     for (int r = 0; r < ranks; ++r) {
       SCOPED_TRACE(absl::StrCat("rank ", r));
