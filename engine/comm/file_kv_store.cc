@@ -127,8 +127,7 @@ absl::Status FileKeyValueStore::Set(const std::string& key, const std::string& v
   return written;
 }
 
-absl::StatusOr<std::string> FileKeyValueStore::Get(const std::string& key,
-                                                   absl::Duration timeout) {
+absl::StatusOr<std::string> FileKeyValueStore::Get(const std::string& key, absl::Duration timeout) {
   if (key.empty()) return absl::InvalidArgumentError("key-value store: empty key");
   const std::string path = absl::StrCat(dir_, "/", EscapeKey(key));
   const absl::Time deadline = absl::Now() + timeout;

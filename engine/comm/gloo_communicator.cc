@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/match.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -50,8 +50,7 @@ absl::Status CallGloo(const std::string& what, Fn&& fn) {
     fn();
     return absl::OkStatus();
   } catch (const StatusError& e) {  // already ours
-    return absl::Status(e.status.code(),
-                        absl::StrCat("gloo ", what, ": ", e.status.message()));
+    return absl::Status(e.status.code(), absl::StrCat("gloo ", what, ": ", e.status.message()));
   } catch (const gloo::IoException& e) {
     const std::string message = absl::StrCat("gloo ", what, ": ", e.what());
     const std::string lower = absl::AsciiStrToLower(e.what());
@@ -150,10 +149,18 @@ class GlooCommunicator : public Communicator {
       if (count == 0) return;  // every rank skips alike
       gloo::AllreduceOptions opts(context_);
       switch (dtype) {
-        case DType::kFloat32: SetSumOutput<float>(opts, data, count); break;
-        case DType::kFloat64: SetSumOutput<double>(opts, data, count); break;
-        case DType::kInt32: SetSumOutput<int32_t>(opts, data, count); break;
-        default: SetSumOutput<int64_t>(opts, data, count); break;
+        case DType::kFloat32:
+          SetSumOutput<float>(opts, data, count);
+          break;
+        case DType::kFloat64:
+          SetSumOutput<double>(opts, data, count);
+          break;
+        case DType::kInt32:
+          SetSumOutput<int32_t>(opts, data, count);
+          break;
+        default:
+          SetSumOutput<int64_t>(opts, data, count);
+          break;
       }
       opts.setTag(tag);
       opts.setTimeout(ToChrono(options_.timeout));
@@ -180,14 +187,14 @@ class GlooCommunicator : public Communicator {
                          absl::Span<const size_t> recv_bytes) override {
     if (send_bytes.size() != static_cast<size_t>(size_) ||
         recv_bytes.size() != static_cast<size_t>(size_)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gloo AllToAllV: ", send_bytes.size(), " send sizes and ", recv_bytes.size(),
-          " receive sizes for ", size_, " ranks"));
+      return absl::InvalidArgumentError(absl::StrCat("gloo AllToAllV: ", send_bytes.size(),
+                                                     " send sizes and ", recv_bytes.size(),
+                                                     " receive sizes for ", size_, " ranks"));
     }
     if (send_bytes[rank_] != recv_bytes[rank_]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gloo AllToAllV: rank ", rank_, " sends itself ", send_bytes[rank_],
-          " bytes but expects ", recv_bytes[rank_]));
+      return absl::InvalidArgumentError(absl::StrCat("gloo AllToAllV: rank ", rank_,
+                                                     " sends itself ", send_bytes[rank_],
+                                                     " bytes but expects ", recv_bytes[rank_]));
     }
     const size_t send_total = std::accumulate(send_bytes.begin(), send_bytes.end(), size_t{0});
     const size_t recv_total = std::accumulate(recv_bytes.begin(), recv_bytes.end(), size_t{0});
@@ -214,9 +221,9 @@ class GlooCommunicator : public Communicator {
       gloo::alltoall(sizes);
       for (int peer = 0; peer < size_; ++peer) {
         if (incoming[peer] != recv_bytes[peer]) {
-          throw StatusError(absl::InvalidArgumentError(absl::StrCat(
-              "rank ", rank_, " expects ", recv_bytes[peer], " bytes from rank ", peer,
-              ", which sends ", incoming[peer])));
+          throw StatusError(absl::InvalidArgumentError(
+              absl::StrCat("rank ", rank_, " expects ", recv_bytes[peer], " bytes from rank ", peer,
+                           ", which sends ", incoming[peer])));
         }
       }
       std::vector<int64_t> send_counts(send_bytes.begin(), send_bytes.end());
@@ -254,8 +261,8 @@ class GlooCommunicator : public Communicator {
           "gloo ", what, ": communicator is broken by an earlier failure: ", broken_.message()));
     }
     const uint32_t tag = next_tag_++;
-    absl::Status status = CallGloo(
-        absl::StrCat(what, " (rank ", rank_, " of ", size_, ")"), [&] { fn(tag); });
+    absl::Status status =
+        CallGloo(absl::StrCat(what, " (rank ", rank_, " of ", size_, ")"), [&] { fn(tag); });
     if (!status.ok()) {
       broken_ = status;
       // Gloo closes the pairs itself after a timeout; after other errors close them too, so
@@ -307,8 +314,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeGlooCommunicator(
   std::call_once(ignore_sigpipe, [] { signal(SIGPIPE, SIG_IGN); });
 
   std::shared_ptr<gloo::rendezvous::Context> context;
-  const std::string what = absl::StrCat("connect (rank ", rank, " of ", size, ", prefix '",
-                                        prefix, "')");
+  const std::string what =
+      absl::StrCat("connect (rank ", rank, " of ", size, ", prefix '", prefix, "')");
   absl::Status connected = CallGloo(what, [&] {
     std::shared_ptr<gloo::transport::Device> device =
         gloo::transport::tcp::CreateDevice(DeviceAttr(transport));
@@ -318,8 +325,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeGlooCommunicator(
     context->connectFullMesh(adapter, device);
   });
   if (!connected.ok()) return connected;
-  return std::unique_ptr<Communicator>(new GlooCommunicator(std::move(context), rank, size,
-                                                            options));
+  return std::unique_ptr<Communicator>(
+      new GlooCommunicator(std::move(context), rank, size, options));
 }
 
 }  // namespace moe

@@ -18,13 +18,11 @@ absl::StatusOr<std::string> MemoryKeyValueStore::Get(const std::string& key,
                                                      absl::Duration timeout) {
   if (key.empty()) return absl::InvalidArgumentError("key-value store: empty key");
   absl::MutexLock lock(&mu_);
-  auto present = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return values_.count(key) > 0;
-  };
+  auto present = [this, &key]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return values_.count(key) > 0; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&present), std::max(timeout, absl::ZeroDuration()))) {
-    return absl::DeadlineExceededError(absl::StrCat("key-value store: key '", key,
-                                                    "' not set within ",
-                                                    absl::FormatDuration(timeout)));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "key-value store: key '", key, "' not set within ", absl::FormatDuration(timeout)));
   }
   return values_[key];
 }

@@ -3,6 +3,8 @@
 // the failure paths: a peer that exits or hangs mid-collective, a rank that never shows up,
 // bad arguments. Small sizes: each case runs in well under a second on 2 cores, apart from
 // the cases that wait out a deliberately short timeout.
+#include "engine/comm/gloo_communicator.h"
+
 #include <unistd.h>
 
 #include <cstdint>
@@ -18,7 +20,6 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "engine/comm/file_kv_store.h"
-#include "engine/comm/gloo_communicator.h"
 #include "engine/comm/memory_kv_store.h"
 #include "gtest/gtest.h"
 #include "tests/harness/multiprocess.h"
@@ -44,7 +45,9 @@ CommOptions Timeout(absl::Duration timeout) {
 
 // Bytes rank `src` sends to rank `dst` in the all-to-all tests: uneven, some zero.
 size_t PairBytes(int src, int dst, int size) { return (src * 3 + dst * 5 + size) % 7; }
-uint8_t PairByte(int src, int dst, size_t i) { return static_cast<uint8_t>(src * 31 + dst * 7 + i); }
+uint8_t PairByte(int src, int dst, size_t i) {
+  return static_cast<uint8_t>(src * 31 + dst * 7 + i);
+}
 
 // Values rank r contributes to the all-reduce tests: float sums that depend on the order.
 std::vector<float> FloatInput(int rank, size_t n) {
@@ -134,8 +137,8 @@ TEST_P(GlooThreadsTest, AllCollectives) {
   std::vector<absl::Status> status(size);
   std::vector<std::vector<float>> sums(size);
   RunThreads(size, [&](int rank) {
-    auto comm = MakeGlooCommunicator(store, "threads", rank, size, Timeout(absl::Seconds(20)),
-                                     kLoopback);
+    auto comm =
+        MakeGlooCommunicator(store, "threads", rank, size, Timeout(absl::Seconds(20)), kLoopback);
     if (!comm.ok()) {
       status[rank] = comm.status();
       return;
@@ -185,8 +188,7 @@ TEST(GlooCommunicatorTest, BadArguments) {
   uint8_t byte = 7, got = 0;
   EXPECT_EQ((*comm)->AllToAllV(&byte, two, &got, one).code(), absl::StatusCode::kInvalidArgument);
   std::vector<size_t> other = {2};
-  EXPECT_EQ((*comm)->AllToAllV(&byte, one, &got, other).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*comm)->AllToAllV(&byte, one, &got, other).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*comm)->AllGather(nullptr, &got, 1).code(), absl::StatusCode::kInvalidArgument);
   // Bad arguments are caught before any communication: the communicator still works.
   ASSERT_TRUE((*comm)->AllToAllV(&byte, one, &got, one).ok());
@@ -196,8 +198,8 @@ TEST(GlooCommunicatorTest, BadArguments) {
 TEST(GlooCommunicatorTest, RankThatNeverArrivesTimesOutConnect) {
   auto store = std::make_shared<MemoryKeyValueStore>();
   const absl::Time start = absl::Now();
-  auto comm = MakeGlooCommunicator(store, "alone", 0, 2, Timeout(absl::Milliseconds(500)),
-                                   kLoopback);
+  auto comm =
+      MakeGlooCommunicator(store, "alone", 0, 2, Timeout(absl::Milliseconds(500)), kLoopback);
   const absl::Duration waited = absl::Now() - start;
   EXPECT_EQ(comm.status().code(), absl::StatusCode::kDeadlineExceeded) << comm.status();
   EXPECT_LT(waited, absl::Seconds(3));
@@ -208,8 +210,8 @@ TEST(GlooCommunicatorTest, PeerThatStopsCallingTimesOutAndBreaksTheCommunicator)
   absl::Status first, second;
   absl::Duration waited;
   RunThreads(2, [&](int rank) {
-    auto comm = MakeGlooCommunicator(store, "hang", rank, 2, Timeout(absl::Milliseconds(700)),
-                                     kLoopback);
+    auto comm =
+        MakeGlooCommunicator(store, "hang", rank, 2, Timeout(absl::Milliseconds(700)), kLoopback);
     ASSERT_TRUE(comm.ok()) << comm.status();
     if (rank == 1) {
       absl::SleepFor(absl::Seconds(2));  // never joins the all-reduce; then leaves
@@ -230,7 +232,7 @@ TEST(GlooCommunicatorTest, PeerThatStopsCallingTimesOutAndBreaksTheCommunicator)
 // ---- separate processes, file store ----
 
 absl::StatusOr<std::unique_ptr<Communicator>> WorkerComm(const WorkerContext& ctx,
-                                                        absl::Duration timeout) {
+                                                         absl::Duration timeout) {
   auto store = FileKeyValueStore::Create(ctx.store_dir);
   if (!store.ok()) return store.status();
   return MakeGlooCommunicator(*store, "procs", ctx.rank, ctx.size, Timeout(timeout), kLoopback);
@@ -259,10 +261,9 @@ MOED_WORKER(peer_dies, const WorkerContext& ctx) {
     if (!s.ok()) {
       const absl::Duration waited = absl::Now() - start;
       absl::Status again = (*comm)->Barrier();
-      const std::string report =
-          absl::StrCat(step, " ", absl::StatusCodeToString(s.code()), " ",
-                       absl::ToInt64Milliseconds(waited), " ",
-                       absl::StatusCodeToString(again.code()));
+      const std::string report = absl::StrCat(step, " ", absl::StatusCodeToString(s.code()), " ",
+                                              absl::ToInt64Milliseconds(waited), " ",
+                                              absl::StatusCodeToString(again.code()));
       std::fprintf(stderr, "step %d: %s; then %s\n", step, s.ToString().c_str(),
                    again.ToString().c_str());
       return WriteResult(ctx, "failure", report);
@@ -284,9 +285,9 @@ MOED_WORKER(size_mismatch, const WorkerContext& ctx) {
   absl::Status s = (*comm)->AllToAllV(in.data(), send, out.data(), recv);
   const absl::Duration waited = absl::Now() - start;
   std::fprintf(stderr, "rank %d: %s\n", ctx.rank, s.ToString().c_str());
-  return WriteResult(ctx, "code",
-                     absl::StrCat(absl::StatusCodeToString(s.code()), " ",
-                                  absl::ToInt64Milliseconds(waited)));
+  return WriteResult(
+      ctx, "code",
+      absl::StrCat(absl::StatusCodeToString(s.code()), " ", absl::ToInt64Milliseconds(waited)));
 }
 
 TEST(GlooProcessesTest, AllToAllSizeMismatchIsAnErrorOnBothRanks) {

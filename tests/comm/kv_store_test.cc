@@ -92,8 +92,7 @@ TEST_P(StoreTest, KeysAreDistinct) {
 TEST_P(StoreTest, EmptyKeyIsInvalid) {
   auto store = MakeStore();
   EXPECT_EQ(store->Set("", "x").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store->Get("", absl::Seconds(1)).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Get("", absl::Seconds(1)).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(StoreTest, ManyThreadsPublishAndReadAll) {

@@ -61,11 +61,9 @@ absl::StatusOr<std::vector<float>> ToFloats(const Tensor& t) {
 }
 
 // Rows [first, first + count) of a whole [E, ...] parameter, as this rank's shard.
-Tensor ShardRows(const std::vector<float>& whole, std::vector<int64_t> shard_shape,
-                 int64_t first) {
+Tensor ShardRows(const std::vector<float>& whole, std::vector<int64_t> shard_shape, int64_t first) {
   const int64_t row = NumElements(shard_shape) / shard_shape[0];
-  return Tensor::FromFloats(shard_shape,
-                            Rows(whole, row, first, first + shard_shape[0]));
+  return Tensor::FromFloats(shard_shape, Rows(whole, row, first, first + shard_shape[0]));
 }
 
 }  // namespace
@@ -202,8 +200,8 @@ std::vector<std::string> GradientNames(const LayerConfig& config) {
 
 bool IsExpertTensor(const std::string& name) { return name != "gate" && name != "expert_bias"; }
 
-absl::StatusOr<StepResult> RunStep(const EpCase& c, Communicator* comm, int64_t begin,
-                                   int64_t end, double d_aux, double d_zl, bool zero_d_out) {
+absl::StatusOr<StepResult> RunStep(const EpCase& c, Communicator* comm, int64_t begin, int64_t end,
+                                   double d_aux, double d_zl, bool zero_d_out) {
   const int64_t H = c.config.hidden;
   std::unique_ptr<Backend> backend = MakeCpuBackend(1);
   ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer,

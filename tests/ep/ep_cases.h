@@ -72,11 +72,11 @@ std::vector<float> CaseOutputGradient(const EpCase& c);
 
 // What one rank computes in a step, plus its shard of every gradient.
 struct StepResult {
-  std::vector<float> out;            // [T, H]
+  std::vector<float> out;  // [T, H]
   double aux_loss = 0.0;
   double z_loss = 0.0;
   std::vector<int64_t> tokens_per_expert;  // [E]
-  std::vector<float> d_x;            // [T, H]
+  std::vector<float> d_x;                  // [T, H]
   // Gradients by parameter name, this rank's shard: "gate" [H, E], "wi" [El, H, up], ...
   std::map<std::string, std::vector<float>> grads;
   std::vector<float> out_after_step;  // second_step only: out of a forward after SGD
@@ -94,8 +94,8 @@ Tensor CaseRows(const EpCase& c, const std::vector<float>& values, int64_t begin
 // Creates the case's layer on `comm` (CPU backend), sets the case's extra parameters, runs
 // Forward + Backward on tokens [begin, end) of the global batch with the given loss
 // gradients (d_out zero when zero_d_out), and collects the results.
-absl::StatusOr<StepResult> RunStep(const EpCase& c, Communicator* comm, int64_t begin,
-                                   int64_t end, double d_aux, double d_zl, bool zero_d_out);
+absl::StatusOr<StepResult> RunStep(const EpCase& c, Communicator* comm, int64_t begin, int64_t end,
+                                   double d_aux, double d_zl, bool zero_d_out);
 
 // The EP=1 reference for rank `rank` of an EP=`ranks` run, per the header comment. Gradients
 // of expert tensors are whole ([E, ...]); EP ranks' shards are compared against their rows.

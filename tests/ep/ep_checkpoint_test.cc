@@ -113,8 +113,8 @@ absl::StatusOr<harness::LaunchResult> Launch(int ranks, const std::string& mode,
 
 TEST(EpCheckpointTest, SavedAtEp2LoadsAtEp4AndEp1) {
   const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/ep_ckpt_", getpid(),
-                                       "_", absl::ToUnixMicros(absl::Now()));
+  const std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/ep_ckpt_", getpid(), "_",
+                                       absl::ToUnixMicros(absl::Now()));
   auto saved = Launch(2, "save", dir);
   ASSERT_TRUE(saved.ok()) << saved.status();
   ASSERT_TRUE(saved->AllSucceeded()) << saved->Summary();

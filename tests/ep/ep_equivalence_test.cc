@@ -42,8 +42,7 @@ absl::Status WriteStep(const WorkerContext& ctx, const std::string& name, const 
     if (absl::Status st = WriteResult(ctx, name + suffix, bytes); !st.ok()) return st;
   }
   for (const auto& [param, grad] : s.grads) {
-    if (absl::Status st = WriteResult(ctx, name + ".grad." + param, EncodeValues(grad));
-        !st.ok()) {
+    if (absl::Status st = WriteResult(ctx, name + ".grad." + param, EncodeValues(grad)); !st.ok()) {
       return st;
     }
   }
@@ -61,8 +60,8 @@ MOED_WORKER(ep_step, const WorkerContext& ctx) {
   if (!comm.ok()) return comm.status();
   for (const EpCase& c : EpCases(ctx.size)) {
     const std::vector<int64_t> offsets = SliceOffsets(c, ctx.size);
-    auto step = RunStep(c, comm->get(), offsets[ctx.rank], offsets[ctx.rank + 1], c.d_aux,
-                        c.d_zl, /*zero_d_out=*/false);
+    auto step = RunStep(c, comm->get(), offsets[ctx.rank], offsets[ctx.rank + 1], c.d_aux, c.d_zl,
+                        /*zero_d_out=*/false);
     if (!step.ok()) {
       return absl::Status(step.status().code(),
                           absl::StrCat("case ", c.name, ": ", step.status().message()));

@@ -115,13 +115,13 @@ MOED_WORKER(ep_fault, const WorkerContext& ctx) {
     const absl::Time again_start = absl::Now();
     const absl::Status again = (*layer)->Forward(x, nullptr).status();
     const int64_t again_ms = absl::ToInt64Milliseconds(absl::Now() - again_start);
-    std::fprintf(stderr, "step %d failed after %lld ms: %s\nnext forward after %lld ms: %s\n",
-                 step, static_cast<long long>(failed_ms), status.ToString().c_str(),
+    std::fprintf(stderr, "step %d failed after %lld ms: %s\nnext forward after %lld ms: %s\n", step,
+                 static_cast<long long>(failed_ms), status.ToString().c_str(),
                  static_cast<long long>(again_ms), again.ToString().c_str());
-    return WriteResult(ctx, "failure",
-                       absl::StrCat(step, " ", absl::StatusCodeToString(status.code()), " ",
-                                    failed_ms, " ", absl::StatusCodeToString(again.code()), " ",
-                                    again_ms));
+    return WriteResult(
+        ctx, "failure",
+        absl::StrCat(step, " ", absl::StatusCodeToString(status.code()), " ", failed_ms, " ",
+                     absl::StatusCodeToString(again.code()), " ", again_ms));
   }
   return absl::InternalError("every step succeeded");
 }

@@ -59,8 +59,8 @@ std::string ReadWholeFile(const std::string& path) {
 std::string FreshWorkDir() {
   const char* base = std::getenv("TEST_TMPDIR");
   static int launches = 0;
-  return absl::StrCat(base != nullptr ? base : "/tmp", "/harness_", getpid(), "_", launches++,
-                      "_", absl::ToUnixMicros(absl::Now()));
+  return absl::StrCat(base != nullptr ? base : "/tmp", "/harness_", getpid(), "_", launches++, "_",
+                      absl::ToUnixMicros(absl::Now()));
 }
 
 bool ValidParamKey(const std::string& key) {

@@ -39,7 +39,7 @@ namespace harness {
 
 // What a worker process knows about itself (read from its environment).
 struct WorkerContext {
-  std::string worker;      // the registered function being run
+  std::string worker;  // the registered function being run
   int rank = 0;
   int size = 1;
   std::string store_dir;   // shared by all ranks: a FileKeyValueStore directory
@@ -57,16 +57,16 @@ using WorkerFunction = std::function<absl::Status(const WorkerContext&)>;
 // Registers `fn` under `name` (at static-initialisation time; see MOED_WORKER).
 bool RegisterWorker(const std::string& name, WorkerFunction fn);
 
-#define MOED_WORKER(name, ctx_decl)                                                   \
-  static ::absl::Status MoedWorker_##name(ctx_decl);                                  \
-  static const bool moed_worker_registered_##name =                                   \
-      ::moe::harness::RegisterWorker(#name, &MoedWorker_##name);                      \
+#define MOED_WORKER(name, ctx_decl)                              \
+  static ::absl::Status MoedWorker_##name(ctx_decl);             \
+  static const bool moed_worker_registered_##name =              \
+      ::moe::harness::RegisterWorker(#name, &MoedWorker_##name); \
   static ::absl::Status MoedWorker_##name(ctx_decl)
 
 struct LaunchOptions {
-  std::string worker;            // registered function name (required)
-  int size = 2;                  // number of ranks
-  std::string binary;            // default: this test binary (/proc/self/exe)
+  std::string worker;                         // registered function name (required)
+  int size = 2;                               // number of ranks
+  std::string binary;                         // default: this test binary (/proc/self/exe)
   std::map<std::string, std::string> params;  // passed to every rank (keys: [A-Za-z0-9_])
   // Per-rank parameters, merged over `params` for that rank (e.g. which rank should crash).
   std::map<int, std::map<std::string, std::string>> rank_params;
@@ -76,11 +76,11 @@ struct LaunchOptions {
 
 struct RankResult {
   int rank = 0;
-  int exit_code = -1;         // the process's exit status, -1 if killed by a signal
-  int signal = 0;             // the terminating signal, 0 if it exited
+  int exit_code = -1;  // the process's exit status, -1 if killed by a signal
+  int signal = 0;      // the terminating signal, 0 if it exited
   bool killed_at_deadline = false;
-  absl::Duration elapsed;     // from launch to exit
-  std::string stderr_text;    // everything the rank wrote to stderr (and stdout)
+  absl::Duration elapsed;   // from launch to exit
+  std::string stderr_text;  // everything the rank wrote to stderr (and stdout)
   std::string result_dir;
 
   bool ok() const { return exit_code == 0 && signal == 0 && !killed_at_deadline; }
