@@ -20,8 +20,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBenchBackend(const std::string& dev
     }
     return MakeCpuBackend(threads);
   }
-  return absl::UnimplementedError(absl::StrCat(
-      "--device=", device, ": this benchmark has no such backend (have: cpu, cpu:N)"));
+  return absl::UnimplementedError(
+      absl::StrCat("--device=", device, ": this benchmark has no such backend (have: cpu, cpu:N)"));
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeBenchCommunicator(const Backend& backend) {

@@ -134,8 +134,8 @@ absl::Status BuildConfig(LayerConfig* c, int64_t* tokens) {
   RETURN_IF_ERROR(ParseBool("pre_softmax", absl::GetFlag(FLAGS_pre_softmax), &c->pre_softmax));
   RETURN_IF_ERROR(ParseBool("gated", absl::GetFlag(FLAGS_gated), &c->gated));
   RETURN_IF_ERROR(ParseBool("use_bias", absl::GetFlag(FLAGS_use_bias), &c->use_bias));
-  RETURN_IF_ERROR(ParseBool("use_expert_bias", absl::GetFlag(FLAGS_use_expert_bias),
-                            &c->use_expert_bias));
+  RETURN_IF_ERROR(
+      ParseBool("use_expert_bias", absl::GetFlag(FLAGS_use_expert_bias), &c->use_expert_bias));
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
   if (dtype == "bf16") {
     c->compute_dtype = DType::kBFloat16;
@@ -227,8 +227,8 @@ absl::Status Run() {
 
   const double T = static_cast<double>(tokens), k = static_cast<double>(config.top_k);
   const double H = static_cast<double>(config.hidden), F = static_cast<double>(config.ffn);
-  const double flops_fwd = 2.0 * T * k * H * static_cast<double>(UpWidth(config)) +
-                           2.0 * T * k * F * H;
+  const double flops_fwd =
+      2.0 * T * k * H * static_cast<double>(UpWidth(config)) + 2.0 * T * k * F * H;
   std::vector<double> sorted_fwd = fwd_ms;
   std::sort(sorted_fwd.begin(), sorted_fwd.end());
   const double tflops_fwd = flops_fwd / (Quantile(sorted_fwd, 0.5) * 1e-3) / 1e12;
@@ -247,8 +247,8 @@ absl::Status Run() {
                         "\"experts\": %d, \"top_k\": %d},\n",
                         tokens, config.hidden, config.ffn, config.num_experts, config.top_k);
   absl::StrAppendFormat(&json, "  \"config\": \"%s\",\n", ConfigToString(config));
-  absl::StrAppendFormat(&json, "  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n",
-                        DTypeName(dtype), backend->name());
+  absl::StrAppendFormat(&json, "  \"dtype\": \"%s\",\n  \"backend\": \"%s\",\n", DTypeName(dtype),
+                        backend->name());
   absl::StrAppendFormat(&json, "  \"device_flag\": \"%s\",\n  \"host\": \"%s\",\n", device, host);
   absl::StrAppendFormat(&json, "  \"hardware_threads\": %d,\n  \"date\": \"%s\",\n",
                         std::thread::hardware_concurrency(), date);

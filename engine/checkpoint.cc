@@ -125,8 +125,7 @@ absl::Status WriteRankFiles(const MoeLayer& layer, const std::string& dir) {
       ASSIGN_OR_RETURN(Tensor row, Row(local, i));
       tensors.push_back({name, std::move(row)});
     }
-    RETURN_IF_ERROR(
-        WriteTensorFile(Join(dir, ExpertFileName(layer.first_expert() + i)), tensors));
+    RETURN_IF_ERROR(WriteTensorFile(Join(dir, ExpertFileName(layer.first_expert() + i)), tensors));
   }
   return absl::OkStatus();
 }
@@ -159,9 +158,8 @@ absl::Status VerifyFileTensors(const std::string& path, const LayerConfig& confi
   std::set<std::string> seen;
   for (const NamedTensor& nt : tensors) {
     const std::string base = BaseName(nt.name);
-    const bool is_param =
-        std::find(required.begin(), required.end(), nt.name) != required.end() ||
-        std::find(stateless.begin(), stateless.end(), nt.name) != stateless.end();
+    const bool is_param = std::find(required.begin(), required.end(), nt.name) != required.end() ||
+                          std::find(stateless.begin(), stateless.end(), nt.name) != stateless.end();
     const bool is_state = nt.name.size() > base.size() &&
                           std::find(required.begin(), required.end(), base) != required.end() &&
                           suffixes.count(nt.name.substr(base.size() + 1)) > 0;
@@ -210,8 +208,8 @@ absl::StatusOr<VerifiedCheckpoint> ReadAndVerify(const MoeLayer& layer, const st
   }
   RETURN_IF_ERROR(complete.status());
   if (*complete != kCompleteText) {
-    return absl::DataLossError(absl::StrCat("checkpoint file ", Join(dir, kCompleteFile),
-                                            ": unexpected contents"));
+    return absl::DataLossError(
+        absl::StrCat("checkpoint file ", Join(dir, kCompleteFile), ": unexpected contents"));
   }
 
   const std::string config_path = Join(dir, kConfigFile);
@@ -250,8 +248,7 @@ absl::StatusOr<VerifiedCheckpoint> ReadAndVerify(const MoeLayer& layer, const st
   RETURN_IF_ERROR(
       VerifyFileTensors(router_path, config, router, {"gate"}, stateless, suffixes, true));
   for (const NamedTensor& nt : router) {
-    (nt.name == "gate" || nt.name == "expert_bias" ? out.params : out.states)[nt.name] =
-        nt.tensor;
+    (nt.name == "gate" || nt.name == "expert_bias" ? out.params : out.states)[nt.name] = nt.tensor;
   }
 
   const int64_t local = layer.local_experts();
@@ -259,8 +256,7 @@ absl::StatusOr<VerifiedCheckpoint> ReadAndVerify(const MoeLayer& layer, const st
   for (int64_t i = 0; i < local; ++i) {
     const std::string path = Join(dir, ExpertFileName(layer.first_expert() + i));
     ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors, ReadTensorFile(path));
-    RETURN_IF_ERROR(
-        VerifyFileTensors(path, config, tensors, expert_params, {}, suffixes, false));
+    RETURN_IF_ERROR(VerifyFileTensors(path, config, tensors, expert_params, {}, suffixes, false));
     for (const NamedTensor& nt : tensors) {
       auto& target = (nt.name.find('.') == std::string::npos ? out.params : out.states);
       auto it = target.find(nt.name);
@@ -278,15 +274,12 @@ absl::StatusOr<VerifiedCheckpoint> ReadAndVerify(const MoeLayer& layer, const st
 
 }  // namespace
 
-std::string ExpertFileName(int64_t expert) {
-  return absl::StrFormat("expert_%05d.bin", expert);
-}
+std::string ExpertFileName(int64_t expert) { return absl::StrFormat("expert_%05d.bin", expert); }
 
 absl::Status SaveCheckpoint(const MoeLayer& layer, const std::string& dir) {
   RETURN_IF_ERROR(
       AgreeAcrossRanks(layer, PrepareDirectory(layer, dir), "preparing checkpoint directory"));
-  RETURN_IF_ERROR(
-      AgreeAcrossRanks(layer, WriteRankFiles(layer, dir), "writing checkpoint files"));
+  RETURN_IF_ERROR(AgreeAcrossRanks(layer, WriteRankFiles(layer, dir), "writing checkpoint files"));
   absl::Status complete = absl::OkStatus();
   if (layer.communicator()->rank() == 0) {
     complete = WriteFileAtomically(Join(dir, kCompleteFile), {kCompleteText});

@@ -60,7 +60,7 @@ uint32_t Crc32cSoftware(const uint8_t* p, size_t n, uint32_t crc) {
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t Crc32cHardware(const uint8_t* p, size_t n,
-                                                           uint32_t crc) {
+                                                          uint32_t crc) {
   uint64_t c = crc;
   while (n >= 8) {
     uint64_t v;
@@ -114,8 +114,8 @@ class Reader {
 
  private:
   absl::Status Truncated(absl::string_view what) const {
-    return Error(absl::StrCat("truncated (reading ", what, " at byte ", pos_, " of ",
-                              data_.size(), ")"));
+    return Error(
+        absl::StrCat("truncated (reading ", what, " at byte ", pos_, " of ", data_.size(), ")"));
   }
   const std::string& path_;
   absl::string_view data_;
@@ -124,11 +124,16 @@ class Reader {
 
 uint32_t DTypeCode(DType d) {
   switch (d) {
-    case DType::kFloat32: return 1;
-    case DType::kBFloat16: return 2;
-    case DType::kFloat64: return 3;
-    case DType::kInt32: return 4;
-    case DType::kInt64: return 5;
+    case DType::kFloat32:
+      return 1;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat64:
+      return 3;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt64:
+      return 5;
   }
   return 0;
 }
@@ -178,13 +183,17 @@ uint32_t Crc32cPortable(const void* data, size_t size, uint32_t crc) {
 absl::Status ErrnoStatus(int err, absl::string_view what) {
   std::string message = absl::StrCat(what, ": ", std::strerror(err));
   switch (err) {
-    case ENOENT: return absl::NotFoundError(message);
+    case ENOENT:
+      return absl::NotFoundError(message);
     case EACCES:
     case EPERM:
-    case EROFS: return absl::PermissionDeniedError(message);
+    case EROFS:
+      return absl::PermissionDeniedError(message);
     case ENOSPC:
-    case EDQUOT: return absl::ResourceExhaustedError(message);
-    default: return absl::InternalError(message);
+    case EDQUOT:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
   }
 }
 
@@ -206,8 +215,7 @@ absl::Status MakeDirectories(const std::string& dir) {
 absl::Status WriteFileAtomically(const std::string& path,
                                  const std::vector<absl::string_view>& pieces) {
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp =
-      absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
+  const std::string tmp = absl::StrCat(path, ".tmp.", ::getpid(), ".", counter.fetch_add(1));
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoStatus(errno, absl::StrCat("create ", tmp));
   absl::Status status;
@@ -305,8 +313,10 @@ absl::StatusOr<std::vector<NamedTensor>> ReadTensorFile(const std::string& path)
   if (header_crc != expected_header_crc) return in.Error("header checksum mismatch");
   if (version != kTensorFileVersion) {
     return absl::FailedPreconditionError(absl::StrCat("checkpoint file ", path, ": version ",
-                                                      version, " is not supported (this build "
-                                                      "reads version ", kTensorFileVersion, ")"));
+                                                      version,
+                                                      " is not supported (this build "
+                                                      "reads version ",
+                                                      kTensorFileVersion, ")"));
   }
   std::vector<NamedTensor> tensors;
   std::set<std::string> names;

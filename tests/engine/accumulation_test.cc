@@ -131,8 +131,7 @@ TEST(AccumulationTest, TwoBackwardsEqualOneOnTheConcatenatedBatch) {
   }();
 
   const Tensor d_whole = Concat(d1, d2);
-  absl::StatusOr<EngineStep> step =
-      RunStep(whole->layer.get(), Concat(x1, x2), &d_whole, 1.0, 1.0);
+  absl::StatusOr<EngineStep> step = RunStep(whole->layer.get(), Concat(x1, x2), &d_whole, 1.0, 1.0);
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_LE(RelativeError(ToDoubles(Concat(*dx1, *dx2)), ToDoubles(step->d_x)), 1e-6);
   const auto accumulated = Gradients(*split->layer);

@@ -141,15 +141,13 @@ TEST(TensorFile, FutureVersionIsRefusedClearly) {
 }
 
 TEST(TensorFile, MissingFileIsNotFound) {
-  EXPECT_EQ(ReadTensorFile(TempDir() + "/absent.bin").status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadTensorFile(TempDir() + "/absent.bin").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(TensorFile, RejectsRepeatedNames) {
   const std::string path = TempDir() + "/t.bin";
   Tensor a = Tensor::FromFloats({1}, {1});
-  EXPECT_EQ(WriteTensorFile(path, {{"a", a}, {"a", a}}).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteTensorFile(path, {{"a", a}, {"a", a}}).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(AtomicWrite, ReplacesWholeFileAndLeavesNoTemporaries) {

@@ -80,8 +80,8 @@ std::map<std::string, std::string> Snapshot(const MoeLayer& layer) {
 }
 
 std::string ForwardBytes(MoeLayer* layer) {
-  absl::StatusOr<ForwardResult> r = layer->Forward(RandomInput(20, layer->config().hidden, 77),
-                                                   nullptr);
+  absl::StatusOr<ForwardResult> r =
+      layer->Forward(RandomInput(20, layer->config().hidden, 77), nullptr);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? std::string(r->out.bytes()) : "";
 }
@@ -151,7 +151,8 @@ TEST_F(CheckpointTest, StateTheCheckpointLacksIsReset) {
   TrainStep(saved_.layer.get(), 6, OptimizerConfig::Sgd(1e-2, 0.9));
   for (const std::string& name : sgd->layer->ParameterNames()) {
     EXPECT_EQ(saved_.layer->GetParameter(name).value().bytes(),
-              sgd->layer->GetParameter(name).value().bytes()) << name;
+              sgd->layer->GetParameter(name).value().bytes())
+        << name;
   }
 }
 
@@ -219,8 +220,7 @@ TEST_F(CheckpointTest, SavingAgainReplacesTheCheckpoint) {
 }
 
 // Runs fn(rank, layer) for an EP group of `size` layers on threads (Gloo over loopback).
-void RunEp(int size, const LayerConfig& config,
-           const std::function<void(int, MoeLayer*)>& fn) {
+void RunEp(int size, const LayerConfig& config, const std::function<void(int, MoeLayer*)>& fn) {
   auto store = std::make_shared<MemoryKeyValueStore>();
   static int group = 0;
   const std::string prefix = "ckpt" + std::to_string(group++);

@@ -6,13 +6,14 @@
 // Inputs are drawn until every routing decision is well separated (gap > 1e-3), and the
 // finite-difference driver verifies that no perturbation changed the routing: a change would
 // put a kink inside the difference and make the comparison meaningless.
+#include "tests/reference/finite_difference.h"
+
 #include <random>
 #include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/reference/engine_adapter.h"
-#include "tests/reference/finite_difference.h"
 #include "tests/reference/reference_moe.h"
 
 namespace moe_ref {

@@ -110,10 +110,10 @@ void CompareWithReference(const LayerConfig& config, int64_t tokens, uint64_t se
     // SPEC: bf16 compute runs on bf16 copies of the expert weights. Feeding the reference
     // those copies leaves only the rounding of activations, which keeps every sign: with the
     // fp32 masters instead, relu's kink flips on the ~0.5% of rows near 0 and dominates.
-    params.wi = ToDoubles(FromDoubles(params.wi, {static_cast<int64_t>(params.wi.size())},
-                                      DType::kBFloat16));
-    params.wo = ToDoubles(FromDoubles(params.wo, {static_cast<int64_t>(params.wo.size())},
-                                      DType::kBFloat16));
+    params.wi = ToDoubles(
+        FromDoubles(params.wi, {static_cast<int64_t>(params.wi.size())}, DType::kBFloat16));
+    params.wo = ToDoubles(
+        FromDoubles(params.wo, {static_cast<int64_t>(params.wo.size())}, DType::kBFloat16));
   }
   RefForwardResult ref = RefForward(rc, params, xd, tokens);
   RefGradients grad = RefBackward(rc, params, xd, ref, ToDoubles(d_out), d_aux, d_zl);
@@ -157,7 +157,8 @@ const std::vector<Variant>& Variants() {
          c->group_topk = 2;
          c->top_k = 4;
        }},
-      {"SigmoidTop1", [](LayerConfig* c) {
+      {"SigmoidTop1",
+       [](LayerConfig* c) {
          c->score_function = moe::ScoreFunction::kSigmoid;
          c->top_k = 1;
        }},
@@ -300,8 +301,13 @@ TEST(ReferenceEdgeCases, AlignSizeChangesNothing) {
     absl::StatusOr<EngineStep> step = RunStep(cpu->layer.get(), x, &d_out, 1.0, 1.0);
     ASSERT_TRUE(step.ok()) << step.status();
     RefGradients g = ReadGradients(*cpu->layer).value();
-    results[a] = {ToDoubles(step->forward.out), ToDoubles(step->d_x), g.d_gate, g.d_wi, g.d_wo,
-                  g.d_wi_bias, g.d_wo_bias};
+    results[a] = {ToDoubles(step->forward.out),
+                  ToDoubles(step->d_x),
+                  g.d_gate,
+                  g.d_wi,
+                  g.d_wo,
+                  g.d_wi_bias,
+                  g.d_wo_bias};
   }
   for (size_t i = 0; i < results[0].size(); ++i) {
     EXPECT_LE(RelativeError(results[1][i], results[0][i]), 1e-6) << "tensor " << i;

@@ -138,9 +138,8 @@ std::string CaseName(const ::testing::TestParamInfo<Case>& info) {
 
 INSTANTIATE_TEST_SUITE_P(
     SpecShapes, RouterCasesTest,
-    ::testing::Combine(::testing::Values(Shape{128, 32, 4}, Shape{2048, 32, 4},
-                                         Shape{2048, 128, 8}, Shape{7168, 128, 4},
-                                         Shape{7168, 32, 8}),
+    ::testing::Combine(::testing::Values(Shape{128, 32, 4}, Shape{2048, 32, 4}, Shape{2048, 128, 8},
+                                         Shape{7168, 128, 4}, Shape{7168, 32, 8}),
                        ::testing::Bool(), ::testing::Values(1.0, 1.2),
                        ::testing::Values(Scoring::kSoftmaxPost, Scoring::kSoftmaxPre,
                                          Scoring::kSigmoid, Scoring::kSigmoidBias)),

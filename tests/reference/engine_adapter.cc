@@ -15,8 +15,8 @@ RefConfig FromLayerConfig(const moe::LayerConfig& c) {
   r.ffn = c.ffn;
   r.num_experts = c.num_experts;
   r.top_k = c.top_k;
-  r.score = c.score_function == moe::ScoreFunction::kSoftmax ? RefScore::kSoftmax
-                                                              : RefScore::kSigmoid;
+  r.score =
+      c.score_function == moe::ScoreFunction::kSoftmax ? RefScore::kSoftmax : RefScore::kSigmoid;
   r.pre_softmax = c.pre_softmax;
   r.num_groups = c.num_groups;
   r.group_topk = c.group_topk;
@@ -26,10 +26,18 @@ RefConfig FromLayerConfig(const moe::LayerConfig& c) {
   r.z_loss_coeff = c.z_loss_coeff;
   r.capacity_factor = c.capacity_factor;
   switch (c.activation) {
-    case moe::Activation::kSilu: r.activation = RefActivation::kSilu; break;
-    case moe::Activation::kGelu: r.activation = RefActivation::kGelu; break;
-    case moe::Activation::kRelu: r.activation = RefActivation::kRelu; break;
-    case moe::Activation::kLinear: r.activation = RefActivation::kLinear; break;
+    case moe::Activation::kSilu:
+      r.activation = RefActivation::kSilu;
+      break;
+    case moe::Activation::kGelu:
+      r.activation = RefActivation::kGelu;
+      break;
+    case moe::Activation::kRelu:
+      r.activation = RefActivation::kRelu;
+      break;
+    case moe::Activation::kLinear:
+      r.activation = RefActivation::kLinear;
+      break;
   }
   r.gated = c.gated;
   r.use_bias = c.use_bias;
@@ -39,8 +47,7 @@ RefConfig FromLayerConfig(const moe::LayerConfig& c) {
 std::vector<double> ToDoubles(const moe::Tensor& tensor) {
   std::vector<double> out(tensor.num_elements());
   for (int64_t i = 0; i < tensor.num_elements(); ++i) {
-    out[i] = tensor.dtype() == moe::DType::kFloat64 ? tensor.data<double>()[i]
-                                                    : tensor.GetFloat(i);
+    out[i] = tensor.dtype() == moe::DType::kFloat64 ? tensor.data<double>()[i] : tensor.GetFloat(i);
   }
   return out;
 }

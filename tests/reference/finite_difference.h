@@ -25,9 +25,9 @@ double RefLoss(const RefConfig& config, const RefParams& params, const std::vect
                RefForwardResult* fwd_out = nullptr);
 
 struct FdResult {
-  RefGradients grads;           // same layout as RefBackward's
-  bool routing_changed = false; // a perturbed forward routed differently
-  std::string detail;           // which element, when routing_changed
+  RefGradients grads;            // same layout as RefBackward's
+  bool routing_changed = false;  // a perturbed forward routed differently
+  std::string detail;            // which element, when routing_changed
 };
 
 // dL/d(every element of x, gate, wi, wo and, with use_bias, wi_bias, wo_bias) by central

@@ -169,9 +169,9 @@ RefForwardResult RefForward(const RefConfig& c, const RefParams& params,
   return r;
 }
 
-RefGradients RefBackward(const RefConfig& c, const RefParams& params,
-                         const std::vector<double>& x, const RefForwardResult& fwd,
-                         const std::vector<double>& d_out, double d_aux, double d_zl) {
+RefGradients RefBackward(const RefConfig& c, const RefParams& params, const std::vector<double>& x,
+                         const RefForwardResult& fwd, const std::vector<double>& d_out,
+                         double d_aux, double d_zl) {
   const int64_t H = c.hidden, F = c.ffn, E = c.num_experts, k = c.top_k, up = c.up();
   const int64_t T = fwd.tokens;
   const RefRouting& rt = fwd.routing;

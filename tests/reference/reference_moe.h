@@ -82,7 +82,7 @@ struct RefForwardResult {
   int64_t tokens = 0;
   std::vector<double> logits;  // [T, E]
   RefRouting routing;
-  std::vector<double> out;     // [T, H]
+  std::vector<double> out;  // [T, H]
   double aux_loss = 0.0;
   double z_loss = 0.0;
   std::vector<int64_t> tokens_per_expert;  // [E] selected pairs, before capacity drops

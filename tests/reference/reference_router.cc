@@ -34,8 +34,8 @@ std::vector<int64_t> OrderDescending(const std::vector<double>& values) {
 
 }  // namespace
 
-RefRouting RefRoute(const RefConfig& c, const RefParams& params,
-                    const std::vector<double>& logits, int64_t tokens) {
+RefRouting RefRoute(const RefConfig& c, const RefParams& params, const std::vector<double>& logits,
+                    int64_t tokens) {
   const int64_t E = c.num_experts;
   const int64_t k = c.top_k;
   RefRouting r;
@@ -72,8 +72,7 @@ RefRouting RefRoute(const RefConfig& c, const RefParams& params,
       const int64_t m = k / c.group_topk;
       std::vector<double> group_score(c.num_groups, 0.0);
       for (int64_t g = 0; g < c.num_groups; ++g) {
-        std::vector<double> members(sel.begin() + g * per_group,
-                                    sel.begin() + (g + 1) * per_group);
+        std::vector<double> members(sel.begin() + g * per_group, sel.begin() + (g + 1) * per_group);
         std::sort(members.begin(), members.end(), std::greater<double>());
         for (int64_t i = 0; i < m; ++i) group_score[g] += members[i];
       }

@@ -102,8 +102,8 @@ TEST(ReferenceLosses, ZeroTokens) {
 }
 
 TEST(ReferenceActivations, DerivativesMatchDifferences) {
-  for (RefActivation act : {RefActivation::kSilu, RefActivation::kGelu, RefActivation::kRelu,
-                            RefActivation::kLinear}) {
+  for (RefActivation act :
+       {RefActivation::kSilu, RefActivation::kGelu, RefActivation::kRelu, RefActivation::kLinear}) {
     for (double v : {-2.5, -0.3, 0.7, 3.1}) {
       double fd = (RefAct(act, v + 1e-6) - RefAct(act, v - 1e-6)) / 2e-6;
       EXPECT_NEAR(RefActGrad(act, v), fd, 1e-8) << static_cast<int>(act) << " at " << v;
