@@ -145,6 +145,17 @@ std::vector<EpCase> EpCases(int ranks) {
     c.name = capacity > 0 ? "hot_rank0_capacity" : "hot_rank0_dropless";
     cases.push_back(c);
   }
+  // No tokens anywhere (T_g = 0): every collective still runs, on empty buffers.
+  {
+    EpCase c;
+    c.config = BaseConfig();
+    c.config.capacity_factor = 1.0;
+    c.config.align_size = 16;
+    c.global_tokens = 0;
+    c.data_seed = seed++;
+    c.name = "empty_batch";
+    cases.push_back(c);
+  }
   // bf16 compute: rows travel as bf16 (2-byte elements), align 16, dropless.
   {
     EpCase c;
