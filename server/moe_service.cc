@@ -93,6 +93,20 @@ grpc::Status MoeServiceImpl::CreateLayer(grpc::ServerContext* context,
     if (!valid.ok()) {
       return absl::Status(valid.code(), absl::StrCat("config: ", valid.message()));
     }
+    // Memory estimate in floating point: absurd sizes must not overflow.
+    long double elements = 0;
+    for (const ParameterLayout& p : LayerParameters(config)) {
+      long double n = 1;
+      for (int64_t d : p.shape) n *= static_cast<long double>(d);
+      elements += n;
+    }
+    const long double bytes = elements * 4 * sizeof(float);
+    if (bytes > static_cast<long double>(options_.max_layer_bytes)) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "config: parameters, gradients and optimizer state need ~",
+          static_cast<double>(bytes), " bytes, more than --max_layer_bytes=",
+          options_.max_layer_bytes));
+    }
     auto layer = std::make_shared<Layer>();
     layer->name = request->name();
     layer->id = next_layer_id_++;

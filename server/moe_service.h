@@ -44,6 +44,9 @@ struct ServiceOptions {
   int64_t max_saved_bytes = int64_t{8} << 30;  // per layer, summed over workers
   absl::Duration step_timeout = absl::Seconds(30);
   int64_t max_message_bytes = int64_t{256} << 20;  // public messages, both directions
+  // A layer whose parameters, gradients and two optimizer states (4 x fp32 per parameter,
+  // summed over all workers) would exceed this is refused at CreateLayer.
+  int64_t max_layer_bytes = int64_t{1} << 40;
 };
 
 class MoeServiceImpl final : public v1::MoeService::Service {

@@ -46,6 +46,9 @@ ABSL_FLAG(int64_t, ping_timeout_ms, 1000, "deadline of one liveness ping");
 ABSL_FLAG(int64_t, worker_dead_after_ms, 3000,
           "a worker that answers no ping for this long is dead (requests fail UNAVAILABLE)");
 ABSL_FLAG(int64_t, setup_timeout_ms, 60000, "deadline of the workers' communicator setup");
+ABSL_FLAG(int64_t, max_layer_bytes, int64_t{1} << 40,
+          "refuse layers whose parameters + gradients + optimizer state (4 x fp32 per "
+          "parameter, all workers) exceed this many bytes");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
           "largest public request/response message (bytes)");
 
@@ -99,6 +102,7 @@ int Main() {
   service_options.max_saved_bytes = absl::GetFlag(FLAGS_max_saved_bytes);
   service_options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
   service_options.max_message_bytes = max_message;
+  service_options.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
   Metrics metrics;
   MoeServiceImpl service(service_options, &pool, &metrics);
   CoordinatorService coordinator(&pool, std::make_shared<MemoryKeyValueStore>());

@@ -5,7 +5,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <grpcpp/generic/generic_stub.h>
+
 #include <atomic>
+#include <random>
+
+#include "absl/synchronization/notification.h"
 #include <cstdlib>
 #include <thread>
 
@@ -37,7 +42,8 @@ class ClusterTest : public ::testing::Test {
     metrics_port_ = FreePort();
     ClusterOptions options;
     options.workers = 2;
-    options.moed_flags = {"--max_saved_steps=3",
+    // --max_layer_bytes: fuzzed configs must not make the workers allocate gigabytes.
+    options.moed_flags = {"--max_saved_steps=3", "--max_layer_bytes=268435456",
                           absl::StrCat("--metrics_port=", metrics_port_)};
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -173,6 +179,11 @@ TEST_F(ClusterTest, BadRequestsGetTheirCodes) {
   grpc::Status s = Create("bad", bad);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("top_k"));
+  bad = TinyConfig(1);
+  bad.set_ffn(int64_t{1} << 40);
+  s = Create("huge", bad);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("max_layer_bytes"));
   bad = TinyConfig(1);
   bad.set_num_experts(7);  // not a multiple of 2 workers
   EXPECT_EQ(Create("bad", bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
@@ -402,6 +413,70 @@ TEST_F(ClusterTest, StatusHealthAndMetrics) {
   EXPECT_THAT(reply, HasSubstr("moed_serving 1"));
   EXPECT_THAT(reply, HasSubstr("moed_requests_total{method=\"GetStatus\""));
   EXPECT_THAT(reply, HasSubstr("moed_worker_alive{rank=\"1\"} 1"));
+}
+
+// Random, truncated and bit-flipped payloads: the server answers each with an error or a
+// result and stays up; afterwards a valid step still matches.
+TEST_F(ClusterTest, FuzzedPayloadsLeaveTheServerUp) {
+  ASSERT_TRUE(Create("fuzz", TinyConfig(9)).ok());
+  v1::ForwardRequest valid;
+  valid.set_layer("fuzz");
+  *valid.mutable_x() = FloatsToProto({6, 32}, RandomFloats(6 * 32, 9));
+  valid.set_keep_for_backward(true);
+  v1::BackwardRequest backward;
+  backward.set_layer("fuzz");
+  backward.set_step_id(1);
+  *backward.mutable_d_out() = valid.x();
+  v1::CreateLayerRequest create;
+  create.set_name("fuzz2");
+  *create.mutable_config() = TinyConfig(3);
+  const std::vector<std::pair<std::string, std::string>> seeds = {
+      {"/moe.v1.MoeService/Forward", valid.SerializeAsString()},
+      {"/moe.v1.MoeService/Backward", backward.SerializeAsString()},
+      {"/moe.v1.MoeService/CreateLayer", create.SerializeAsString()},
+      {"/moe.v1.MoeService/ReleaseStep", backward.SerializeAsString()}};
+  grpc::GenericStub generic(cluster_->channel());
+  std::mt19937 gen(1234);
+  int answered = 0;
+  for (int i = 0; i < 300; ++i) {
+    const auto& seed = seeds[i % seeds.size()];
+    std::string payload = seed.second;
+    switch (i % 3) {
+      case 0:  // truncated
+        payload.resize(gen() % (payload.size() + 1));
+        break;
+      case 1:  // bytes flipped
+        for (int j = 0; j < 4 && !payload.empty(); ++j) payload[gen() % payload.size()] ^= gen();
+        break;
+      default:  // random bytes
+        payload.resize(gen() % 64);
+        for (char& c : payload) c = static_cast<char>(gen());
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::Slice slice(payload);
+    grpc::ByteBuffer request(&slice, 1), response;
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, seed.first, grpc::StubOptions(), &request, &response,
+                      [&](grpc::Status s) {
+                        status = s;
+                        done.Notify();
+                      });
+    done.WaitForNotification();
+    EXPECT_NE(status.error_code(), grpc::StatusCode::UNAVAILABLE) << i << status.error_message();
+    EXPECT_NE(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << i;
+    ++answered;
+  }
+  EXPECT_EQ(answered, 300);
+  EXPECT_TRUE(cluster_->MoedRunning());
+  EXPECT_EQ(*cluster_->Health(), "SERVING");
+  auto local = MakeLocalLayer(TinyConfig(9));
+  v1::ForwardResponse fwd;
+  ASSERT_TRUE(Forward("fuzz", valid.x(), false, &fwd).ok());
+  auto ref = local->layer->Forward(Tensor::FromFloats({6, 32}, RandomFloats(6 * 32, 9)), nullptr);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_LT(MaxRelError(ProtoToFloats(fwd.out()), TensorFloats(ref->out)), 1e-5);
 }
 
 TEST_F(ClusterTest, ConcurrentClientsOnTwoLayers) {
