@@ -6,7 +6,7 @@
 // for NCCL. Every call is collective (all ranks call it in the same order) and returns an
 // error instead of hanging when a peer is gone: each implementation has a timeout.
 //
-//   ASSIGN_OR_RETURN(auto comm, MakeGlooCommunicator(store, rank, size, options));
+//   ASSIGN_OR_RETURN(auto comm, MakeGlooCommunicator(store, "layer0", rank, size, options));
 //   RETURN_IF_ERROR(comm->AllReduceSum(counts, num_experts, DType::kInt64));
 #ifndef MOED_ENGINE_COMM_COMMUNICATOR_H_
 #define MOED_ENGINE_COMM_COMMUNICATOR_H_
