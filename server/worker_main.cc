@@ -33,8 +33,12 @@ ABSL_FLAG(std::string, advertise_host, "",
           "host name or address the front end and peers reach this worker at (empty: "
           "127.0.0.1 when --frontend is on localhost, else this host's name)");
 ABSL_FLAG(int, join_timeout_s, 60, "give up when the front end does not accept the join");
+ABSL_FLAG(int, rejoin_after_s, 5,
+          "join again (same rank) when the front end has not pinged for this long: it "
+          "declared this worker dead, or it restarted");
 ABSL_FLAG(int, orphan_timeout_s, 60,
-          "exit when the front end has not pinged for this long after setup (0: never)");
+          "exit when the front end has neither pinged nor accepted a join for this long "
+          "(0: never)");
 
 namespace moe {
 namespace {
@@ -82,22 +86,27 @@ int Main() {
   }
   const std::string address = absl::StrCat(AdvertiseHost(frontend), ":", port);
 
-  // Join, retrying while the front end is not up yet.
   auto coordinator = internal::Coordinator::NewStub(channel);
-  internal::JoinRequest join;
-  join.set_requested_rank(absl::GetFlag(FLAGS_rank));
-  join.set_address(address);
-  join.set_device(device);
-  join.set_pid(getpid());
+  auto join_once = [&](int rank, internal::JoinResponse* joined) {
+    internal::JoinRequest join;
+    join.set_requested_rank(rank);
+    join.set_address(address);
+    join.set_device(device);
+    join.set_pid(getpid());
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return coordinator->Join(&context, join, joined);
+  };
+
+  // Join, retrying while the front end is not up yet.
   internal::JoinResponse joined;
   const absl::Time give_up = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
   while (true) {
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    grpc::Status status = coordinator->Join(&context, join, &joined);
+    grpc::Status status = join_once(absl::GetFlag(FLAGS_rank), &joined);
     if (status.ok()) break;
     const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                       status.error_code() == grpc::StatusCode::ABORTED;
     if (!retry || absl::Now() > give_up) {
       std::fprintf(stderr, "moe-worker: join %s failed: %s\n", frontend.c_str(),
                    status.error_message().c_str());
@@ -108,16 +117,32 @@ int Main() {
   std::fprintf(stderr, "moe-worker: rank %d of %d at %s (front end %s, device %s)\n",
                joined.rank(), joined.world_size(), address.c_str(), frontend.c_str(),
                device.c_str());
+  service.NoteContact();
 
-  // Orphan watchdog: a worker whose front end is gone exits instead of lingering.
+  // Watchdog: a worker the front end stopped pinging (declared dead after a stall, or a
+  // restarted front end) joins again under its rank; one whose front end stays gone exits.
+  const int rejoin_s = absl::GetFlag(FLAGS_rejoin_after_s);
   const int orphan_s = absl::GetFlag(FLAGS_orphan_timeout_s);
+  const int rank = joined.rank();
   std::thread watchdog([&] {
+    absl::Time last_attempt = absl::InfinitePast();
     while (!service.HasShutdownRequest()) {
-      absl::SleepFor(absl::Milliseconds(500));
-      if (orphan_s > 0 && absl::Now() - service.last_ping() > absl::Seconds(orphan_s)) {
-        std::fprintf(stderr, "moe-worker: no ping from the front end for %ds, exiting\n",
+      absl::SleepFor(absl::Milliseconds(200));
+      const absl::Duration silent = absl::Now() - service.last_ping();
+      if (orphan_s > 0 && silent > absl::Seconds(orphan_s)) {
+        std::fprintf(stderr, "moe-worker: no contact with the front end for %ds, exiting\n",
                      orphan_s);
         _exit(3);
+      }
+      if (rejoin_s > 0 && silent > absl::Seconds(rejoin_s) &&
+          absl::Now() - last_attempt > absl::Seconds(1)) {
+        last_attempt = absl::Now();
+        internal::JoinResponse again;
+        grpc::Status status = join_once(rank, &again);
+        if (status.ok()) {
+          std::fprintf(stderr, "moe-worker: rejoined as rank %d\n", again.rank());
+          service.NoteContact();
+        }
       }
     }
   });

@@ -78,7 +78,10 @@ absl::StatusOr<internal::JoinResponse> WorkerPool::Join(const internal::JoinRequ
             absl::StrCat("all ", size, " ranks are held by live workers"));
       }
     }
-    if (slots_[rank].alive) previous = slots_[rank].stub;
+    // The same process joining again (it missed pings it never saw) replaces itself.
+    const bool same_process = slots_[rank].address == request.address() &&
+                              slots_[rank].pid == request.pid();
+    if (slots_[rank].alive && !same_process) previous = slots_[rank].stub;
   }
   // A restarted worker may rejoin before its predecessor was found dead: evict the old one
   // only if it does not answer.
@@ -89,7 +92,7 @@ absl::StatusOr<internal::JoinResponse> WorkerPool::Join(const internal::JoinRequ
   std::shared_ptr<internal::Worker::Stub> stub = MakeStub(request.address());
   absl::MutexLock lock(&mu_);
   Slot& slot = slots_[rank];
-  if (slot.alive && slot.stub != previous) {
+  if (slot.alive && previous != nullptr && slot.stub != previous) {
     return absl::AbortedError(absl::StrCat("rank ", rank, " was taken concurrently; retry"));
   }
   slot.filled = true;

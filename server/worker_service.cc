@@ -36,6 +36,11 @@ absl::Time WorkerService::last_ping() const {
   return last_ping_;
 }
 
+void WorkerService::NoteContact() {
+  absl::MutexLock lock(&mu_);
+  last_ping_ = absl::Now();
+}
+
 int64_t WorkerService::generation() const {
   absl::MutexLock lock(&mu_);
   return generation_;

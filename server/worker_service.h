@@ -44,6 +44,8 @@ class WorkerService final : public internal::Worker::Service {
   bool HasShutdownRequest() const { return shutdown_.HasBeenNotified(); }
   // Time of the last Ping from the front end (for the orphan watchdog).
   absl::Time last_ping() const;
+  // Counts as a ping (a successful join).
+  void NoteContact();
   int64_t generation() const;
 
   grpc::Status Setup(grpc::ServerContext*, const internal::SetupRequest*,

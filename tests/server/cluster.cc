@@ -96,7 +96,8 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
 absl::StatusOr<pid_t> TestCluster::SpawnWorker(int rank) {
   return Spawn({worker_path_, absl::StrCat("--frontend=", address_), "--device=cpu",
                 absl::StrCat("--rank=", rank), "--listen=127.0.0.1:0",
-                "--advertise_host=127.0.0.1", "--orphan_timeout_s=20"});
+                "--advertise_host=127.0.0.1", "--rejoin_after_s=2",
+                "--orphan_timeout_s=20"});
 }
 
 TestCluster::~TestCluster() {

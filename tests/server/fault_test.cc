@@ -211,5 +211,17 @@ TEST_F(FaultTest, StoppedWorkerIsDeclaredDead) {
   EXPECT_TRUE(Forward("s", 16, false, &fwd).ok());
 }
 
+TEST_F(FaultTest, ResumedWorkerRejoinsByItself) {
+  ASSERT_TRUE(Create("r").ok());
+  cluster_->KillWorker(0, SIGSTOP);
+  ExpectNotServingSoon();
+  kill(cluster_->worker_pid(0), SIGCONT);
+  // Not pinged while declared dead, the worker joins again after --rejoin_after_s=2.
+  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(20)).ok());
+  v1::ForwardResponse fwd;
+  EXPECT_TRUE(Forward("r", 16, false, &fwd).ok());
+  EXPECT_TRUE(Status().workers(0).alive());
+}
+
 }  // namespace
 }  // namespace moe
