@@ -211,6 +211,47 @@ TEST_F(FaultTest, StoppedWorkerIsDeclaredDead) {
   EXPECT_TRUE(Forward("s", 16, false, &fwd).ok());
 }
 
+TEST_F(FaultTest, CheckpointSurvivesFullRestart) {
+  ASSERT_TRUE(Create("c").ok());
+  {
+    grpc::ClientContext ctx;
+    v1::SetWeightsResponse response;
+    auto writer = cluster_->stub()->SetWeights(&ctx, &response);
+    std::vector<float> wo = RandomFloats(8 * 64 * 32, 77);
+    Tensor tensor = Tensor::FromFloats({8, 64, 32}, wo);
+    ChunkTensor("wo", tensor, 1 << 16, [&](const v1::TensorChunk& chunk) {
+      v1::SetWeightsRequest request;
+      request.set_layer("c");
+      *request.mutable_chunk() = chunk;
+      writer->Write(request);
+      return absl::OkStatus();
+    }).IgnoreError();
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt_restart");
+  ASSERT_TRUE(Checkpoint("c", dir, /*save=*/true).ok());
+  grpc::ClientContext ctx;
+  v1::GetWeightsRequest request;
+  request.set_layer("c");
+  auto reader = cluster_->stub()->GetWeights(&ctx, request);
+  grpc::Status status;
+  auto saved = ReadChunks(reader.get(), &status);
+  ASSERT_TRUE(status.ok());
+
+  cluster_.reset();  // SIGKILL of moed and both workers
+  auto restarted = TestCluster::Start(ClusterOptions{});
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  cluster_ = std::move(*restarted);
+  ASSERT_TRUE(Create("c").ok());
+  ASSERT_TRUE(Checkpoint("c", dir, /*save=*/false).ok());
+  grpc::ClientContext ctx2;
+  auto reader2 = cluster_->stub()->GetWeights(&ctx2, request);
+  auto loaded = ReadChunks(reader2.get(), &status);
+  ASSERT_TRUE(status.ok());
+  EXPECT_EQ(loaded, saved);
+}
+
 TEST_F(FaultTest, ResumedWorkerRejoinsByItself) {
   ASSERT_TRUE(Create("r").ok());
   cluster_->KillWorker(0, SIGSTOP);
