@@ -417,6 +417,35 @@ TEST_F(ClusterTest, StatusHealthAndMetrics) {
 
 // Random, truncated and bit-flipped payloads: the server answers each with an error or a
 // result and stays up; afterwards a valid step still matches.
+// Server reflection lists the public service (what grpcurl / grpc_cli rely on).
+TEST_F(ClusterTest, ReflectionListsTheService) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  const grpc::internal::RpcMethod method(
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+      grpc::internal::RpcMethod::BIDI_STREAMING);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          cluster_->channel().get(), method, &ctx));
+  // ServerReflectionRequest{list_services = ""}: field 7, length-delimited, empty.
+  grpc::Slice slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&slice, 1), response;
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  EXPECT_THAT(bytes, HasSubstr("moe.v1.MoeService"));
+  EXPECT_THAT(bytes, HasSubstr("grpc.health.v1.Health"));
+  while (stream->Read(&response)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
 TEST_F(ClusterTest, FuzzedPayloadsLeaveTheServerUp) {
   ASSERT_TRUE(Create("fuzz", TinyConfig(9)).ok());
   v1::ForwardRequest valid;
