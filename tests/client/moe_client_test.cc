@@ -197,10 +197,11 @@ TEST_F(MoeClientTest, StepsReleaseAndDeadlines) {
   EXPECT_EQ(client_->Forward("steps", RandomNormal(DType::kFloat32, {6, 31}, 1)).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(client_->Forward("nope", x).status().code(), absl::StatusCode::kNotFound);
-  // A deadline that has passed before the call starts (gRPC rounds deadlines to
-  // milliseconds, so a "very short" one could still be met on localhost).
+  // A deadline that passed before the call started. (gRPC rounds deadlines up to whole
+  // milliseconds, and a forward this small can finish inside one on localhost, so a "very
+  // short" deadline would make this test flaky.)
   CallOptions hurry;
-  hurry.deadline = absl::ZeroDuration();
+  hurry.deadline = absl::Seconds(-1);
   EXPECT_EQ(client_->Forward("steps", x, false, hurry).status().code(),
             absl::StatusCode::kDeadlineExceeded);
   ASSERT_TRUE(client_->DeleteLayer("steps").ok());
