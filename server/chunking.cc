@@ -67,15 +67,14 @@ absl::Status ChunkAssembler::Add(const v1::TensorChunk& chunk) {
                      pending->filled, " (chunks must be contiguous and in order)"));
   }
   if (static_cast<int64_t>(chunk.raw_data().size()) % elem != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".raw_data: ", chunk.raw_data().size(),
-                     " bytes is not a whole number of ", elem, "-byte elements"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ".raw_data: ", chunk.raw_data().size(),
+                                                   " bytes is not a whole number of ", elem,
+                                                   "-byte elements"));
   }
   const int64_t n = static_cast<int64_t>(chunk.raw_data().size()) / elem;
   if (pending->filled + n > total) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".raw_data: runs past the end (",
-                                                   pending->filled + n, " > ", total,
-                                                   " elements)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".raw_data: runs past the end (", pending->filled + n, " > ", total, " elements)"));
   }
   std::memcpy(static_cast<char*>(pending->tensor.raw()) + pending->filled * elem,
               chunk.raw_data().data(), chunk.raw_data().size());

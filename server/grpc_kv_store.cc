@@ -16,8 +16,7 @@ absl::Status GrpcKeyValueStore::Set(const std::string& key, const std::string& v
   return FromGrpcStatus(stub_->StoreSet(&context, request, &response));
 }
 
-absl::StatusOr<std::string> GrpcKeyValueStore::Get(const std::string& key,
-                                                    absl::Duration timeout) {
+absl::StatusOr<std::string> GrpcKeyValueStore::Get(const std::string& key, absl::Duration timeout) {
   grpc::ClientContext context;
   // The server answers DEADLINE_EXCEEDED itself at `timeout`; the call deadline leaves room.
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(5)));

@@ -54,15 +54,15 @@ std::string Metrics::Render() const {
     out += "# HELP moed_requests_total Public RPCs answered, by method and gRPC status code.\n";
     out += "# TYPE moed_requests_total counter\n";
     for (const auto& kv : requests_) {
-      absl::StrAppend(&out, "moed_requests_total{method=\"", Escape(kv.first.first),
-                      "\",code=\"", kv.first.second, "\"} ", kv.second, "\n");
+      absl::StrAppend(&out, "moed_requests_total{method=\"", Escape(kv.first.first), "\",code=\"",
+                      kv.first.second, "\"} ", kv.second, "\n");
     }
     out += "# HELP moed_request_seconds Latency of public RPCs.\n";
     out += "# TYPE moed_request_seconds summary\n";
     for (const auto& kv : latency_) {
       absl::StrAppend(&out, "moed_request_seconds_sum{method=\"", Escape(kv.first), "\"} ",
-                      kv.second.sum, "\n", "moed_request_seconds_count{method=\"",
-                      Escape(kv.first), "\"} ", kv.second.count, "\n");
+                      kv.second.sum, "\n", "moed_request_seconds_count{method=\"", Escape(kv.first),
+                      "\"} ", kv.second.count, "\n");
     }
     out += "# HELP moed_tokens_total Tokens processed by Forward, by layer.\n";
     out += "# TYPE moed_tokens_total counter\n";
@@ -74,8 +74,8 @@ std::string Metrics::Render() const {
     out += "# TYPE moed_expert_tokens_total counter\n";
     for (const auto& kv : expert_tokens_) {
       for (size_t e = 0; e < kv.second.size(); ++e) {
-        absl::StrAppend(&out, "moed_expert_tokens_total{layer=\"", Escape(kv.first),
-                        "\",expert=\"", e, "\"} ", kv.second[e], "\n");
+        absl::StrAppend(&out, "moed_expert_tokens_total{layer=\"", Escape(kv.first), "\",expert=\"",
+                        e, "\"} ", kv.second[e], "\n");
       }
     }
   }

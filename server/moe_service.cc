@@ -56,8 +56,7 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
   return turn;
 }
 
-absl::Time MoeServiceImpl::InternalDeadline(grpc::ServerContext* context,
-                                            bool collective) const {
+absl::Time MoeServiceImpl::InternalDeadline(grpc::ServerContext* context, bool collective) const {
   absl::Time deadline = absl::Now() + options_.step_timeout;
   if (!collective) deadline = std::min(deadline, absl::FromChrono(context->deadline()));
   return deadline;
@@ -103,9 +102,8 @@ grpc::Status MoeServiceImpl::CreateLayer(grpc::ServerContext* context,
     const long double bytes = elements * 4 * sizeof(float);
     if (bytes > static_cast<long double>(options_.max_layer_bytes)) {
       return absl::ResourceExhaustedError(absl::StrCat(
-          "config: parameters, gradients and optimizer state need ~",
-          static_cast<double>(bytes), " bytes, more than --max_layer_bytes=",
-          options_.max_layer_bytes));
+          "config: parameters, gradients and optimizer state need ~", static_cast<double>(bytes),
+          " bytes, more than --max_layer_bytes=", options_.max_layer_bytes));
     }
     auto layer = std::make_shared<Layer>();
     layer->name = request->name();
@@ -185,13 +183,14 @@ grpc::Status MoeServiceImpl::DeleteLayer(grpc::ServerContext* context,
     del.set_generation(set->generation);
     del.set_layer_id(layer->id);
     // Best effort: a worker that misses it drops the layer at the next generation.
-    pool_->ForEachWorker(
-        *set, InternalDeadline(context, false),
-        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-          internal::WorkerEmpty empty;
-          return FromGrpcStatus(stub->DeleteLayer(ctx, del, &empty));
-        },
-        /*collective=*/false)
+    pool_
+        ->ForEachWorker(
+            *set, InternalDeadline(context, false),
+            [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+              internal::WorkerEmpty empty;
+              return FromGrpcStatus(stub->DeleteLayer(ctx, del, &empty));
+            },
+            /*collective=*/false)
         .IgnoreError();
     return absl::OkStatus();
   };
@@ -273,10 +272,10 @@ std::string MoeServiceImpl::RenderLayerMetrics() const {
   absl::MutexLock lock(&layers_mu_);
   for (const auto& kv : layers_) {
     absl::MutexLock layer_lock(&kv.second->mu);
-    absl::StrAppend(&out, "moed_saved_steps{layer=\"", kv.first, "\"} ",
-                    kv.second->saved.size(), "\n");
-    absl::StrAppend(&bytes, "moed_saved_bytes{layer=\"", kv.first, "\"} ",
-                    kv.second->saved_bytes, "\n");
+    absl::StrAppend(&out, "moed_saved_steps{layer=\"", kv.first, "\"} ", kv.second->saved.size(),
+                    "\n");
+    absl::StrAppend(&bytes, "moed_saved_bytes{layer=\"", kv.first, "\"} ", kv.second->saved_bytes,
+                    "\n");
   }
   return out + bytes;
 }

@@ -37,8 +37,8 @@ absl::StatusOr<DType> CheckActivation(absl::string_view field, const v1::Tensor&
         absl::StrCat(field, ".shape: rank ", t.shape_size(), ", expected [tokens, ", hidden, "]"));
   }
   if (t.shape(1) != hidden) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ".shape[1]: ", t.shape(1),
-                                                   " != the layer's hidden size ", hidden));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".shape[1]: ", t.shape(1), " != the layer's hidden size ", hidden));
   }
   return dtype;
 }
@@ -113,8 +113,8 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
     for (int r = 0; r < ranks; ++r) {
       const v1::Tensor& slice = answers[r].out();
       if (slice.raw_data().size() != (offsets[r + 1] - offsets[r]) * row_bytes) {
-        return absl::InternalError(absl::StrCat("worker ", r, " returned ",
-                                                slice.raw_data().size(), " output bytes"));
+        return absl::InternalError(
+            absl::StrCat("worker ", r, " returned ", slice.raw_data().size(), " output bytes"));
       }
       raw->append(slice.raw_data());
       saved_bytes += answers[r].saved_bytes();
@@ -122,8 +122,7 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
     const internal::WorkerForwardResponse& first = answers[0];
     response->set_aux_loss(first.aux_loss());
     response->set_z_loss(first.z_loss());
-    std::vector<int64_t> counts(first.tokens_per_expert().begin(),
-                                first.tokens_per_expert().end());
+    std::vector<int64_t> counts(first.tokens_per_expert().begin(), first.tokens_per_expert().end());
     for (int64_t c : counts) response->add_tokens_per_expert(c);
     *response->mutable_load() = ComputeLoad(counts);
     {
@@ -145,10 +144,12 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
       {
         absl::MutexLock lock(&layer.mu);
         if (refuse.ok() && layer.saved_bytes > options_.max_saved_bytes) {
-          refuse = absl::ResourceExhaustedError(absl::StrCat(
-              "keep_for_backward: this step needs ", saved_bytes, " bytes; the layer's saved "
-              "steps would hold ", layer.saved_bytes, " bytes (limit --max_saved_bytes=",
-              options_.max_saved_bytes, ")"));
+          refuse = absl::ResourceExhaustedError(
+              absl::StrCat("keep_for_backward: this step needs ", saved_bytes,
+                           " bytes; the layer's saved "
+                           "steps would hold ",
+                           layer.saved_bytes,
+                           " bytes (limit --max_saved_bytes=", options_.max_saved_bytes, ")"));
         }
         if (!refuse.ok()) {
           layer.saved.erase(step_id);
@@ -178,8 +179,7 @@ grpc::Status MoeServiceImpl::Backward(grpc::ServerContext* context,
           "step_id: 0 is not a step (Forward returns 0 without keep_for_backward)");
     }
     if (!request->has_d_out()) return absl::InvalidArgumentError("d_out: required");
-    ASSIGN_OR_RETURN(DType dtype,
-                     CheckActivation("d_out", request->d_out(), found->config.hidden));
+    ASSIGN_OR_RETURN(DType dtype, CheckActivation("d_out", request->d_out(), found->config.hidden));
     const double d_aux = request->has_d_aux() ? request->d_aux() : 1.0;
     const double d_z_loss = request->has_d_z_loss() ? request->d_z_loss() : 1.0;
     if (!std::isfinite(d_aux)) return absl::InvalidArgumentError("d_aux: not finite");
@@ -201,10 +201,9 @@ grpc::Status MoeServiceImpl::Backward(grpc::ServerContext* context,
                    : std::string(" was never issued")));
       }
       if (request->d_out().shape(0) != it->second.tokens) {
-        return absl::InvalidArgumentError(absl::StrCat("d_out.shape[0]: ",
-                                                       request->d_out().shape(0),
-                                                       " != the step's tokens ",
-                                                       it->second.tokens));
+        return absl::InvalidArgumentError(
+            absl::StrCat("d_out.shape[0]: ", request->d_out().shape(0), " != the step's tokens ",
+                         it->second.tokens));
       }
       // The step is consumed by this Backward, whatever its outcome.
       step = it->second;
@@ -236,8 +235,8 @@ grpc::Status MoeServiceImpl::Backward(grpc::ServerContext* context,
     for (int r = 0; r < ranks; ++r) d_x->mutable_raw_data()->append(answers[r].d_x().raw_data());
     const size_t want = step.tokens * layer.config.hidden * DTypeSize(step.dtype);
     if (d_x->raw_data().size() != want) {
-      return absl::InternalError(absl::StrCat("workers returned ", d_x->raw_data().size(),
-                                              " d_x bytes, expected ", want));
+      return absl::InternalError(
+          absl::StrCat("workers returned ", d_x->raw_data().size(), " d_x bytes, expected ", want));
     }
     return absl::OkStatus();
   };
@@ -275,13 +274,14 @@ void MoeServiceImpl::ReleaseOnWorkers(const WorkerSet& set, const Layer& layer,
     call.set_step_id(step_id);
     // Best effort: the books no longer hold the step; a worker that misses the release frees
     // it at the next generation.
-    pool_->ForEachWorker(
-        set, absl::Now() + options_.step_timeout,
-        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-          internal::WorkerEmpty empty;
-          return FromGrpcStatus(stub->ReleaseStep(ctx, call, &empty));
-        },
-        /*collective=*/false)
+    pool_
+        ->ForEachWorker(
+            set, absl::Now() + options_.step_timeout,
+            [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+              internal::WorkerEmpty empty;
+              return FromGrpcStatus(stub->ReleaseStep(ctx, call, &empty));
+            },
+            /*collective=*/false)
         .IgnoreError();
   }
 }

@@ -70,17 +70,17 @@ absl::Status MoeServiceImpl::ResolveNames(
   for (const std::string& name : requested) {
     auto it = by_name.find(name);
     if (it == by_name.end() || (gradients && !it->second.has_gradient)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "names: \"", name, "\" is not a ", gradients ? "gradient" : "parameter",
-          " of layer \"", layer.name, "\""));
+      return absl::InvalidArgumentError(absl::StrCat("names: \"", name, "\" is not a ",
+                                                     gradients ? "gradient" : "parameter",
+                                                     " of layer \"", layer.name, "\""));
     }
     names->push_back(name);
   }
   return absl::OkStatus();
 }
 
-absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& layer,
-                                           bool gradients, const std::vector<std::string>& names,
+absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& layer, bool gradients,
+                                           const std::vector<std::string>& names,
                                            grpc::ServerContext* context,
                                            std::vector<std::pair<std::string, Tensor>>* out) {
   const auto by_name = LayoutByName(layer.config);
@@ -92,8 +92,7 @@ absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& la
         internal::WorkerGetTensorsRequest call;
         call.set_generation(set.generation);
         call.set_layer_id(layer.id);
-        call.set_kind(gradients ? internal::TENSOR_KIND_GRADIENT
-                                : internal::TENSOR_KIND_PARAMETER);
+        call.set_kind(gradients ? internal::TENSOR_KIND_GRADIENT : internal::TENSOR_KIND_PARAMETER);
         std::map<std::string, ExpectedTensor> expected;
         for (const std::string& name : names) {
           const ParameterLayout& p = by_name.at(name);
@@ -147,12 +146,11 @@ absl::Status StreamTensors(const std::vector<std::pair<std::string, Tensor>>& te
   // Room for the chunk's name and shape next to the raw bytes.
   max_chunk_bytes = std::min<int64_t>(max_chunk_bytes, max_message_bytes - 4096);
   for (const auto& named : tensors) {
-    RETURN_IF_ERROR(ChunkTensor(named.first, named.second, max_chunk_bytes,
-                                [&](const v1::TensorChunk& chunk) {
-                                  return writer->Write(chunk)
-                                             ? absl::OkStatus()
-                                             : absl::CancelledError("client stopped reading");
-                                }));
+    RETURN_IF_ERROR(
+        ChunkTensor(named.first, named.second, max_chunk_bytes, [&](const v1::TensorChunk& chunk) {
+          return writer->Write(chunk) ? absl::OkStatus()
+                                      : absl::CancelledError("client stopped reading");
+        }));
   }
   return absl::OkStatus();
 }
@@ -175,8 +173,7 @@ grpc::Status MoeServiceImpl::GetGradients(grpc::ServerContext* context,
       ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
       RETURN_IF_ERROR(GatherTensors(turn->set, turn->layer(), true, names, context, &tensors));
     }
-    return StreamTensors(tensors, request->max_chunk_bytes(), options_.max_message_bytes,
-                         writer);
+    return StreamTensors(tensors, request->max_chunk_bytes(), options_.max_message_bytes, writer);
   };
   return Finish("GetGradients", start, run());
 }
@@ -197,8 +194,7 @@ grpc::Status MoeServiceImpl::GetWeights(grpc::ServerContext* context,
       ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
       RETURN_IF_ERROR(GatherTensors(turn->set, turn->layer(), false, names, context, &tensors));
     }
-    return StreamTensors(tensors, request->max_chunk_bytes(), options_.max_message_bytes,
-                         writer);
+    return StreamTensors(tensors, request->max_chunk_bytes(), options_.max_message_bytes, writer);
   };
   return Finish("GetWeights", start, run());
 }
@@ -246,8 +242,8 @@ grpc::Status MoeServiceImpl::SetWeights(grpc::ServerContext* context,
     for (const auto& named : tensors) {
       for (int64_t i = 0; i < named.second.num_elements(); ++i) {
         if (!std::isfinite(named.second.data<float>()[i])) {
-          return absl::InvalidArgumentError(absl::StrCat("chunk \"", named.first,
-                                                         "\": element ", i, " is not finite"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("chunk \"", named.first, "\": element ", i, " is not finite"));
         }
       }
     }
@@ -268,16 +264,15 @@ grpc::Status MoeServiceImpl::SetWeights(grpc::ServerContext* context,
               const int64_t per = p.shape[0] / ranks;
               shard = named.second.SliceRows(r * per, (r + 1) * per);
             }
-            written = ChunkTensor(named.first, shard, kDefaultChunkBytes,
-                                  [&](const v1::TensorChunk& chunk) {
-                                    internal::WorkerSetTensorsRequest call;
-                                    call.set_generation(turn->set.generation);
-                                    call.set_layer_id(turn->layer().id);
-                                    *call.mutable_chunk() = chunk;
-                                    return writer->Write(call)
-                                               ? absl::OkStatus()
-                                               : absl::UnavailableError("worker stream closed");
-                                  });
+            written = ChunkTensor(
+                named.first, shard, kDefaultChunkBytes, [&](const v1::TensorChunk& chunk) {
+                  internal::WorkerSetTensorsRequest call;
+                  call.set_generation(turn->set.generation);
+                  call.set_layer_id(turn->layer().id);
+                  *call.mutable_chunk() = chunk;
+                  return writer->Write(call) ? absl::OkStatus()
+                                             : absl::UnavailableError("worker stream closed");
+                });
             if (!written.ok()) break;
           }
           writer->WritesDone();
@@ -404,8 +399,8 @@ grpc::Status MoeServiceImpl::SaveCheckpoint(grpc::ServerContext* context,
     const bool existed = stat(dir.c_str(), &st) == 0;
     if (existed && rename(dir.c_str(), old.c_str()) != 0) {
       RemoveTree(tmp);
-      return absl::InternalError(absl::StrCat("directory: cannot move the old ", dir, ": ",
-                                              strerror(errno)));
+      return absl::InternalError(
+          absl::StrCat("directory: cannot move the old ", dir, ": ", strerror(errno)));
     }
     if (rename(tmp.c_str(), dir.c_str()) != 0) {
       const std::string error = strerror(errno);

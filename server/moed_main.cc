@@ -93,8 +93,7 @@ int Main() {
   pool_options.ping_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_ping_timeout_ms));
   pool_options.dead_after = absl::Milliseconds(absl::GetFlag(FLAGS_worker_dead_after_ms));
   pool_options.setup_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_setup_timeout_ms));
-  pool_options.collective_timeout =
-      absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
+  pool_options.collective_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
   WorkerPool pool(pool_options);
 
   ServiceOptions service_options;
@@ -115,22 +114,19 @@ int Main() {
         "# HELP moed_worker_memory_bytes Backend memory of each worker.\n"
         "# TYPE moed_worker_memory_bytes gauge\n";
     for (const v1::WorkerStatus& w : pool.WorkerStatuses()) {
-      absl::StrAppend(&out, "moed_worker_alive{rank=\"", w.rank(), "\"} ", w.alive() ? 1 : 0,
-                      "\n");
+      absl::StrAppend(&out, "moed_worker_alive{rank=\"", w.rank(), "\"} ", w.alive() ? 1 : 0, "\n");
       absl::StrAppend(&memory, "moed_worker_memory_bytes{rank=\"", w.rank(), "\"} ",
                       w.memory_bytes(), "\n");
     }
     return out + memory + service.RenderLayerMetrics() +
-           absl::StrCat("# TYPE moed_generation gauge\nmoed_generation ", pool.generation(),
-                        "\n");
+           absl::StrCat("# TYPE moed_generation gauge\nmoed_generation ", pool.generation(), "\n");
   });
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":",
-                                        absl::GetFlag(FLAGS_port)),
+  builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port)),
                            grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
   builder.SetMaxSendMessageSize(static_cast<int>(max_message));
@@ -168,8 +164,7 @@ int Main() {
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
   std::fprintf(stderr, "moed: listening on %s:%d, %s %d worker(s)%s\n",
-               absl::GetFlag(FLAGS_host).c_str(), port, embedded ? "starting" : "expecting",
-               world,
+               absl::GetFlag(FLAGS_host).c_str(), port, embedded ? "starting" : "expecting", world,
                http ? absl::StrCat(", metrics on :", http->port()).c_str() : "");
 
   std::unique_ptr<WorkerLauncher> launcher;

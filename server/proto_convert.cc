@@ -56,8 +56,7 @@ absl::StatusOr<LayerConfig> ConfigFromProto(const v1::LayerConfig& p) {
       c.score_function = ScoreFunction::kSigmoid;
       break;
     default:
-      return Invalid("config.score_function",
-                     absl::StrCat("unknown value ", p.score_function()));
+      return Invalid("config.score_function", absl::StrCat("unknown value ", p.score_function()));
   }
   c.pre_softmax = p.pre_softmax();
   c.num_groups = p.num_groups();

@@ -99,11 +99,10 @@ void WorkerLauncher::ReapLoop() {
       if (rank >= 0) pids_[rank] = -1;
     }
     if (rank < 0) continue;
-    const std::string why = WIFSIGNALED(status)
-                                ? absl::StrCat("process ", pid, " killed by signal ",
-                                               WTERMSIG(status))
-                                : absl::StrCat("process ", pid, " exited with status ",
-                                               WEXITSTATUS(status));
+    const std::string why =
+        WIFSIGNALED(status)
+            ? absl::StrCat("process ", pid, " killed by signal ", WTERMSIG(status))
+            : absl::StrCat("process ", pid, " exited with status ", WEXITSTATUS(status));
     std::fprintf(stderr, "moed: worker %d %s\n", rank, why.c_str());
     pool_->MarkDead(rank, why);
     if (!respawn_) continue;

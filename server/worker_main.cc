@@ -80,8 +80,7 @@ int Main() {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    std::fprintf(stderr, "moe-worker: cannot listen on %s\n",
-                 absl::GetFlag(FLAGS_listen).c_str());
+    std::fprintf(stderr, "moe-worker: cannot listen on %s\n", absl::GetFlag(FLAGS_listen).c_str());
     return 1;
   }
   const std::string address = absl::StrCat(AdvertiseHost(frontend), ":", port);
@@ -114,9 +113,8 @@ int Main() {
     }
     absl::SleepFor(absl::Milliseconds(200));
   }
-  std::fprintf(stderr, "moe-worker: rank %d of %d at %s (front end %s, device %s)\n",
-               joined.rank(), joined.world_size(), address.c_str(), frontend.c_str(),
-               device.c_str());
+  std::fprintf(stderr, "moe-worker: rank %d of %d at %s (front end %s, device %s)\n", joined.rank(),
+               joined.world_size(), address.c_str(), frontend.c_str(), device.c_str());
   service.NoteContact();
 
   // Watchdog: a worker the front end stopped pinging (declared dead after a stall, or a

@@ -79,15 +79,14 @@ absl::StatusOr<internal::JoinResponse> WorkerPool::Join(const internal::JoinRequ
       }
     }
     // The same process joining again (it missed pings it never saw) replaces itself.
-    const bool same_process = slots_[rank].address == request.address() &&
-                              slots_[rank].pid == request.pid();
+    const bool same_process =
+        slots_[rank].address == request.address() && slots_[rank].pid == request.pid();
     if (slots_[rank].alive && !same_process) previous = slots_[rank].stub;
   }
   // A restarted worker may rejoin before its predecessor was found dead: evict the old one
   // only if it does not answer.
   if (previous != nullptr && QuickPing(previous.get(), absl::Milliseconds(500)).ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rank ", rank, " is held by a live worker"));
+    return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is held by a live worker"));
   }
   std::shared_ptr<internal::Worker::Stub> stub = MakeStub(request.address());
   absl::MutexLock lock(&mu_);
@@ -212,8 +211,8 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
     absl::MutexLock lock(&mu_);
     for (int r = 0; r < n; ++r) {
       if (!slots_[r].alive) {
-        return absl::UnavailableError(absl::StrCat("worker ", r, " (", slots_[r].address,
-                                                   ") gone: ", slots_[r].error));
+        return absl::UnavailableError(
+            absl::StrCat("worker ", r, " (", slots_[r].address, ") gone: ", slots_[r].error));
       }
     }
     if (generation_ != set.generation || !(serving_ || in_setup_)) {
@@ -225,8 +224,8 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
   }
   int pick = -1;
   for (int r = 0; r < n; ++r) {
-    if (!results[r].ok() && (pick < 0 || (IsTransport(results[pick].code()) &&
-                                          !IsTransport(results[r].code())))) {
+    if (!results[r].ok() &&
+        (pick < 0 || (IsTransport(results[pick].code()) && !IsTransport(results[r].code())))) {
       pick = r;
     }
   }
@@ -365,8 +364,7 @@ std::vector<v1::WorkerStatus> WorkerPool::WorkerStatuses() const {
     status.set_alive(slot.alive);
     status.set_memory_bytes(slot.memory_bytes);
     status.set_peak_memory_bytes(slot.peak_memory_bytes);
-    status.set_last_seen_ms_ago(slot.filled ? absl::ToInt64Milliseconds(now - slot.last_seen)
-                                            : -1);
+    status.set_last_seen_ms_ago(slot.filled ? absl::ToInt64Milliseconds(now - slot.last_seen) : -1);
     status.set_error(slot.filled ? slot.error : "not joined yet");
     status.set_pid(slot.pid);
     out.push_back(status);

@@ -50,8 +50,8 @@ absl::StatusOr<std::shared_ptr<WorkerService::LayerSlot>> WorkerService::FindSlo
     int64_t generation, uint64_t layer_id) {
   absl::MutexLock lock(&mu_);
   if (generation != generation_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker is in generation ", generation_, ", call is for generation ", generation));
+    return absl::FailedPreconditionError(absl::StrCat("worker is in generation ", generation_,
+                                                      ", call is for generation ", generation));
   }
   auto it = layers_.find(layer_id);
   if (it == layers_.end()) {
@@ -127,8 +127,8 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
     options = comm_options_;
   }
   absl::MutexLock slot_lock(&slot->mu);
-  absl::StatusOr<WorkerDevice> device = MakeWorkerDevice(device_, store_, prefix, rank, size,
-                                                         options);
+  absl::StatusOr<WorkerDevice> device =
+      MakeWorkerDevice(device_, store_, prefix, rank, size, options);
   if (!device.ok()) return Grpc(device.status());
   slot->device = std::move(*device);
   absl::StatusOr<std::unique_ptr<MoeLayer>> layer =
@@ -251,9 +251,9 @@ grpc::Status WorkerService::GetTensors(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::SetTensors(grpc::ServerContext*,
-                                       grpc::ServerReader<internal::WorkerSetTensorsRequest>* reader,
-                                       internal::WorkerEmpty*) {
+grpc::Status WorkerService::SetTensors(
+    grpc::ServerContext*, grpc::ServerReader<internal::WorkerSetTensorsRequest>* reader,
+    internal::WorkerEmpty*) {
   internal::WorkerSetTensorsRequest request;
   std::shared_ptr<LayerSlot> slot;
   std::unique_ptr<ChunkAssembler> assembler;

@@ -79,8 +79,8 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(256 << 20);
   channel_args.SetMaxSendMessageSize(256 << 20);
-  cluster->channel_ = grpc::CreateCustomChannel(
-      cluster->address_, grpc::InsecureChannelCredentials(), channel_args);
+  cluster->channel_ = grpc::CreateCustomChannel(cluster->address_,
+                                                grpc::InsecureChannelCredentials(), channel_args);
   cluster->stub_ = v1::MoeService::NewStub(cluster->channel_);
   cluster->workers_.assign(options.embedded ? 0 : options.workers, -1);
   for (int r = 0; r < static_cast<int>(cluster->workers_.size()); ++r) {
@@ -95,9 +95,8 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
 
 absl::StatusOr<pid_t> TestCluster::SpawnWorker(int rank) {
   return Spawn({worker_path_, absl::StrCat("--frontend=", address_), "--device=cpu",
-                absl::StrCat("--rank=", rank), "--listen=127.0.0.1:0",
-                "--advertise_host=127.0.0.1", "--rejoin_after_s=2",
-                "--orphan_timeout_s=20"});
+                absl::StrCat("--rank=", rank), "--listen=127.0.0.1:0", "--advertise_host=127.0.0.1",
+                "--rejoin_after_s=2", "--orphan_timeout_s=20"});
 }
 
 TestCluster::~TestCluster() {
@@ -124,7 +123,8 @@ absl::StatusOr<std::string> TestCluster::Health() {
   std::vector<grpc::Slice> slices;
   if (!response.Dump(&slices).ok()) return absl::InternalError("bad health response");
   std::string bytes;
-  for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
   // HealthCheckResponse{status = 1 (field 1, varint)}: SERVING = 1, NOT_SERVING = 2.
   if (bytes == std::string("\x08\x01", 2)) return std::string("SERVING");
   if (bytes == std::string("\x08\x02", 2)) return std::string("NOT_SERVING");

@@ -1,22 +1,21 @@
 // moed + 2 real moe-worker processes on localhost: steps through the service equal the
 // engine run in one process; bad requests get their codes; budgets; weights; checkpoints.
+#include "tests/server/cluster.h"
+
 #include <arpa/inet.h>
+#include <grpcpp/generic/generic_stub.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <grpcpp/generic/generic_stub.h>
-
 #include <atomic>
-#include <random>
-
-#include "absl/synchronization/notification.h"
 #include <cstdlib>
+#include <random>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/server/cluster.h"
 #include "tests/server/test_util.h"
 
 namespace moe {

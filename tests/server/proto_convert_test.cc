@@ -10,8 +10,8 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(ProtoConvertTest, TensorRoundTripEveryDatatype) {
-  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat64, DType::kInt32,
-                      DType::kInt64}) {
+  for (DType dtype :
+       {DType::kFloat32, DType::kBFloat16, DType::kFloat64, DType::kInt32, DType::kInt64}) {
     Tensor t = Tensor::Zeros(dtype, {2, 3});
     for (size_t i = 0; i < t.num_bytes(); ++i) static_cast<uint8_t*>(t.raw())[i] = i * 7 + 1;
     v1::Tensor proto;

@@ -26,8 +26,7 @@ TEST(StatusConvertTest, NamedCodesAgree) {
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("x")).error_code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(),
-            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(FromGrpcStatus(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "late")).code(),
             absl::StatusCode::kDeadlineExceeded);
 }

@@ -28,8 +28,8 @@ class ValidationTest : public ::testing::Test {
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(port, 0);
-    stub_ = v1::MoeService::NewStub(grpc::CreateChannel(absl::StrCat("127.0.0.1:", port),
-                                                        grpc::InsecureChannelCredentials()));
+    stub_ = v1::MoeService::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
   }
   void TearDown() override { server_->Shutdown(); }
 
@@ -61,7 +61,8 @@ TEST_F(ValidationTest, BadConfigsNameTheirField) {
       {"num_experts", [](v1::LayerConfig* c) { c->set_num_experts(7); }},
       {"expert_bias", [](v1::LayerConfig* c) { c->set_use_expert_bias(true); }},
       {"compute_dtype", [](v1::LayerConfig* c) { c->set_compute_dtype("FP64"); }},
-      {"group", [](v1::LayerConfig* c) {
+      {"group",
+       [](v1::LayerConfig* c) {
          c->set_num_groups(3);
          c->set_group_topk(1);
        }},
@@ -77,8 +78,7 @@ TEST_F(ValidationTest, BadConfigsNameTheirField) {
   v1::CreateLayerRequest no_config;
   no_config.set_name("x");
   v1::CreateLayerResponse response;
-  EXPECT_THAT(stub_->CreateLayer(&ctx, no_config, &response).error_message(),
-              HasSubstr("config"));
+  EXPECT_THAT(stub_->CreateLayer(&ctx, no_config, &response).error_message(), HasSubstr("config"));
   EXPECT_EQ(Create("", TinyConfig(1)).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
