@@ -13,16 +13,19 @@
 #        --mode=join: `moed --expect_workers=N` plus N `moe-worker --frontend=...` processes
 #        started here (how containers and several hosts run it).
 #        --device=cuda gives worker i the device cuda:i.
-#        --port: default a free port. --timeout: seconds to wait for SERVING (default 60).
+#        --port: default 0, i.e. moed binds a free port itself (no race with other programs)
+#        and reports it. --timeout: seconds to wait for SERVING (default 60).
 # stop   SIGTERM to moed (which stops its workers), then to the whole process group after
 #        --grace seconds (default 10), then SIGKILL; returns once nothing of it is left.
 # status prints the run directory, the processes and `moectl status`; exit 0 when serving,
 #        1 when running but not serving, 3 when not running.
 #
-# Files: the run directory (default /tmp/moed-local/<port>) holds moed.log, worker-<rank>.log,
-# moed.pid, pgid (the process group of everything started), address, and supervisor.sh with
-# the exact command lines. /tmp/moed-local/last points at the most recent run directory, which
-# is what stop and status use without --port/--run_dir. moed listens on 127.0.0.1 only.
+# Files: the run directory (default /tmp/moed-local/<port> for a given --port, else a new
+# /tmp/moed-local/run.XXXXXX with /tmp/moed-local/<port> linking to it once the port is known)
+# holds moed.log, worker-<rank>.log, moed.pid, pgid (the process group of everything started),
+# port, address, and supervisor.sh with the exact command lines. /tmp/moed-local/last points at
+# the most recent run directory, which is what stop and status use without --port/--run_dir.
+# moed listens on 127.0.0.1 only.
 #
 # Binaries: $MOED, $MOE_WORKER, $MOECTL (or --moed= --moe_worker= --moectl=), by default
 # bazel-bin/server/moed, bazel-bin/server/moe-worker and bazel-bin/client/moectl of this
@@ -87,20 +90,11 @@ case "${MODE}" in embedded|join) ;; *) die "--mode must be embedded or join" ;; 
 # ---- helpers -----------------------------------------------------------------------------
 port_in_use() { ss -Htln "sport = :$1" 2>/dev/null | grep -q .; }
 
-pick_free_port() {
-  local p
-  for _ in $(seq 1 100); do
-    p=$(( 20000 + RANDOM % 40000 ))
-    port_in_use "${p}" || { echo "${p}"; return 0; }
-  done
-  die "no free port found"
-}
-
 # The run directory of an existing cluster for stop/status.
 resolve_run_dir() {
   if [ -n "${RUN_DIR}" ]; then echo "${RUN_DIR}"; return; fi
-  if [ -n "${PORT}" ]; then echo "${BASE_DIR}/${PORT}"; return; fi
-  if [ -L "${BASE_DIR}/last" ]; then readlink -f "${BASE_DIR}/last"; return; fi
+  if [ -n "${PORT}" ]; then readlink -f "${BASE_DIR}/${PORT}"; return; fi
+  if [ -e "${BASE_DIR}/last" ]; then readlink -f "${BASE_DIR}/last"; return; fi
   die "no cluster known: pass --port or --run_dir"
 }
 
@@ -153,18 +147,25 @@ cmd_start() {
   for bin in "${MOED}" "${MOE_WORKER}" "${MOECTL}"; do
     [ -x "${bin}" ] || die "${bin} not found or not executable (bazel build //server:moed //server:moe-worker //client:moectl)"
   done
-  [ -n "${PORT}" ] || PORT="$(pick_free_port)"
-  port_in_use "${PORT}" && die "port ${PORT} is in use"
-  [ -n "${RUN_DIR}" ] || RUN_DIR="${BASE_DIR}/${PORT}"
+  mkdir -p "${BASE_DIR}"
+  if [ -n "${PORT}" ]; then
+    port_in_use "${PORT}" && die "port ${PORT} is in use"
+    [ -n "${RUN_DIR}" ] || RUN_DIR="${BASE_DIR}/${PORT}"
+  else
+    [ -n "${RUN_DIR}" ] || RUN_DIR="$(mktemp -d "${BASE_DIR}/run.XXXXXX")"
+  fi
+  # A link left by an earlier run whose directory is gone.
+  [ -L "${RUN_DIR}" ] && [ ! -e "${RUN_DIR}" ] && rm -f "${RUN_DIR}"
   mkdir -p "${RUN_DIR}"
-  RUN_DIR="$(cd "${RUN_DIR}" && pwd)"
+  RUN_DIR="$(cd "${RUN_DIR}" && pwd -P)"
   if [ -f "${RUN_DIR}/pgid" ] && group_alive "$(cat "${RUN_DIR}/pgid")"; then
     die "a cluster is already running in ${RUN_DIR} (cluster.sh stop --run_dir=${RUN_DIR})"
   fi
-  rm -f "${RUN_DIR}"/*.log "${RUN_DIR}"/*.pid "${RUN_DIR}/address"
-  local address="127.0.0.1:${PORT}"
+  rm -f "${RUN_DIR}"/*.log "${RUN_DIR}"/*.pid "${RUN_DIR}/address" "${RUN_DIR}/port"
 
-  local moed_cmd=("${MOED}" "--host=127.0.0.1" "--port=${PORT}" "--device=${DEVICE}")
+  # moed writes the port it bound to `port` once it listens (also when --port is given).
+  local moed_cmd=("${MOED}" "--host=127.0.0.1" "--port=${PORT:-0}" "--port_file=${RUN_DIR}/port"
+                  "--device=${DEVICE}")
   if [ "${MODE}" = embedded ]; then
     # moed passes its workers' output through to its own; a tiny wrapper given as
     # --worker_binary sends each worker's to worker-<rank>.log instead (appending, so a
@@ -190,38 +191,47 @@ WRAPPER
   # Everything of this cluster runs under one supervisor shell started with setsid: it leads a
   # new process group (pgid = its pid) holding moed, the workers moed starts (embedded) or the
   # workers started here (join), so stop can find every process by that one id.
+  # Join-mode workers need moed's port: the supervisor waits for the port file first.
   local worker_cmds=() i device
   if [ "${MODE}" = join ]; then
     for i in $(seq 0 $(( WORKERS - 1 ))); do
       device="${DEVICE}"
       [ "${DEVICE}" = cuda ] && device="cuda:${i}"
-      worker_cmds+=("$(printf '%q ' "${MOE_WORKER}" "--frontend=${address}" "--device=${device}" "--rank=${i}")")
+      worker_cmds+=("$(printf '%q ' "${MOE_WORKER}" "--device=${device}" "--rank=${i}")")
     done
   fi
   {
     echo 'cd "$1"'
     echo "$(printf '%q ' "${moed_cmd[@]}") > moed.log 2>&1 &"
     echo 'echo $! > moed.pid'
-    for i in "${!worker_cmds[@]}"; do
-      echo "${worker_cmds[${i}]} > worker-${i}.log 2>&1 &"
-      echo "echo \$! > worker-${i}.pid"
-    done
+    if [ "${MODE}" = join ]; then
+      echo 'for _ in $(seq 1 600); do [ -s port ] && break; sleep 0.1; done'
+      echo '[ -s port ] || exit 1'
+      for i in "${!worker_cmds[@]}"; do
+        echo "${worker_cmds[${i}]} --frontend=127.0.0.1:\$(cat port) > worker-${i}.log 2>&1 &"
+        echo "echo \$! > worker-${i}.pid"
+      done
+    fi
     echo 'wait'
   } > "${RUN_DIR}/supervisor.sh"
   rm -f "${RUN_DIR}/moed.pid"
   setsid bash "${RUN_DIR}/supervisor.sh" "${RUN_DIR}" > "${RUN_DIR}/supervisor.log" 2>&1 < /dev/null &
   local pgid=$!
   echo "${pgid}" > "${RUN_DIR}/pgid"
-  mkdir -p "${BASE_DIR}"
   ln -sfn "${RUN_DIR}" "${BASE_DIR}/last"
+  # Ctrl-C or a kill while starting takes the half-started cluster down with it.
+  trap 'stop_cluster "${RUN_DIR}"; exit 130' INT TERM
   local waited=0
   while [ ! -s "${RUN_DIR}/moed.pid" ] && [ "${waited}" -lt 50 ]; do sleep 0.1; waited=$(( waited + 1 )); done
   local moed_pid
-  moed_pid="$(cat "${RUN_DIR}/moed.pid" 2>/dev/null)" || die "moed did not start (see ${RUN_DIR})"
-  log "moed pid ${moed_pid} on ${address}, ${WORKERS} ${DEVICE} worker(s), ${MODE} mode; logs in ${RUN_DIR}"
+  moed_pid="$(cat "${RUN_DIR}/moed.pid" 2>/dev/null || true)"
+  if [ -z "${moed_pid}" ]; then
+    stop_cluster "${RUN_DIR}"
+    die "moed did not start (see ${RUN_DIR})"
+  fi
 
-  # Wait for SERVING, failing early when moed exits.
-  local deadline=$(( SECONDS + TIMEOUT ))
+  # Wait for the port, then for SERVING, failing early when moed exits.
+  local deadline=$(( SECONDS + TIMEOUT )) address=""
   while true; do
     if ! pid_alive "${moed_pid}"; then
       log "moed exited during start-up; last lines of ${RUN_DIR}/moed.log:"
@@ -229,7 +239,12 @@ WRAPPER
       stop_cluster "${RUN_DIR}" >/dev/null 2>&1 || true
       exit 1
     fi
-    if "${MOECTL}" health --server="${address}" --deadline_ms=2000 >/dev/null 2>&1; then
+    if [ -z "${address}" ] && [ -s "${RUN_DIR}/port" ]; then
+      address="127.0.0.1:$(cat "${RUN_DIR}/port")"
+      log "moed pid ${moed_pid} on ${address}, ${WORKERS} ${DEVICE} worker(s), ${MODE} mode; logs in ${RUN_DIR}"
+    fi
+    if [ -n "${address}" ] &&
+       "${MOECTL}" health --server="${address}" --deadline_ms=2000 >/dev/null 2>&1; then
       break
     fi
     if [ "${SECONDS}" -ge "${deadline}" ]; then
@@ -240,7 +255,10 @@ WRAPPER
     fi
     sleep 0.2
   done
+  trap - INT TERM
   echo "${address}" > "${RUN_DIR}/address"
+  # stop/status --port=P find the run directory through BASE_DIR/<port>.
+  [ "${RUN_DIR}" = "${BASE_DIR}/${address##*:}" ] || ln -sfn "${RUN_DIR}" "${BASE_DIR}/${address##*:}"
   log "SERVING on ${address}"
   echo "${address}"
 }
@@ -257,7 +275,7 @@ cmd_status() {
   echo "processes:"
   ps -o pid=,args= -g "${pgid}" | sed 's/^/  /' || true
   local address
-  address="$(cat "${dir}/address" 2>/dev/null || echo "127.0.0.1:$(basename "${dir}")")"
+  address="$(cat "${dir}/address" 2>/dev/null || echo "127.0.0.1:$(cat "${dir}/port" 2>/dev/null)")"
   "${MOECTL}" status --server="${address}" --deadline_ms=5000 || exit 1
   "${MOECTL}" health --server="${address}" --deadline_ms=5000 >/dev/null 2>&1 || exit 1
 }
