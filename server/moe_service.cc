@@ -2,6 +2,8 @@
 // (moe_service_steps.cc, moe_service_weights.cc).
 #include "server/moe_service.h"
 
+#include <cstdio>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -76,6 +78,7 @@ v1::LayerInfo MoeServiceImpl::Info(const Layer& layer) const {
   info.set_saved_steps(static_cast<int64_t>(layer.saved.size()));
   info.set_saved_bytes(layer.saved_bytes);
   info.set_forward_count(layer.forward_count);
+  info.set_weights_reset(layer.weights_reset);
   *info.mutable_accumulated_load() = ComputeLoad(layer.accumulated);
   return info;
 }
@@ -241,11 +244,27 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
     absl::MutexLock lock(&layers_mu_);
     for (const auto& kv : layers_) layers.push_back(kv.second);
   }
+  if (layers.empty()) return absl::OkStatus();
+  // Which layers can every worker restore from its previous generation?
+  std::vector<std::set<uint64_t>> restorable(set.size());
+  RETURN_IF_ERROR(pool_->ForEachWorker(
+      set, absl::Now() + options_.step_timeout,
+      [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+        internal::PingRequest ping;
+        internal::PingResponse pong;
+        absl::Status status = FromGrpcStatus(stub->Ping(ctx, ping, &pong));
+        restorable[r].insert(pong.restorable_layers().begin(), pong.restorable_layers().end());
+        return status;
+      },
+      /*collective=*/false));
   for (const auto& layer : layers) {
+    bool restore = true;
+    for (const auto& ids : restorable) restore = restore && ids.count(layer->id) != 0;
     internal::WorkerCreateLayerRequest create;
     create.set_generation(set.generation);
     create.set_layer_id(layer->id);
     create.set_name(layer->name);
+    create.set_restore(restore);
     *create.mutable_config() = ConfigToProto(layer->config);
     RETURN_IF_ERROR(pool_->ForEachWorker(
         set, absl::Now() + options_.step_timeout,
@@ -254,10 +273,14 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
           return FromGrpcStatus(stub->CreateLayer(ctx, create, &created));
         },
         /*collective=*/false));
+    std::fprintf(stderr, "moed: generation %lld: layer %s re-created (%s)\n",
+                 static_cast<long long>(set.generation), layer->name.c_str(),
+                 restore ? "weights kept" : "weights from init_seed; load a checkpoint");
     absl::MutexLock lock(&layer->mu);
     layer->saved.clear();
     layer->saved_bytes = 0;
     layer->accumulated.assign(layer->config.num_experts, 0);
+    if (!restore) layer->weights_reset = true;
   }
   return absl::OkStatus();
 }

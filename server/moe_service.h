@@ -53,8 +53,10 @@ class MoeServiceImpl final : public v1::MoeService::Service {
  public:
   MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics* metrics);
 
-  // WorkerPool on_setup hook: creates every known layer on the new generation's workers
-  // (weights from init_seed; saved steps and accumulated load are dropped).
+  // WorkerPool on_setup hook: creates every known layer on the new generation's workers.
+  // A layer every worker still holds from the previous generation keeps its parameters and
+  // optimizer state; otherwise it starts from init_seed (LayerInfo.weights_reset). Saved
+  // steps and accumulated load are dropped either way.
   absl::Status RecreateLayers(const WorkerSet& set);
   // Prometheus gauges of layers (appended to Metrics::Render).
   std::string RenderLayerMetrics() const;
@@ -106,6 +108,7 @@ class MoeServiceImpl final : public v1::MoeService::Service {
     FifoMutex turn;  // one worker operation at a time, in arrival order
     mutable absl::Mutex mu;
     bool deleted ABSL_GUARDED_BY(mu) = false;
+    bool weights_reset ABSL_GUARDED_BY(mu) = false;  // see LayerInfo.weights_reset
     std::map<uint64_t, SavedStep> saved ABSL_GUARDED_BY(mu);
     int64_t saved_bytes ABSL_GUARDED_BY(mu) = 0;
     int64_t forward_count ABSL_GUARDED_BY(mu) = 0;

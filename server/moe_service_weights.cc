@@ -435,13 +435,16 @@ grpc::Status MoeServiceImpl::LoadCheckpoint(grpc::ServerContext* context,
       layer.saved_bytes = 0;
       layer.accumulated.assign(layer.config.num_experts, 0);
     }
-    return pool_->ForEachWorker(
+    RETURN_IF_ERROR(pool_->ForEachWorker(
         turn->set, InternalDeadline(context, true),
         [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
           internal::WorkerEmpty empty;
           return FromGrpcStatus(stub->LoadCheckpoint(ctx, call, &empty));
         },
-        /*collective=*/true);
+        /*collective=*/true));
+    absl::MutexLock lock(&layer.mu);
+    layer.weights_reset = false;
+    return absl::OkStatus();
   };
   return Finish("LoadCheckpoint", start, run());
 }

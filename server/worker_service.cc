@@ -75,7 +75,8 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
   options.timeout = absl::Milliseconds(std::max<int64_t>(1, request->collective_timeout_ms()));
   {
     absl::MutexLock lock(&mu_);
-    old_layers.swap(layers_);
+    old_layers.swap(retired_);  // the generation before the previous one: dropped now
+    retired_.swap(layers_);
     old_world = std::move(world_);
     generation_ = request->generation();
     rank_ = request->rank();
@@ -83,7 +84,8 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
     store_prefix_ = request->store_prefix();
     comm_options_ = options;
   }
-  // Dropped outside mu_: a slot in use by a stuck step is freed when that step returns.
+  // Dropped outside mu_: a slot in use by a stuck step is freed when that step returns. The
+  // previous generation's layers stay in retired_ (their communicators are not used again).
   old_layers.clear();
   old_world.reset();
 
@@ -135,6 +137,24 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
       MoeLayer::Create(*config, slot->device.backend.get(), slot->device.comm.get());
   if (!layer.ok()) return Grpc(layer.status());
   slot->layer = std::move(*layer);
+  if (request->restore()) {
+    std::shared_ptr<LayerSlot> previous;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = retired_.find(request->layer_id());
+      if (it != retired_.end()) {
+        previous = std::move(it->second);
+        retired_.erase(it);
+      }
+    }
+    if (previous == nullptr) {
+      return Grpc(absl::FailedPreconditionError(
+          absl::StrCat("no previous instance of layer id ", request->layer_id(), " to restore")));
+    }
+    absl::Status copied = CopyLayerState(previous.get(), slot->layer.get());
+    if (!copied.ok()) return Grpc(copied);
+    response->set_restored(true);
+  }
   UpdateMemory(slot.get());
   response->set_first_expert(slot->layer->first_expert());
   response->set_local_experts(slot->layer->local_experts());
@@ -146,6 +166,24 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
+absl::Status WorkerService::CopyLayerState(LayerSlot* from, MoeLayer* to) {
+  // Waits for a call still running on the old instance (bounded by the collective timeout).
+  absl::MutexLock lock(&from->mu);
+  if (from->layer == nullptr) return absl::FailedPreconditionError("previous instance is empty");
+  if (ConfigToString(from->layer->config()) != ConfigToString(to->config())) {
+    return absl::FailedPreconditionError("previous instance has another config");
+  }
+  for (const std::string& name : from->layer->ParameterNames()) {
+    ASSIGN_OR_RETURN(Tensor value, from->layer->GetParameter(name));
+    RETURN_IF_ERROR(to->SetParameter(name, value));
+  }
+  for (const std::string& name : from->layer->StateNames()) {
+    ASSIGN_OR_RETURN(Tensor value, from->layer->GetState(name));
+    RETURN_IF_ERROR(to->SetState(name, value));
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status WorkerService::DeleteLayer(grpc::ServerContext*,
                                         const internal::WorkerLayerRequest* request,
                                         internal::WorkerEmpty*) {
@@ -155,6 +193,7 @@ grpc::Status WorkerService::DeleteLayer(grpc::ServerContext*,
     if (request->generation() != generation_) {
       return Grpc(absl::FailedPreconditionError("DeleteLayer for another generation"));
     }
+    retired_.erase(request->layer_id());
     auto it = layers_.find(request->layer_id());
     if (it == layers_.end()) return grpc::Status::OK;  // idempotent
     slot = std::move(it->second);
@@ -370,6 +409,7 @@ grpc::Status WorkerService::Ping(grpc::ServerContext*, const internal::PingReque
   response->set_memory_bytes(memory);
   response->set_peak_memory_bytes(peak);
   response->set_layers(static_cast<int32_t>(layers_.size()));
+  for (const auto& kv : retired_) response->add_restorable_layers(kv.first);
   response->set_pid(getpid());
   return grpc::Status::OK;
 }

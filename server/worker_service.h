@@ -96,6 +96,8 @@ class WorkerService final : public internal::Worker::Service {
   // NOT_FOUND for an unknown layer.
   absl::StatusOr<std::shared_ptr<LayerSlot>> FindSlot(int64_t generation, uint64_t layer_id);
   static void UpdateMemory(LayerSlot* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot->mu);
+  // Copies parameters and optimizer state of `from` into `to` (same config).
+  static absl::Status CopyLayerState(LayerSlot* from, MoeLayer* to);
 
   const std::string device_;
   const std::shared_ptr<KeyValueStore> store_;
@@ -109,6 +111,9 @@ class WorkerService final : public internal::Worker::Service {
   CommOptions comm_options_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<WorkerDevice> world_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<LayerSlot>> layers_ ABSL_GUARDED_BY(mu_);
+  // The previous generation's layers, kept until the next Setup so that CreateLayer with
+  // `restore` can copy their parameters and optimizer state (then the entry is dropped).
+  std::map<uint64_t, std::shared_ptr<LayerSlot>> retired_ ABSL_GUARDED_BY(mu_);
   absl::Time last_ping_ ABSL_GUARDED_BY(mu_) = absl::Now();
   absl::Mutex setup_mu_;  // one Setup at a time (rendezvous is slow; Ping must not wait)
 };

@@ -78,6 +78,14 @@ class FaultTest : public ::testing::Test {
     v1::LoadCheckpointResponse response;
     return cluster_->stub()->LoadCheckpoint(&ctx, request, &response);
   }
+  bool WeightsReset(const std::string& layer) {
+    grpc::ClientContext ctx;
+    v1::GetLayerRequest request;
+    request.set_name(layer);
+    v1::GetLayerResponse response;
+    EXPECT_TRUE(cluster_->stub()->GetLayer(&ctx, request, &response).ok());
+    return response.layer().weights_reset();
+  }
   void ExpectNotServingSoon() {
     const absl::Time give_up = absl::Now() + kFailureBound;
     absl::StatusOr<std::string> health = cluster_->Health();
@@ -152,8 +160,10 @@ TEST_F(FaultTest, KillBetweenStepsThenRejoinAndLoad) {
               grpc::StatusCode::FAILED_PRECONDITION);
   }
   EXPECT_NE(Wi("f"), trained);  // fresh from the seed until the checkpoint is loaded
+  EXPECT_TRUE(WeightsReset("f"));
   ASSERT_TRUE(Checkpoint("f", dir, /*save=*/false).ok());
   EXPECT_EQ(Wi("f"), trained);
+  EXPECT_FALSE(WeightsReset("f"));
   EXPECT_TRUE(Forward("f", 8, true, &fwd).ok());
 }
 
@@ -254,6 +264,23 @@ TEST_F(FaultTest, CheckpointSurvivesFullRestart) {
 
 TEST_F(FaultTest, ResumedWorkerRejoinsByItself) {
   ASSERT_TRUE(Create("r").ok());
+  {
+    grpc::ClientContext ctx;
+    v1::SetWeightsResponse response;
+    auto writer = cluster_->stub()->SetWeights(&ctx, &response);
+    Tensor wi = Tensor::FromFloats({8, 32, 128}, RandomFloats(8 * 32 * 128, 31));
+    ChunkTensor("wi", wi, 1 << 20, [&](const v1::TensorChunk& chunk) {
+      v1::SetWeightsRequest request;
+      request.set_layer("r");
+      *request.mutable_chunk() = chunk;
+      writer->Write(request);
+      return absl::OkStatus();
+    }).IgnoreError();
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  const std::vector<float> before = Wi("r");
+  const int64_t generation = Status().generation();
   cluster_->KillWorker(0, SIGSTOP);
   ExpectNotServingSoon();
   kill(cluster_->worker_pid(0), SIGCONT);
@@ -262,6 +289,10 @@ TEST_F(FaultTest, ResumedWorkerRejoinsByItself) {
   v1::ForwardResponse fwd;
   EXPECT_TRUE(Forward("r", 16, false, &fwd).ok());
   EXPECT_TRUE(Status().workers(0).alive());
+  // The same processes re-formed: the layer kept its weights.
+  EXPECT_GT(Status().generation(), generation);
+  EXPECT_EQ(Wi("r"), before);
+  EXPECT_FALSE(WeightsReset("r"));
 }
 
 }  // namespace
