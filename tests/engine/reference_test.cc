@@ -4,6 +4,7 @@
 // expert, T = 37, align_size 16 vs 0, aux-only gradient under grouping).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <memory>
 #include <random>
 #include <string>
@@ -132,6 +133,16 @@ void CompareWithReference(const LayerConfig& config, int64_t tokens, uint64_t se
   EXPECT_LE(RelativeError(eg.d_wo, grad.d_wo), tol.grad) << "d_wo";
   EXPECT_LE(RelativeError(eg.d_wi_bias, grad.d_wi_bias), tol.grad) << "d_wi_bias";
   EXPECT_LE(RelativeError(eg.d_wo_bias, grad.d_wo_bias), tol.grad) << "d_wo_bias";
+  // The achieved errors, for the log (docs quote them; tolerances are the asserts above).
+  std::printf(
+      "rel. errors %s T=%lld: out %.2e aux %.2e zl %.2e d_x %.2e d_gate %.2e d_wi %.2e "
+      "d_wo %.2e\n",
+      moe::DTypeName(dtype), static_cast<long long>(tokens),
+      RelativeError(ToDoubles(step->forward.out), ref.out),
+      ScalarRelError(step->forward.aux_loss, ref.aux_loss),
+      ScalarRelError(step->forward.z_loss, ref.z_loss),
+      RelativeError(ToDoubles(step->d_x), grad.d_x), RelativeError(eg.d_gate, grad.d_gate),
+      RelativeError(eg.d_wi, grad.d_wi), RelativeError(eg.d_wo, grad.d_wo));
 }
 
 // Named variants of the tiny config.
