@@ -9,18 +9,24 @@
 //
 // Times (medians over --iters steps after --warmup):
 //   *_ms         MoeLayer API time, host tensors in and out (x and d_out pinned by the bench);
-//   *_device_ms  the same minus the layer's host<->device copies (timed with CUDA events), i.e.
-//                device-resident, comparable with GPU.md's PyTorch/JAX columns.
+//   *_device_ms  the sum of the step's device operations (each timed between CUDA events on
+//                the stream: kernels, GEMMs, collectives), i.e. device-resident without the
+//                layer's host<->device copies and without host gaps: comparable with GPU.md's
+//                PyTorch/JAX columns, which time device-resident tensors;
+//   *_copy_ms    the layer's host<->device copies; host = API - device - copies.
+// `breakdown_fwdbwd_ms` splits the median-free mean fwd+bwd device time by operation.
 // TFLOP/s count the expert FFN only: 2*T*k*H*3F per forward (gated), x3 with backward.
 // EP runs add the dispatch/combine all-to-all (bytes each rank sends, its own part included,
 // over the exchange time; bus bandwidth = that x (R-1)/R, nccl-tests' definition) and a
 // standalone AllToAllV of the same size.
 #include <cuda_runtime.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +68,16 @@ constexpr Preset kPresets[] = {
     {"dsv3", 8192, 7168, 2048, 256, 8, true},
     {"qwen3", 16384, 2048, 768, 128, 8, false},
 };
+
+void Progress(const std::string& what) {
+  static const double start = std::chrono::duration<double>(
+                                  std::chrono::steady_clock::now().time_since_epoch())
+                                  .count();
+  const double now =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  std::fprintf(stderr, "[gpu_bench rank %d %7.1fs] %s\n", absl::GetFlag(FLAGS_rank), now - start,
+               what.c_str());
+}
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -131,6 +147,7 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
   }
   const int64_t T = absl::GetFlag(FLAGS_tokens) > 0 ? absl::GetFlag(FLAGS_tokens) : p.tokens;
 
+  Progress(absl::StrCat(p.name, ": start"));
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> cuda, MakeCudaBackend(device));
   std::shared_ptr<KeyValueStore> store;
   if (size > 1) {
@@ -143,6 +160,7 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> nccl,
                    MakeNcclCommunicator(store, absl::StrCat("bench/", p.name), rank, size,
                                         device, cuda->stream(), options));
+  Progress(absl::StrCat(p.name, ": communicator ready"));
   bench::TimingBackend tb(cuda.get());
   bench::TimingCommunicator tc(nccl.get(), cuda->stream());
   const double t_init = NowMs();
@@ -150,6 +168,7 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
   RETURN_IF_ERROR(cuda->Synchronize());
   const double init_s = (NowMs() - t_init) / 1000;
   const size_t weights_bytes = cuda->allocated_bytes();
+  Progress(absl::StrCat(p.name, ": layer created in ", init_s, " s"));
 
   Tensor x = RandomBf16(T, p.hidden, 11 + rank), d_out = RandomBf16(T, p.hidden, 23 + rank);
   cudaHostRegister(x.raw(), x.num_bytes(), cudaHostRegisterDefault);
@@ -163,27 +182,46 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
     (void)d_x;
     return absl::OkStatus();
   };
-  for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) RETURN_IF_ERROR(step(true));
+  for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
+    RETURN_IF_ERROR(step(true));
+    tb.copies().Reset(), tb.ops().Reset(), tc.exchanges().Reset(), tc.others().Reset();
+  }
   RETURN_IF_ERROR(layer->ZeroGradients());
+  Progress(absl::StrCat(p.name, ": warm"));
 
-  std::vector<double> api[2], device_ms[2], a2a_ms[2], a2a_bytes[2];
+  std::vector<double> api[2], device_ms[2], copy_ms[2], a2a_ms[2], a2a_bytes[2];
+  std::map<std::string, double> breakdown;
+  const int iters = absl::GetFlag(FLAGS_iters);
   for (int bwd = 0; bwd < 2; ++bwd) {
-    for (int i = 0; i < absl::GetFlag(FLAGS_iters); ++i) {
+    for (int i = 0; i < iters; ++i) {
       if (size > 1) RETURN_IF_ERROR(tc.Barrier());
-      tb.copies().Reset();
-      tc.exchanges().Reset();
+      tb.copies().Reset(), tb.ops().Reset(), tc.exchanges().Reset(), tc.others().Reset();
       const double t0 = NowMs();
       RETURN_IF_ERROR(step(bwd == 1));
       const double total = NowMs() - t0;
       size_t ex_bytes = 0;
       const double copies = tb.copies().TotalMs();
       const double ex = tc.exchanges().TotalMs(&ex_bytes);
+      const double busy = tb.ops().TotalMs() + ex + tc.others().TotalMs();
       api[bwd].push_back(total);
-      device_ms[bwd].push_back(total - copies);
+      device_ms[bwd].push_back(busy);
+      copy_ms[bwd].push_back(copies);
       a2a_ms[bwd].push_back(ex);
       a2a_bytes[bwd].push_back(static_cast<double>(ex_bytes));
+      if (bwd == 1) {
+        tb.ops().AddByName(&breakdown);
+        tc.exchanges().AddByName(&breakdown);
+        tc.others().AddByName(&breakdown);
+        tb.copies().AddByName(&breakdown);
+      }
     }
   }
+  std::vector<std::string> parts;
+  for (const auto& [name, ms] : breakdown) {
+    parts.push_back(absl::StrCat("\"", name, "\": ", ms / iters));
+  }
+  const std::string breakdown_json = absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+  Progress(absl::StrCat(p.name, ": timed"));
   const double ffn_flops = 2.0 * T * p.top_k * p.hidden * 3.0 * p.ffn;
   const double fwd_dev = Median(device_ms[0]), fb_dev = Median(device_ms[1]);
   std::vector<std::pair<std::string, std::string>> kv = {
@@ -201,6 +239,11 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
       {"fwdbwd_device_ms", Num(fb_dev)},
       {"fwd_tflops_device", Num(ffn_flops / fwd_dev / 1e9)},
       {"fwdbwd_tflops_device", Num(3 * ffn_flops / fb_dev / 1e9)},
+      {"fwd_copy_ms", Num(Median(copy_ms[0]))},
+      {"fwdbwd_copy_ms", Num(Median(copy_ms[1]))},
+      {"fwd_device_ms_all", List(device_ms[0])},
+      {"fwdbwd_device_ms_all", List(device_ms[1])},
+      {"breakdown_fwdbwd_ms", breakdown_json},
       {"weights_bytes", Num(weights_bytes)},
       {"peak_bytes", Num(cuda->peak_allocated_bytes())},
       {"fwd_ms_all", List(api[0])},
@@ -216,11 +259,13 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
     kv.push_back({"a2a_algbw_GBps", Num(alg)});
     kv.push_back({"a2a_busbw_GBps", Num(alg * (n - 1) / n)});
     kv.push_back({"fwdbwd_a2a_ms", Num(Median(a2a_ms[1]))});
-    // The same bytes per exchange in one standalone AllToAllV (the layer makes two per forward).
+    // One standalone AllToAllV of the size of one dispatch (every rank sends T*k rows of H
+    // bf16 values, its own part included; the same on every rank so that sizes match).
+    const size_t dispatch_bytes = static_cast<size_t>(T * p.top_k * p.hidden * 2);
     ASSIGN_OR_RETURN(double standalone_ms,
-                     StandaloneA2aMs(cuda.get(), nccl.get(), static_cast<size_t>(bytes / 2)));
-    const double s_alg = bytes / 2 / (standalone_ms / 1000) / 1e9;
-    kv.push_back({"standalone_a2a_bytes", Num(bytes / 2)});
+                     StandaloneA2aMs(cuda.get(), nccl.get(), dispatch_bytes));
+    const double s_alg = dispatch_bytes / (standalone_ms / 1000) / 1e9;
+    kv.push_back({"standalone_a2a_bytes", Num(dispatch_bytes)});
     kv.push_back({"standalone_a2a_ms", Num(standalone_ms)});
     kv.push_back({"standalone_a2a_busbw_GBps", Num(s_alg * (n - 1) / n)});
   }
@@ -258,6 +303,11 @@ absl::Status Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // Keep freed host memory in the process: the layer's API returns fresh host tensors every
+  // step, and returning their pages to the kernel (glibc's default for large blocks) makes
+  // every step fault them in again (slow in the GPU machine's VM).
+  mallopt(M_MMAP_MAX, 0);
+  mallopt(M_TRIM_THRESHOLD, -1);
   absl::Status s = moe::Main();
   if (!s.ok()) {
     std::fprintf(stderr, "gpu_bench: %s\n", s.ToString().c_str());

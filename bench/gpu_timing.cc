@@ -12,7 +12,7 @@ EventLog::~EventLog() {
   }
 }
 
-void EventLog::Begin(size_t bytes) {
+void EventLog::Begin(size_t bytes, const char* name) {
   if (used_ == ops_.size()) {
     TimedOp op;
     cudaEvent_t a, b;
@@ -22,6 +22,7 @@ void EventLog::Begin(size_t bytes) {
     ops_.push_back(op);
   }
   ops_[used_].bytes = bytes;
+  ops_[used_].name = name;
   cudaEventRecord(static_cast<cudaEvent_t>(ops_[used_].start),
                   static_cast<cudaStream_t>(stream_));
 }
@@ -46,8 +47,18 @@ double EventLog::TotalMs(size_t* bytes) const {
   return total;
 }
 
+void EventLog::AddByName(std::map<std::string, double>* by_name) const {
+  for (size_t i = 0; i < used_; ++i) {
+    cudaEventSynchronize(static_cast<cudaEvent_t>(ops_[i].stop));
+    float ms = 0;
+    cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(ops_[i].start),
+                         static_cast<cudaEvent_t>(ops_[i].stop));
+    (*by_name)[ops_[i].name] += ms;
+  }
+}
+
 absl::Status TimingBackend::CopyFromHost(void* dst, const void* src, size_t bytes) {
-  copies_.Begin(bytes);
+  copies_.Begin(bytes, "CopyFromHost");
   absl::Status s = inner_->CopyFromHost(dst, src, bytes);
   copies_.End();
   return s;
@@ -56,7 +67,7 @@ absl::Status TimingBackend::CopyFromHost(void* dst, const void* src, size_t byte
 absl::Status TimingBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
   // The start event completes when the work before the copy is done, the stop after the copy
   // (CopyToHost waits for it): their difference is the copy alone.
-  copies_.Begin(bytes);
+  copies_.Begin(bytes, "CopyToHost");
   absl::Status s = inner_->CopyToHost(dst, src, bytes);
   copies_.End();
   return s;
@@ -66,7 +77,7 @@ absl::Status TimingCommunicator::AllToAllV(const void* send, absl::Span<const si
                                            void* recv, absl::Span<const size_t> recv_bytes) {
   size_t total = 0;
   for (size_t b : send_bytes) total += b;
-  exchanges_.Begin(total);
+  exchanges_.Begin(total, "AllToAllV");
   absl::Status s = inner_->AllToAllV(send, send_bytes, recv, recv_bytes);
   exchanges_.End();
   return s;

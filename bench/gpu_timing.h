@@ -13,6 +13,7 @@
 #define MOED_BENCH_GPU_TIMING_H_
 
 #include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -22,11 +23,12 @@
 namespace moe {
 namespace bench {
 
-// A pair of CUDA events around one operation, with the bytes it moved.
+// A pair of CUDA events around one operation, with its name and the bytes it moved.
 struct TimedOp {
   void* start = nullptr;  // cudaEvent_t
   void* stop = nullptr;
   size_t bytes = 0;
+  const char* name = "";
 };
 
 // Recycles events: Begin() hands out a recorded start, End() records the stop.
@@ -34,10 +36,12 @@ class EventLog {
  public:
   explicit EventLog(void* stream) : stream_(stream) {}
   ~EventLog();
-  void Begin(size_t bytes);
+  void Begin(size_t bytes, const char* name = "");
   void End();
   // Sum of the elapsed milliseconds and bytes of the ops since the last Reset (synchronises).
   double TotalMs(size_t* bytes = nullptr) const;
+  // Adds each op's milliseconds to (*by_name)[its name] (synchronises).
+  void AddByName(std::map<std::string, double>* by_name) const;
   void Reset() { used_ = 0; }
   size_t count() const { return used_; }
 
@@ -49,8 +53,10 @@ class EventLog {
 
 class TimingBackend : public Backend {
  public:
-  explicit TimingBackend(Backend* inner) : inner_(inner), copies_(inner->stream()) {}
+  explicit TimingBackend(Backend* inner)
+      : inner_(inner), copies_(inner->stream()), ops_(inner->stream()) {}
   EventLog& copies() { return copies_; }
+  EventLog& ops() { return ops_; }  // every device operation except the host copies
 
   std::string name() const override { return inner_->name(); }
   MemorySpace memory_space() const override { return inner_->memory_space(); }
@@ -59,86 +65,102 @@ class TimingBackend : public Backend {
   absl::Status CopyFromHost(void* dst, const void* src, size_t bytes) override;
   absl::Status CopyToHost(void* dst, const void* src, size_t bytes) override;
   absl::Status Copy(void* dst, const void* src, size_t bytes) override {
-    return inner_->Copy(dst, src, bytes);
+    return Timed(&ops_, "Copy", [&] { return inner_->Copy(dst, src, bytes); });
   }
   absl::Status Memset(void* dst, int value, size_t bytes) override {
-    return inner_->Memset(dst, value, bytes);
+    return Timed(&ops_, "Memset", [&] { return inner_->Memset(dst, value, bytes); });
   }
   absl::Status Synchronize() override { return inner_->Synchronize(); }
   size_t allocated_bytes() const override { return inner_->allocated_bytes(); }
   size_t peak_allocated_bytes() const override { return inner_->peak_allocated_bytes(); }
-  absl::Status Gemm(const GemmArgs& a) override { return inner_->Gemm(a); }
+  absl::Status Gemm(const GemmArgs& a) override { return Timed(&ops_, "Gemm", [&] { return inner_->Gemm(a); }); }
   absl::Status GroupedGemm(absl::Span<const GemmArgs> g) override {
-    return inner_->GroupedGemm(g);
+    return Timed(&ops_, "GroupedGemm", [&] { return inner_->GroupedGemm(g); });
   }
   absl::Status Convert(const void* s, DType st, void* d, DType dt, int64_t n) override {
-    return inner_->Convert(s, st, d, dt, n);
+    return Timed(&ops_, "Convert", [&] { return inner_->Convert(s, st, d, dt, n); });
   }
   absl::Status AddInPlace(float* d, const float* s, int64_t n) override {
-    return inner_->AddInPlace(d, s, n);
+    return Timed(&ops_, "AddInPlace", [&] { return inner_->AddInPlace(d, s, n); });
   }
   absl::Status RouterForward(const RouterForwardArgs& a) override {
-    return inner_->RouterForward(a);
+    return Timed(&ops_, "RouterForward", [&] { return inner_->RouterForward(a); });
   }
   absl::Status RouterBackward(const RouterBackwardArgs& a) override {
-    return inner_->RouterBackward(a);
+    return Timed(&ops_, "RouterBackward", [&] { return inner_->RouterBackward(a); });
   }
-  absl::Status RoutePlan(const RoutePlanArgs& a) override { return inner_->RoutePlan(a); }
-  absl::Status Permute(const PermuteArgs& a) override { return inner_->Permute(a); }
+  absl::Status RoutePlan(const RoutePlanArgs& a) override { return Timed(&ops_, "RoutePlan", [&] { return inner_->RoutePlan(a); }); }
+  absl::Status Permute(const PermuteArgs& a) override { return Timed(&ops_, "Permute", [&] { return inner_->Permute(a); }); }
   absl::Status GatherRows(const void* s, const int32_t* i, int64_t r, int64_t w, DType t,
                           void* d) override {
-    return inner_->GatherRows(s, i, r, w, t, d);
+    return Timed(&ops_, "GatherRows", [&] { return inner_->GatherRows(s, i, r, w, t, d); });
   }
   absl::Status CopyRowBlocks(const void* s, void* d, size_t rb,
                              absl::Span<const RowBlock> b) override {
-    return inner_->CopyRowBlocks(s, d, rb, b);
+    return Timed(&ops_, "CopyRowBlocks", [&] { return inner_->CopyRowBlocks(s, d, rb, b); });
   }
   absl::Status CombineRows(const void* y, DType yt, const int32_t* pr, const float* w, int64_t t,
                            int64_t k, int64_t wd, void* o, DType ot) override {
-    return inner_->CombineRows(y, yt, pr, w, t, k, wd, o, ot);
+    return Timed(&ops_, "CombineRows", [&] { return inner_->CombineRows(y, yt, pr, w, t, k, wd, o, ot); });
   }
   absl::Status CombineBackward(const void* d, DType dt, const void* y, DType yt,
                                const int32_t* pr, const float* w, int64_t t, int64_t k,
                                int64_t wd, int64_t rows, void* dy, float* dw) override {
-    return inner_->CombineBackward(d, dt, y, yt, pr, w, t, k, wd, rows, dy, dw);
+    return Timed(&ops_, "CombineBackward", [&] { return inner_->CombineBackward(d, dt, y, yt, pr, w, t, k, wd, rows, dy, dw); });
   }
   absl::Status ActivationForward(const ActivationArgs& a) override {
-    return inner_->ActivationForward(a);
+    return Timed(&ops_, "ActivationForward", [&] { return inner_->ActivationForward(a); });
   }
   absl::Status ActivationBackward(const ActivationArgs& a) override {
-    return inner_->ActivationBackward(a);
+    return Timed(&ops_, "ActivationBackward", [&] { return inner_->ActivationBackward(a); });
   }
   absl::Status AddGroupBias(void* y, DType t, const float* b, int64_t w, GroupRows g) override {
-    return inner_->AddGroupBias(y, t, b, w, g);
+    return Timed(&ops_, "AddGroupBias", [&] { return inner_->AddGroupBias(y, t, b, w, g); });
   }
   absl::Status GroupBiasGrad(const void* d, DType t, int64_t w, GroupRows g,
                              float* db) override {
-    return inner_->GroupBiasGrad(d, t, w, g, db);
+    return Timed(&ops_, "GroupBiasGrad", [&] { return inner_->GroupBiasGrad(d, t, w, g, db); });
   }
   absl::Status OptimizerStep(const OptimizerArgs& a, float* p, const float* g, float* s1,
                              float* s2, int64_t n) override {
-    return inner_->OptimizerStep(a, p, g, s1, s2, n);
+    return Timed(&ops_, "OptimizerStep", [&] { return inner_->OptimizerStep(a, p, g, s1, s2, n); });
   }
 
  private:
+  template <typename Fn>
+  absl::Status Timed(EventLog* log, const char* name, const Fn& fn) {
+    log->Begin(0, name);
+    absl::Status s = fn();
+    log->End();
+    return s;
+  }
   Backend* inner_;
   EventLog copies_;
+  EventLog ops_;
 };
 
 class TimingCommunicator : public Communicator {
  public:
-  TimingCommunicator(Communicator* inner, void* stream) : inner_(inner), exchanges_(stream) {}
-  EventLog& exchanges() { return exchanges_; }
+  TimingCommunicator(Communicator* inner, void* stream)
+      : inner_(inner), exchanges_(stream), others_(stream) {}
+  EventLog& exchanges() { return exchanges_; }  // AllToAllV
+  EventLog& others() { return others_; }        // AllReduceSum, AllGather
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
   MemorySpace memory_space() const override { return inner_->memory_space(); }
   std::string name() const override { return inner_->name(); }
   absl::Status AllReduceSum(void* d, size_t n, DType t) override {
-    return inner_->AllReduceSum(d, n, t);
+    others_.Begin(n * DTypeSize(t), "AllReduceSum");
+    absl::Status s = inner_->AllReduceSum(d, n, t);
+    others_.End();
+    return s;
   }
   absl::Status AllGather(const void* s, void* r, size_t b) override {
-    return inner_->AllGather(s, r, b);
+    others_.Begin(b, "AllGather");
+    absl::Status st = inner_->AllGather(s, r, b);
+    others_.End();
+    return st;
   }
   // Bytes counted: everything this rank sends (its own part included), as nccl-tests does.
   absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_bytes, void* recv,
@@ -148,6 +170,7 @@ class TimingCommunicator : public Communicator {
  private:
   Communicator* inner_;
   EventLog exchanges_;
+  EventLog others_;
 };
 
 }  // namespace bench

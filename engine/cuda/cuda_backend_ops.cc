@@ -144,11 +144,14 @@ absl::Status CudaBackend::GatherRows(const void* src, const int32_t* index, int6
 absl::Status CudaBackend::CopyRowBlocks(const void* src, void* dst, size_t row_bytes,
                                         absl::Span<const RowBlock> blocks) {
   if (row_bytes == 0 || blocks.empty()) return absl::OkStatus();
+  int64_t total_rows = 0;
   for (const RowBlock& b : blocks) {
     if (b.rows < 0 || b.src_row < 0 || b.dst_row < 0) {
       return Invalid("CopyRowBlocks", "negative row index");
     }
+    total_rows += b.rows;
   }
+  if (total_rows == 0) return absl::OkStatus();
   if (src == nullptr || dst == nullptr) return Invalid("CopyRowBlocks", "null pointer");
   RETURN_IF_ERROR(Activate());
   for (size_t first = 0; first < blocks.size(); first += kMaxTableBlocks) {
@@ -171,7 +174,8 @@ absl::Status CudaBackend::CombineRows(const void* y, DType y_type, const int32_t
   if (tokens < 0 || top_k < 0 || width < 0) return Invalid("CombineRows", "negative size");
   if (!Floating(y_type) || !Floating(out_type)) return Invalid("CombineRows", "dtype");
   if (tokens == 0 || width == 0) return absl::OkStatus();
-  if (out == nullptr || (top_k > 0 && (y == nullptr || pair_row == nullptr))) {
+  // y may be null when every pair was dropped (no rows at all).
+  if (out == nullptr || (top_k > 0 && pair_row == nullptr)) {
     return Invalid("CombineRows", "null pointer");
   }
   RETURN_IF_ERROR(Activate());
@@ -190,9 +194,9 @@ absl::Status CudaBackend::CombineBackward(const void* d_out, DType d_out_type, c
     return Invalid("CombineBackward", "negative size");
   }
   if (!Floating(y_type) || !Floating(d_out_type)) return Invalid("CombineBackward", "dtype");
-  if ((total_rows > 0 && width > 0 && d_y == nullptr) ||
-      (tokens > 0 && top_k > 0 &&
-       (d_out == nullptr || y == nullptr || pair_row == nullptr || d_weight == nullptr))) {
+  // y may be null when there are no rows (every pair dropped).
+  if ((total_rows > 0 && width > 0 && (d_y == nullptr || y == nullptr)) ||
+      (tokens > 0 && top_k > 0 && (d_out == nullptr || pair_row == nullptr || d_weight == nullptr))) {
     return Invalid("CombineBackward", "null pointer");
   }
   RETURN_IF_ERROR(Activate());

@@ -195,6 +195,11 @@ __global__ void LossFinalKernel(int blocks, int E, const double* partial, double
   }
 }
 
+// Backward through the routing weights (SPEC.md Backward 5). The Jacobian-vector products
+// g_i - sum_j g_j p_j are evaluated pairwise, sum_{j != i} p_j (g_i - g_j) (+ g_i times the
+// probability mass outside the sum), which is the same in exact arithmetic but keeps its
+// accuracy when one probability is ~1 and the others ~0: there the direct form cancels to
+// zero in fp32 while the true value is tiny but not zero (the CPU reference is fp64).
 __global__ void RouterBackwardKernel(RouterParams p, const float* __restrict__ logits,
                                      const float* __restrict__ scores,
                                      const float* __restrict__ logsumexp,
@@ -206,41 +211,68 @@ __global__ void RouterBackwardKernel(RouterParams p, const float* __restrict__ l
   const int E = p.num_experts, k = p.top_k;
   const int warps = blockDim.x / kWarp;
   const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  float* g = smem + warp * E;
+  float* g = smem + warp * E;                                       // value on S
+  int* in_s = reinterpret_cast<int*>(smem + warps * E) + warp * E;  // membership of S
   const int64_t t = static_cast<int64_t>(blockIdx.x) * warps + warp;
   if (t >= p.tokens) return;
   const float* z = logits + t * E;
   const float* s = scores + t * E;
   const int32_t* ex = topk_expert + t * k;
   const float* dw = d_topk_weight + t * k;
-  for (int e = lane; e < E; e += kWarp) g[e] = 0.f;
+  const float sf = p.scaling_factor;
+  for (int e = lane; e < E; e += kWarp) {
+    g[e] = 0.f;
+    in_s[e] = 0;
+  }
   __syncwarp();
+  for (int j = lane; j < k; j += kWarp) in_s[ex[j]] = 1;
+  __syncwarp();
+  // Score mass outside S (softmax pre-selection), summed directly, not as 1 - sum over S.
+  float rest = 0.f;
+  if (!p.sigmoid && p.pre_softmax) {
+    for (int e = lane; e < E; e += kWarp) rest += in_s[e] ? 0.f : s[e];
+    rest = WarpSum(rest);
+  }
   float dot_pre = 0.f;  // softmax pre-selection: sum over S of g_j s_j
   if (lane == 0) {
     if (p.sigmoid) {
       if (k > 1) {
-        float den = 0.f, dot = 0.f;
+        // p_j = s_j / den; d s_i = (1/den) [sum_j p_j (g_i - g_j) + g_i (1 - sum_j p_j)].
+        float den = 0.f;
         for (int j = 0; j < k; ++j) den += s[ex[j]];
         den += 1e-20f;
-        for (int j = 0; j < k; ++j) dot += p.scaling_factor * dw[j] * s[ex[j]];
-        for (int j = 0; j < k; ++j)
-          g[ex[j]] = p.scaling_factor * dw[j] / den - dot / (den * den);
+        for (int i = 0; i < k; ++i) {
+          const float gi = sf * dw[i];
+          float acc = gi * (1e-20f / den);
+          for (int j = 0; j < k; ++j) {
+            if (j != i) acc += (s[ex[j]] / den) * (gi - sf * dw[j]);
+          }
+          g[ex[i]] = acc / den;
+        }
       } else {
-        g[ex[0]] = p.scaling_factor * dw[0];
+        g[ex[0]] = sf * dw[0];
       }
     } else if (p.pre_softmax) {
-      for (int j = 0; j < k; ++j) {
-        g[ex[j]] = p.scaling_factor * dw[j];
-        dot_pre += g[ex[j]] * s[ex[j]];
+      for (int j = 0; j < k; ++j) dot_pre += sf * dw[j] * s[ex[j]];
+      for (int i = 0; i < k; ++i) {
+        const float gi = sf * dw[i];
+        float acc = gi * rest;
+        for (int j = 0; j < k; ++j) {
+          if (j != i) acc += s[ex[j]] * (gi - sf * dw[j]);
+        }
+        g[ex[i]] = s[ex[i]] * acc;  // the final d_z on S
       }
     } else {
-      float mz = -INFINITY, den = 0.f, dot = 0.f;
+      float mz = -INFINITY, den = 0.f;
       for (int j = 0; j < k; ++j) mz = fmaxf(mz, z[ex[j]]);
       for (int j = 0; j < k; ++j) den += expf(z[ex[j]] - mz);
-      for (int j = 0; j < k; ++j) dot += p.scaling_factor * dw[j] * (expf(z[ex[j]] - mz) / den);
-      for (int j = 0; j < k; ++j) {
-        const float pj = expf(z[ex[j]] - mz) / den;
-        g[ex[j]] = pj * (p.scaling_factor * dw[j] - dot);
+      for (int i = 0; i < k; ++i) {
+        const float gi = sf * dw[i];
+        float acc = 0.f;
+        for (int j = 0; j < k; ++j) {
+          if (j != i) acc += (expf(z[ex[j]] - mz) / den) * (gi - sf * dw[j]);
+        }
+        g[ex[i]] = (expf(z[ex[i]] - mz) / den) * acc;
       }
     }
   }
@@ -262,7 +294,7 @@ __global__ void RouterBackwardKernel(RouterParams p, const float* __restrict__ l
     if (p.sigmoid) {
       dz = ge * se * (1.f - se);
     } else if (p.pre_softmax) {
-      dz = se * (ge - dot_pre);
+      dz = in_s[e] ? ge : -se * dot_pre;
     } else {
       dz = ge;
     }
@@ -327,10 +359,10 @@ int LaunchRouterBackward(const RouterParams& p, const float* logits, const float
                          float z_loss_grad_scale, float* d_logits, void* stream) {
   if (p.tokens == 0) return cudaSuccess;
   const int E = p.num_experts;
-  if (static_cast<size_t>(E) * 4 > 48 * 1024) return cudaErrorInvalidValue;
-  const int warps = WarpsPerBlock(E, 1);
+  if (static_cast<size_t>(2) * E * 4 > 48 * 1024) return cudaErrorInvalidValue;
+  const int warps = WarpsPerBlock(E, 2);
   const int64_t grid = (p.tokens + warps - 1) / warps;
-  RouterBackwardKernel<<<grid, warps * kWarp, warps * E * sizeof(float),
+  RouterBackwardKernel<<<grid, warps * kWarp, warps * 2 * E * sizeof(float),
                          static_cast<cudaStream_t>(stream)>>>(
       p, logits, scores, logsumexp, topk_expert, d_topk_weight, aux_grad, z_loss_grad_scale,
       d_logits);

@@ -139,9 +139,11 @@ TEST(CudaOps, ConvertAddOptimizer) {
                                variant == 0 ? nullptr : P<float>(M, g),
                                args.adamw ? P<float>(V, g) : nullptr, n);
     });
-    EXPECT_LE(MaxRelError(bp.Download<float>(Pm, n)), 1e-6) << "variant " << variant;
-    if (variant > 0) EXPECT_LE(MaxRelError(bp.Download<float>(M, n)), 1e-6);
-    if (variant == 2) EXPECT_LE(MaxRelError(bp.Download<float>(V, n)), 1e-6);
+    // The CPU backend steps in double; AdamW's divisions round differently in fp32.
+    const double tol = args.adamw ? 5e-5 : 1e-6;
+    EXPECT_LE(MaxRelError(bp.Download<float>(Pm, n)), tol) << "variant " << variant;
+    if (variant > 0) EXPECT_LE(MaxRelError(bp.Download<float>(M, n)), tol);
+    if (variant == 2) EXPECT_LE(MaxRelError(bp.Download<float>(V, n)), tol);
   }
 }
 

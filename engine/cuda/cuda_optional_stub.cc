@@ -1,0 +1,20 @@
+// cuda_optional.h for builds without CUDA: no devices, and UNIMPLEMENTED on use.
+#include "engine/cuda/cuda_optional.h"
+
+namespace moe {
+
+bool CudaBuilt() { return false; }
+
+int VisibleCudaDevices() { return 0; }
+
+absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int) {
+  return absl::UnimplementedError("this binary was built without CUDA");
+}
+
+absl::StatusOr<std::unique_ptr<Communicator>> MakeOptionalNcclCommunicator(
+    std::shared_ptr<KeyValueStore>, const std::string&, int, int, int, void*,
+    const CommOptions&) {
+  return absl::UnimplementedError("this binary was built without CUDA (no NCCL)");
+}
+
+}  // namespace moe
