@@ -131,6 +131,24 @@ TEST_F(CheckpointTest, RoundTripIsExactIncludingOptimizerState) {
   EXPECT_EQ(Snapshot(*fresh_.layer), Snapshot(*saved_.layer));
 }
 
+// compute_dtype and init_seed are not part of what a checkpoint must match: fp32-trained
+// masters load into a bf16-compute layer, whose compute copies then follow the loaded masters
+// (it computes what a bf16 layer given those masters by SetParameter computes).
+TEST_F(CheckpointTest, LoadsIntoAnotherComputeDtypeAndRefreshesComputeCopies) {
+  LayerConfig bf16 = TestConfig(6);
+  bf16.compute_dtype = DType::kBFloat16;
+  absl::StatusOr<CpuLayer> loaded = MakeCpuLayer(bf16);
+  absl::StatusOr<CpuLayer> set = MakeCpuLayer(bf16);
+  ASSERT_TRUE(loaded.ok() && set.ok());
+  ASSERT_TRUE(LoadCheckpoint(loaded->layer.get(), dir_).ok());
+  for (const std::string& name : saved_.layer->ParameterNames()) {
+    ASSERT_TRUE(set->layer->SetParameter(name, saved_.layer->GetParameter(name).value()).ok());
+  }
+  const std::string out = ForwardBytes(loaded->layer.get());
+  EXPECT_EQ(out, ForwardBytes(set->layer.get()));
+  EXPECT_NE(out, ForwardBytes(saved_.layer.get()));  // bf16 really is in use
+}
+
 TEST_F(CheckpointTest, StateTheCheckpointLacksIsReset) {
   // A layer with SGD momentum saved; a layer with AdamW state loads it: v and step go.
   absl::StatusOr<CpuLayer> sgd = MakeCpuLayer(TestConfig(3));
