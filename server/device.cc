@@ -3,16 +3,47 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "engine/comm/gloo_communicator.h"
 #include "engine/cpu/cpu_backend.h"
+#include "engine/cuda/cuda_optional.h"
 #include "engine/status_macros.h"
 
 namespace moe {
+namespace {
+
+// "cuda" (the GPU is picked by rank: rank % visible GPUs) or "cuda:N". -1 when not CUDA.
+absl::StatusOr<int> CudaIndex(const std::string& device_flag, int rank) {
+  if (device_flag == "cuda") {
+    const int count = VisibleCudaDevices();
+    if (count == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--device=cuda: no CUDA device visible", CudaBuilt() ? "" : " (built without CUDA)"));
+    }
+    return rank < 0 ? 0 : rank % count;
+  }
+  int index = -1;
+  if (!absl::StartsWith(device_flag, "cuda:") ||
+      !absl::SimpleAtoi(device_flag.substr(5), &index) || index < 0) {
+    return -1;
+  }
+  if (index >= VisibleCudaDevices()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--device=", device_flag, ": ", VisibleCudaDevices(),
+                     " CUDA device(s) visible", CudaBuilt() ? "" : " (built without CUDA)"));
+  }
+  return index;
+}
+
+}  // namespace
 
 absl::Status CheckDeviceFlag(const std::string& device_flag) {
   if (device_flag == "cpu") return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("--device=", device_flag, ": unsupported device (this build knows \"cpu\")"));
+  ASSIGN_OR_RETURN(int cuda, CudaIndex(device_flag, -1));
+  if (cuda >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--device=", device_flag, ": unsupported device (known: \"cpu\", \"cuda\", \"cuda:N\")"));
 }
 
 absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,
@@ -21,6 +52,14 @@ absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,
                                               const CommOptions& options) {
   RETURN_IF_ERROR(CheckDeviceFlag(device_flag));
   WorkerDevice device;
+  ASSIGN_OR_RETURN(const int cuda, CudaIndex(device_flag, rank));
+  if (cuda >= 0) {  // CUDA backend + NCCL; the unique id travels through `store`.
+    ASSIGN_OR_RETURN(device.backend, MakeOptionalCudaBackend(cuda));
+    ASSIGN_OR_RETURN(device.comm,
+                     MakeOptionalNcclCommunicator(std::move(store), prefix, rank, size, cuda,
+                                                  device.backend->stream(), options));
+    return device;
+  }
   // Expert kernels of one layer run on the worker's handler thread plus this pool; several
   // layers may run at once, so keep each pool modest.
   device.backend = MakeCpuBackend();

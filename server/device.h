@@ -10,7 +10,9 @@
 //   ASSIGN_OR_RETURN(auto layer, MoeLayer::Create(config, device.backend.get(),
 //                                                 device.comm.get()));
 //
-// Devices: "cpu" (CPU backend + Gloo over TCP). The CUDA build adds "cuda:N" here.
+// Devices: "cpu" (CPU backend + Gloo over TCP); "cuda:N" (CUDA backend on GPU N + NCCL) and
+// "cuda" (GPU rank % visible GPUs, so that `moed --device=cuda --workers=<GPUs>` puts one
+// worker on each GPU). CUDA devices need a build with CUDA (engine/cuda/cuda_optional.h).
 #ifndef MOED_SERVER_DEVICE_H_
 #define MOED_SERVER_DEVICE_H_
 
