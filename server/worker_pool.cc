@@ -333,7 +333,18 @@ absl::Status WorkerPool::RunSetup(int64_t generation, const WorkerSet& set) {
       request.set_store_prefix(absl::StrCat("g", generation, "/"));
       request.set_collective_timeout_ms(absl::ToInt64Milliseconds(options_.collective_timeout));
       internal::SetupResponse response;
+      {
+        // Registered so that a membership change or shutdown cancels a setup in progress.
+        absl::MutexLock lock(&mu_);
+        if (stopping_ || generation_ != generation) {
+          results[r] = absl::CancelledError("setup superseded");
+          return;
+        }
+        in_flight_.insert(&context);
+      }
       results[r] = FromGrpcStatus(set.stubs[r]->Setup(&context, request, &response));
+      absl::MutexLock lock(&mu_);
+      in_flight_.erase(&context);
     });
   }
   for (std::thread& t : threads) t.join();

@@ -68,7 +68,8 @@ void WorkerService::UpdateMemory(LayerSlot* slot) {
 
 grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupRequest* request,
                                   internal::SetupResponse* response) {
-  absl::MutexLock setup_lock(&setup_mu_);
+  // Setups may overlap (a superseded one still waiting in its rendezvous): each works under
+  // its own store prefix, and only the newest generation's world communicator is kept.
   std::map<uint64_t, std::shared_ptr<LayerSlot>> old_layers;
   std::shared_ptr<WorkerDevice> old_world;
   CommOptions options;

@@ -115,7 +115,6 @@ class WorkerService final : public internal::Worker::Service {
   // `restore` can copy their parameters and optimizer state (then the entry is dropped).
   std::map<uint64_t, std::shared_ptr<LayerSlot>> retired_ ABSL_GUARDED_BY(mu_);
   absl::Time last_ping_ ABSL_GUARDED_BY(mu_) = absl::Now();
-  absl::Mutex setup_mu_;  // one Setup at a time (rendezvous is slow; Ping must not wait)
 };
 
 }  // namespace moe
