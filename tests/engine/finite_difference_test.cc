@@ -199,6 +199,23 @@ std::vector<FdCase> Cases() {
     c.capacity = 0.75;
     c.bias = true;
   });
+  add("SoftmaxTop1", [](FdCase& c) { c.top_k = 1; });
+  add("SoftmaxPreGroupedCapacity", [](FdCase& c) {
+    c.pre_softmax = true;
+    c.num_groups = 2;
+    c.group_topk = 1;
+    c.top_k = 3;
+    c.capacity = 1.0;
+  });
+  add("SigmoidScaledExpertBiasGeluPlainBias", [](FdCase& c) {
+    c.score = ScoreFunction::kSigmoid;
+    c.expert_bias = true;
+    c.scaling = 2.5;
+    c.activation = Activation::kGelu;
+    c.gated = false;
+    c.bias = true;
+    c.top_k = 3;
+  });
   return cases;
 }
 
