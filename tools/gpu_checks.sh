@@ -3,7 +3,7 @@
 # folder tools/pack_gpu.sh made. Logs and JSON go to $OUT (default ./gpu_out); a summary table
 # is printed last. Each step has its own time limit, so one hang does not cost the others.
 #
-#   source .gpu/env.sh && tools/gpu_checks.sh [tests|bench|all]
+#   source .gpu/env.sh && tools/gpu_checks.sh [tests|server|bench|all]
 set -uo pipefail
 out=${OUT:-gpu_out}
 what=${1:-all}
@@ -15,7 +15,11 @@ step() {  # step NAME TIMEOUT_S COMMAND...
   local name=$1 limit=$2; shift 2
   echo "=== $name: $*" | tee -a "$log"
   local t0=$(date +%s)
-  timeout "$limit" "$@" >>"$log" 2>&1
+  if [ "$(type -t "$1")" = function ]; then
+    "$@" >>"$log" 2>&1  # shell functions cannot run under timeout; they bound themselves
+  else
+    timeout "$limit" "$@" >>"$log" 2>&1
+  fi
   local rc=$?
   summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
   return $rc
@@ -27,6 +31,33 @@ if [ "$what" = all ] || [ "$what" = tests ]; then
   step layer_test 120 cuda_layer_test
   step ep2_test 120 ep2_gpu_test
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error|ok \(rank" "$log" | tail -40
+fi
+if [ "$what" = all ] || [ "$what" = server ]; then
+  # moed with one moe-worker per GPU (NCCL between them), then moectl smoke against it.
+  server_smoke() {
+    local port_file=/tmp/moed_gpu.port
+    rm -f "$port_file"
+    moed --device=cuda --workers=2 --port=0 --port_file="$port_file" >"$out/server.log" 2>&1 &
+    local moed_pid=$!
+    for _ in $(seq 1 100); do [ -s "$port_file" ] && break; sleep 0.2; done
+    local rc=1
+    if [ -s "$port_file" ]; then
+      local server="127.0.0.1:$(cat "$port_file")"
+      timeout 60 moectl smoke --server="$server" --hidden=64 --ffn=128 --experts=8 --top_k=2 &&
+        timeout 60 moectl smoke --server="$server" --hidden=128 --ffn=256 --experts=16 --top_k=4 \
+          --score_function=sigmoid --num_groups=4 --group_topk=2 --align_size=8 \
+          --compute_dtype=bf16 --tokens=256 &&
+        timeout 60 moectl bench --server="$server" --hidden=1024 --ffn=4096 --experts=8 --top_k=2 \
+          --compute_dtype=bf16 --dtype=bf16 --tokens=4096 --steps=10 --warmup=2
+      rc=$?
+    fi
+    kill "$moed_pid" 2>/dev/null
+    wait "$moed_pid" 2>/dev/null
+    return $rc
+  }
+  if [ -x "$(command -v moed)" ] && [ -x "$(command -v moectl)" ]; then
+    step server_smoke 150 server_smoke
+  fi
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   step bench_1gpu 250 gpu_bench --configs="${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3}" \
