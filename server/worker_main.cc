@@ -9,6 +9,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -83,7 +84,13 @@ int Main() {
     std::fprintf(stderr, "moe-worker: cannot listen on %s\n", absl::GetFlag(FLAGS_listen).c_str());
     return 1;
   }
-  const std::string address = absl::StrCat(AdvertiseHost(frontend), ":", port);
+  const std::string host = AdvertiseHost(frontend);
+  const std::string address = absl::StrCat(host, ":", port);
+  // Gloo listens where peers can reach this worker: the advertised host, unless the operator
+  // chose an interface or name for Gloo explicitly.
+  if (std::getenv("MOED_GLOO_IFACE") == nullptr && std::getenv("MOED_GLOO_HOSTNAME") == nullptr) {
+    setenv("MOED_GLOO_HOSTNAME", host.c_str(), /*overwrite=*/0);
+  }
 
   auto coordinator = internal::Coordinator::NewStub(channel);
   auto join_once = [&](int rank, internal::JoinResponse* joined) {
