@@ -2,9 +2,9 @@
 
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "engine/comm/gloo_communicator.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_optional.h"
@@ -24,8 +24,8 @@ absl::StatusOr<int> CudaIndex(const std::string& device_flag, int rank) {
     return rank < 0 ? 0 : rank % count;
   }
   int index = -1;
-  if (!absl::StartsWith(device_flag, "cuda:") ||
-      !absl::SimpleAtoi(device_flag.substr(5), &index) || index < 0) {
+  if (!absl::StartsWith(device_flag, "cuda:") || !absl::SimpleAtoi(device_flag.substr(5), &index) ||
+      index < 0) {
     return -1;
   }
   if (index >= VisibleCudaDevices()) {
@@ -49,7 +49,7 @@ absl::Status CheckDeviceFlag(const std::string& device_flag) {
 absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,
                                               std::shared_ptr<KeyValueStore> store,
                                               const std::string& prefix, int rank, int size,
-                                              const CommOptions& options) {
+                                              const CommOptions& options, int cpu_threads) {
   RETURN_IF_ERROR(CheckDeviceFlag(device_flag));
   WorkerDevice device;
   ASSIGN_OR_RETURN(const int cuda, CudaIndex(device_flag, rank));
@@ -60,9 +60,7 @@ absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,
                                                   device.backend->stream(), options));
     return device;
   }
-  // Expert kernels of one layer run on the worker's handler thread plus this pool; several
-  // layers may run at once, so keep each pool modest.
-  device.backend = MakeCpuBackend();
+  device.backend = MakeCpuBackend(cpu_threads);
   ASSIGN_OR_RETURN(device.comm,
                    MakeGlooCommunicator(std::move(store), prefix, rank, size, options));
   return device;

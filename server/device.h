@@ -36,10 +36,11 @@ struct WorkerDevice {
 absl::Status CheckDeviceFlag(const std::string& device_flag);
 
 // Collective: every rank of the group calls it with the same prefix and size.
+// cpu_threads: threads of the CPU backend's element-wise kernels (0: one per hardware thread).
 absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,
                                               std::shared_ptr<KeyValueStore> store,
                                               const std::string& prefix, int rank, int size,
-                                              const CommOptions& options);
+                                              const CommOptions& options, int cpu_threads = 0);
 
 }  // namespace moe
 

@@ -6,8 +6,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -46,9 +48,22 @@ WorkerLauncher::WorkerLauncher(std::string binary, std::string frontend, std::st
 WorkerLauncher::~WorkerLauncher() { Stop(); }
 
 absl::StatusOr<pid_t> WorkerLauncher::Spawn(int rank) {
+  // Local CPU workers share the host's cores: each gets its part (kernels and OpenBLAS).
+  const int share = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / count_);
   std::vector<std::string> args = {binary_, absl::StrCat("--frontend=", frontend_),
                                    absl::StrCat("--device=", device_),
                                    absl::StrCat("--rank=", rank)};
+  if (device_ == "cpu") args.push_back(absl::StrCat("--cpu_threads=", share));
+  // The environment is built before fork: between fork and exec only async-signal-safe
+  // calls are allowed (moed has other threads).
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+  if (device_ == "cpu" && std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
+    env.push_back(absl::StrCat("OPENBLAS_NUM_THREADS=", share));
+  }
+  std::vector<char*> envp;
+  for (std::string& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
   args.insert(args.end(), extra_args_.begin(), extra_args_.end());
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
@@ -63,7 +78,8 @@ absl::StatusOr<pid_t> WorkerLauncher::Spawn(int rank) {
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_UNBLOCK, &all, nullptr);
-    execv(argv[0], argv.data());
+
+    execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   return pid;

@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, listen, "0.0.0.0:0",
 ABSL_FLAG(std::string, advertise_host, "",
           "host name or address the front end and peers reach this worker at (empty: "
           "127.0.0.1 when --frontend is on localhost, else this host's name)");
+ABSL_FLAG(int, cpu_threads, 0,
+          "cpu device: threads of the element-wise kernels (0: one per hardware thread); "
+          "OpenBLAS follows OPENBLAS_NUM_THREADS");
 ABSL_FLAG(int, join_timeout_s, 60, "give up when the front end does not accept the join");
 ABSL_FLAG(int, rejoin_after_s, 5,
           "join again (same rank) when the front end has not pinged for this long: it "
@@ -71,7 +74,7 @@ int Main() {
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(frontend, grpc::InsecureChannelCredentials(), args);
   auto store = std::make_shared<GrpcKeyValueStore>(channel);
-  WorkerService service(device, store);
+  WorkerService service(device, store, absl::GetFlag(FLAGS_cpu_threads));
 
   grpc::ServerBuilder builder;
   int port = 0;

@@ -26,8 +26,9 @@ WorkerService::LayerSlot::~LayerSlot() {
   layer.reset();
 }
 
-WorkerService::WorkerService(std::string device, std::shared_ptr<KeyValueStore> store)
-    : device_(std::move(device)), store_(std::move(store)) {}
+WorkerService::WorkerService(std::string device, std::shared_ptr<KeyValueStore> store,
+                             int cpu_threads)
+    : device_(std::move(device)), store_(std::move(store)), cpu_threads_(cpu_threads) {}
 
 WorkerService::~WorkerService() = default;
 
@@ -92,7 +93,7 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
 
   absl::StatusOr<WorkerDevice> world =
       MakeWorkerDevice(device_, store_, absl::StrCat(request->store_prefix(), "world"),
-                       request->rank(), request->world_size(), options);
+                       request->rank(), request->world_size(), options, cpu_threads_);
   if (!world.ok()) return Grpc(world.status());
   absl::Status barrier = world->comm->Barrier();
   if (!barrier.ok()) return Grpc(barrier);

@@ -10,7 +10,7 @@
 // block health checks, and Setup drops the slots (an in-flight call keeps its slot alive
 // through a shared_ptr until its collective times out or fails).
 //
-//   WorkerService service("cpu", store, /*rank_hint=*/-1);
+//   WorkerService service("cpu", store);
 //   builder.RegisterService(&service);
 //   ...; service.WaitForShutdownRequest();
 #ifndef MOED_SERVER_WORKER_SERVICE_H_
@@ -36,7 +36,8 @@ namespace moe {
 
 class WorkerService final : public internal::Worker::Service {
  public:
-  WorkerService(std::string device, std::shared_ptr<KeyValueStore> store);
+  // cpu_threads: see MakeWorkerDevice.
+  WorkerService(std::string device, std::shared_ptr<KeyValueStore> store, int cpu_threads = 0);
   ~WorkerService() override;
 
   // Blocks until a Shutdown call arrived.
@@ -101,6 +102,7 @@ class WorkerService final : public internal::Worker::Service {
 
   const std::string device_;
   const std::shared_ptr<KeyValueStore> store_;
+  const int cpu_threads_;
   absl::Notification shutdown_;
 
   mutable absl::Mutex mu_;  // guards the membership state and the layer map below
