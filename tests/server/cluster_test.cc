@@ -416,6 +416,80 @@ TEST_F(ClusterTest, StatusHealthAndMetrics) {
 
 // Random, truncated and bit-flipped payloads: the server answers each with an error or a
 // result and stays up; afterwards a valid step still matches.
+TEST_F(ClusterTest, LayerLifecycleAndExpertBias) {
+  v1::LayerConfig config = TinyConfig(5);
+  config.set_score_function(v1::SCORE_FUNCTION_SIGMOID);
+  config.set_use_expert_bias(true);
+  config.set_aux_loss_coeff(0);
+  ASSERT_TRUE(Create("bias", config).ok());
+  auto local = MakeLocalLayer(config);
+  ASSERT_NE(local, nullptr);
+  // Two forwards accumulate counts; the bias update matches the engine's.
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<float> x = RandomFloats(24 * 32, 50 + i);
+    v1::ForwardResponse fwd;
+    ASSERT_TRUE(Forward("bias", FloatsToProto({24, 32}, x), false, &fwd).ok());
+    ASSERT_TRUE(local->layer->Forward(Tensor::FromFloats({24, 32}, x), nullptr).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::GetLayerRequest request;
+    request.set_name("bias");
+    v1::GetLayerResponse layer;
+    ASSERT_TRUE(stub()->GetLayer(&ctx, request, &layer).ok());
+    EXPECT_EQ(layer.layer().forward_count(), 2);
+    EXPECT_THAT(layer.layer().accumulated_load().tokens_per_expert(),
+                ::testing::ElementsAreArray(local->layer->accumulated_expert_counts()));
+    ASSERT_EQ(layer.layer().parameters_size(), 4);  // gate, expert_bias, wi, wo
+    EXPECT_EQ(layer.layer().parameters(1).name(), "expert_bias");
+    EXPECT_EQ(layer.layer().config().top_k(), 2);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::UpdateExpertBiasRequest request;
+    request.set_layer("bias");
+    request.set_rate(0.01);
+    v1::UpdateExpertBiasResponse response;
+    ASSERT_TRUE(stub()->UpdateExpertBias(&ctx, request, &response).ok());
+    ASSERT_TRUE(local->layer->UpdateExpertBias(0.01).ok());
+    auto ref = local->layer->GetParameter("expert_bias");
+    ASSERT_TRUE(ref.ok());
+    EXPECT_THAT(response.expert_bias(), ::testing::ElementsAreArray(TensorFloats(*ref)));
+  }
+  // Gradient names are checked; expert_bias has no gradient.
+  {
+    grpc::ClientContext ctx;
+    v1::GetGradientsRequest request;
+    request.set_layer("bias");
+    request.add_names("expert_bias");
+    auto reader = stub()->GetGradients(&ctx, request);
+    v1::TensorChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("names"));
+  }
+  // Delete: gone from the list, its name free again.
+  {
+    grpc::ClientContext ctx;
+    v1::DeleteLayerRequest request;
+    request.set_name("bias");
+    v1::DeleteLayerResponse response;
+    ASSERT_TRUE(stub()->DeleteLayer(&ctx, request, &response).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ListLayersResponse layers;
+    ASSERT_TRUE(stub()->ListLayers(&ctx, v1::ListLayersRequest(), &layers).ok());
+    for (const auto& layer : layers.layers()) EXPECT_NE(layer.name(), "bias");
+  }
+  v1::ForwardResponse fwd;
+  EXPECT_EQ(Forward("bias", FloatsToProto({1, 32}, RandomFloats(32, 1)), false, &fwd).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(Create("bias", TinyConfig(6)).ok());
+}
+
 // Server reflection lists the public service (what grpcurl / grpc_cli rely on).
 TEST_F(ClusterTest, ReflectionListsTheService) {
   grpc::ClientContext ctx;
