@@ -37,7 +37,7 @@ absl::StatusOr<std::shared_ptr<MoeServiceImpl::Layer>> MoeServiceImpl::FindLayer
 }
 
 absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
-    const std::string& name, grpc::ServerContext* context) {
+    const std::string& name, grpc::ServerContext* context, bool require_serving) {
   ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer, FindLayer(name));
   absl::Time deadline = absl::FromChrono(context->deadline());
   if (!layer->turn.Lock(deadline, [context] { return context->IsCancelled(); })) {
@@ -54,7 +54,12 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
       return absl::NotFoundError(absl::StrCat("layer: \"", name, "\" was deleted"));
     }
   }
-  ASSIGN_OR_RETURN(turn->set, pool_->Serving());
+  absl::StatusOr<WorkerSet> set = pool_->Serving();
+  if (set.ok()) {
+    turn->set = std::move(*set);
+  } else if (require_serving) {
+    return set.status();
+  }
   return turn;
 }
 

@@ -138,8 +138,10 @@ class MoeServiceImpl final : public v1::MoeService::Service {
   absl::StatusOr<std::shared_ptr<Layer>> FindLayer(const std::string& name) const;
   // Waits for the layer's turn (client deadline/cancellation honoured), then takes setup_mu_
   // shared and the serving worker set.
+  // Without require_serving, a turn is granted while the workers are down (its set is empty).
   absl::StatusOr<std::unique_ptr<Turn>> TakeTurn(const std::string& name,
-                                                 grpc::ServerContext* context);
+                                                 grpc::ServerContext* context,
+                                                 bool require_serving = true);
   v1::LayerInfo Info(const Layer& layer) const;
   absl::Time InternalDeadline(grpc::ServerContext* context, bool collective) const;
   // Releases steps on the workers (best effort; they are dropped from the books anyway).

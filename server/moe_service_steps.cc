@@ -249,7 +249,9 @@ grpc::Status MoeServiceImpl::ReleaseStep(grpc::ServerContext* context,
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    // Works while the workers are down too: their steps are gone with their generation.
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
+                     TakeTurn(request->layer(), context, /*require_serving=*/false));
     Layer& layer = turn->layer();
     {
       absl::MutexLock lock(&layer.mu);
@@ -259,7 +261,7 @@ grpc::Status MoeServiceImpl::ReleaseStep(grpc::ServerContext* context,
       layer.saved.erase(it);
     }
     response->set_released(true);
-    ReleaseOnWorkers(turn->set, layer, {request->step_id()});
+    if (turn->set.size() > 0) ReleaseOnWorkers(turn->set, layer, {request->step_id()});
     return absl::OkStatus();
   };
   return Finish("ReleaseStep", start, run());

@@ -125,6 +125,8 @@ TEST_F(FaultTest, KillBetweenStepsThenRejoinAndLoad) {
   ASSERT_TRUE(Checkpoint("f", dir, /*save=*/true).ok());
   ASSERT_TRUE(Forward("f", 8, true, &fwd).ok());
   const uint64_t old_step = fwd.step_id();
+  ASSERT_TRUE(Forward("f", 8, true, &fwd).ok());
+  const uint64_t released_step = fwd.step_id();
 
   cluster_->KillWorker(1, SIGKILL);
   absl::Time start = absl::Now();
@@ -144,6 +146,15 @@ TEST_F(FaultTest, KillBetweenStepsThenRejoinAndLoad) {
   EXPECT_FALSE(status.workers(1).alive());
   EXPECT_FALSE(status.workers(1).error().empty());
   EXPECT_THAT(status.message(), HasSubstr("worker 1"));
+  {  // ReleaseStep works while the workers are down.
+    grpc::ClientContext ctx;
+    v1::ReleaseStepRequest request;
+    request.set_layer("f");
+    request.set_step_id(released_step);
+    v1::ReleaseStepResponse response;
+    ASSERT_TRUE(cluster_->stub()->ReleaseStep(&ctx, request, &response).ok());
+    EXPECT_TRUE(response.released());
+  }
 
   ASSERT_TRUE(cluster_->RestartWorker(1).ok());
   ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
