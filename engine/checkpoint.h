@@ -5,7 +5,8 @@
 //   RETURN_IF_ERROR(LoadCheckpoint(layer.get(), "/ckpt/layer0"));  // on every rank
 //
 // Both calls are collective over the layer's communicator (every rank calls them, in the same
-// order as its other collectives). Directory layout:
+// order as its other collectives), and every rank must see the same directory (one host, or a
+// shared file system across hosts). Directory layout:
 //   config.txt          ConfigToString(config) and a newline            (rank 0)
 //   router.bin          "gate" [H, E], "expert_bias" [E] (use_expert_bias), router optimizer
 //                       state ("gate.m", "gate.v") and "step" [1]      (rank 0)
