@@ -170,6 +170,37 @@ TEST_F(ClusterTest, ForwardBackwardMatchLocalEngine) {
   }
 }
 
+TEST_F(ClusterTest, Bf16ActivationsAndCompute) {
+  v1::LayerConfig config = TinyConfig(8);
+  config.set_compute_dtype("BF16");
+  ASSERT_TRUE(Create("bf16", config).ok());
+  auto local = MakeLocalLayer(config);
+  ASSERT_NE(local, nullptr);
+  const int64_t tokens = 19;
+  Tensor x =
+      Tensor::FromFloats({tokens, 32}, RandomFloats(tokens * 32, 8)).ConvertTo(DType::kBFloat16);
+  Tensor d_out =
+      Tensor::FromFloats({tokens, 32}, RandomFloats(tokens * 32, 9)).ConvertTo(DType::kBFloat16);
+  v1::Tensor x_proto, d_out_proto;
+  TensorToProto(x, &x_proto);
+  TensorToProto(d_out, &d_out_proto);
+  v1::ForwardResponse fwd;
+  ASSERT_TRUE(Forward("bf16", x_proto, true, &fwd).ok());
+  EXPECT_EQ(fwd.out().datatype(), "BF16");
+  EXPECT_EQ(fwd.out().raw_data().size(), static_cast<size_t>(tokens * 32 * 2));
+  std::unique_ptr<StepContext> saved;
+  auto ref = local->layer->Forward(x, &saved);
+  ASSERT_TRUE(ref.ok());
+  // bf16 outputs: EP=2 and EP=1 may round the fp32 accumulations one bf16 ulp apart.
+  EXPECT_LT(MaxRelError(ProtoToFloats(fwd.out()), TensorFloats(ref->out)), 1e-2);
+  v1::BackwardResponse bwd;
+  ASSERT_TRUE(Backward("bf16", fwd.step_id(), d_out_proto, &bwd).ok());
+  EXPECT_EQ(bwd.d_x().datatype(), "BF16");
+  auto ref_dx = local->layer->Backward(*saved, d_out, 1.0, 1.0);
+  ASSERT_TRUE(ref_dx.ok());
+  EXPECT_LT(MaxRelError(ProtoToFloats(bwd.d_x()), TensorFloats(*ref_dx)), 1e-2);
+}
+
 TEST_F(ClusterTest, BadRequestsGetTheirCodes) {
   ASSERT_TRUE(Create("valid", TinyConfig(1)).ok());
   EXPECT_EQ(Create("valid", TinyConfig(1)).error_code(), grpc::StatusCode::ALREADY_EXISTS);
