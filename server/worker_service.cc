@@ -116,6 +116,7 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
   int rank, size;
   CommOptions options;
   auto slot = std::make_shared<LayerSlot>();
+  std::shared_ptr<LayerSlot> dropped;
   slot->name = request->name();
   {
     absl::MutexLock lock(&mu_);
@@ -129,7 +130,13 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
     rank = rank_;
     size = world_size_;
     options = comm_options_;
+    if (!request->restore()) {
+      // Not restoring: free the previous instance before allocating the new one.
+      dropped = std::move(retired_[request->layer_id()]);
+      retired_.erase(request->layer_id());
+    }
   }
+  dropped.reset();
   absl::MutexLock slot_lock(&slot->mu);
   absl::StatusOr<WorkerDevice> device =
       MakeWorkerDevice(device_, store_, prefix, rank, size, options);
