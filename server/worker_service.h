@@ -7,8 +7,10 @@
 // calls (CreateLayer, Forward, Backward) in the same order to every worker and waits for all
 // of them before the next, so every rank enters the same collectives in the same order.
 // Ping and Setup never wait for a layer: a step stuck in a collective (a dead peer) cannot
-// block health checks, and Setup drops the slots (an in-flight call keeps its slot alive
-// through a shared_ptr until its collective times out or fails).
+// block health checks. Setup retires the slots (an in-flight call keeps its slot alive
+// through a shared_ptr until its collective times out or fails); the new generation's
+// CreateLayer either restores a retired layer's parameters and optimizer state (when every
+// worker still has it) or frees it first.
 //
 //   WorkerService service("cpu", store);
 //   builder.RegisterService(&service);
