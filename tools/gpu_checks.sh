@@ -43,6 +43,11 @@ if [ "$what" = all ] || [ "$what" = server ]; then
     local rc=1
     if [ -s "$port_file" ]; then
       local server="127.0.0.1:$(cat "$port_file")"
+      # The workers join (CUDA + NCCL setup) after moed listens: wait until it serves.
+      for _ in $(seq 1 90); do
+        timeout 20 moectl list-layers --server="$server" 2>&1 | grep -q "waiting for" || break
+        sleep 1
+      done
       timeout 60 moectl smoke --server="$server" --hidden=64 --ffn=128 --experts=8 --top_k=2 &&
         timeout 60 moectl smoke --server="$server" --hidden=128 --ffn=256 --experts=16 --top_k=4 \
           --score_function=sigmoid --num_groups=4 --group_topk=2 --align_size=8 \

@@ -149,6 +149,9 @@ absl::Status CudaBackend::CopyFromHost(void* dst, const void* host_src, size_t b
     return absl::InvalidArgumentError("CopyFromHost: null pointer");
   }
   RETURN_IF_ERROR(Activate());
+  if (bytes >= HostStaging::kMinBytes && !HostStaging::IsPinned(host_src)) {
+    return staging_.ToDevice(dst, host_src, bytes, stream_);
+  }
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice,
                                        static_cast<cudaStream_t>(stream_)));
   return absl::OkStatus();
@@ -159,6 +162,9 @@ absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t byt
   if (bytes > 0) {
     if (host_dst == nullptr || src == nullptr) {
       return absl::InvalidArgumentError("CopyToHost: null pointer");
+    }
+    if (bytes >= HostStaging::kMinBytes && !HostStaging::IsPinned(host_dst)) {
+      return staging_.ToHost(host_dst, src, bytes, stream_);  // waits for the stream's work
     }
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost,
                                          static_cast<cudaStream_t>(stream_)));

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/backend.h"
 #include "engine/cuda/cublaslt_gemm.h"
+#include "engine/cuda/host_staging.h"
 #include "engine/cuda/kernels.cuh"
 
 namespace moe {
@@ -89,6 +90,7 @@ class CudaBackend : public Backend {
   void* side_events_[kSideStreams + 1] = {};    // cudaEvent_t; [kSideStreams] is the fork
   void* workspace_[kSideStreams + 1] = {};      // cuBLASLt workspaces; [0] main stream
   std::unique_ptr<CublasLtGemm> gemm_;
+  HostStaging staging_;  // large copies to/from pageable host memory
 
   mutable absl::Mutex mu_;
   std::unordered_map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);
