@@ -1,0 +1,356 @@
+// moed + 2 real moe-worker processes: the service's contract around the numbers: request
+// validation codes, saved-step budget, layer lifecycle and expert-bias updates, reflection,
+// fuzzed payloads, concurrent clients on two layers.
+#include <grpcpp/generic/generic_stub.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/cluster_fixture.h"
+
+namespace moe {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST_F(ClusterTest, BadRequestsGetTheirCodes) {
+  ASSERT_TRUE(Create("valid", TinyConfig(1)).ok());
+  EXPECT_EQ(Create("valid", TinyConfig(1)).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  v1::LayerConfig bad = TinyConfig(1);
+  bad.set_top_k(9);
+  grpc::Status s = Create("bad", bad);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("top_k"));
+  bad = TinyConfig(1);
+  bad.set_ffn(int64_t{1} << 40);
+  s = Create("huge", bad);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("max_layer_bytes"));
+  bad = TinyConfig(1);
+  bad.set_num_experts(7);  // not a multiple of 2 workers
+  EXPECT_EQ(Create("bad", bad).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Create("bad/name", TinyConfig(1)).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  v1::ForwardResponse fwd;
+  v1::Tensor x = FloatsToProto({4, 32}, RandomFloats(128, 1));
+  EXPECT_EQ(Forward("nope", x, false, &fwd).error_code(), grpc::StatusCode::NOT_FOUND);
+  v1::Tensor wrong = x;
+  wrong.set_datatype("FP16");
+  s = Forward("valid", wrong, false, &fwd);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("x.datatype"));
+  wrong = x;
+  wrong.set_datatype("INT32");
+  EXPECT_THAT(Forward("valid", wrong, false, &fwd).error_message(), HasSubstr("x.datatype"));
+  wrong = FloatsToProto({4, 16}, RandomFloats(64, 1));
+  s = Forward("valid", wrong, false, &fwd);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("x.shape[1]"));
+  wrong = x;
+  wrong.mutable_raw_data()->pop_back();
+  s = Forward("valid", wrong, false, &fwd);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("x"));
+  wrong = FloatsToProto({2, 2, 32}, RandomFloats(128, 1));
+  EXPECT_THAT(Forward("valid", wrong, false, &fwd).error_message(), HasSubstr("x.shape"));
+
+  // Step ids: never issued, used, released, of another layer, wrong d_out.
+  v1::BackwardResponse bwd;
+  EXPECT_EQ(Backward("valid", uint64_t{1} << 40, x, &bwd).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(Forward("valid", x, true, &fwd).ok());
+  const uint64_t step = fwd.step_id();
+  s = Backward("valid", step, FloatsToProto({3, 32}, RandomFloats(96, 2)), &bwd);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("d_out.shape[0]"));
+  ASSERT_TRUE(Create("other", TinyConfig(2)).ok());
+  EXPECT_EQ(Backward("other", step, x, &bwd).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(Backward("valid", step, x, &bwd).ok());  // the bad requests did not consume it
+  s = Backward("valid", step, x, &bwd);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("step_id"));
+  ASSERT_TRUE(Forward("valid", x, true, &fwd).ok());
+  {
+    grpc::ClientContext ctx;
+    v1::ReleaseStepRequest request;
+    request.set_layer("valid");
+    request.set_step_id(fwd.step_id());
+    v1::ReleaseStepResponse response;
+    ASSERT_TRUE(stub()->ReleaseStep(&ctx, request, &response).ok());
+    EXPECT_TRUE(response.released());
+  }
+  EXPECT_EQ(Backward("valid", fwd.step_id(), x, &bwd).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+
+  // Optimizer and bias validation.
+  {
+    grpc::ClientContext ctx;
+    v1::ApplyOptimizerRequest request;
+    request.set_layer("valid");
+    v1::ApplyOptimizerResponse response;
+    s = stub()->ApplyOptimizer(&ctx, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("optimizer"));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::UpdateExpertBiasRequest request;
+    request.set_layer("valid");
+    request.set_rate(0.1);
+    v1::UpdateExpertBiasResponse response;
+    EXPECT_EQ(stub()->UpdateExpertBias(&ctx, request, &response).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+  }
+}
+
+TEST_F(ClusterTest, SavedStepBudget) {
+  ASSERT_TRUE(Create("budget", TinyConfig(3)).ok());
+  v1::Tensor x = FloatsToProto({8, 32}, RandomFloats(256, 3));
+  std::vector<uint64_t> steps;
+  for (int i = 0; i < 3; ++i) {
+    v1::ForwardResponse fwd;
+    ASSERT_TRUE(Forward("budget", x, true, &fwd).ok());
+    steps.push_back(fwd.step_id());
+  }
+  v1::ForwardResponse fwd;
+  grpc::Status s = Forward("budget", x, true, &fwd);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("max_saved_steps"));
+  EXPECT_TRUE(Forward("budget", x, false, &fwd).ok());  // inference needs no budget
+  v1::BackwardResponse bwd;
+  ASSERT_TRUE(Backward("budget", steps[0], x, &bwd).ok());
+  EXPECT_TRUE(Forward("budget", x, true, &fwd).ok());
+  grpc::ClientContext ctx;
+  v1::GetLayerRequest request;
+  request.set_name("budget");
+  v1::GetLayerResponse layer;
+  ASSERT_TRUE(stub()->GetLayer(&ctx, request, &layer).ok());
+  EXPECT_EQ(layer.layer().saved_steps(), 3);
+  EXPECT_GT(layer.layer().saved_bytes(), 0);
+}
+
+TEST_F(ClusterTest, LayerLifecycleAndExpertBias) {
+  v1::LayerConfig config = TinyConfig(5);
+  config.set_score_function(v1::SCORE_FUNCTION_SIGMOID);
+  config.set_use_expert_bias(true);
+  config.set_aux_loss_coeff(0);
+  ASSERT_TRUE(Create("bias", config).ok());
+  auto local = MakeLocalLayer(config);
+  ASSERT_NE(local, nullptr);
+  // Two forwards accumulate counts; the bias update matches the engine's.
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<float> x = RandomFloats(24 * 32, 50 + i);
+    v1::ForwardResponse fwd;
+    ASSERT_TRUE(Forward("bias", FloatsToProto({24, 32}, x), false, &fwd).ok());
+    ASSERT_TRUE(local->layer->Forward(Tensor::FromFloats({24, 32}, x), nullptr).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::GetLayerRequest request;
+    request.set_name("bias");
+    v1::GetLayerResponse layer;
+    ASSERT_TRUE(stub()->GetLayer(&ctx, request, &layer).ok());
+    EXPECT_EQ(layer.layer().forward_count(), 2);
+    EXPECT_THAT(layer.layer().accumulated_load().tokens_per_expert(),
+                ::testing::ElementsAreArray(local->layer->accumulated_expert_counts()));
+    ASSERT_EQ(layer.layer().parameters_size(), 4);  // gate, expert_bias, wi, wo
+    EXPECT_EQ(layer.layer().parameters(1).name(), "expert_bias");
+    EXPECT_EQ(layer.layer().config().top_k(), 2);
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::UpdateExpertBiasRequest request;
+    request.set_layer("bias");
+    request.set_rate(0.01);
+    v1::UpdateExpertBiasResponse response;
+    ASSERT_TRUE(stub()->UpdateExpertBias(&ctx, request, &response).ok());
+    ASSERT_TRUE(local->layer->UpdateExpertBias(0.01).ok());
+    auto ref = local->layer->GetParameter("expert_bias");
+    ASSERT_TRUE(ref.ok());
+    EXPECT_THAT(response.expert_bias(), ::testing::ElementsAreArray(TensorFloats(*ref)));
+  }
+  // Gradient names are checked; expert_bias has no gradient.
+  {
+    grpc::ClientContext ctx;
+    v1::GetGradientsRequest request;
+    request.set_layer("bias");
+    request.add_names("expert_bias");
+    auto reader = stub()->GetGradients(&ctx, request);
+    v1::TensorChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    grpc::Status s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(s.error_message(), HasSubstr("names"));
+  }
+  // Delete: gone from the list, its name free again.
+  {
+    grpc::ClientContext ctx;
+    v1::DeleteLayerRequest request;
+    request.set_name("bias");
+    v1::DeleteLayerResponse response;
+    ASSERT_TRUE(stub()->DeleteLayer(&ctx, request, &response).ok());
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::ListLayersResponse layers;
+    ASSERT_TRUE(stub()->ListLayers(&ctx, v1::ListLayersRequest(), &layers).ok());
+    for (const auto& layer : layers.layers()) EXPECT_NE(layer.name(), "bias");
+  }
+  v1::ForwardResponse fwd;
+  EXPECT_EQ(Forward("bias", FloatsToProto({1, 32}, RandomFloats(32, 1)), false, &fwd).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(Create("bias", TinyConfig(6)).ok());
+}
+
+// Server reflection lists the public service (what grpcurl / grpc_cli rely on).
+TEST_F(ClusterTest, ReflectionListsTheService) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  const grpc::internal::RpcMethod method(
+      "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+      grpc::internal::RpcMethod::BIDI_STREAMING);
+  std::unique_ptr<grpc::ClientReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>> stream(
+      grpc::internal::ClientReaderWriterFactory<grpc::ByteBuffer, grpc::ByteBuffer>::Create(
+          cluster_->channel().get(), method, &ctx));
+  // ServerReflectionRequest{list_services = ""}: field 7, length-delimited, empty.
+  grpc::Slice slice(std::string("\x3a\x00", 2));
+  grpc::ByteBuffer request(&slice, 1), response;
+  ASSERT_TRUE(stream->Write(request));
+  stream->WritesDone();
+  ASSERT_TRUE(stream->Read(&response));
+  std::vector<grpc::Slice> slices;
+  ASSERT_TRUE(response.Dump(&slices).ok());
+  std::string bytes;
+  for (const grpc::Slice& s : slices) {
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  EXPECT_THAT(bytes, HasSubstr("moe.v1.MoeService"));
+  EXPECT_THAT(bytes, HasSubstr("grpc.health.v1.Health"));
+  while (stream->Read(&response)) {
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(ClusterTest, FuzzedPayloadsLeaveTheServerUp) {
+  ASSERT_TRUE(Create("fuzz", TinyConfig(9)).ok());
+  v1::ForwardRequest valid;
+  valid.set_layer("fuzz");
+  *valid.mutable_x() = FloatsToProto({6, 32}, RandomFloats(6 * 32, 9));
+  valid.set_keep_for_backward(true);
+  v1::BackwardRequest backward;
+  backward.set_layer("fuzz");
+  backward.set_step_id(1);
+  *backward.mutable_d_out() = valid.x();
+  v1::CreateLayerRequest create;
+  create.set_name("fuzz2");
+  *create.mutable_config() = TinyConfig(3);
+  const std::vector<std::pair<std::string, std::string>> seeds = {
+      {"/moe.v1.MoeService/Forward", valid.SerializeAsString()},
+      {"/moe.v1.MoeService/Backward", backward.SerializeAsString()},
+      {"/moe.v1.MoeService/CreateLayer", create.SerializeAsString()},
+      {"/moe.v1.MoeService/ReleaseStep", backward.SerializeAsString()}};
+  grpc::GenericStub generic(cluster_->channel());
+  std::mt19937 gen(1234);
+  int answered = 0;
+  for (int i = 0; i < 300; ++i) {
+    const auto& seed = seeds[i % seeds.size()];
+    std::string payload = seed.second;
+    switch (i % 3) {
+      case 0:  // truncated
+        payload.resize(gen() % (payload.size() + 1));
+        break;
+      case 1:  // bytes flipped
+        for (int j = 0; j < 4 && !payload.empty(); ++j) payload[gen() % payload.size()] ^= gen();
+        break;
+      default:  // random bytes
+        payload.resize(gen() % 64);
+        for (char& c : payload) c = static_cast<char>(gen());
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    grpc::Slice slice(payload);
+    grpc::ByteBuffer request(&slice, 1), response;
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, seed.first, grpc::StubOptions(), &request, &response,
+                      [&](grpc::Status s) {
+                        status = s;
+                        done.Notify();
+                      });
+    done.WaitForNotification();
+    EXPECT_NE(status.error_code(), grpc::StatusCode::UNAVAILABLE) << i << status.error_message();
+    EXPECT_NE(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << i;
+    ++answered;
+  }
+  EXPECT_EQ(answered, 300);
+  EXPECT_TRUE(cluster_->MoedRunning());
+  EXPECT_EQ(*cluster_->Health(), "SERVING");
+  auto local = MakeLocalLayer(TinyConfig(9));
+  v1::ForwardResponse fwd;
+  ASSERT_TRUE(Forward("fuzz", valid.x(), false, &fwd).ok());
+  auto ref = local->layer->Forward(Tensor::FromFloats({6, 32}, RandomFloats(6 * 32, 9)), nullptr);
+  ASSERT_TRUE(ref.ok());
+  EXPECT_LT(MaxRelError(ProtoToFloats(fwd.out()), TensorFloats(ref->out)), 1e-5);
+}
+
+TEST_F(ClusterTest, ConcurrentClientsOnTwoLayers) {
+  const v1::LayerConfig config_a = TinyConfig(21), config_b = TinyConfig(22);
+  ASSERT_TRUE(Create("conc_a", config_a).ok());
+  ASSERT_TRUE(Create("conc_b", config_b).ok());
+  auto local_a = MakeLocalLayer(config_a);
+  auto local_b = MakeLocalLayer(config_b);
+  constexpr int kThreads = 8, kSteps = 12;
+  // Inference outputs do not depend on order: precompute them with the local engine.
+  std::vector<std::vector<float>> inputs, expected;
+  for (int i = 0; i < kThreads * kSteps; ++i) {
+    const int64_t tokens = 1 + i % 17;
+    inputs.push_back(RandomFloats(tokens * 32, 1000 + i));
+    auto& local = (i % 2 == 0) ? local_a : local_b;
+    auto ref = local->layer->Forward(Tensor::FromFloats({tokens, 32}, inputs.back()), nullptr);
+    ASSERT_TRUE(ref.ok());
+    expected.push_back(TensorFloats(ref->out));
+  }
+  std::atomic<int> wrong{0}, failed{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int s = 0; s < kSteps; ++s) {
+        const int i = t * kSteps + s;
+        const int64_t tokens = 1 + i % 17;
+        const std::string layer = (i % 2 == 0) ? "conc_a" : "conc_b";
+        v1::ForwardResponse fwd;
+        // Two threads keep activations on every third step and release them (so at most
+        // two steps are held at once, within --max_saved_steps=3): steps interleave.
+        const bool keep = t < 2 && s % 3 == 0;
+        grpc::Status status = Forward(layer, FloatsToProto({tokens, 32}, inputs[i]), keep, &fwd);
+        if (!status.ok()) {
+          ADD_FAILURE() << status.error_code() << " " << status.error_message();
+          ++failed;
+          continue;
+        }
+        if (MaxRelError(ProtoToFloats(fwd.out()), expected[i]) > 1e-5) ++wrong;
+        if (keep) {
+          grpc::ClientContext ctx;
+          v1::ReleaseStepRequest request;
+          request.set_layer(layer);
+          request.set_step_id(fwd.step_id());
+          v1::ReleaseStepResponse response;
+          if (!stub()->ReleaseStep(&ctx, request, &response).ok() || !response.released()) {
+            ++failed;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(failed, 0);
+  EXPECT_EQ(wrong, 0);
+}
+
+}  // namespace
+}  // namespace moe
