@@ -13,6 +13,9 @@
 //                the stream: kernels, GEMMs, collectives), i.e. device-resident without the
 //                layer's host<->device copies and without host gaps: comparable with GPU.md's
 //                PyTorch/JAX columns, which time device-resident tensors;
+//   *_span_ms    from the start of the step's first device operation to the end of its last:
+//                device-resident including the host round trips inside the step (the one
+//                count exchange the dispatch needs) and host launch gaps;
 //   *_copy_ms    the layer's host<->device copies; host = API - device - copies.
 // `breakdown_fwdbwd_ms` splits the median-free mean fwd+bwd device time by operation.
 // TFLOP/s count the expert FFN only: 2*T*k*H*3F per forward (gated), x3 with backward.
@@ -189,7 +192,7 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
   RETURN_IF_ERROR(layer->ZeroGradients());
   Progress(absl::StrCat(p.name, ": warm"));
 
-  std::vector<double> api[2], device_ms[2], copy_ms[2], a2a_ms[2], a2a_bytes[2];
+  std::vector<double> api[2], device_ms[2], span_ms[2], copy_ms[2], a2a_ms[2], a2a_bytes[2];
   std::map<std::string, double> breakdown;
   const int iters = absl::GetFlag(FLAGS_iters);
   for (int bwd = 0; bwd < 2; ++bwd) {
@@ -205,6 +208,7 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
       const double busy = tb.ops().TotalMs() + ex + tc.others().TotalMs();
       api[bwd].push_back(total);
       device_ms[bwd].push_back(busy);
+      span_ms[bwd].push_back(tb.ops().SpanMs());
       copy_ms[bwd].push_back(copies);
       a2a_ms[bwd].push_back(ex);
       a2a_bytes[bwd].push_back(static_cast<double>(ex_bytes));
@@ -239,6 +243,8 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
       {"fwdbwd_device_ms", Num(fb_dev)},
       {"fwd_tflops_device", Num(ffn_flops / fwd_dev / 1e9)},
       {"fwdbwd_tflops_device", Num(3 * ffn_flops / fb_dev / 1e9)},
+      {"fwd_span_ms", Num(Median(span_ms[0]))},
+      {"fwdbwd_span_ms", Num(Median(span_ms[1]))},
       {"fwd_copy_ms", Num(Median(copy_ms[0]))},
       {"fwdbwd_copy_ms", Num(Median(copy_ms[1]))},
       {"fwd_device_ms_all", List(device_ms[0])},

@@ -47,6 +47,15 @@ double EventLog::TotalMs(size_t* bytes) const {
   return total;
 }
 
+double EventLog::SpanMs() const {
+  if (used_ == 0) return 0;
+  cudaEventSynchronize(static_cast<cudaEvent_t>(ops_[used_ - 1].stop));
+  float ms = 0;
+  cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(ops_[0].start),
+                       static_cast<cudaEvent_t>(ops_[used_ - 1].stop));
+  return ms;
+}
+
 void EventLog::AddByName(std::map<std::string, double>* by_name) const {
   for (size_t i = 0; i < used_; ++i) {
     cudaEventSynchronize(static_cast<cudaEvent_t>(ops_[i].stop));

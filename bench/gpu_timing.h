@@ -40,6 +40,8 @@ class EventLog {
   void End();
   // Sum of the elapsed milliseconds and bytes of the ops since the last Reset (synchronises).
   double TotalMs(size_t* bytes = nullptr) const;
+  // Milliseconds from the first op's start to the last op's stop (gaps included).
+  double SpanMs() const;
   // Adds each op's milliseconds to (*by_name)[its name] (synchronises).
   void AddByName(std::map<std::string, double>* by_name) const;
   void Reset() { used_ = 0; }

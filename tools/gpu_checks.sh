@@ -86,9 +86,9 @@ for f in ("bench_1gpu.jsonl", "bench_ep2_r0.jsonl"):
         extra = ""
         if r.get("size", 1) > 1:
             extra = " a2a %.1f GB/s bus (standalone %.1f)" % (r["a2a_busbw_GBps"], r["standalone_a2a_busbw_GBps"])
-        print("  %-8s fwd %7.2f ms (dev %7.2f, %5.0f TF)  fwd+bwd %7.2f ms (dev %7.2f, %5.0f TF)  peak %.1f GB init %.0fs%s" % (
-            r["config"], r["fwd_ms"], r["fwd_device_ms"], r["fwd_tflops_device"], r["fwdbwd_ms"],
-            r["fwdbwd_device_ms"], r["fwdbwd_tflops_device"], r["peak_bytes"] / 1e9, r["init_s"], extra))
+        print("  %-8s fwd %6.2f ms (dev %6.2f span %6.2f, %4.0f TF)  fwd+bwd %6.2f ms (dev %6.2f span %6.2f, %4.0f TF)  peak %.1f GB init %.0fs%s" % (
+            r["config"], r["fwd_ms"], r["fwd_device_ms"], r["fwd_span_ms"], r["fwd_tflops_device"], r["fwdbwd_ms"],
+            r["fwdbwd_device_ms"], r["fwdbwd_span_ms"], r["fwdbwd_tflops_device"], r["peak_bytes"] / 1e9, r["init_s"], extra))
 PY
 fi
 printf '%s\n' "${summary[@]}"
