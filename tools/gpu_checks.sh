@@ -67,6 +67,9 @@ fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   step bench_1gpu 250 gpu_bench --configs="${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3}" \
     --json="$out/bench_1gpu.jsonl"
+  # Cross-check with the engine benchmark's own timing (API time, te_seed only).
+  [ -x "$(command -v engine_bench)" ] &&
+    step engine_bench_te_seed 60 engine_bench --device=cuda:0 --config=te_seed --iters=5
   rm -rf /tmp/moed_ep2_store
   step bench_ep2 200 bash -c "gpu_bench --size=2 --rank=1 --store_dir=/tmp/moed_ep2_store \
       --configs=${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3} --json=$out/bench_ep2_r1.jsonl \

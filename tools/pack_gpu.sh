@@ -18,7 +18,7 @@ shift || true
 bins=("$@")
 if [ ${#bins[@]} -eq 0 ]; then
   for b in bazel-bin/tests/gpu/cuda_backend_ops_test bazel-bin/tests/gpu/cuda_layer_test \
-           bazel-bin/tests/gpu/ep2_gpu_test bazel-bin/bench/gpu_bench \
+           bazel-bin/tests/gpu/ep2_gpu_test bazel-bin/bench/gpu_bench bazel-bin/bench/engine_bench \
            bazel-bin/server/moed bazel-bin/server/moe-worker bazel-bin/client/moectl; do
     [ -x "$b" ] && bins+=("$b")
   done
