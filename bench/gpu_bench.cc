@@ -73,9 +73,8 @@ constexpr Preset kPresets[] = {
 };
 
 void Progress(const std::string& what) {
-  static const double start = std::chrono::duration<double>(
-                                  std::chrono::steady_clock::now().time_since_epoch())
-                                  .count();
+  static const double start =
+      std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   const double now =
       std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
   std::fprintf(stderr, "[gpu_bench rank %d %7.1fs] %s\n", absl::GetFlag(FLAGS_rank), now - start,
@@ -115,7 +114,9 @@ std::string Json(const std::vector<std::pair<std::string, std::string>>& kv) {
 }
 std::string Num(double v) { return absl::StrCat(v); }
 std::string Str(const std::string& s) { return absl::StrCat("\"", s, "\""); }
-std::string List(const std::vector<double>& v) { return absl::StrCat("[", absl::StrJoin(v, ", "), "]"); }
+std::string List(const std::vector<double>& v) {
+  return absl::StrCat("[", absl::StrJoin(v, ", "), "]");
+}
 
 // A standalone AllToAllV moving `bytes` per rank split evenly over the ranks.
 absl::StatusOr<double> StandaloneA2aMs(Backend* backend, Communicator* comm, size_t bytes) {
@@ -161,8 +162,8 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
   CommOptions options;
   options.timeout = absl::Seconds(300);
   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> nccl,
-                   MakeNcclCommunicator(store, absl::StrCat("bench/", p.name), rank, size,
-                                        device, cuda->stream(), options));
+                   MakeNcclCommunicator(store, absl::StrCat("bench/", p.name), rank, size, device,
+                                        cuda->stream(), options));
   Progress(absl::StrCat(p.name, ": communicator ready"));
   bench::TimingBackend tb(cuda.get());
   bench::TimingCommunicator tc(nccl.get(), cuda->stream());
@@ -268,8 +269,7 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
     // One standalone AllToAllV of the size of one dispatch (every rank sends T*k rows of H
     // bf16 values, its own part included; the same on every rank so that sizes match).
     const size_t dispatch_bytes = static_cast<size_t>(T * p.top_k * p.hidden * 2);
-    ASSIGN_OR_RETURN(double standalone_ms,
-                     StandaloneA2aMs(cuda.get(), nccl.get(), dispatch_bytes));
+    ASSIGN_OR_RETURN(double standalone_ms, StandaloneA2aMs(cuda.get(), nccl.get(), dispatch_bytes));
     const double s_alg = dispatch_bytes / (standalone_ms / 1000) / 1e9;
     kv.push_back({"standalone_a2a_bytes", Num(dispatch_bytes)});
     kv.push_back({"standalone_a2a_ms", Num(standalone_ms)});

@@ -23,8 +23,7 @@ void EventLog::Begin(size_t bytes, const char* name) {
   }
   ops_[used_].bytes = bytes;
   ops_[used_].name = name;
-  cudaEventRecord(static_cast<cudaEvent_t>(ops_[used_].start),
-                  static_cast<cudaStream_t>(stream_));
+  cudaEventRecord(static_cast<cudaEvent_t>(ops_[used_].start), static_cast<cudaStream_t>(stream_));
 }
 
 void EventLog::End() {

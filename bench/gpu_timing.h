@@ -75,7 +75,9 @@ class TimingBackend : public Backend {
   absl::Status Synchronize() override { return inner_->Synchronize(); }
   size_t allocated_bytes() const override { return inner_->allocated_bytes(); }
   size_t peak_allocated_bytes() const override { return inner_->peak_allocated_bytes(); }
-  absl::Status Gemm(const GemmArgs& a) override { return Timed(&ops_, "Gemm", [&] { return inner_->Gemm(a); }); }
+  absl::Status Gemm(const GemmArgs& a) override {
+    return Timed(&ops_, "Gemm", [&] { return inner_->Gemm(a); });
+  }
   absl::Status GroupedGemm(absl::Span<const GemmArgs> g) override {
     return Timed(&ops_, "GroupedGemm", [&] { return inner_->GroupedGemm(g); });
   }
@@ -91,8 +93,12 @@ class TimingBackend : public Backend {
   absl::Status RouterBackward(const RouterBackwardArgs& a) override {
     return Timed(&ops_, "RouterBackward", [&] { return inner_->RouterBackward(a); });
   }
-  absl::Status RoutePlan(const RoutePlanArgs& a) override { return Timed(&ops_, "RoutePlan", [&] { return inner_->RoutePlan(a); }); }
-  absl::Status Permute(const PermuteArgs& a) override { return Timed(&ops_, "Permute", [&] { return inner_->Permute(a); }); }
+  absl::Status RoutePlan(const RoutePlanArgs& a) override {
+    return Timed(&ops_, "RoutePlan", [&] { return inner_->RoutePlan(a); });
+  }
+  absl::Status Permute(const PermuteArgs& a) override {
+    return Timed(&ops_, "Permute", [&] { return inner_->Permute(a); });
+  }
   absl::Status GatherRows(const void* s, const int32_t* i, int64_t r, int64_t w, DType t,
                           void* d) override {
     return Timed(&ops_, "GatherRows", [&] { return inner_->GatherRows(s, i, r, w, t, d); });
@@ -103,12 +109,15 @@ class TimingBackend : public Backend {
   }
   absl::Status CombineRows(const void* y, DType yt, const int32_t* pr, const float* w, int64_t t,
                            int64_t k, int64_t wd, void* o, DType ot) override {
-    return Timed(&ops_, "CombineRows", [&] { return inner_->CombineRows(y, yt, pr, w, t, k, wd, o, ot); });
+    return Timed(&ops_, "CombineRows",
+                 [&] { return inner_->CombineRows(y, yt, pr, w, t, k, wd, o, ot); });
   }
-  absl::Status CombineBackward(const void* d, DType dt, const void* y, DType yt,
-                               const int32_t* pr, const float* w, int64_t t, int64_t k,
-                               int64_t wd, int64_t rows, void* dy, float* dw) override {
-    return Timed(&ops_, "CombineBackward", [&] { return inner_->CombineBackward(d, dt, y, yt, pr, w, t, k, wd, rows, dy, dw); });
+  absl::Status CombineBackward(const void* d, DType dt, const void* y, DType yt, const int32_t* pr,
+                               const float* w, int64_t t, int64_t k, int64_t wd, int64_t rows,
+                               void* dy, float* dw) override {
+    return Timed(&ops_, "CombineBackward", [&] {
+      return inner_->CombineBackward(d, dt, y, yt, pr, w, t, k, wd, rows, dy, dw);
+    });
   }
   absl::Status ActivationForward(const ActivationArgs& a) override {
     return Timed(&ops_, "ActivationForward", [&] { return inner_->ActivationForward(a); });
@@ -119,12 +128,11 @@ class TimingBackend : public Backend {
   absl::Status AddGroupBias(void* y, DType t, const float* b, int64_t w, GroupRows g) override {
     return Timed(&ops_, "AddGroupBias", [&] { return inner_->AddGroupBias(y, t, b, w, g); });
   }
-  absl::Status GroupBiasGrad(const void* d, DType t, int64_t w, GroupRows g,
-                             float* db) override {
+  absl::Status GroupBiasGrad(const void* d, DType t, int64_t w, GroupRows g, float* db) override {
     return Timed(&ops_, "GroupBiasGrad", [&] { return inner_->GroupBiasGrad(d, t, w, g, db); });
   }
-  absl::Status OptimizerStep(const OptimizerArgs& a, float* p, const float* g, float* s1,
-                             float* s2, int64_t n) override {
+  absl::Status OptimizerStep(const OptimizerArgs& a, float* p, const float* g, float* s1, float* s2,
+                             int64_t n) override {
     return Timed(&ops_, "OptimizerStep", [&] { return inner_->OptimizerStep(a, p, g, s1, s2, n); });
   }
 

@@ -45,7 +45,7 @@ if [ "$what" = all ] || [ "$what" = server ]; then
       local server="127.0.0.1:$(cat "$port_file")"
       # The workers join (CUDA + NCCL setup) after moed listens: wait until it serves.
       for _ in $(seq 1 90); do
-        timeout 20 moectl list-layers --server="$server" 2>&1 | grep -q "waiting for" || break
+        timeout 20 moectl list-layers --server="$server" 2>&1 | grep -q "not serving" || break
         sleep 1
       done
       timeout 60 moectl smoke --server="$server" --hidden=64 --ffn=128 --experts=8 --top_k=2 &&
@@ -77,6 +77,15 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
     gpu_bench --size=2 --rank=0 --store_dir=/tmp/moed_ep2_store \
       --configs=${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3} --json=$out/bench_ep2_r0.jsonl; \
     rc=\$?; wait; exit \$rc"
+  if [ -n "${EP2_STAGING_DIAG:-}" ]; then
+    # Diagnosis: EP=2 with the opt-in pinned staging and glibc's heap checks.
+    rm -rf /tmp/moed_ep2_diag
+    step ep2_staging_diag 90 bash -c "export MOED_CUDA_HOST_STAGING=1 MALLOC_CHECK_=3; \
+      gpu_bench --size=2 --rank=1 --store_dir=/tmp/moed_ep2_diag --configs=te_seed,qwen3 \
+        --iters=5 >/dev/null & \
+      gpu_bench --size=2 --rank=0 --store_dir=/tmp/moed_ep2_diag --configs=te_seed,qwen3 \
+        --iters=5 >/dev/null; rc=\$?; wait \$!; rc1=\$?; echo diag rc0=\$rc rc1=\$rc1; exit \$((rc|rc1))"
+  fi
   python3 - "$out" <<'PY'
 import json, sys, os
 out = sys.argv[1]

@@ -34,20 +34,20 @@ absl::Status NcclStatus(ncclResult_t r, ncclComm_t comm, const char* expr, const
 
 absl::Status CudaCommStatus(cudaError_t e, const char* expr, const char* file, int line) {
   return absl::InternalError(absl::StrCat("CUDA error ", cudaGetErrorName(e), " (",
-                                          cudaGetErrorString(e), ") in ", expr, " at ", file,
-                                          ":", line));
+                                          cudaGetErrorString(e), ") in ", expr, " at ", file, ":",
+                                          line));
 }
 
-#define NCCL_RETURN_IF_ERROR(comm, expr)                                                \
-  do {                                                                                  \
-    const ncclResult_t _moed_nccl = (expr);                                             \
-    if (_moed_nccl != ncclSuccess && _moed_nccl != ncclInProgress)                      \
-      return NcclStatus(_moed_nccl, comm, #expr, __FILE__, __LINE__);                   \
+#define NCCL_RETURN_IF_ERROR(comm, expr)                              \
+  do {                                                                \
+    const ncclResult_t _moed_nccl = (expr);                           \
+    if (_moed_nccl != ncclSuccess && _moed_nccl != ncclInProgress)    \
+      return NcclStatus(_moed_nccl, comm, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define CUDA_COMM_RETURN_IF_ERROR(expr)                                                 \
-  do {                                                                                  \
-    const cudaError_t _moed_cuda = (expr);                                              \
+#define CUDA_COMM_RETURN_IF_ERROR(expr)                                                          \
+  do {                                                                                           \
+    const cudaError_t _moed_cuda = (expr);                                                       \
     if (_moed_cuda != cudaSuccess) return CudaCommStatus(_moed_cuda, #expr, __FILE__, __LINE__); \
   } while (0)
 
@@ -145,8 +145,8 @@ class NcclCommunicator : public Communicator {
     if (send == nullptr || recv == nullptr) {
       return absl::InvalidArgumentError("AllGather: null buffer");
     }
-    NCCL_RETURN_IF_ERROR(
-        comm_, ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_));
+    NCCL_RETURN_IF_ERROR(comm_,
+                         ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_));
     return End("AllGather");
   }
 
@@ -154,13 +154,13 @@ class NcclCommunicator : public Communicator {
                          absl::Span<const size_t> recv_bytes) override {
     if (send_bytes.size() != static_cast<size_t>(size_) ||
         recv_bytes.size() != static_cast<size_t>(size_)) {
-      return absl::InvalidArgumentError(absl::StrCat("AllToAllV: need ", size_,
-                                                     " send and receive sizes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("AllToAllV: need ", size_, " send and receive sizes"));
     }
     if (send_bytes[rank_] != recv_bytes[rank_]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "AllToAllV: rank ", rank_, " sends itself ", send_bytes[rank_], " bytes but expects ",
-          recv_bytes[rank_]));
+      return absl::InvalidArgumentError(absl::StrCat("AllToAllV: rank ", rank_, " sends itself ",
+                                                     send_bytes[rank_], " bytes but expects ",
+                                                     recv_bytes[rank_]));
     }
     size_t total_send = 0, total_recv = 0;
     for (int r = 0; r < size_; ++r) {
@@ -207,9 +207,8 @@ class NcclCommunicator : public Communicator {
     if (barrier_buffer_ == nullptr) {
       CUDA_COMM_RETURN_IF_ERROR(cudaMalloc(&barrier_buffer_, sizeof(int32_t)));
     }
-    NCCL_RETURN_IF_ERROR(
-        comm_, ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclInt32, ncclSum, comm_,
-                             stream_));
+    NCCL_RETURN_IF_ERROR(comm_, ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclInt32,
+                                              ncclSum, comm_, stream_));
     RETURN_IF_ERROR(End("Barrier"));
     // Wait for the stream (and so the all-reduce) with the timeout, never indefinitely.
     cudaEvent_t done;
@@ -217,8 +216,7 @@ class NcclCommunicator : public Communicator {
     CUDA_COMM_RETURN_IF_ERROR(cudaEventRecord(done, stream_));
     const absl::Time deadline = absl::Now() + options_.timeout;
     cudaError_t q;
-    while ((q = cudaEventQuery(done)) == cudaErrorNotReady && !broken_ &&
-           absl::Now() < deadline) {
+    while ((q = cudaEventQuery(done)) == cudaErrorNotReady && !broken_ && absl::Now() < deadline) {
       absl::SleepFor(absl::Microseconds(50));
     }
     cudaEventDestroy(done);
@@ -270,9 +268,9 @@ class NcclCommunicator : public Communicator {
       if (r != ncclSuccess) return NcclStatus(r, comm_, op, __FILE__, __LINE__);
       if (state != ncclInProgress) break;
       if (absl::Now() > deadline) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "NCCL ", op, " on rank ", rank_, " not ready after ",
-            absl::FormatDuration(options_.timeout), " (a peer missing?)"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("NCCL ", op, " on rank ", rank_, " not ready after ",
+                         absl::FormatDuration(options_.timeout), " (a peer missing?)"));
       }
       absl::SleepFor(absl::Microseconds(20));
     }
@@ -328,8 +326,8 @@ class NcclCommunicator : public Communicator {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
-    std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size,
-    int device, void* stream, const CommOptions& options) {
+    std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size, int device,
+    void* stream, const CommOptions& options) {
   if (store == nullptr) return absl::InvalidArgumentError("MakeNcclCommunicator: null store");
   if (size <= 0 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(
@@ -349,8 +347,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
     ASSIGN_OR_RETURN(std::string hex, store->Get(key, options.timeout));
     const std::string bytes = absl::HexStringToBytes(hex);
     if (bytes.size() != sizeof(id.internal)) {
-      return absl::DataLossError(absl::StrCat("NCCL unique id under ", key, " has ",
-                                              bytes.size(), " bytes"));
+      return absl::DataLossError(
+          absl::StrCat("NCCL unique id under ", key, " has ", bytes.size(), " bytes"));
     }
     std::memcpy(id.internal, bytes.data(), sizeof(id.internal));
   }

@@ -37,8 +37,8 @@ namespace moe {
 
 // `stream` is a cudaStream_t on `device`; it must outlive the communicator.
 absl::StatusOr<std::unique_ptr<Communicator>> MakeNcclCommunicator(
-    std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size,
-    int device, void* stream, const CommOptions& options);
+    std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size, int device,
+    void* stream, const CommOptions& options);
 
 }  // namespace moe
 

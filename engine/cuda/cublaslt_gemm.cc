@@ -48,11 +48,11 @@ absl::Status InitLayouts(const GemmArgs& g, int64_t m, int64_t n, int64_t k, int
                          int64_t ldb, int64_t ldc, Layouts* out) {
   // cuBLASLt A = op(B)^T, [n, k]: stored [n, k] (no transpose) or [k, n] (transposed).
   const cudaDataType_t ab = CudaType(g.ab_type);
-  CUBLASLT_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&out->a, ab, g.trans_b ? k : n,
-                                                    g.trans_b ? n : k, ldb));
+  CUBLASLT_RETURN_IF_ERROR(
+      cublasLtMatrixLayoutInit(&out->a, ab, g.trans_b ? k : n, g.trans_b ? n : k, ldb));
   // cuBLASLt B = op(A)^T, [k, m]: stored [k, m] (no transpose) or [m, k] (transposed).
-  CUBLASLT_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&out->b, ab, g.trans_a ? m : k,
-                                                    g.trans_a ? k : m, lda));
+  CUBLASLT_RETURN_IF_ERROR(
+      cublasLtMatrixLayoutInit(&out->b, ab, g.trans_a ? m : k, g.trans_a ? k : m, lda));
   CUBLASLT_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&out->c, CudaType(g.c_type), n, m, ldc));
   return absl::OkStatus();
 }
@@ -76,19 +76,20 @@ size_t CublasLtGemm::cached_plans() const {
   return plans_.size();
 }
 
-absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(
-    const GemmArgs& g, int64_t m, int64_t n, int64_t k, int alignment_bits,
-    size_t workspace_bytes) {
+absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(const GemmArgs& g,
+                                                                           int64_t m, int64_t n,
+                                                                           int64_t k,
+                                                                           int alignment_bits,
+                                                                           size_t workspace_bytes) {
   auto plan = std::make_shared<Plan>();
-  CUBLASLT_RETURN_IF_ERROR(
-      cublasLtMatmulDescInit(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescInit(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt's transa applies to our B, transb to our A.
   const cublasOperation_t op_a = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      &plan->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
-  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
-      &plan->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(&plan->desc, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                          &op_a, sizeof(op_a)));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(&plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                          &op_b, sizeof(op_b)));
   // Leading dimensions for the query: packed at the queried size (alignment is in the key).
   const int64_t lda = g.trans_a ? m : k, ldb = g.trans_b ? k : n, ldc = n;
   Layouts layouts;
@@ -116,9 +117,8 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(
       &layouts.c, &pref, 1, &result, &found));
   if (found == 0) {
     return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for GEMM m=", m,
-                                                 " n=", n, " k=", k, " ab=",
-                                                 DTypeName(g.ab_type), " c=",
-                                                 DTypeName(g.c_type)));
+                                                 " n=", n, " k=", k, " ab=", DTypeName(g.ab_type),
+                                                 " c=", DTypeName(g.c_type)));
   }
   plan->algo = result.algo;
   return plan;
@@ -131,8 +131,9 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
                              (AlignmentBytes(g.b, g.ldb, ab_size) << 8) |
                              (AlignmentBytes(g.c, g.ldc, c_size) << 16);
   const int64_t bm = Bucket(g.m), bn = Bucket(g.n), bk = Bucket(g.k);
-  const Key key{g.trans_a, g.trans_b, static_cast<int>(g.ab_type), static_cast<int>(g.c_type),
-                bm, bn, bk, alignment_bits};
+  const Key key{
+      g.trans_a, g.trans_b,     static_cast<int>(g.ab_type), static_cast<int>(g.c_type), bm, bn,
+      bk,        alignment_bits};
   std::shared_ptr<Plan> plan;
   {
     absl::MutexLock lock(&mu_);
@@ -147,18 +148,17 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
   Layouts layouts;
   RETURN_IF_ERROR(InitLayouts(g, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, &layouts));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  cublasStatus_t st = cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), &plan->desc,
-                                     &g.alpha, g.b, &layouts.a, g.a, &layouts.b, &g.beta, g.c,
-                                     &layouts.c, g.c, &layouts.c, &plan->algo, workspace,
-                                     workspace_bytes, s);
+  cublasStatus_t st = cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), &plan->desc, &g.alpha,
+                                     g.b, &layouts.a, g.a, &layouts.b, &g.beta, g.c, &layouts.c,
+                                     g.c, &layouts.c, &plan->algo, workspace, workspace_bytes, s);
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   // The bucket's plan does not fit this exact shape: query it exactly (not cached).
   ASSIGN_OR_RETURN(std::shared_ptr<Plan> exact,
                    FindPlan(g, g.m, g.n, g.k, alignment_bits, workspace_bytes));
   CUBLASLT_RETURN_IF_ERROR(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), &exact->desc,
-                                          &g.alpha, g.b, &layouts.a, g.a, &layouts.b, &g.beta,
-                                          g.c, &layouts.c, g.c, &layouts.c, &exact->algo,
-                                          workspace, workspace_bytes, s));
+                                          &g.alpha, g.b, &layouts.a, g.a, &layouts.b, &g.beta, g.c,
+                                          &layouts.c, g.c, &layouts.c, &exact->algo, workspace,
+                                          workspace_bytes, s));
   return absl::OkStatus();
 }
 

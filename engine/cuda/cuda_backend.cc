@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_backend_impl.h"
@@ -42,6 +44,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
 
 absl::Status CudaBackend::Init() {
   RETURN_IF_ERROR(Activate());
+  // Pinned, pipelined staging of large pageable host copies is opt-in: it made the layer's
+  // output copies ~3x faster on the H200 machine, but one EP=2 benchmark process died of heap
+  // corruption with it enabled (2026-11-29, cause not found; see docs/PERFORMANCE.md).
+  const char* staging = std::getenv("MOED_CUDA_HOST_STAGING");
+  use_staging_ = staging != nullptr && std::string(staging) == "1";
   // Keep freed pool memory for reuse: steps allocate and free the same sizes every time.
   cudaMemPool_t pool;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device_));
@@ -149,7 +156,7 @@ absl::Status CudaBackend::CopyFromHost(void* dst, const void* host_src, size_t b
     return absl::InvalidArgumentError("CopyFromHost: null pointer");
   }
   RETURN_IF_ERROR(Activate());
-  if (bytes >= HostStaging::kMinBytes && !HostStaging::IsPinned(host_src)) {
+  if (use_staging_ && bytes >= HostStaging::kMinBytes && !HostStaging::IsPinned(host_src)) {
     return staging_.ToDevice(dst, host_src, bytes, stream_);
   }
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice,
@@ -163,7 +170,7 @@ absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t byt
     if (host_dst == nullptr || src == nullptr) {
       return absl::InvalidArgumentError("CopyToHost: null pointer");
     }
-    if (bytes >= HostStaging::kMinBytes && !HostStaging::IsPinned(host_dst)) {
+    if (use_staging_ && bytes >= HostStaging::kMinBytes && !HostStaging::IsPinned(host_dst)) {
       return staging_.ToHost(host_dst, src, bytes, stream_);  // waits for the stream's work
     }
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost,
@@ -217,8 +224,7 @@ absl::Status CudaBackend::RunGemm(const GemmArgs& g, void* stream, void* workspa
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
   if (g.k == 0) {  // C = beta * C
     if (g.beta == 1.0f) return absl::OkStatus();
-    CUDA_RETURN_IF_ERROR(
-        LaunchScale(g.c, ToKType(g.c_type), g.beta, g.m, g.n, g.ldc, stream));
+    CUDA_RETURN_IF_ERROR(LaunchScale(g.c, ToKType(g.c_type), g.beta, g.m, g.n, g.ldc, stream));
     return absl::OkStatus();
   }
   return gemm_->Run(g, stream, workspace, kWorkspaceBytes);
@@ -252,8 +258,7 @@ absl::Status CudaBackend::GroupedGemm(absl::Span<const GemmArgs> gemms) {
   CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, main));
   const int used = std::min(kSideStreams, nonempty);
   for (int i = 0; i < used; ++i) {
-    CUDA_RETURN_IF_ERROR(
-        cudaStreamWaitEvent(static_cast<cudaStream_t>(side_streams_[i]), fork, 0));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(side_streams_[i]), fork, 0));
   }
   int next = 0;
   absl::Status status;

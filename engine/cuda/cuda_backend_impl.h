@@ -85,12 +85,13 @@ class CudaBackend : public Backend {
   void Release(void* p);
 
   int device_;
-  void* stream_ = nullptr;                      // cudaStream_t
-  void* side_streams_[kSideStreams] = {};       // cudaStream_t
-  void* side_events_[kSideStreams + 1] = {};    // cudaEvent_t; [kSideStreams] is the fork
-  void* workspace_[kSideStreams + 1] = {};      // cuBLASLt workspaces; [0] main stream
+  void* stream_ = nullptr;                    // cudaStream_t
+  void* side_streams_[kSideStreams] = {};     // cudaStream_t
+  void* side_events_[kSideStreams + 1] = {};  // cudaEvent_t; [kSideStreams] is the fork
+  void* workspace_[kSideStreams + 1] = {};    // cuBLASLt workspaces; [0] main stream
   std::unique_ptr<CublasLtGemm> gemm_;
-  HostStaging staging_;  // large copies to/from pageable host memory
+  HostStaging staging_;       // large copies to/from pageable host memory
+  bool use_staging_ = false;  // MOED_CUDA_HOST_STAGING=1 (read once in Init)
 
   mutable absl::Mutex mu_;
   std::unordered_map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);

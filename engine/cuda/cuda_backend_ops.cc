@@ -50,8 +50,7 @@ absl::Status CudaBackend::RouterForward(const RouterForwardArgs& a) {
     return Invalid("RouterForward", "expert_counts or loss_partials is null");
   }
   if (a.tokens > 0 && (a.logits == nullptr || a.topk_expert == nullptr ||
-                       a.topk_weight == nullptr || a.scores == nullptr ||
-                       a.logsumexp == nullptr)) {
+                       a.topk_weight == nullptr || a.scores == nullptr || a.logsumexp == nullptr)) {
     return Invalid("RouterForward", "null tensor");
   }
   if (a.expert_bias != nullptr && !p.sigmoid) {
@@ -59,9 +58,9 @@ absl::Status CudaBackend::RouterForward(const RouterForwardArgs& a) {
   }
   RETURN_IF_ERROR(Activate());
   ASSIGN_OR_RETURN(void* scratch, ScratchAlloc(RouterScratchBytes(a.tokens, p.num_experts)));
-  CUDA_RETURN_IF_ERROR(LaunchRouterForward(p, a.logits, a.expert_bias, a.topk_expert,
-                                           a.topk_weight, a.scores, a.logsumexp,
-                                           a.expert_counts, a.loss_partials, scratch, stream_));
+  CUDA_RETURN_IF_ERROR(LaunchRouterForward(p, a.logits, a.expert_bias, a.topk_expert, a.topk_weight,
+                                           a.scores, a.logsumexp, a.expert_counts, a.loss_partials,
+                                           scratch, stream_));
   return ScratchFree(scratch);
 }
 
@@ -73,10 +72,9 @@ absl::Status CudaBackend::RouterBackward(const RouterBackwardArgs& a) {
     return Invalid("RouterBackward", "null tensor");
   }
   RETURN_IF_ERROR(Activate());
-  CUDA_RETURN_IF_ERROR(LaunchRouterBackward(p, a.logits, a.scores, a.logsumexp, a.topk_expert,
-                                            a.d_topk_weight, a.aux_grad,
-                                            static_cast<float>(a.z_loss_grad_scale),
-                                            a.d_logits, stream_));
+  CUDA_RETURN_IF_ERROR(LaunchRouterBackward(
+      p, a.logits, a.scores, a.logsumexp, a.topk_expert, a.d_topk_weight, a.aux_grad,
+      static_cast<float>(a.z_loss_grad_scale), a.d_logits, stream_));
   return absl::OkStatus();
 }
 
@@ -98,10 +96,9 @@ absl::Status CudaBackend::RoutePlan(const RoutePlanArgs& a) {
     scratch_bytes = RoutePlanScratchBytes(pairs, static_cast<int>(a.num_experts));
     ASSIGN_OR_RETURN(scratch, ScratchAlloc(scratch_bytes));
   }
-  CUDA_RETURN_IF_ERROR(LaunchRoutePlan(a.tokens, static_cast<int>(a.top_k),
-                                       static_cast<int>(a.num_experts), a.capacity,
-                                       a.topk_expert, a.topk_weight, a.kept, a.kept_counts,
-                                       scratch, scratch_bytes, stream_));
+  CUDA_RETURN_IF_ERROR(LaunchRoutePlan(
+      a.tokens, static_cast<int>(a.top_k), static_cast<int>(a.num_experts), a.capacity,
+      a.topk_expert, a.topk_weight, a.kept, a.kept_counts, scratch, scratch_bytes, stream_));
   return ScratchFree(scratch);
 }
 
@@ -121,10 +118,9 @@ absl::Status CudaBackend::Permute(const PermuteArgs& a) {
   RETURN_IF_ERROR(Activate());
   ASSIGN_OR_RETURN(void* scratch,
                    ScratchAlloc(PermuteScratchBytes(pairs, static_cast<int>(a.num_experts))));
-  CUDA_RETURN_IF_ERROR(LaunchPermute(a.tokens, static_cast<int>(a.top_k),
-                                     static_cast<int>(a.num_experts), a.total_rows,
-                                     a.topk_expert, a.kept, a.expert_offsets, a.pair_row,
-                                     a.row_token, scratch, stream_));
+  CUDA_RETURN_IF_ERROR(LaunchPermute(
+      a.tokens, static_cast<int>(a.top_k), static_cast<int>(a.num_experts), a.total_rows,
+      a.topk_expert, a.kept, a.expert_offsets, a.pair_row, a.row_token, scratch, stream_));
   return ScratchFree(scratch);
 }
 
@@ -136,8 +132,7 @@ absl::Status CudaBackend::GatherRows(const void* src, const int32_t* index, int6
     return Invalid("GatherRows", "null pointer");
   }
   RETURN_IF_ERROR(Activate());
-  CUDA_RETURN_IF_ERROR(
-      LaunchGatherRows(src, index, rows, width * DTypeSize(dtype), dst, stream_));
+  CUDA_RETURN_IF_ERROR(LaunchGatherRows(src, index, rows, width * DTypeSize(dtype), dst, stream_));
   return absl::OkStatus();
 }
 
@@ -180,8 +175,8 @@ absl::Status CudaBackend::CombineRows(const void* y, DType y_type, const int32_t
   }
   RETURN_IF_ERROR(Activate());
   CUDA_RETURN_IF_ERROR(LaunchCombineRows(y, ToKType(y_type), pair_row, weight, tokens,
-                                         static_cast<int>(top_k), width, out,
-                                         ToKType(out_type), stream_));
+                                         static_cast<int>(top_k), width, out, ToKType(out_type),
+                                         stream_));
   return absl::OkStatus();
 }
 
@@ -196,7 +191,8 @@ absl::Status CudaBackend::CombineBackward(const void* d_out, DType d_out_type, c
   if (!Floating(y_type) || !Floating(d_out_type)) return Invalid("CombineBackward", "dtype");
   // y may be null when there are no rows (every pair dropped).
   if ((total_rows > 0 && width > 0 && (d_y == nullptr || y == nullptr)) ||
-      (tokens > 0 && top_k > 0 && (d_out == nullptr || pair_row == nullptr || d_weight == nullptr))) {
+      (tokens > 0 && top_k > 0 &&
+       (d_out == nullptr || pair_row == nullptr || d_weight == nullptr))) {
     return Invalid("CombineBackward", "null pointer");
   }
   RETURN_IF_ERROR(Activate());
@@ -216,11 +212,11 @@ absl::Status CudaBackend::ActivationForward(const ActivationArgs& a) {
   if (a.rows == 0 || a.ffn == 0) return absl::OkStatus();
   if (a.h == nullptr || a.a == nullptr) return Invalid("ActivationForward", "null pointer");
   const int64_t up = a.gated ? 2 * a.ffn : a.ffn;
-  if (a.up_bias != nullptr) RETURN_IF_ERROR(AddGroupBias(a.h, a.dtype, a.up_bias, up, a.group_rows));
+  if (a.up_bias != nullptr)
+    RETURN_IF_ERROR(AddGroupBias(a.h, a.dtype, a.up_bias, up, a.group_rows));
   RETURN_IF_ERROR(Activate());
-  CUDA_RETURN_IF_ERROR(LaunchActivationForward(static_cast<ActKind>(a.activation), a.gated,
-                                               a.rows, a.ffn, ToKType(a.dtype), a.h, a.a,
-                                               stream_));
+  CUDA_RETURN_IF_ERROR(LaunchActivationForward(static_cast<ActKind>(a.activation), a.gated, a.rows,
+                                               a.ffn, ToKType(a.dtype), a.h, a.a, stream_));
   return absl::OkStatus();
 }
 
@@ -232,9 +228,9 @@ absl::Status CudaBackend::ActivationBackward(const ActivationArgs& a) {
     return Invalid("ActivationBackward", "null pointer");
   }
   RETURN_IF_ERROR(Activate());
-  CUDA_RETURN_IF_ERROR(LaunchActivationBackward(static_cast<ActKind>(a.activation), a.gated,
-                                                a.rows, a.ffn, ToKType(a.dtype), a.h, a.d_a,
-                                                a.d_h, stream_));
+  CUDA_RETURN_IF_ERROR(LaunchActivationBackward(static_cast<ActKind>(a.activation), a.gated, a.rows,
+                                                a.ffn, ToKType(a.dtype), a.h, a.d_a, a.d_h,
+                                                stream_));
   return absl::OkStatus();
 }
 
@@ -249,8 +245,8 @@ absl::Status CudaBackend::AddGroupBias(void* y, DType dtype, const float* bias, 
   if (y == nullptr || bias == nullptr) return Invalid("AddGroupBias", "null pointer");
   RETURN_IF_ERROR(Activate());
   for (const GroupTable& t : MakeGroupTables(group_rows)) {
-    CUDA_RETURN_IF_ERROR(LaunchAddGroupBias(y, ToKType(dtype), bias + t.first_group * width,
-                                            width, t, stream_));
+    CUDA_RETURN_IF_ERROR(
+        LaunchAddGroupBias(y, ToKType(dtype), bias + t.first_group * width, width, t, stream_));
   }
   return absl::OkStatus();
 }
@@ -296,8 +292,8 @@ absl::Status CudaBackend::OptimizerStep(const OptimizerArgs& a, float* param, co
     return Invalid("OptimizerStep", "SGD momentum needs a state buffer");
   }
   RETURN_IF_ERROR(Activate());
-  CUDA_RETURN_IF_ERROR(LaunchOptimizerStep(p, param, grad, state1, a.adamw ? state2 : nullptr,
-                                           count, stream_));
+  CUDA_RETURN_IF_ERROR(
+      LaunchOptimizerStep(p, param, grad, state1, a.adamw ? state2 : nullptr, count, stream_));
   return absl::OkStatus();
 }
 

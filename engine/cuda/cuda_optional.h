@@ -26,8 +26,8 @@ int VisibleCudaDevices();
 absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int device);
 // See MakeNcclCommunicator: `stream` is the backend's (Backend::stream()).
 absl::StatusOr<std::unique_ptr<Communicator>> MakeOptionalNcclCommunicator(
-    std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size,
-    int device, void* stream, const CommOptions& options);
+    std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size, int device,
+    void* stream, const CommOptions& options);
 
 }  // namespace moe
 

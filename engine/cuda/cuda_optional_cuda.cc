@@ -14,8 +14,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int device) {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeOptionalNcclCommunicator(
-    std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size,
-    int device, void* stream, const CommOptions& options) {
+    std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size, int device,
+    void* stream, const CommOptions& options) {
   return MakeNcclCommunicator(std::move(store), prefix, rank, size, device, stream, options);
 }
 

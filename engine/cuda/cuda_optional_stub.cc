@@ -12,8 +12,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int) {
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeOptionalNcclCommunicator(
-    std::shared_ptr<KeyValueStore>, const std::string&, int, int, int, void*,
-    const CommOptions&) {
+    std::shared_ptr<KeyValueStore>, const std::string&, int, int, int, void*, const CommOptions&) {
   return absl::UnimplementedError("this binary was built without CUDA (no NCCL)");
 }
 

@@ -10,9 +10,9 @@ namespace cuda {
 
 absl::Status CudaStatus(int err, const char* expr, const char* file, int line) {
   const cudaError_t e = static_cast<cudaError_t>(err);
-  const std::string message = absl::StrCat("CUDA error ", cudaGetErrorName(e), " (",
-                                           cudaGetErrorString(e), ") in ", expr, " at ", file,
-                                           ":", line);
+  const std::string message =
+      absl::StrCat("CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ") in ", expr,
+                   " at ", file, ":", line);
   switch (e) {
     case cudaErrorMemoryAllocation:
       return absl::ResourceExhaustedError(message);
@@ -30,9 +30,9 @@ absl::Status CudaStatus(int err, const char* expr, const char* file, int line) {
 
 absl::Status CublasStatus(int status, const char* expr, const char* file, int line) {
   const cublasStatus_t s = static_cast<cublasStatus_t>(status);
-  const std::string message = absl::StrCat("cuBLASLt error ", cublasLtGetStatusName(s), " (",
-                                           cublasLtGetStatusString(s), ") in ", expr, " at ",
-                                           file, ":", line);
+  const std::string message =
+      absl::StrCat("cuBLASLt error ", cublasLtGetStatusName(s), " (", cublasLtGetStatusString(s),
+                   ") in ", expr, " at ", file, ":", line);
   switch (s) {
     case CUBLAS_STATUS_ALLOC_FAILED:
       return absl::ResourceExhaustedError(message);

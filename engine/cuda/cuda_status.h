@@ -20,18 +20,18 @@ absl::Status CublasStatus(int status, const char* expr, const char* file, int li
 }  // namespace cuda
 }  // namespace moe
 
-#define CUDA_RETURN_IF_ERROR(expr)                                                      \
-  do {                                                                                  \
-    const int _moed_cuda_err = static_cast<int>(expr);                                  \
-    if (_moed_cuda_err != 0)                                                            \
-      return ::moe::cuda::CudaStatus(_moed_cuda_err, #expr, __FILE__, __LINE__);        \
+#define CUDA_RETURN_IF_ERROR(expr)                                               \
+  do {                                                                           \
+    const int _moed_cuda_err = static_cast<int>(expr);                           \
+    if (_moed_cuda_err != 0)                                                     \
+      return ::moe::cuda::CudaStatus(_moed_cuda_err, #expr, __FILE__, __LINE__); \
   } while (0)
 
-#define CUBLASLT_RETURN_IF_ERROR(expr)                                                  \
-  do {                                                                                  \
-    const int _moed_cublas_err = static_cast<int>(expr);                                \
-    if (_moed_cublas_err != 0)                                                          \
-      return ::moe::cuda::CublasStatus(_moed_cublas_err, #expr, __FILE__, __LINE__);    \
+#define CUBLASLT_RETURN_IF_ERROR(expr)                                               \
+  do {                                                                               \
+    const int _moed_cublas_err = static_cast<int>(expr);                             \
+    if (_moed_cublas_err != 0)                                                       \
+      return ::moe::cuda::CublasStatus(_moed_cublas_err, #expr, __FILE__, __LINE__); \
   } while (0)
 
 #endif  // MOED_ENGINE_CUDA_CUDA_STATUS_H_

@@ -94,8 +94,8 @@ absl::Status HostStaging::ToHost(void* host_dst, const void* device_src, size_t 
     const size_t off = i * kChunkBytes, len = std::min(kChunkBytes, bytes - off);
     // A slot still being uploaded by ToDevice must finish first (host-side wait).
     CUDA_RETURN_IF_ERROR(cudaEventSynchronize(static_cast<cudaEvent_t>(event_[k])));
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot_[k], static_cast<const char*>(device_src) + off,
-                                         len, cudaMemcpyDeviceToHost, s));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(slot_[k], static_cast<const char*>(device_src) + off, len,
+                                         cudaMemcpyDeviceToHost, s));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(static_cast<cudaEvent_t>(event_[k]), s));
     return absl::OkStatus();
   };

@@ -21,7 +21,7 @@ namespace cuda {
 
 class HostStaging {
  public:
-  static constexpr size_t kMinBytes = size_t{4} << 20;   // smaller copies go direct
+  static constexpr size_t kMinBytes = size_t{4} << 20;  // smaller copies go direct
   static constexpr size_t kChunkBytes = size_t{32} << 20;
   static constexpr int kSlots = 2;
 

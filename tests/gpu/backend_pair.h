@@ -3,8 +3,8 @@
 //
 //   BackendPair bp;  // skips the test when no GPU is visible
 //   auto x = bp.Upload(host_values);            // the same values on both backends
-//   ASSERT_OK(bp.cpu()->Convert(x.cpu.data(), ...)); ASSERT_OK(bp.gpu()->Convert(x.gpu.data(), ...));
-//   EXPECT_LE(MaxRelError(bp.Download<float>(out, n)), 1e-6);
+//   ASSERT_OK(bp.cpu()->Convert(x.cpu.data(), ...)); ASSERT_OK(bp.gpu()->Convert(x.gpu.data(),
+//   ...)); EXPECT_LE(MaxRelError(bp.Download<float>(out, n)), 1e-6);
 #ifndef MOED_TESTS_GPU_BACKEND_PAIR_H_
 #define MOED_TESTS_GPU_BACKEND_PAIR_H_
 

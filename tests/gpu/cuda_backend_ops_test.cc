@@ -13,10 +13,10 @@ namespace gpu_test {
 namespace {
 
 // Skips without a GPU, unless MOED_REQUIRE_GPU is set (the GPU machine's runs set it).
-#define REQUIRE_GPU(bp)                                                  \
-  if (!(bp).ok()) {                                                      \
+#define REQUIRE_GPU(bp)                                                     \
+  if (!(bp).ok()) {                                                         \
     if (std::getenv("MOED_REQUIRE_GPU") != nullptr) FAIL() << (bp).error(); \
-    GTEST_SKIP() << "no GPU: " << (bp).error();                          \
+    GTEST_SKIP() << "no GPU: " << (bp).error();                             \
   }
 
 // Runs `fn(backend, on_gpu)` on both backends and checks both statuses.
@@ -74,8 +74,8 @@ TEST(CudaOps, GemmMatchesCpu) {
     Results<float> r = gc.c == DType::kBFloat16 ? bp.DownloadBf16(C, gc.m * ldc)
                                                 : bp.Download<float>(C, gc.m * ldc);
     const double tol = gc.c == DType::kBFloat16 ? 1e-2 : (bf ? 1e-4 : 1e-5);
-    EXPECT_LE(MaxRelError(r), tol) << "m=" << gc.m << " n=" << gc.n << " k=" << gc.k
-                                   << " ta=" << gc.ta << " tb=" << gc.tb;
+    EXPECT_LE(MaxRelError(r), tol)
+        << "m=" << gc.m << " n=" << gc.n << " k=" << gc.k << " ta=" << gc.ta << " tb=" << gc.tb;
   }
 }
 
@@ -303,11 +303,11 @@ TEST(CudaOps, PlanPermuteGatherCombine) {
       Mirrored DOut = dt == DType::kBFloat16 ? bp.Upload(FloatsToBf16(df)) : bp.Upload(df);
       Mirrored DY = bp.Output(rows * W * es), DWt = bp.Output(T * K * 4);
       Both(bp, [&](Backend* be, bool g) {
-        return be->CombineBackward(P(DOut, g), dt, P(G, g), dt, P<int32_t>(PR, g),
-                                   P<float>(Wt, g), T, K, W, rows, P(DY, g), P<float>(DWt, g));
+        return be->CombineBackward(P(DOut, g), dt, P(G, g), dt, P<int32_t>(PR, g), P<float>(Wt, g),
+                                   T, K, W, rows, P(DY, g), P<float>(DWt, g));
       });
-      Results<float> dy = dt == DType::kBFloat16 ? bp.DownloadBf16(DY, rows * W)
-                                                 : bp.Download<float>(DY, rows * W);
+      Results<float> dy =
+          dt == DType::kBFloat16 ? bp.DownloadBf16(DY, rows * W) : bp.Download<float>(DY, rows * W);
       EXPECT_LE(MaxRelError(dy), dt == DType::kBFloat16 ? 8e-3 : 1e-6);
       EXPECT_LE(MaxRelError(bp.Download<float>(DWt, T * K)), 1e-5);
     }
@@ -320,8 +320,8 @@ TEST(CudaOps, ActivationsAndBiases) {
   const std::vector<int64_t> groups = {5, 0, 17, 9, 33};
   const int64_t rows = 64;  // all groups' rows
   for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
-    for (Activation act : {Activation::kSilu, Activation::kGelu, Activation::kRelu,
-                           Activation::kLinear}) {
+    for (Activation act :
+         {Activation::kSilu, Activation::kGelu, Activation::kRelu, Activation::kLinear}) {
       for (bool gated : {true, false}) {
         for (int64_t F : {int64_t{48}, int64_t{13}}) {
           SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " act=" << ActivationName(act)
@@ -368,32 +368,37 @@ TEST(CudaOps, ActivationsAndBiases) {
 }
 
 TEST(CudaOps, LargeHostCopiesRoundTrip) {
-  BackendPair bp;
-  REQUIRE_GPU(bp);
-  Backend* gpu = bp.gpu();
-  // Sizes around the staging chunk (32 MiB) and the staged-copy threshold (4 MiB).
-  for (size_t bytes : {size_t{5} << 20, (size_t{32} << 20) + 12345, (size_t{100} << 20) + 7}) {
-    SCOPED_TRACE(bytes);
-    std::vector<uint8_t> a(bytes), b(bytes);
-    std::mt19937_64 rng(bytes);
-    for (auto& v : a) v = static_cast<uint8_t>(rng());
-    for (auto& v : b) v = static_cast<uint8_t>(rng());
-    Buffer da = gpu->Allocate(bytes).value(), db = gpu->Allocate(bytes).value();
-    Buffer dc = gpu->Allocate(bytes).value();
-    // Two uploads back to back (staging slots reused), a device copy, two downloads.
-    ASSERT_TRUE(gpu->CopyFromHost(da.data(), a.data(), bytes).ok());
-    ASSERT_TRUE(gpu->CopyFromHost(db.data(), b.data(), bytes).ok());
-    a.assign(bytes, 0);  // the host source may be reused as soon as the call returns
-    ASSERT_TRUE(gpu->Copy(dc.data(), da.data(), bytes).ok());
-    std::vector<uint8_t> out_b(bytes, 1), out_c(bytes, 2);
-    ASSERT_TRUE(gpu->CopyToHost(out_b.data(), db.data(), bytes).ok());
-    ASSERT_TRUE(gpu->CopyToHost(out_c.data(), dc.data(), bytes).ok());
-    EXPECT_TRUE(out_b == b) << "second upload/download differs";
-    std::mt19937_64 again(bytes);
-    std::vector<uint8_t> expect_a(bytes);
-    for (auto& v : expect_a) v = static_cast<uint8_t>(again());
-    EXPECT_TRUE(out_c == expect_a) << "first upload (then device copy) differs";
+  // Both the driver's pageable copies and the backend's opt-in pinned staging.
+  for (const char* staging : {"0", "1"}) {
+    setenv("MOED_CUDA_HOST_STAGING", staging, 1);
+    BackendPair bp;
+    REQUIRE_GPU(bp);
+    Backend* gpu = bp.gpu();
+    // Sizes around the staging chunk (32 MiB) and the staged-copy threshold (4 MiB).
+    for (size_t bytes : {size_t{5} << 20, (size_t{32} << 20) + 12345, (size_t{100} << 20) + 7}) {
+      SCOPED_TRACE(::testing::Message() << bytes << " bytes, staging " << staging);
+      std::vector<uint8_t> a(bytes), b(bytes);
+      std::mt19937_64 rng(bytes);
+      for (auto& v : a) v = static_cast<uint8_t>(rng());
+      for (auto& v : b) v = static_cast<uint8_t>(rng());
+      Buffer da = gpu->Allocate(bytes).value(), db = gpu->Allocate(bytes).value();
+      Buffer dc = gpu->Allocate(bytes).value();
+      // Two uploads back to back (staging slots reused), a device copy, two downloads.
+      ASSERT_TRUE(gpu->CopyFromHost(da.data(), a.data(), bytes).ok());
+      ASSERT_TRUE(gpu->CopyFromHost(db.data(), b.data(), bytes).ok());
+      a.assign(bytes, 0);  // the host source may be reused as soon as the call returns
+      ASSERT_TRUE(gpu->Copy(dc.data(), da.data(), bytes).ok());
+      std::vector<uint8_t> out_b(bytes, 1), out_c(bytes, 2);
+      ASSERT_TRUE(gpu->CopyToHost(out_b.data(), db.data(), bytes).ok());
+      ASSERT_TRUE(gpu->CopyToHost(out_c.data(), dc.data(), bytes).ok());
+      EXPECT_TRUE(out_b == b) << "second upload/download differs";
+      std::mt19937_64 again(bytes);
+      std::vector<uint8_t> expect_a(bytes);
+      for (auto& v : expect_a) v = static_cast<uint8_t>(again());
+      EXPECT_TRUE(out_c == expect_a) << "first upload (then device copy) differs";
+    }
   }
+  unsetenv("MOED_CUDA_HOST_STAGING");
 }
 
 }  // namespace

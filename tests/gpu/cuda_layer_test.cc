@@ -149,8 +149,8 @@ TEST_P(CudaLayer, MatchesCpuAndIsDeterministic) {
   auto gpu_or = MakeCudaBackend(0);
   ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
   std::unique_ptr<Backend> gpu = std::move(gpu_or).value();
-  auto nccl_or = MakeNcclCommunicator(std::make_shared<MemoryKeyValueStore>(), "t/" + lc.name,
-                                      0, 1, 0, gpu->stream(), CommOptions{});
+  auto nccl_or = MakeNcclCommunicator(std::make_shared<MemoryKeyValueStore>(), "t/" + lc.name, 0, 1,
+                                      0, gpu->stream(), CommOptions{});
   ASSERT_TRUE(nccl_or.ok()) << nccl_or.status();
   std::unique_ptr<Communicator> nccl = std::move(nccl_or).value();
 

@@ -28,9 +28,9 @@ namespace {
 struct EpCase {
   std::string name;
   LayerConfig config;
-  int64_t tokens;       // global
-  int64_t rank0_tokens; // rank 0's slice [0, rank0_tokens), rank 1 the rest
-  bool hot = false;     // every token to rank 0's experts
+  int64_t tokens;        // global
+  int64_t rank0_tokens;  // rank 0's slice [0, rank0_tokens), rank 1 the rest
+  bool hot = false;      // every token to rank 0's experts
 };
 
 std::vector<EpCase> Cases() {
@@ -47,8 +47,7 @@ std::vector<EpCase> Cases() {
     v.push_back(c);
   }
   {
-    EpCase c{"sigmoid_grouped_align_zero_rank_fp32", base(64, 64, 32, 4, DType::kFloat32), 200,
-             0};
+    EpCase c{"sigmoid_grouped_align_zero_rank_fp32", base(64, 64, 32, 4, DType::kFloat32), 200, 0};
     LayerConfig& k = c.config;
     k.score_function = ScoreFunction::kSigmoid, k.num_groups = 8, k.group_topk = 4;
     k.use_expert_bias = true, k.align_size = 8, k.use_bias = true, k.aux_loss_coeff = 1e-2;
@@ -76,8 +75,8 @@ std::vector<float> Floats(const Tensor& t) {
   return v;
 }
 
-absl::StatusOr<Step> RunStep(const EpCase& ec, Backend* backend, Communicator* comm,
-                             int64_t begin, int64_t end) {
+absl::StatusOr<Step> RunStep(const EpCase& ec, Backend* backend, Communicator* comm, int64_t begin,
+                             int64_t end) {
   const LayerConfig& c = ec.config;
   ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::Create(c, backend, comm));
   uint64_t seed = 500;
@@ -134,8 +133,8 @@ MOED_WORKER(ep2_gpu, const harness::WorkerContext& ctx) {
   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> ep2,
                    MakeNcclCommunicator(store, "ep2", rank, 2, rank, backend->stream(), options));
   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> ep1,
-                   MakeNcclCommunicator(std::make_shared<MemoryKeyValueStore>(), "ep1", 0, 1,
-                                        rank, backend->stream(), options));
+                   MakeNcclCommunicator(std::make_shared<MemoryKeyValueStore>(), "ep1", 0, 1, rank,
+                                        backend->stream(), options));
   std::string report;
   for (const EpCase& ec : Cases()) {
     const LayerConfig& c = ec.config;
@@ -154,8 +153,8 @@ MOED_WORKER(ep2_gpu, const harness::WorkerContext& ctx) {
     if (part.counts != whole.counts) return absl::InternalError(p + "tokens_per_expert differ");
     if (std::fabs(part.aux - whole.aux) > 1e-5 * std::max(1.0, std::fabs(whole.aux)) ||
         std::fabs(part.z - whole.z) > 1e-5 * std::max(1.0, std::fabs(whole.z))) {
-      return absl::InternalError(absl::StrCat(p, "losses differ: aux ", part.aux, " vs ",
-                                              whole.aux, ", z ", part.z, " vs ", whole.z));
+      return absl::InternalError(absl::StrCat(p, "losses differ: aux ", part.aux, " vs ", whole.aux,
+                                              ", z ", part.z, " vs ", whole.z));
     }
     for (size_t i = 0; i < part.grads.size(); ++i) {
       const std::string& name = part.grads[i].first;
