@@ -410,10 +410,15 @@ grpc::Status WorkerService::Ping(grpc::ServerContext*, const internal::PingReque
   response->set_rank(rank_);
   response->set_generation(generation_);
   response->set_device(device_);
+  // Every layer's backend: parameters, gradients, optimizer state and the kept steps (their
+  // buffers are backend allocations too). Retired instances still hold their memory.
   int64_t memory = 0, peak = 0;
-  for (const auto& kv : layers_) {
-    memory += kv.second->memory_bytes;
-    peak += kv.second->peak_bytes;
+  for (const auto* map : {&layers_, &retired_}) {
+    for (const auto& kv : *map) {
+      if (kv.second == nullptr) continue;
+      memory += kv.second->memory_bytes;
+      peak += kv.second->peak_bytes;
+    }
   }
   response->set_memory_bytes(memory);
   response->set_peak_memory_bytes(peak);

@@ -228,6 +228,76 @@ TEST_F(ClusterTest, StatusHealthAndMetrics) {
   EXPECT_THAT(reply, HasSubstr("moed_worker_alive{rank=\"1\"} 1"));
 }
 
+// Workers report their backend memory (parameters, optimizer state, kept steps) through the
+// heartbeat: > 0 with a layer, more with a kept step, back down when it is released.
+TEST_F(ClusterTest, WorkerMemoryTelemetry) {
+  auto worker_memory = [&] {
+    grpc::ClientContext ctx;
+    v1::GetStatusResponse status;
+    EXPECT_TRUE(stub()->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+    std::vector<std::pair<int64_t, int64_t>> memory;  // (now, peak) per rank
+    for (const auto& w : status.workers()) {
+      memory.emplace_back(w.memory_bytes(), w.peak_memory_bytes());
+    }
+    return memory;
+  };
+  // Waits for the heartbeat to carry numbers that satisfy `done` on every worker.
+  auto wait_for = [&](auto done) {
+    std::vector<std::pair<int64_t, int64_t>> memory = worker_memory();
+    const absl::Time give_up = absl::Now() + absl::Seconds(10);
+    auto all = [&] {
+      if (memory.size() != 2) return false;
+      for (size_t r = 0; r < memory.size(); ++r) {
+        if (!done(r, memory[r])) return false;
+      }
+      return true;
+    };
+    while (!all() && absl::Now() < give_up) {
+      absl::SleepFor(absl::Milliseconds(50));
+      memory = worker_memory();
+    }
+    EXPECT_TRUE(all());
+    return memory;
+  };
+
+  ASSERT_TRUE(Create("memory", TinyConfig(/*seed=*/21)).ok());
+  const auto with_layer = wait_for([](size_t, std::pair<int64_t, int64_t> m) {
+    return m.first > 0 && m.second >= m.first;
+  });
+  ASSERT_EQ(with_layer.size(), 2u);
+
+  // 256 tokens, 128 per worker: x fp32 alone is 16 KiB of kept memory on each.
+  v1::ForwardResponse fwd;
+  ASSERT_TRUE(Forward("memory", FloatsToProto({256, 32}, RandomFloats(256 * 32, 5)),
+                      /*keep=*/true, &fwd)
+                  .ok());
+  ASSERT_NE(fwd.step_id(), 0u);
+  const auto with_step = wait_for([&](size_t r, std::pair<int64_t, int64_t> m) {
+    return m.first > with_layer[r].first;
+  });
+  for (size_t r = 0; r < with_step.size(); ++r) {
+    EXPECT_GE(with_step[r].first, with_layer[r].first + 256 / 2 * 32 * 4) << "rank " << r;
+    EXPECT_GE(with_step[r].second, with_step[r].first) << "rank " << r;
+  }
+
+  {
+    grpc::ClientContext ctx;
+    v1::ReleaseStepRequest request;
+    request.set_layer("memory");
+    request.set_step_id(fwd.step_id());
+    v1::ReleaseStepResponse response;
+    ASSERT_TRUE(stub()->ReleaseStep(&ctx, request, &response).ok());
+  }
+  wait_for([&](size_t r, std::pair<int64_t, int64_t> m) {
+    return m.first < with_step[r].first && m.second >= with_step[r].first;
+  });
+  grpc::ClientContext ctx;
+  v1::DeleteLayerRequest request;
+  request.set_name("memory");
+  v1::DeleteLayerResponse response;
+  EXPECT_TRUE(stub()->DeleteLayer(&ctx, request, &response).ok());
+}
+
 // Random, truncated and bit-flipped payloads: the server answers each with an error or a
 // result and stays up; afterwards a valid step still matches.
 }  // namespace
