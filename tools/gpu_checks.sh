@@ -43,11 +43,13 @@ if [ "$what" = all ] || [ "$what" = server ]; then
     local rc=1
     if [ -s "$port_file" ]; then
       local server="127.0.0.1:$(cat "$port_file")"
-      # The workers join (CUDA + NCCL setup) after moed listens: wait until it serves.
-      for _ in $(seq 1 90); do
-        timeout 20 moectl list-layers --server="$server" 2>&1 | grep -q "not serving" || break
+      # The workers join (CUDA + NCCL setup) after moed listens: retry while it is not serving.
+      for _ in $(seq 1 60); do
+        timeout 60 moectl smoke --server="$server" --tokens=4 >/tmp/moectl_wait.log 2>&1 && break
+        grep -q "not serving" /tmp/moectl_wait.log || break
         sleep 1
       done
+      cat /tmp/moectl_wait.log
       timeout 60 moectl smoke --server="$server" --hidden=64 --ffn=128 --experts=8 --top_k=2 &&
         timeout 60 moectl smoke --server="$server" --hidden=128 --ffn=256 --experts=16 --top_k=4 \
           --score_function=sigmoid --num_groups=4 --group_topk=2 --align_size=8 \
@@ -65,10 +67,10 @@ if [ "$what" = all ] || [ "$what" = server ]; then
   fi
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
-  step bench_1gpu 250 gpu_bench --configs="${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3}" \
+  [ -n "${SKIP_1GPU:-}" ] || step bench_1gpu 250 gpu_bench --configs="${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3}" \
     --json="$out/bench_1gpu.jsonl"
   # Cross-check with the engine benchmark's own timing (API time, te_seed only).
-  [ -x "$(command -v engine_bench)" ] &&
+  [ -z "${SKIP_1GPU:-}" ] && [ -x "$(command -v engine_bench)" ] &&
     step engine_bench_te_seed 60 engine_bench --device=cuda:0 --config=te_seed --iters=5
   rm -rf /tmp/moed_ep2_store
   step bench_ep2 200 bash -c "gpu_bench --size=2 --rank=1 --store_dir=/tmp/moed_ep2_store \

@@ -135,8 +135,10 @@ class NcclCommunicator : public Communicator {
     RETURN_IF_ERROR(Begin("AllReduceSum"));
     if (count == 0) return absl::OkStatus();
     if (data == nullptr) return absl::InvalidArgumentError("AllReduceSum: null buffer");
-    NCCL_RETURN_IF_ERROR(comm_, ncclAllReduce(data, data, count, type, ncclSum, comm_, stream_));
-    return End("AllReduceSum");
+    return Run("AllReduceSum", [&]() -> absl::Status {
+      NCCL_RETURN_IF_ERROR(comm_, ncclAllReduce(data, data, count, type, ncclSum, comm_, stream_));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status AllGather(const void* send, void* recv, size_t bytes_per_rank) override {
@@ -145,9 +147,11 @@ class NcclCommunicator : public Communicator {
     if (send == nullptr || recv == nullptr) {
       return absl::InvalidArgumentError("AllGather: null buffer");
     }
-    NCCL_RETURN_IF_ERROR(comm_,
-                         ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_));
-    return End("AllGather");
+    return Run("AllGather", [&]() -> absl::Status {
+      NCCL_RETURN_IF_ERROR(comm_,
+                           ncclAllGather(send, recv, bytes_per_rank, ncclUint8, comm_, stream_));
+      return absl::OkStatus();
+    });
   }
 
   absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_bytes, void* recv,
@@ -186,20 +190,22 @@ class NcclCommunicator : public Communicator {
     bool any = false;
     for (int r = 0; r < size_; ++r) any |= r != rank_ && (send_bytes[r] > 0 || recv_bytes[r] > 0);
     if (!any) return absl::OkStatus();
-    NCCL_RETURN_IF_ERROR(comm_, ncclGroupStart());
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      if (send_bytes[r] > 0) {
-        NCCL_RETURN_IF_ERROR(
-            comm_, ncclSend(s + send_off[r], send_bytes[r], ncclUint8, r, comm_, stream_));
+    return Run("AllToAllV", [&]() -> absl::Status {
+      NCCL_RETURN_IF_ERROR(comm_, ncclGroupStart());
+      for (int r = 0; r < size_; ++r) {
+        if (r == rank_) continue;
+        if (send_bytes[r] > 0) {
+          NCCL_RETURN_IF_ERROR(
+              comm_, ncclSend(s + send_off[r], send_bytes[r], ncclUint8, r, comm_, stream_));
+        }
+        if (recv_bytes[r] > 0) {
+          NCCL_RETURN_IF_ERROR(
+              comm_, ncclRecv(d + recv_off[r], recv_bytes[r], ncclUint8, r, comm_, stream_));
+        }
       }
-      if (recv_bytes[r] > 0) {
-        NCCL_RETURN_IF_ERROR(
-            comm_, ncclRecv(d + recv_off[r], recv_bytes[r], ncclUint8, r, comm_, stream_));
-      }
-    }
-    NCCL_RETURN_IF_ERROR(comm_, ncclGroupEnd());
-    return End("AllToAllV");
+      NCCL_RETURN_IF_ERROR(comm_, ncclGroupEnd());
+      return absl::OkStatus();
+    });
   }
 
   absl::Status Barrier() override {
@@ -207,9 +213,11 @@ class NcclCommunicator : public Communicator {
     if (barrier_buffer_ == nullptr) {
       CUDA_COMM_RETURN_IF_ERROR(cudaMalloc(&barrier_buffer_, sizeof(int32_t)));
     }
-    NCCL_RETURN_IF_ERROR(comm_, ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclInt32,
-                                              ncclSum, comm_, stream_));
-    RETURN_IF_ERROR(End("Barrier"));
+    RETURN_IF_ERROR(Run("Barrier", [&]() -> absl::Status {
+      NCCL_RETURN_IF_ERROR(comm_, ncclAllReduce(barrier_buffer_, barrier_buffer_, 1, ncclInt32,
+                                                ncclSum, comm_, stream_));
+      return absl::OkStatus();
+    }));
     // Wait for the stream (and so the all-reduce) with the timeout, never indefinitely.
     cudaEvent_t done;
     CUDA_COMM_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
@@ -246,9 +254,16 @@ class NcclCommunicator : public Communicator {
     return absl::OkStatus();
   }
 
-  // After enqueueing: wait for NCCL's (non-blocking) enqueue, then hand the op to the watchdog.
-  absl::Status End(const char* op) {
-    RETURN_IF_ERROR(AwaitState(op));
+  // Enqueues an operation: `enqueue` makes the NCCL calls; then NCCL's (non-blocking) enqueue
+  // is awaited, all under nccl_mu_, and the op is handed to the watchdog.
+  template <typename Fn>
+  absl::Status Run(const char* op, const Fn& enqueue) {
+    {
+      std::lock_guard<std::mutex> lock(nccl_mu_);
+      if (broken_) return Broken();
+      RETURN_IF_ERROR(enqueue());
+      RETURN_IF_ERROR(AwaitState(op));
+    }
     cudaEvent_t event;
     CUDA_COMM_RETURN_IF_ERROR(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
     CUDA_COMM_RETURN_IF_ERROR(cudaEventRecord(event, stream_));
@@ -279,31 +294,42 @@ class NcclCommunicator : public Communicator {
   }
 
   // Watchdog: retires completed operations; aborts on a timeout or an asynchronous error.
+  // It never holds mu_ and nccl_mu_ together (Run takes them one after the other), and it
+  // touches NCCL only under nccl_mu_: NCCL's non-blocking state (ncclCommGetAsyncError
+  // completes pending group jobs) must not be driven from two threads at once.
   void Watch() {
     cudaSetDevice(device_);
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_) {
       cv_.wait_for(lock, std::chrono::milliseconds(pending_.empty() ? 200 : 1));
+      if (stop_) break;
       while (!pending_.empty() && cudaEventQuery(pending_.front().event) == cudaSuccess) {
         cudaEventDestroy(pending_.front().event);
         pending_.pop_front();
       }
-      ncclResult_t async = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &async);
       std::string reason;
-      if (async != ncclSuccess && async != ncclInProgress) {
-        reason = absl::StrCat("asynchronous NCCL error ", ncclGetErrorString(async));
-      } else if (!pending_.empty() && absl::Now() > pending_.front().deadline) {
+      if (!pending_.empty() && absl::Now() > pending_.front().deadline) {
         reason = absl::StrCat(pending_.front().what, " did not finish within ",
                               absl::FormatDuration(options_.timeout));
       }
-      if (!reason.empty() && !broken_) {
+      lock.unlock();
+      if (reason.empty()) {
+        std::unique_lock<std::mutex> nccl(nccl_mu_, std::try_to_lock);
+        ncclResult_t async = ncclSuccess;
+        if (nccl.owns_lock()) ncclCommGetAsyncError(comm_, &async);
+        if (async != ncclSuccess && async != ncclInProgress) {
+          reason = absl::StrCat("asynchronous NCCL error ", ncclGetErrorString(async));
+        }
+      }
+      if (!reason.empty()) {
+        std::lock_guard<std::mutex> nccl(nccl_mu_);  // Run holds it only for a bounded time
         broken_reason_ = reason;
         broken_ = true;
         ncclCommAbort(comm_);  // unblocks the spinning kernels; comm_ is dead from here on
         aborted_ = true;
         return;
       }
+      lock.lock();
     }
   }
 
@@ -316,6 +342,7 @@ class NcclCommunicator : public Communicator {
   bool aborted_ = false;       // by the watchdog (read after it has been joined)
   std::string broken_reason_;  // written once, before broken_ becomes true
 
+  std::mutex nccl_mu_;  // held around every NCCL call on comm_ after Init
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Pending> pending_;  // guarded by mu_

@@ -15,6 +15,11 @@
 // asynchronous error. After that every call fails at once with UNAVAILABLE, and the stream's
 // pending work fails instead of hanging.
 //
+// Threads: calls on one communicator come from one thread at a time (the layer serialises
+// them); the watchdog thread touches NCCL only under the same mutex as those calls, because
+// NCCL's non-blocking progress (ncclCommGetAsyncError) must not run on two threads at once
+// (seen on the GPU machine as heap corruption and hangs before the mutex existed).
+//
 // AllToAllV is one NCCL group of ncclSend/ncclRecv per peer with byte counts (the copy to
 // itself is a device memcpy). The sizes must agree pairwise (the engine derives them from
 // all-gathered counts); NCCL cannot check that, and a mismatch ends in the watchdog's timeout.
