@@ -12,6 +12,10 @@
 
 ABSL_FLAG(int64_t, wait_ms, 0,
           "health: keep checking until SERVING or this many milliseconds have passed.");
+ABSL_FLAG(std::string, service, "",
+          "health: grpc.health.v1 name to check: \"\" (the whole server: moed SERVING = every "
+          "worker up; moe-worker: joined and set up), a service name, or \"liveness\" (the "
+          "process runs).");
 ABSL_FLAG(bool, json, false, "status, smoke: print JSON instead of text.");
 ABSL_FLAG(std::string, dir, "", "checkpoint: directory on the server's disk.");
 ABSL_FLAG(std::string, optimizer, "sgd", "apply-optimizer: sgd|adamw.");
@@ -64,7 +68,7 @@ int RunHealth(const Args& args) {
   while (true) {
     CallOptions call;
     call.deadline = absl::Seconds(2);
-    status = (*client)->Health("", call);
+    status = (*client)->Health(absl::GetFlag(FLAGS_service), call);
     if (status.ok() && *status == ServingStatus::kServing) break;
     if (absl::Now() >= give_up) break;
     absl::SleepFor(absl::Milliseconds(200));

@@ -35,6 +35,8 @@ usage: moectl <command> [flags]
 commands:
   health          grpc.health.v1 check; exit 0 iff SERVING.
                     --wait_ms=N keeps asking until SERVING or N ms have passed.
+                    --service=NAME checks one name: "liveness" (the process runs), or
+                    "moe.v1.MoeService"; works against a moe-worker's port too.
   status          workers (rank, address, device, alive, memory), layers, serving state.
                     --json prints the GetStatusResponse as JSON.
   create-layer    --layer=NAME and the layer flags below; prints the LayerInfo.

@@ -1,4 +1,5 @@
-// moed: the front end. Serves moe.v1.MoeService, grpc.health.v1.Health, server reflection and
+// moed: the front end. Serves moe.v1.MoeService, grpc.health.v1.Health (readiness "" and
+// "moe.v1.MoeService", liveness "liveness": server/health.h), server reflection and
 // moe.internal.Coordinator on one port, and Prometheus metrics on --metrics_port.
 //
 //   moed --workers=2 --device=cpu --port=50051            # embedded: starts 2 moe-workers
@@ -20,6 +21,7 @@
 #include "engine/comm/memory_kv_store.h"
 #include "server/coordinator_service.h"
 #include "server/device.h"
+#include "server/health.h"
 #include "server/metrics.h"
 #include "server/moe_service.h"
 #include "server/worker_launcher.h"
@@ -138,12 +140,12 @@ int Main() {
                  absl::GetFlag(FLAGS_port));
     return 1;
   }
+  // Readiness ("" and the service) follows the pool; "liveness" stays SERVING (server/health.h).
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  InitHealth(health, v1::MoeService::service_full_name());
   auto set_health = [health](bool serving) {
-    health->SetServingStatus(serving);
-    health->SetServingStatus("moe.v1.MoeService", serving);
+    SetReadiness(health, v1::MoeService::service_full_name(), serving);
   };
-  set_health(false);
   pool.set_on_serving_changed(set_health);
   pool.set_on_setup([&](const WorkerSet& set) { return service.RecreateLayers(set); });
   pool.Start();

@@ -1,5 +1,6 @@
-// moe-worker: one process per device. Serves moe.internal.Worker, joins the front end given
-// by --frontend, then waits for the front end's Setup and per-layer calls.
+// moe-worker: one process per device. Serves moe.internal.Worker and grpc.health.v1 (readiness
+// "" and "moe.internal.Worker": joined and set up; liveness "liveness": server/health.h), joins
+// the front end given by --frontend, then waits for the front end's Setup and per-layer calls.
 //
 //   moe-worker --frontend=10.0.0.5:50051 --device=cpu            # any free rank
 //   moe-worker --frontend=10.0.0.5:50051 --device=cpu --rank=1   # a restarted rank 1
@@ -18,10 +19,12 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/device.h"
 #include "server/grpc_kv_store.h"
+#include "server/health.h"
 #include "server/status_convert.h"
 #include "server/worker_service.h"
 
@@ -75,7 +78,24 @@ int Main() {
       grpc::CreateCustomChannel(frontend, grpc::InsecureChannelCredentials(), args);
   auto store = std::make_shared<GrpcKeyValueStore>(channel);
   WorkerService service(device, store, absl::GetFlag(FLAGS_cpu_threads));
+  // Readiness (server/health.h): set up, and pinged within --rejoin_after_s (5 s if 0).
+  // Updated when a Setup begins or ends and by the watchdog below (pings stopping).
+  const int rejoin_s = absl::GetFlag(FLAGS_rejoin_after_s);
+  const absl::Duration unpinged = absl::Seconds(rejoin_s > 0 ? rejoin_s : 5);
+  grpc::HealthCheckServiceInterface* health = nullptr;
+  absl::Mutex readiness_mu;
+  bool was_ready = false;
+  auto update_readiness = [&] {
+    absl::MutexLock lock(&readiness_mu);
+    const bool ready = service.ready() && absl::Now() - service.last_ping() <= unpinged;
+    if (health != nullptr && ready != was_ready) {
+      SetReadiness(health, internal::Worker::service_full_name(), ready);
+      was_ready = ready;
+    }
+  };
+  service.set_on_ready_changed(update_readiness);
 
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
@@ -86,6 +106,11 @@ int Main() {
   if (server == nullptr || port == 0) {
     std::fprintf(stderr, "moe-worker: cannot listen on %s\n", absl::GetFlag(FLAGS_listen).c_str());
     return 1;
+  }
+  {
+    absl::MutexLock lock(&readiness_mu);
+    health = server->GetHealthCheckService();
+    InitHealth(health, internal::Worker::service_full_name());
   }
   const std::string host = AdvertiseHost(frontend);
   const std::string address = absl::StrCat(host, ":", port);
@@ -129,13 +154,14 @@ int Main() {
 
   // Watchdog: a worker the front end stopped pinging (declared dead after a stall, or a
   // restarted front end) joins again under its rank; one whose front end stays gone exits.
-  const int rejoin_s = absl::GetFlag(FLAGS_rejoin_after_s);
   const int orphan_s = absl::GetFlag(FLAGS_orphan_timeout_s);
   const int rank = joined.rank();
+  // It also notices readiness lost to missing pings.
   std::thread watchdog([&] {
     absl::Time last_attempt = absl::InfinitePast();
     while (!service.HasShutdownRequest()) {
       absl::SleepFor(absl::Milliseconds(200));
+      update_readiness();
       const absl::Duration silent = absl::Now() - service.last_ping();
       if (orphan_s > 0 && silent > absl::Seconds(orphan_s)) {
         std::fprintf(stderr, "moe-worker: no contact with the front end for %ds, exiting\n",

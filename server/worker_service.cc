@@ -47,6 +47,11 @@ int64_t WorkerService::generation() const {
   return generation_;
 }
 
+bool WorkerService::ready() const {
+  absl::MutexLock lock(&mu_);
+  return world_ != nullptr;
+}
+
 absl::StatusOr<std::shared_ptr<WorkerService::LayerSlot>> WorkerService::FindSlot(
     int64_t generation, uint64_t layer_id) {
   absl::MutexLock lock(&mu_);
@@ -90,6 +95,7 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
   // previous generation's layers stay in retired_ (their communicators are not used again).
   old_layers.clear();
   old_world.reset();
+  if (on_ready_changed_) on_ready_changed_();  // not ready until this generation is up
 
   absl::StatusOr<WorkerDevice> world =
       MakeWorkerDevice(device_, store_, absl::StrCat(request->store_prefix(), "world"),
@@ -103,6 +109,7 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
       world_ = std::make_shared<WorkerDevice>(std::move(*world));
     }
   }
+  if (on_ready_changed_) on_ready_changed_();
   response->set_device(device_);
   return grpc::Status::OK;
 }

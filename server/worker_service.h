@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -50,6 +51,13 @@ class WorkerService final : public internal::Worker::Service {
   // Counts as a ping (a successful join).
   void NoteContact();
   int64_t generation() const;
+  // The communicators of the current generation are up (its Setup finished): readiness.
+  bool ready() const;
+  // Called (without locks held) whenever ready() may have changed: a Setup began or finished.
+  // Set before the server starts.
+  void set_on_ready_changed(std::function<void()> callback) {
+    on_ready_changed_ = std::move(callback);
+  }
 
   grpc::Status Setup(grpc::ServerContext*, const internal::SetupRequest*,
                      internal::SetupResponse*) override;
@@ -106,6 +114,7 @@ class WorkerService final : public internal::Worker::Service {
   const std::shared_ptr<KeyValueStore> store_;
   const int cpu_threads_;
   absl::Notification shutdown_;
+  std::function<void()> on_ready_changed_;
 
   mutable absl::Mutex mu_;  // guards the membership state and the layer map below
   int64_t generation_ ABSL_GUARDED_BY(mu_) = -1;

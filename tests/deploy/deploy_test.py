@@ -3,10 +3,12 @@
 No container engine or cluster exists on the build machines, so this validates what can be
 validated statically: every YAML passes yamllint and parses; the Compose files carry the GPU
 reservation, NCCL settings, shared memory, locked-memory limit and checkpoint volume; every
-image reference is pinned; every Kubernetes workload names gRPC probes, resource requests and
-limits, /dev/shm and checkpoint volumes; the Dockerfile builds with the project's setup script
-and nothing else; and every command-line flag written in these files exists in the binary it
-is passed to (asked from the built binaries with --helpfull), so the docs stay true to the code.
+image reference is pinned; every Kubernetes workload names gRPC probes (readiness "",
+liveness "liveness"), resource requests and limits, /dev/shm and checkpoint volumes; every
+Compose worker's health check asks its own port with moectl; the Dockerfile builds with the
+project's setup script and nothing else; and every command-line flag written in these files
+exists in the binary it is passed to (asked from the built binaries with --helpfull), so the
+docs stay true to the code.
 
 Run by Bazel (tests/deploy:deploy_test) from the runfiles root; also runnable by hand from the
 repository root: /usr/bin/python3 tests/deploy/deploy_test.py (flag checks need --bin_dir).
@@ -126,6 +128,20 @@ class ComposeTest(unittest.TestCase):
                               path + " " + name + " lacks the checkpoint volume")
             self.assertIn("checkpoints", doc.get("volumes", {}), path)
 
+    def test_worker_healthchecks_ask_the_worker(self):
+        # A worker's own grpc.health.v1 ("" = joined and set up), on the port it listens on.
+        for path in COMPOSE_FILES:
+            _, services = self.services(path)
+            for name, svc in self.workers(services).items():
+                check = svc.get("healthcheck", {})
+                self.assertFalse(check.get("disable"), path + " " + name)
+                test = as_list(check.get("test"))
+                self.assertEqual(test[:2], ["CMD", "moectl"], path + " " + name)
+                self.assertIn("health", test, path + " " + name)
+                port = flag_value(as_list(svc["command"]), "listen").rsplit(":", 1)[1]
+                self.assertEqual(flag_value(test, "server"), "127.0.0.1:" + port,
+                                 path + " " + name)
+
     def test_gpu_file_reserves_one_gpu_per_worker_with_nccl_settings(self):
         _, services = self.services("deploy/compose/compose.gpu.yaml")
         device_ids = []
@@ -195,14 +211,14 @@ class KubernetesTest(unittest.TestCase):
                     port = int(listen.rsplit(":", 1)[1] if listen
                                else flag_value(c["args"], "port"))
                     self.assertIn(port, ports, where)
-                    # The front end's readiness is grpc.health.v1 (SERVING = all workers in);
-                    # liveness must not follow it (a lost worker would restart the front end
-                    # and drop every layer). Workers serve no health service: TCP probes.
-                    front = w["kind"] == "Deployment"
-                    for probe, kind in (("readinessProbe", "grpc" if front else "tcpSocket"),
-                                        ("livenessProbe", "tcpSocket")):
-                        self.assertIn(kind, c[probe], where + " " + probe)
-                        self.assertEqual(c[probe][kind]["port"], port, where + " " + probe)
+                    # Readiness is grpc.health.v1 "" (front end: SERVING = all workers in;
+                    # worker: joined and set up); liveness must not follow it (a lost worker
+                    # would restart the front end and drop every layer): the "liveness" name.
+                    for probe, service in (("readinessProbe", ""), ("livenessProbe", "liveness")):
+                        self.assertIn("grpc", c[probe], where + " " + probe)
+                        self.assertEqual(c[probe]["grpc"]["port"], port, where + " " + probe)
+                        self.assertEqual(c[probe]["grpc"].get("service", ""), service,
+                                         where + " " + probe)
                     self.assertIn("cpu", c["resources"]["requests"], where)
                     self.assertIn("memory", c["resources"]["requests"], where)
                     self.assertIn("memory", c["resources"]["limits"], where)
@@ -390,6 +406,9 @@ class FlagsExistTest(unittest.TestCase):
             for name, svc in doc["services"].items():
                 binary = (as_list(svc.get("entrypoint")) or ["moed"])[0]
                 out.append((path + " " + name, binary, as_list(svc.get("command"))))
+                test = as_list(svc.get("healthcheck", {}).get("test"))
+                if test[:1] == ["CMD"]:
+                    out.append((path + " " + name + " healthcheck", test[1], test[2:]))
         for layout in K8S_LAYOUTS:
             for d in k8s_docs(layout):
                 if d["kind"] in ("Deployment", "StatefulSet"):

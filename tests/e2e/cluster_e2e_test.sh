@@ -69,6 +69,13 @@ ADDRESS="$("${CLUSTER_SH}" start --workers=2 --device=cpu --run_dir="${RUN_DIR}"
 [[ "${ADDRESS}" =~ ^127\.0\.0\.1:[0-9]+$ ]] || { fail "start printed '${ADDRESS}'"; exit 1; }
 pass "cluster SERVING on ${ADDRESS}"
 ctl health > /dev/null && pass "health SERVING" || fail "health"
+[ "$(ctl health --service=liveness)" = "SERVING" ] && pass "health --service=liveness" ||
+  fail "health --service=liveness"
+# Each worker answers grpc.health.v1 on its own port: set up, so SERVING.
+for WORKER in $(ctl status | grep -o "127\.0\.0\.1:[0-9]*" | grep -v "^${ADDRESS}$"); do
+  [ "$("${MOECTL}" health --server="${WORKER}")" = "SERVING" ] &&
+    pass "worker ${WORKER} health SERVING" || fail "worker ${WORKER} health"
+done
 
 STATUS="$(ctl status)"
 grep -q "^workers: 2$" <<< "${STATUS}" || fail "status does not list 2 workers: ${STATUS}"

@@ -34,6 +34,41 @@ void KillAndReap(pid_t pid) {
   waitpid(pid, nullptr, 0);
 }
 
+absl::StatusOr<std::string> CheckHealth(const std::shared_ptr<grpc::Channel>& channel,
+                                        const std::string& service) {
+  grpc::GenericStub generic(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  // HealthCheckRequest{string service = 1}: empty for "", else tag 0x0a, length, bytes.
+  std::string encoded;
+  if (!service.empty()) {
+    encoded = std::string("\x0a", 1) + static_cast<char>(service.size()) + service;
+  }
+  grpc::Slice slice(encoded);
+  grpc::ByteBuffer request(&slice, 1), response;
+  absl::Notification done;
+  grpc::Status status;
+  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                    &response, [&](grpc::Status s) {
+                      status = s;
+                      done.Notify();
+                    });
+  done.WaitForNotification();
+  if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+    return absl::NotFoundError(status.error_message());
+  }
+  if (!status.ok()) return absl::UnavailableError(status.error_message());
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return absl::InternalError("bad health response");
+  std::string bytes;
+  for (const grpc::Slice& s : slices)
+    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  // HealthCheckResponse{status = 1 (field 1, varint)}: SERVING = 1, NOT_SERVING = 2.
+  if (bytes == std::string("\x08\x01", 2)) return std::string("SERVING");
+  if (bytes == std::string("\x08\x02", 2)) return std::string("NOT_SERVING");
+  return absl::StrCat("UNKNOWN(", bytes.size(), " bytes)");
+}
+
 }  // namespace
 
 std::string RunfilePath(const std::string& path) {
@@ -104,31 +139,12 @@ TestCluster::~TestCluster() {
   KillAndReap(moed_);
 }
 
-absl::StatusOr<std::string> TestCluster::Health() {
-  grpc::GenericStub generic(channel_);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
-  grpc::ByteBuffer request, response;  // HealthCheckRequest{service = ""} is empty
-  grpc::Slice empty("");
-  request = grpc::ByteBuffer(&empty, 1);
-  absl::Notification done;
-  grpc::Status status;
-  generic.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                    &response, [&](grpc::Status s) {
-                      status = s;
-                      done.Notify();
-                    });
-  done.WaitForNotification();
-  if (!status.ok()) return absl::UnavailableError(status.error_message());
-  std::vector<grpc::Slice> slices;
-  if (!response.Dump(&slices).ok()) return absl::InternalError("bad health response");
-  std::string bytes;
-  for (const grpc::Slice& s : slices)
-    bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-  // HealthCheckResponse{status = 1 (field 1, varint)}: SERVING = 1, NOT_SERVING = 2.
-  if (bytes == std::string("\x08\x01", 2)) return std::string("SERVING");
-  if (bytes == std::string("\x08\x02", 2)) return std::string("NOT_SERVING");
-  return absl::StrCat("UNKNOWN(", bytes.size(), " bytes)");
+absl::StatusOr<std::string> HealthOf(const std::string& address, const std::string& service) {
+  return CheckHealth(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()), service);
+}
+
+absl::StatusOr<std::string> TestCluster::Health(const std::string& service) {
+  return CheckHealth(channel_, service);
 }
 
 absl::Status TestCluster::WaitServing(absl::Duration timeout) {

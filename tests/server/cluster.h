@@ -43,8 +43,9 @@ class TestCluster {
 
   // Polls grpc.health.v1 until SERVING or the timeout.
   absl::Status WaitServing(absl::Duration timeout);
-  // grpc.health.v1.Health/Check of the whole server: "SERVING", "NOT_SERVING", or an error.
-  absl::StatusOr<std::string> Health();
+  // grpc.health.v1.Health/Check of `service` ("" = the whole server): "SERVING",
+  // "NOT_SERVING", or an error (NOT_FOUND: unknown service).
+  absl::StatusOr<std::string> Health(const std::string& service = "");
 
   void KillWorker(int rank, int signal);
   absl::Status RestartWorker(int rank);
@@ -65,6 +66,9 @@ class TestCluster {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::MoeService::Stub> stub_;
 };
+
+// grpc.health.v1.Health/Check of `service` at `address` (moed or a moe-worker), as Health.
+absl::StatusOr<std::string> HealthOf(const std::string& address, const std::string& service);
 
 // Runfiles path of a binary of this workspace ("server/moed").
 std::string RunfilePath(const std::string& path);

@@ -261,9 +261,8 @@ TEST_F(ClusterTest, WorkerMemoryTelemetry) {
   };
 
   ASSERT_TRUE(Create("memory", TinyConfig(/*seed=*/21)).ok());
-  const auto with_layer = wait_for([](size_t, std::pair<int64_t, int64_t> m) {
-    return m.first > 0 && m.second >= m.first;
-  });
+  const auto with_layer = wait_for(
+      [](size_t, std::pair<int64_t, int64_t> m) { return m.first > 0 && m.second >= m.first; });
   ASSERT_EQ(with_layer.size(), 2u);
 
   // 256 tokens, 128 per worker: x fp32 alone is 16 KiB of kept memory on each.
@@ -272,9 +271,8 @@ TEST_F(ClusterTest, WorkerMemoryTelemetry) {
                       /*keep=*/true, &fwd)
                   .ok());
   ASSERT_NE(fwd.step_id(), 0u);
-  const auto with_step = wait_for([&](size_t r, std::pair<int64_t, int64_t> m) {
-    return m.first > with_layer[r].first;
-  });
+  const auto with_step = wait_for(
+      [&](size_t r, std::pair<int64_t, int64_t> m) { return m.first > with_layer[r].first; });
   for (size_t r = 0; r < with_step.size(); ++r) {
     EXPECT_GE(with_step[r].first, with_layer[r].first + 256 / 2 * 32 * 4) << "rank " << r;
     EXPECT_GE(with_step[r].second, with_step[r].first) << "rank " << r;
