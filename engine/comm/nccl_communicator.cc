@@ -182,18 +182,22 @@ class NcclCommunicator : public Communicator {
       send_off[r] = send_off[r - 1] + send_bytes[r - 1];
       recv_off[r] = recv_off[r - 1] + recv_bytes[r - 1];
     }
-    if (send_bytes[rank_] > 0) {
-      CUDA_COMM_RETURN_IF_ERROR(cudaMemcpyAsync(d + recv_off[rank_], s + send_off[rank_],
-                                                send_bytes[rank_], cudaMemcpyDeviceToDevice,
-                                                stream_));
+    // One rank: a device copy. Several: the part for itself goes through NCCL too (a send and
+    // receive to itself in the same group), so that it overlaps the peer transfers instead of
+    // running before them.
+    if (size_ == 1) {
+      if (send_bytes[0] > 0) {
+        CUDA_COMM_RETURN_IF_ERROR(
+            cudaMemcpyAsync(d, s, send_bytes[0], cudaMemcpyDeviceToDevice, stream_));
+      }
+      return absl::OkStatus();
     }
     bool any = false;
-    for (int r = 0; r < size_; ++r) any |= r != rank_ && (send_bytes[r] > 0 || recv_bytes[r] > 0);
+    for (int r = 0; r < size_; ++r) any |= send_bytes[r] > 0 || recv_bytes[r] > 0;
     if (!any) return absl::OkStatus();
     return Run("AllToAllV", [&]() -> absl::Status {
       NCCL_RETURN_IF_ERROR(comm_, ncclGroupStart());
       for (int r = 0; r < size_; ++r) {
-        if (r == rank_) continue;
         if (send_bytes[r] > 0) {
           NCCL_RETURN_IF_ERROR(
               comm_, ncclSend(s + send_off[r], send_bytes[r], ncclUint8, r, comm_, stream_));

@@ -20,9 +20,10 @@
 // NCCL's non-blocking progress (ncclCommGetAsyncError) must not run on two threads at once
 // (seen on the GPU machine as heap corruption and hangs before the mutex existed).
 //
-// AllToAllV is one NCCL group of ncclSend/ncclRecv per peer with byte counts (the copy to
-// itself is a device memcpy). The sizes must agree pairwise (the engine derives them from
-// all-gathered counts); NCCL cannot check that, and a mismatch ends in the watchdog's timeout.
+// AllToAllV is one NCCL group of ncclSend/ncclRecv per peer with byte counts, this rank's
+// own part included (one rank: a device memcpy). The sizes must agree pairwise (the engine
+// derives them from all-gathered counts); NCCL cannot check that, and a mismatch ends in the
+// watchdog's timeout.
 //
 //   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm,
 //                    MakeNcclCommunicator(store, "layer-group-1", rank, size, /*device=*/rank,
