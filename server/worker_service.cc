@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/checkpoint.h"
+#include "engine/config_agreement.h"
 #include "engine/status_macros.h"
 #include "server/chunking.h"
 #include "server/proto_convert.h"
@@ -149,6 +150,10 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
       MakeWorkerDevice(device_, store_, prefix, rank, size, options);
   if (!device.ok()) return Grpc(device.status());
   slot->device = std::move(*device);
+  // Before any collective whose sizes follow from the config: all ranks must agree on it.
+  absl::Status agree =
+      CheckConfigAgreement(*config, slot->device.backend.get(), slot->device.comm.get());
+  if (!agree.ok()) return Grpc(agree);
   absl::StatusOr<std::unique_ptr<MoeLayer>> layer =
       MoeLayer::Create(*config, slot->device.backend.get(), slot->device.comm.get());
   if (!layer.ok()) return Grpc(layer.status());

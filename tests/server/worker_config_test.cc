@@ -1,0 +1,102 @@
+// Two moe-worker services in one process (threads, real Gloo over an in-memory store, no
+// front end): when their CreateLayer calls carry different configs (a front end and workers of
+// different versions, or any bug that splits them), both answer FAILED_PRECONDITION before
+// any collective whose sizes follow from the config, instead of Gloo aborting the process;
+// the same workers then create a layer with equal configs and run a step on it.
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "engine/comm/memory_kv_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/worker_service.h"
+#include "tests/server/test_util.h"
+
+namespace moe {
+namespace {
+
+constexpr int kRanks = 2;
+
+class WorkerConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("MOED_GLOO_HOSTNAME", "127.0.0.1", /*overwrite=*/1);
+    auto store = std::make_shared<MemoryKeyValueStore>();
+    for (int r = 0; r < kRanks; ++r) {
+      workers_.push_back(std::make_unique<WorkerService>("cpu", store, /*cpu_threads=*/1));
+    }
+    std::vector<grpc::Status> status = OnAllRanks([&](int r) {
+      internal::SetupRequest request;
+      request.set_generation(1);
+      request.set_rank(r);
+      request.set_world_size(kRanks);
+      request.set_store_prefix("g1/");
+      request.set_collective_timeout_ms(20000);
+      internal::SetupResponse response;
+      return workers_[r]->Setup(nullptr, &request, &response);
+    });
+    for (const grpc::Status& s : status) ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  // Runs fn(rank) on one thread per rank, as the front end's parallel fan-out does.
+  std::vector<grpc::Status> OnAllRanks(const std::function<grpc::Status(int)>& fn) {
+    std::vector<grpc::Status> status(kRanks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) threads.emplace_back([&, r] { status[r] = fn(r); });
+    for (auto& t : threads) t.join();
+    return status;
+  }
+
+  std::vector<grpc::Status> CreateLayer(uint64_t id, const std::vector<v1::LayerConfig>& configs) {
+    return OnAllRanks([&](int r) {
+      internal::WorkerCreateLayerRequest request;
+      request.set_generation(1);
+      request.set_layer_id(id);
+      request.set_name("l");
+      *request.mutable_config() = configs[r];
+      internal::WorkerCreateLayerResponse response;
+      return workers_[r]->CreateLayer(nullptr, &request, &response);
+    });
+  }
+
+  std::vector<std::unique_ptr<WorkerService>> workers_;
+};
+
+TEST_F(WorkerConfigTest, DifferentConfigsFailOnEveryRank) {
+  v1::LayerConfig other = TinyConfig(/*seed=*/1);
+  other.set_num_experts(4);  // the count all-gather would differ in size
+  std::vector<grpc::Status> status = CreateLayer(1, {TinyConfig(1), other});
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(status[r].error_code(), grpc::StatusCode::FAILED_PRECONDITION)
+        << "rank " << r << ": " << status[r].error_message();
+    EXPECT_THAT(status[r].error_message(), ::testing::HasSubstr("config differs"));
+  }
+  // A coefficient only (no size differs): still refused.
+  other = TinyConfig(1);
+  other.set_z_loss_coeff(0.5);
+  status = CreateLayer(2, {TinyConfig(1), other});
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(status[r].error_code(), grpc::StatusCode::FAILED_PRECONDITION) << "rank " << r;
+  }
+
+  // The workers are fine: equal configs create a layer, and a step runs on it.
+  status = CreateLayer(3, {TinyConfig(1), TinyConfig(1)});
+  for (int r = 0; r < kRanks; ++r) ASSERT_TRUE(status[r].ok()) << status[r].error_message();
+  status = OnAllRanks([&](int r) {
+    internal::WorkerForwardRequest request;
+    request.set_generation(1);
+    request.set_layer_id(3);
+    *request.mutable_x() = FloatsToProto({4, 32}, RandomFloats(4 * 32, 10 + r));
+    internal::WorkerForwardResponse response;
+    grpc::Status s = workers_[r]->Forward(nullptr, &request, &response);
+    if (s.ok() && response.out().shape_size() != 2) return grpc::Status(grpc::INTERNAL, "shape");
+    return s;
+  });
+  for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(status[r].ok()) << status[r].error_message();
+}
+
+}  // namespace
+}  // namespace moe
