@@ -45,8 +45,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
 absl::Status CudaBackend::Init() {
   RETURN_IF_ERROR(Activate());
   // Pinned, pipelined staging of large pageable host copies is opt-in: it made the layer's
-  // output copies ~3x faster on the H200 machine, but one EP=2 benchmark process died of heap
-  // corruption with it enabled (2026-11-29, cause not found; see docs/PERFORMANCE.md).
+  // output copies ~1.5x faster on the H200 machine (docs/PERFORMANCE.md). It was switched off
+  // after an EP=2 benchmark process died of heap corruption; that was later traced to the NCCL
+  // communicator's watchdog racing ncclCommGetAsyncError (fixed), and a staged EP=2 run then
+  // passed, but no full run has been made since with it on by default.
   const char* staging = std::getenv("MOED_CUDA_HOST_STAGING");
   use_staging_ = staging != nullptr && std::string(staging) == "1";
   // Keep freed pool memory for reuse: steps allocate and free the same sizes every time.
