@@ -223,92 +223,84 @@ grpc::Status WorkerService::DeleteLayer(grpc::ServerContext*,
   return grpc::Status::OK;  // freed when the last in-flight call drops `slot`
 }
 
+grpc::Status WorkerService::OnLayer(int64_t generation, uint64_t layer_id,
+                                    const std::function<absl::Status(LayerSlot*)>& fn) {
+  absl::StatusOr<std::shared_ptr<LayerSlot>> slot = FindSlot(generation, layer_id);
+  if (!slot.ok()) return Grpc(slot.status());
+  LayerSlot* s = slot->get();
+  absl::MutexLock lock(&s->mu);
+  absl::Status status = fn(s);
+  UpdateMemory(s);
+  return Grpc(status);
+}
+
 grpc::Status WorkerService::Forward(grpc::ServerContext*,
                                     const internal::WorkerForwardRequest* request,
                                     internal::WorkerForwardResponse* response) {
-  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
-      FindSlot(request->generation(), request->layer_id());
-  if (!slot.ok()) return Grpc(slot.status());
-  absl::StatusOr<Tensor> x = TensorFromProto("x", request->x());
-  if (!x.ok()) return Grpc(x.status());
-  LayerSlot* s = slot->get();
-  absl::MutexLock lock(&s->mu);
-  std::unique_ptr<StepContext> saved;
-  const bool keep = request->step_id() != 0;
-  absl::StatusOr<ForwardResult> result = s->layer->Forward(*x, keep ? &saved : nullptr);
-  UpdateMemory(s);
-  if (!result.ok()) return Grpc(result.status());
-  TensorToProto(result->out, response->mutable_out());
-  response->set_aux_loss(result->aux_loss);
-  response->set_z_loss(result->z_loss);
-  for (int64_t c : result->tokens_per_expert) response->add_tokens_per_expert(c);
-  if (keep && saved != nullptr) {
-    response->set_saved_bytes(static_cast<int64_t>(saved->bytes()));
-    s->steps[request->step_id()] = std::move(saved);
-  }
-  return grpc::Status::OK;
+  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
+    ASSIGN_OR_RETURN(Tensor x, TensorFromProto("x", request->x()));
+    std::unique_ptr<StepContext> saved;
+    const bool keep = request->step_id() != 0;
+    ASSIGN_OR_RETURN(ForwardResult result, s->layer->Forward(x, keep ? &saved : nullptr));
+    TensorToProto(result.out, response->mutable_out());
+    response->set_aux_loss(result.aux_loss);
+    response->set_z_loss(result.z_loss);
+    for (int64_t c : result.tokens_per_expert) response->add_tokens_per_expert(c);
+    if (keep && saved != nullptr) {
+      response->set_saved_bytes(static_cast<int64_t>(saved->bytes()));
+      s->steps[request->step_id()] = std::move(saved);
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status WorkerService::Backward(grpc::ServerContext*,
                                      const internal::WorkerBackwardRequest* request,
                                      internal::WorkerBackwardResponse* response) {
-  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
-      FindSlot(request->generation(), request->layer_id());
-  if (!slot.ok()) return Grpc(slot.status());
-  absl::StatusOr<Tensor> d_out = TensorFromProto("d_out", request->d_out());
-  if (!d_out.ok()) return Grpc(d_out.status());
-  LayerSlot* s = slot->get();
-  absl::MutexLock lock(&s->mu);
-  auto it = s->steps.find(request->step_id());
-  if (it == s->steps.end()) {
-    return Grpc(absl::FailedPreconditionError(
-        absl::StrCat("step_id ", request->step_id(), " is not held by this worker")));
-  }
-  // One backward per step: the context is freed whatever the outcome.
-  std::unique_ptr<StepContext> saved = std::move(it->second);
-  s->steps.erase(it);
-  absl::StatusOr<Tensor> d_x =
-      s->layer->Backward(*saved, *d_out, request->d_aux(), request->d_z_loss());
-  saved.reset();
-  UpdateMemory(s);
-  if (!d_x.ok()) return Grpc(d_x.status());
-  TensorToProto(*d_x, response->mutable_d_x());
-  return grpc::Status::OK;
+  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
+    ASSIGN_OR_RETURN(Tensor d_out, TensorFromProto("d_out", request->d_out()));
+    auto it = s->steps.find(request->step_id());
+    if (it == s->steps.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("step_id ", request->step_id(), " is not held by this worker"));
+    }
+    // One backward per step: the context is freed whatever the outcome.
+    std::unique_ptr<StepContext> saved = std::move(it->second);
+    s->steps.erase(it);
+    absl::StatusOr<Tensor> d_x =
+        s->layer->Backward(*saved, d_out, request->d_aux(), request->d_z_loss());
+    saved.reset();
+    if (!d_x.ok()) return d_x.status();
+    TensorToProto(*d_x, response->mutable_d_x());
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status WorkerService::ReleaseStep(grpc::ServerContext*,
                                         const internal::WorkerReleaseStepRequest* request,
                                         internal::WorkerEmpty*) {
-  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
-      FindSlot(request->generation(), request->layer_id());
-  if (!slot.ok()) return Grpc(slot.status());
-  absl::MutexLock lock(&(*slot)->mu);
-  (*slot)->steps.erase(request->step_id());
-  UpdateMemory(slot->get());
-  return grpc::Status::OK;
+  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) {
+    s->steps.erase(request->step_id());
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status WorkerService::GetTensors(grpc::ServerContext*,
                                        const internal::WorkerGetTensorsRequest* request,
                                        grpc::ServerWriter<v1::TensorChunk>* writer) {
-  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
-      FindSlot(request->generation(), request->layer_id());
-  if (!slot.ok()) return Grpc(slot.status());
-  LayerSlot* s = slot->get();
-  absl::MutexLock lock(&s->mu);
-  for (const std::string& name : request->names()) {
-    absl::StatusOr<Tensor> t = request->kind() == internal::TENSOR_KIND_GRADIENT
-                                   ? s->layer->GetGradient(name)
-                                   : s->layer->GetParameter(name);
-    if (!t.ok()) return Grpc(t.status());
-    absl::Status status =
-        ChunkTensor(name, *t, request->max_chunk_bytes(), [&](const v1::TensorChunk& chunk) {
-          return writer->Write(chunk) ? absl::OkStatus()
-                                      : absl::CancelledError("front end stopped reading");
-        });
-    if (!status.ok()) return Grpc(status);
-  }
-  return grpc::Status::OK;
+  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
+    for (const std::string& name : request->names()) {
+      ASSIGN_OR_RETURN(Tensor t, request->kind() == internal::TENSOR_KIND_GRADIENT
+                                     ? s->layer->GetGradient(name)
+                                     : s->layer->GetParameter(name));
+      RETURN_IF_ERROR(
+          ChunkTensor(name, t, request->max_chunk_bytes(), [&](const v1::TensorChunk& chunk) {
+            return writer->Write(chunk) ? absl::OkStatus()
+                                        : absl::CancelledError("front end stopped reading");
+          }));
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status WorkerService::SetTensors(
@@ -351,68 +343,50 @@ grpc::Status WorkerService::SetTensors(
 grpc::Status WorkerService::ZeroGradients(grpc::ServerContext*,
                                           const internal::WorkerLayerRequest* request,
                                           internal::WorkerEmpty*) {
-  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
-      FindSlot(request->generation(), request->layer_id());
-  if (!slot.ok()) return Grpc(slot.status());
-  absl::MutexLock lock(&(*slot)->mu);
-  return Grpc((*slot)->layer->ZeroGradients());
+  return OnLayer(request->generation(), request->layer_id(),
+                 [&](LayerSlot* s) { return s->layer->ZeroGradients(); });
 }
 
 grpc::Status WorkerService::ApplyOptimizer(grpc::ServerContext*,
                                            const internal::WorkerOptimizerRequest* request,
                                            internal::WorkerEmpty*) {
-  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
-      FindSlot(request->generation(), request->layer_id());
-  if (!slot.ok()) return Grpc(slot.status());
-  absl::StatusOr<OptimizerConfig> optimizer =
-      OptimizerFromProto(request->has_sgd() ? &request->sgd() : nullptr,
-                         request->has_adamw() ? &request->adamw() : nullptr);
-  if (!optimizer.ok()) return Grpc(optimizer.status());
-  absl::MutexLock lock(&(*slot)->mu);
-  absl::Status status = (*slot)->layer->ApplyOptimizer(*optimizer);
-  UpdateMemory(slot->get());
-  return Grpc(status);
+  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
+    ASSIGN_OR_RETURN(OptimizerConfig optimizer,
+                     OptimizerFromProto(request->has_sgd() ? &request->sgd() : nullptr,
+                                        request->has_adamw() ? &request->adamw() : nullptr));
+    return s->layer->ApplyOptimizer(optimizer);
+  });
 }
 
 grpc::Status WorkerService::UpdateExpertBias(grpc::ServerContext*,
                                              const internal::WorkerExpertBiasRequest* request,
                                              internal::WorkerExpertBiasResponse* response) {
-  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
-      FindSlot(request->generation(), request->layer_id());
-  if (!slot.ok()) return Grpc(slot.status());
-  absl::MutexLock lock(&(*slot)->mu);
-  absl::Status status = (*slot)->layer->UpdateExpertBias(request->rate());
-  if (!status.ok()) return Grpc(status);
-  absl::StatusOr<Tensor> bias = (*slot)->layer->GetParameter("expert_bias");
-  if (!bias.ok()) return Grpc(bias.status());
-  for (int64_t i = 0; i < bias->num_elements(); ++i) {
-    response->add_expert_bias(bias->data<float>()[i]);
-  }
-  return grpc::Status::OK;
+  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
+    RETURN_IF_ERROR(s->layer->UpdateExpertBias(request->rate()));
+    ASSIGN_OR_RETURN(Tensor bias, s->layer->GetParameter("expert_bias"));
+    for (int64_t i = 0; i < bias.num_elements(); ++i) {
+      response->add_expert_bias(bias.data<float>()[i]);
+    }
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status WorkerService::SaveCheckpoint(grpc::ServerContext*,
                                            const internal::WorkerCheckpointRequest* request,
                                            internal::WorkerEmpty*) {
-  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
-      FindSlot(request->generation(), request->layer_id());
-  if (!slot.ok()) return Grpc(slot.status());
-  absl::MutexLock lock(&(*slot)->mu);
-  return Grpc(moe::SaveCheckpoint(*(*slot)->layer, request->directory()));
+  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) {
+    return moe::SaveCheckpoint(*s->layer, request->directory());
+  });
 }
 
 grpc::Status WorkerService::LoadCheckpoint(grpc::ServerContext*,
                                            const internal::WorkerCheckpointRequest* request,
                                            internal::WorkerEmpty*) {
-  absl::StatusOr<std::shared_ptr<LayerSlot>> slot =
-      FindSlot(request->generation(), request->layer_id());
-  if (!slot.ok()) return Grpc(slot.status());
-  absl::MutexLock lock(&(*slot)->mu);
-  (*slot)->steps.clear();
-  absl::Status status = moe::LoadCheckpoint((*slot)->layer.get(), request->directory());
-  if (status.ok()) status = (*slot)->layer->ZeroGradients();
-  UpdateMemory(slot->get());
-  return Grpc(status);
+  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
+    s->steps.clear();
+    RETURN_IF_ERROR(moe::LoadCheckpoint(s->layer.get(), request->directory()));
+    return s->layer->ZeroGradients();
+  });
 }
 
 grpc::Status WorkerService::Ping(grpc::ServerContext*, const internal::PingRequest*,

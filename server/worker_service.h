@@ -107,6 +107,10 @@ class WorkerService final : public internal::Worker::Service {
   // NOT_FOUND for an unknown layer.
   absl::StatusOr<std::shared_ptr<LayerSlot>> FindSlot(int64_t generation, uint64_t layer_id);
   static void UpdateMemory(LayerSlot* slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(slot->mu);
+  // The body of a per-layer call: finds the slot (FindSlot's errors), runs fn under the slot's
+  // mutex, refreshes the memory telemetry, and returns fn's status as a grpc::Status.
+  grpc::Status OnLayer(int64_t generation, uint64_t layer_id,
+                       const std::function<absl::Status(LayerSlot*)>& fn);
   // Copies parameters and optimizer state of `from` into `to` (same config).
   static absl::Status CopyLayerState(LayerSlot* from, MoeLayer* to);
 
