@@ -217,17 +217,26 @@ absl::StatusOr<std::vector<NamedTensor>> MoeClient::ReadChunks(
   return assembler.Finish();
 }
 
-absl::StatusOr<std::vector<NamedTensor>> MoeClient::GetGradients(
-    const std::string& layer, const std::vector<std::string>& names, const CallOptions& call) {
-  v1::GetGradientsRequest request;
+template <typename Request, typename Open>
+absl::StatusOr<std::vector<NamedTensor>> MoeClient::ReadTensors(
+    const std::string& layer, const std::vector<std::string>& names, const CallOptions& call,
+    Open open) {
+  Request request;
   request.set_layer(layer);
   for (const std::string& name : names) request.add_names(name);
   request.set_max_chunk_bytes(options_.chunk_bytes);
   grpc::ClientContext context;
   Prepare(call, &context);
-  std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader =
-      stub_->GetGradients(&context, request);
+  std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader = open(&context, request);
   return ReadChunks(reader.get(), &context);
+}
+
+absl::StatusOr<std::vector<NamedTensor>> MoeClient::GetGradients(
+    const std::string& layer, const std::vector<std::string>& names, const CallOptions& call) {
+  return ReadTensors<v1::GetGradientsRequest>(
+      layer, names, call, [this](grpc::ClientContext* context, const auto& request) {
+        return stub_->GetGradients(context, request);
+      });
 }
 
 absl::Status MoeClient::ZeroGradients(const std::string& layer, const CallOptions& call) {
@@ -238,14 +247,19 @@ absl::Status MoeClient::ZeroGradients(const std::string& layer, const CallOption
   return absl::OkStatus();
 }
 
+absl::Status MoeClient::ApplyOptimizer(const v1::ApplyOptimizerRequest& request,
+                                       const CallOptions& call) {
+  v1::ApplyOptimizerResponse response;
+  MOED_UNARY_CALL(ApplyOptimizer, request, response, call);
+  return absl::OkStatus();
+}
+
 absl::Status MoeClient::ApplySgd(const std::string& layer, const v1::SgdOptimizer& sgd,
                                  const CallOptions& call) {
   v1::ApplyOptimizerRequest request;
   request.set_layer(layer);
   *request.mutable_sgd() = sgd;
-  v1::ApplyOptimizerResponse response;
-  MOED_UNARY_CALL(ApplyOptimizer, request, response, call);
-  return absl::OkStatus();
+  return ApplyOptimizer(request, call);
 }
 
 absl::Status MoeClient::ApplyAdamW(const std::string& layer, const v1::AdamWOptimizer& adamw,
@@ -253,9 +267,7 @@ absl::Status MoeClient::ApplyAdamW(const std::string& layer, const v1::AdamWOpti
   v1::ApplyOptimizerRequest request;
   request.set_layer(layer);
   *request.mutable_adamw() = adamw;
-  v1::ApplyOptimizerResponse response;
-  MOED_UNARY_CALL(ApplyOptimizer, request, response, call);
-  return absl::OkStatus();
+  return ApplyOptimizer(request, call);
 }
 
 absl::StatusOr<std::vector<float>> MoeClient::UpdateExpertBias(const std::string& layer,
@@ -271,15 +283,10 @@ absl::StatusOr<std::vector<float>> MoeClient::UpdateExpertBias(const std::string
 
 absl::StatusOr<std::vector<NamedTensor>> MoeClient::GetWeights(
     const std::string& layer, const std::vector<std::string>& names, const CallOptions& call) {
-  v1::GetWeightsRequest request;
-  request.set_layer(layer);
-  for (const std::string& name : names) request.add_names(name);
-  request.set_max_chunk_bytes(options_.chunk_bytes);
-  grpc::ClientContext context;
-  Prepare(call, &context);
-  std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader =
-      stub_->GetWeights(&context, request);
-  return ReadChunks(reader.get(), &context);
+  return ReadTensors<v1::GetWeightsRequest>(
+      layer, names, call, [this](grpc::ClientContext* context, const auto& request) {
+        return stub_->GetWeights(context, request);
+      });
 }
 
 absl::StatusOr<std::vector<std::string>> MoeClient::SetWeights(

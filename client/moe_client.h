@@ -144,6 +144,14 @@ class MoeClient {
   void Prepare(const CallOptions& call, grpc::ClientContext* context) const;
   absl::StatusOr<std::vector<NamedTensor>> ReadChunks(
       grpc::ClientReaderInterface<v1::TensorChunk>* reader, grpc::ClientContext* context);
+  // GetWeights / GetGradients: a Request for `layer` and `names`, the stream open(context,
+  // request) returns, read whole.
+  template <typename Request, typename Open>
+  absl::StatusOr<std::vector<NamedTensor>> ReadTensors(const std::string& layer,
+                                                       const std::vector<std::string>& names,
+                                                       const CallOptions& call, Open open);
+  // ApplySgd / ApplyAdamW.
+  absl::Status ApplyOptimizer(const v1::ApplyOptimizerRequest& request, const CallOptions& call);
 
   const std::string target_;
   const ClientOptions options_;
