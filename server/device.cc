@@ -46,6 +46,10 @@ absl::Status CheckDeviceFlag(const std::string& device_flag) {
       "--device=", device_flag, ": unsupported device (known: \"cpu\", \"cuda\", \"cuda:N\")"));
 }
 
+int DefaultEmbeddedWorkers(const std::string& device_flag) {
+  return device_flag == "cuda" ? VisibleCudaDevices() : 2;
+}
+
 absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,
                                               std::shared_ptr<KeyValueStore> store,
                                               const std::string& prefix, int rank, int size,

@@ -35,6 +35,10 @@ struct WorkerDevice {
 // Checks the flag's syntax and that the device exists here, without building anything.
 absl::Status CheckDeviceFlag(const std::string& device_flag);
 
+// Embedded moed's worker count when --workers is not given: one per visible GPU for
+// --device=cuda (0 when none is visible), 2 otherwise.
+int DefaultEmbeddedWorkers(const std::string& device_flag);
+
 // Collective: every rank of the group calls it with the same prefix and size.
 // cpu_threads: threads of the CPU backend's element-wise kernels (0: one per hardware thread).
 absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,

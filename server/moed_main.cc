@@ -30,7 +30,9 @@
 ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
 ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one; see --port_file)");
 ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port here once listening");
-ABSL_FLAG(int, workers, 2, "embedded mode: start this many local moe-worker processes");
+ABSL_FLAG(int, workers, 0,
+          "embedded mode: start this many local moe-worker processes (0: one per visible GPU "
+          "with --device=cuda, else 2)");
 ABSL_FLAG(int, expect_workers, 0,
           "external mode (> 0): start no workers, wait for this many to join");
 ABSL_FLAG(std::string, device, "cpu", "embedded mode: --device of the started workers");
@@ -60,9 +62,11 @@ namespace {
 int Main() {
   const int expect = absl::GetFlag(FLAGS_expect_workers);
   const bool embedded = expect <= 0;
-  const int world = embedded ? absl::GetFlag(FLAGS_workers) : expect;
+  int world = embedded ? absl::GetFlag(FLAGS_workers) : expect;
+  if (embedded && world == 0) world = DefaultEmbeddedWorkers(absl::GetFlag(FLAGS_device));
   if (world <= 0) {
-    std::fprintf(stderr, "moed: --workers or --expect_workers must be > 0\n");
+    std::fprintf(stderr, "moed: --workers or --expect_workers must be > 0%s\n",
+                 embedded && absl::GetFlag(FLAGS_workers) == 0 ? " (no CUDA device visible)" : "");
     return 2;
   }
   std::string worker_binary;
