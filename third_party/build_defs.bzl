@@ -52,7 +52,8 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
         obj = name + "_" + src.replace("/", "_")[:-len(".cu")] + ".pic.o"
         native.genrule(
             name = obj + "_nvcc",
-            srcs = [src] + hdrs + native.glob(["**/*.cuh", "**/*.h"]),
+            # Every header of the package may be included; a set avoids duplicated labels.
+            srcs = [src] + [h for h in native.glob(["**/*.cuh", "**/*.h"]) if h not in hdrs] + hdrs,
             outs = [obj],
             cmd = ("{nvcc} -std=c++17 -O3 -Xcompiler -fPIC -I. -I$(GENDIR) " +
                    "-gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90 " +
