@@ -231,39 +231,42 @@ TEST_F(ClusterTest, StatusHealthAndMetrics) {
 // Workers report their backend memory (parameters, optimizer state, kept steps) through the
 // heartbeat: > 0 with a layer, more with a kept step, back down when it is released.
 TEST_F(ClusterTest, WorkerMemoryTelemetry) {
-  auto worker_memory = [&] {
-    grpc::ClientContext ctx;
-    v1::GetStatusResponse status;
-    EXPECT_TRUE(stub()->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
-    std::vector<std::pair<int64_t, int64_t>> memory;  // (now, peak) per rank
-    for (const auto& w : status.workers()) {
-      memory.emplace_back(w.memory_bytes(), w.peak_memory_bytes());
-    }
-    return memory;
-  };
-  // Waits for the heartbeat to carry numbers that satisfy `done` on every worker.
-  auto wait_for = [&](auto done) {
-    std::vector<std::pair<int64_t, int64_t>> memory = worker_memory();
+  // (now, peak) per rank, from heartbeats answered after `after` (plus a margin for the ping's
+  // own latency), so that the numbers include every call that returned before `after`.
+  auto memory_after = [&](absl::Time after) {
     const absl::Time give_up = absl::Now() + absl::Seconds(10);
-    auto all = [&] {
-      if (memory.size() != 2) return false;
-      for (size_t r = 0; r < memory.size(); ++r) {
-        if (!done(r, memory[r])) return false;
+    while (true) {
+      const absl::Time asked = absl::Now();
+      grpc::ClientContext ctx;
+      v1::GetStatusResponse status;
+      EXPECT_TRUE(stub()->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+      std::vector<std::pair<int64_t, int64_t>> memory;
+      bool fresh = status.workers_size() == 2;
+      for (const auto& w : status.workers()) {
+        // A lower bound of when the worker's last answer arrived.
+        const absl::Time seen = asked - absl::Milliseconds(w.last_seen_ms_ago() + 1);
+        fresh = fresh && w.last_seen_ms_ago() >= 0 && seen >= after + absl::Milliseconds(50);
+        memory.emplace_back(w.memory_bytes(), w.peak_memory_bytes());
       }
-      return true;
-    };
-    while (!all() && absl::Now() < give_up) {
+      if (fresh) return memory;
+      if (absl::Now() > give_up) {
+        ADD_FAILURE() << "no fresh heartbeat";
+        return memory;
+      }
       absl::SleepFor(absl::Milliseconds(50));
-      memory = worker_memory();
     }
-    EXPECT_TRUE(all());
-    return memory;
   };
 
+  const auto before = memory_after(absl::Now());
   ASSERT_TRUE(Create("memory", TinyConfig(/*seed=*/21)).ok());
-  const auto with_layer = wait_for(
-      [](size_t, std::pair<int64_t, int64_t> m) { return m.first > 0 && m.second >= m.first; });
+  const auto with_layer = memory_after(absl::Now());
+  ASSERT_EQ(before.size(), 2u);
   ASSERT_EQ(with_layer.size(), 2u);
+  for (size_t r = 0; r < with_layer.size(); ++r) {
+    EXPECT_GT(with_layer[r].first, 0) << "rank " << r;
+    EXPECT_GT(with_layer[r].first, before[r].first) << "rank " << r;  // the layer's parameters
+    EXPECT_GE(with_layer[r].second, with_layer[r].first) << "rank " << r;
+  }
 
   // 256 tokens, 128 per worker: x fp32 alone is 16 KiB of kept memory on each.
   v1::ForwardResponse fwd;
@@ -271,8 +274,8 @@ TEST_F(ClusterTest, WorkerMemoryTelemetry) {
                       /*keep=*/true, &fwd)
                   .ok());
   ASSERT_NE(fwd.step_id(), 0u);
-  const auto with_step = wait_for(
-      [&](size_t r, std::pair<int64_t, int64_t> m) { return m.first > with_layer[r].first; });
+  const auto with_step = memory_after(absl::Now());
+  ASSERT_EQ(with_step.size(), 2u);
   for (size_t r = 0; r < with_step.size(); ++r) {
     EXPECT_GE(with_step[r].first, with_layer[r].first + 256 / 2 * 32 * 4) << "rank " << r;
     EXPECT_GE(with_step[r].second, with_step[r].first) << "rank " << r;
@@ -286,9 +289,12 @@ TEST_F(ClusterTest, WorkerMemoryTelemetry) {
     v1::ReleaseStepResponse response;
     ASSERT_TRUE(stub()->ReleaseStep(&ctx, request, &response).ok());
   }
-  wait_for([&](size_t r, std::pair<int64_t, int64_t> m) {
-    return m.first < with_step[r].first && m.second >= with_step[r].first;
-  });
+  const auto released = memory_after(absl::Now());
+  ASSERT_EQ(released.size(), 2u);
+  for (size_t r = 0; r < released.size(); ++r) {
+    EXPECT_LT(released[r].first, with_step[r].first) << "rank " << r;
+    EXPECT_GE(released[r].second, with_step[r].first) << "rank " << r;  // the peak stays
+  }
   grpc::ClientContext ctx;
   v1::DeleteLayerRequest request;
   request.set_name("memory");
