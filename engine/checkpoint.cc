@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "engine/checkpoint_file.h"
+#include "engine/file_util.h"
 #include "engine/config.h"
 #include "engine/status_macros.h"
 

@@ -1,5 +1,5 @@
-// The on-disk tensor file of a layer checkpoint (engine/checkpoint.h) and the atomic file
-// writes it relies on.
+// The on-disk tensor file of a layer checkpoint (engine/checkpoint.h); the atomic file writes
+// it relies on are in engine/file_util.h.
 //
 //   RETURN_IF_ERROR(WriteTensorFile(dir + "/router.bin", {{"gate", gate}}));
 //   ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors, ReadTensorFile(dir + "/router.bin"));
@@ -24,6 +24,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/file_util.h"  // WriteFileAtomically, ReadWholeFile, MakeDirectories
 #include "engine/tensor.h"
 
 namespace moe {
@@ -44,27 +45,11 @@ inline uint32_t Crc32c(absl::string_view data, uint32_t crc = 0) {
 // The table-driven software path Crc32c takes on CPUs without SSE4.2 (public for tests).
 uint32_t Crc32cPortable(const void* data, size_t size, uint32_t crc = 0);
 
-// Writes `pieces` (concatenated) to `path` atomically: a temporary file in the same
-// directory, fsync, rename over `path`, fsync of the directory. On failure `path` is untouched
-// and the temporary file is removed.
-absl::Status WriteFileAtomically(const std::string& path,
-                                 const std::vector<absl::string_view>& pieces);
-
-// Reads a whole file. NOT_FOUND when it does not exist.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path);
-
 // Writes the tensors in order (names must be unique) with WriteFileAtomically.
 absl::Status WriteTensorFile(const std::string& path, const std::vector<NamedTensor>& tensors);
 
 // Reads and fully verifies a tensor file (see the layout above).
 absl::StatusOr<std::vector<NamedTensor>> ReadTensorFile(const std::string& path);
-
-// Creates `dir` (and missing parents); fine when it exists.
-absl::Status MakeDirectories(const std::string& dir);
-
-// The Status for a failed system call: NOT_FOUND, PERMISSION_DENIED, RESOURCE_EXHAUSTED
-// (ENOSPC) or INTERNAL, with `what` and strerror(err).
-absl::Status ErrnoStatus(int err, absl::string_view what);
 
 }  // namespace moe
 
