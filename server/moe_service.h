@@ -154,6 +154,10 @@ class MoeServiceImpl final : public v1::MoeService::Service {
   absl::Status ResolveNames(const Layer& layer, bool gradients,
                             const google::protobuf::RepeatedPtrField<std::string>& requested,
                             std::vector<std::string>* names) const;
+  // GetWeights / GetGradients: validation, the layer's turn, gather, then the chunk stream.
+  absl::Status ServeTensors(grpc::ServerContext* context, const std::string& layer, bool gradients,
+                            const google::protobuf::RepeatedPtrField<std::string>& requested,
+                            int64_t max_chunk_bytes, grpc::ServerWriter<v1::TensorChunk>* writer);
   grpc::Status Finish(const char* method, absl::Time start, const absl::Status& status);
 
   const ServiceOptions options_;

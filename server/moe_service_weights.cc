@@ -157,46 +157,38 @@ absl::Status StreamTensors(const std::vector<std::pair<std::string, Tensor>>& te
 
 }  // namespace
 
+absl::Status MoeServiceImpl::ServeTensors(
+    grpc::ServerContext* context, const std::string& layer, bool gradients,
+    const google::protobuf::RepeatedPtrField<std::string>& requested, int64_t max_chunk_bytes,
+    grpc::ServerWriter<v1::TensorChunk>* writer) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(layer));
+  std::vector<std::string> names;
+  RETURN_IF_ERROR(ResolveNames(*found, gradients, requested, &names));
+  if (max_chunk_bytes < 0) return absl::InvalidArgumentError("max_chunk_bytes: must be >= 0");
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(layer, context));
+    RETURN_IF_ERROR(GatherTensors(turn->set, turn->layer(), gradients, names, context, &tensors));
+  }
+  return StreamTensors(tensors, max_chunk_bytes, options_.max_message_bytes, writer);
+}
+
 grpc::Status MoeServiceImpl::GetGradients(grpc::ServerContext* context,
                                           const v1::GetGradientsRequest* request,
                                           grpc::ServerWriter<v1::TensorChunk>* writer) {
   const absl::Time start = absl::Now();
-  auto run = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
-    std::vector<std::string> names;
-    RETURN_IF_ERROR(ResolveNames(*found, /*gradients=*/true, request->names(), &names));
-    if (request->max_chunk_bytes() < 0) {
-      return absl::InvalidArgumentError("max_chunk_bytes: must be >= 0");
-    }
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    {
-      ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
-      RETURN_IF_ERROR(GatherTensors(turn->set, turn->layer(), true, names, context, &tensors));
-    }
-    return StreamTensors(tensors, request->max_chunk_bytes(), options_.max_message_bytes, writer);
-  };
-  return Finish("GetGradients", start, run());
+  return Finish("GetGradients", start,
+                ServeTensors(context, request->layer(), /*gradients=*/true, request->names(),
+                             request->max_chunk_bytes(), writer));
 }
 
 grpc::Status MoeServiceImpl::GetWeights(grpc::ServerContext* context,
                                         const v1::GetWeightsRequest* request,
                                         grpc::ServerWriter<v1::TensorChunk>* writer) {
   const absl::Time start = absl::Now();
-  auto run = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
-    std::vector<std::string> names;
-    RETURN_IF_ERROR(ResolveNames(*found, /*gradients=*/false, request->names(), &names));
-    if (request->max_chunk_bytes() < 0) {
-      return absl::InvalidArgumentError("max_chunk_bytes: must be >= 0");
-    }
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    {
-      ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
-      RETURN_IF_ERROR(GatherTensors(turn->set, turn->layer(), false, names, context, &tensors));
-    }
-    return StreamTensors(tensors, request->max_chunk_bytes(), options_.max_message_bytes, writer);
-  };
-  return Finish("GetWeights", start, run());
+  return Finish("GetWeights", start,
+                ServeTensors(context, request->layer(), /*gradients=*/false, request->names(),
+                             request->max_chunk_bytes(), writer));
 }
 
 grpc::Status MoeServiceImpl::SetWeights(grpc::ServerContext* context,
