@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "engine/comm/memory_kv_store.h"
+#include "engine/file_util.h"
 #include "server/coordinator_service.h"
 #include "server/device.h"
 #include "server/health.h"
@@ -39,6 +40,9 @@ ABSL_FLAG(std::string, device, "cpu", "embedded mode: --device of the started wo
 ABSL_FLAG(std::string, worker_binary, "",
           "embedded mode: moe-worker executable (default: next to this binary)");
 ABSL_FLAG(bool, respawn_workers, true, "embedded mode: restart a worker that exits");
+ABSL_FLAG(std::string, worker_log_dir, "",
+          "embedded mode: append worker r's stdout and stderr to DIR/worker-<r>.log (created "
+          "if missing; empty: the workers write to moed's stderr)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus text metrics over HTTP on this port (0: off)");
 ABSL_FLAG(int64_t, max_saved_steps, 64, "per layer: steps kept for backward at once");
 ABSL_FLAG(int64_t, max_saved_bytes, int64_t{8} << 30,
@@ -79,6 +83,14 @@ int Main() {
       return 2;
     }
     worker_binary = *path;
+    const std::string log_dir = absl::GetFlag(FLAGS_worker_log_dir);
+    if (!log_dir.empty()) {
+      absl::Status made = MakeDirectories(log_dir);
+      if (!made.ok()) {
+        std::fprintf(stderr, "moed: --worker_log_dir: %s\n", made.ToString().c_str());
+        return 2;
+      }
+    }
   }
   const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message < (1 << 16) || max_message > INT32_MAX) {
@@ -177,7 +189,8 @@ int Main() {
   if (embedded) {
     launcher = std::make_unique<WorkerLauncher>(
         worker_binary, absl::StrCat("127.0.0.1:", port), absl::GetFlag(FLAGS_device), world,
-        absl::GetFlag(FLAGS_respawn_workers), std::vector<std::string>{}, &pool);
+        absl::GetFlag(FLAGS_respawn_workers), std::vector<std::string>{}, &pool,
+        absl::GetFlag(FLAGS_worker_log_dir));
     absl::Status started = launcher->Start();
     if (!started.ok()) {
       std::fprintf(stderr, "moed: %s\n", started.ToString().c_str());

@@ -1,5 +1,6 @@
 #include "server/worker_launcher.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -36,14 +37,15 @@ absl::StatusOr<std::string> WorkerBinaryPath(const std::string& flag_value) {
 
 WorkerLauncher::WorkerLauncher(std::string binary, std::string frontend, std::string device,
                                int count, bool respawn, std::vector<std::string> extra_args,
-                               WorkerPool* pool)
+                               WorkerPool* pool, std::string log_dir)
     : binary_(std::move(binary)),
       frontend_(std::move(frontend)),
       device_(std::move(device)),
       count_(count),
       respawn_(respawn),
       extra_args_(std::move(extra_args)),
-      pool_(pool) {}
+      pool_(pool),
+      log_dir_(std::move(log_dir)) {}
 
 WorkerLauncher::~WorkerLauncher() { Stop(); }
 
@@ -68,9 +70,24 @@ absl::StatusOr<pid_t> WorkerLauncher::Spawn(int rank) {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
+  // The log file is opened here (close-on-exec: other threads may fork too); the child moves
+  // it onto its stdout and stderr.
+  int log_fd = -1;
+  if (!log_dir_.empty()) {
+    const std::string path = absl::StrCat(log_dir_, "/worker-", rank, ".log");
+    log_fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("--worker_log_dir: cannot open ", path, ": ", strerror(errno)));
+    }
+  }
   const pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid < 0) {
+    const int err = errno;
+    if (log_fd >= 0) close(log_fd);
+    return absl::InternalError(absl::StrCat("fork: ", strerror(err)));
+  }
   if (pid == 0) {
     // Child: die with moed; signals moed blocks must not stay blocked in the worker.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -78,10 +95,14 @@ absl::StatusOr<pid_t> WorkerLauncher::Spawn(int rank) {
     sigset_t all;
     sigfillset(&all);
     sigprocmask(SIG_UNBLOCK, &all, nullptr);
+    if (log_fd >= 0 && (dup2(log_fd, STDOUT_FILENO) < 0 || dup2(log_fd, STDERR_FILENO) < 0)) {
+      _exit(126);
+    }
 
     execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
+  if (log_fd >= 0) close(log_fd);
   return pid;
 }
 

@@ -6,6 +6,9 @@
 //   RETURN_IF_ERROR(launcher.Start());
 //   ...
 //   launcher.Stop();  // SIGTERM, then SIGKILL after a grace period
+//
+// With a log directory, each worker's output goes to <dir>/worker-<rank>.log instead of
+// moed's stderr.
 #ifndef MOED_SERVER_WORKER_LAUNCHER_H_
 #define MOED_SERVER_WORKER_LAUNCHER_H_
 
@@ -29,8 +32,11 @@ absl::StatusOr<std::string> WorkerBinaryPath(const std::string& flag_value);
 
 class WorkerLauncher {
  public:
+  // log_dir: when set, worker r's stdout and stderr are appended to <log_dir>/worker-<r>.log
+  // (a restarted worker continues its rank's file); otherwise they go to moed's own.
   WorkerLauncher(std::string binary, std::string frontend, std::string device, int count,
-                 bool respawn, std::vector<std::string> extra_args, WorkerPool* pool);
+                 bool respawn, std::vector<std::string> extra_args, WorkerPool* pool,
+                 std::string log_dir = "");
   ~WorkerLauncher();
 
   absl::Status Start();
@@ -47,6 +53,7 @@ class WorkerLauncher {
   const bool respawn_;
   const std::vector<std::string> extra_args_;
   WorkerPool* const pool_;
+  const std::string log_dir_;
 
   absl::Mutex mu_;
   std::vector<pid_t> pids_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,13 @@
 // Embedded mode: `moed --workers=2` starts its own moe-worker processes (found next to its
-// own executable), restarts one that dies, and stops them all on SIGTERM.
+// own executable), restarts one that dies, and stops them all on SIGTERM; with
+// --worker_log_dir their output goes to worker-<rank>.log there.
 #include <signal.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -12,9 +19,26 @@ namespace {
 
 bool ProcessExists(int64_t pid) { return kill(static_cast<pid_t>(pid), 0) == 0; }
 
+// The whole file at `path` ("" when it cannot be read).
+std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+int Count(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
 TEST(EmbeddedTest, StartsRespawnsAndStopsItsWorkers) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string log_dir = absl::StrCat(tmp ? tmp : "/tmp", "/worker_logs_", getpid());
   ClusterOptions options;
   options.embedded = true;
+  options.moed_flags = {absl::StrCat("--worker_log_dir=", log_dir)};
   auto started = TestCluster::Start(options);
   ASSERT_TRUE(started.ok()) << started.status();
   std::unique_ptr<TestCluster> cluster = std::move(*started);
@@ -55,6 +79,10 @@ TEST(EmbeddedTest, StartsRespawnsAndStopsItsWorkers) {
   EXPECT_NE(after.workers(1).pid(), victim);
   EXPECT_GT(after.generation(), before.generation());
   EXPECT_TRUE(forward().ok());
+
+  // --worker_log_dir: one file per rank; the restarted rank 1 appended to its file.
+  EXPECT_EQ(Count(ReadFileOrEmpty(log_dir + "/worker-0.log"), "moe-worker: rank 0 of 2"), 1);
+  EXPECT_EQ(Count(ReadFileOrEmpty(log_dir + "/worker-1.log"), "moe-worker: rank 1 of 2"), 2);
 
   // SIGTERM: moed exits 0 and takes its workers with it.
   EXPECT_EQ(cluster->SignalMoed(SIGTERM), 0);
