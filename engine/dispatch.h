@@ -11,6 +11,8 @@
 //   expert   the FFN's layout, expert-major over local experts:
 //            [el0: src0..src_{R-1} | el1: src0.. | ...]; group_rows[el] = sum_s A[s, first+el].
 // A[R, E] is the all-gathered matrix of padded row counts (row s = rank s's per-expert rows).
+// At R = 1 the three layouts are the same bytes (source-major with one source is expert-major),
+// so the layer skips the exchange and the reorder: DispatchIsIdentity(plan).
 //
 //   DispatchPlan plan = BuildDispatchPlan(all_counts, ranks, rank, num_experts);
 //   RETURN_IF_ERROR(DispatchRows(backend, comm, plan, x_local, x_expert, row_bytes));
@@ -45,6 +47,11 @@ struct DispatchPlan {
 // counts: A[R, E] (host). Fails when counts has the wrong size or a negative entry.
 absl::StatusOr<DispatchPlan> BuildDispatchPlan(const std::vector<int64_t>& counts, int ranks,
                                                int rank, int64_t num_experts);
+
+// True when the local, source and expert layouts coincide (one rank): DispatchRows and
+// ReturnRows would copy every row to the same offset of another buffer (twice), so the layer
+// hands its local buffer to the FFN as the expert buffer, and back, without copying.
+inline bool DispatchIsIdentity(const DispatchPlan& plan) { return plan.ranks == 1; }
 
 // local -> (all-to-all) source -> (reorder) expert. `expert` holds plan.expert_rows rows.
 absl::Status DispatchRows(Backend* backend, Communicator* comm, const DispatchPlan& plan,

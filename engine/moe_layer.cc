@@ -215,10 +215,15 @@ absl::StatusOr<ForwardResult> MoeLayerImpl::Forward(const Tensor& x,
   ASSIGN_OR_RETURN(Buffer x_local, backend_->Allocate(plan.local_rows * H * cs));
   RETURN_IF_ERROR(backend_->GatherRows(x_c, row_token.as<int32_t>(), plan.local_rows, H, cd,
                                        x_local.data()));
-  // 9. Dispatch to the owners, expert layout.
-  ASSIGN_OR_RETURN(s->x_expert, backend_->Allocate(plan.expert_rows * H * cs));
-  RETURN_IF_ERROR(DispatchRows(backend_, comm_, plan, x_local.data(), s->x_expert.data(), H * cs));
-  x_local.Reset();
+  // 9. Dispatch to the owners, expert layout (one rank: already is).
+  if (DispatchIsIdentity(plan)) {
+    s->x_expert = std::move(x_local);
+  } else {
+    ASSIGN_OR_RETURN(s->x_expert, backend_->Allocate(plan.expert_rows * H * cs));
+    RETURN_IF_ERROR(
+        DispatchRows(backend_, comm_, plan, x_local.data(), s->x_expert.data(), H * cs));
+    x_local.Reset();
+  }
 
   // 10. Expert FFN.
   ASSIGN_OR_RETURN(s->h, backend_->Allocate(plan.expert_rows * up * cs));
@@ -228,9 +233,14 @@ absl::StatusOr<ForwardResult> MoeLayerImpl::Forward(const Tensor& x,
       ExpertsForward(plan, s->x_expert.data(), s->h.data(), s->act.data(), y_expert.data()));
 
   // 11. Combine: back to the local layout, then the weighted sum in slot order (fp32).
-  ASSIGN_OR_RETURN(s->y_local, backend_->Allocate(plan.local_rows * H * cs));
-  RETURN_IF_ERROR(ReturnRows(backend_, comm_, plan, y_expert.data(), s->y_local.data(), H * cs));
-  y_expert.Reset();
+  if (DispatchIsIdentity(plan)) {
+    s->y_local = std::move(y_expert);
+  } else {
+    ASSIGN_OR_RETURN(s->y_local, backend_->Allocate(plan.local_rows * H * cs));
+    RETURN_IF_ERROR(
+        ReturnRows(backend_, comm_, plan, y_expert.data(), s->y_local.data(), H * cs));
+    y_expert.Reset();
+  }
   ASSIGN_OR_RETURN(Buffer out, backend_->Allocate(T * H * DTypeSize(xt)));
   RETURN_IF_ERROR(backend_->CombineRows(s->y_local.data(), cd, s->pair_row.as<int32_t>(),
                                         s->topk_weight.as<float>(), T, K, H, out.data(), xt));
@@ -276,7 +286,9 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
     g.ab_type = cd, g.c_type = cd;
     return g;
   }));
-  // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]), fp32 gradient.
+  // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]), fp32 gradient; written (beta = 0) when it is
+  // lazily zero (LayerParam), which covers every expert's slice, k = 0 ones included.
+  const float wo_beta = wo.grad_zero ? 0.0f : 1.0f;
   RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
     GemmArgs g;
     g.trans_a = true;
@@ -284,12 +296,14 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
     g.a = s.act.as<char>() + off * F * cs, g.lda = F;
     g.b = dy + off * H * cs, g.ldb = H;
     g.c = wo.grad.as<float>() + el * F * H, g.ldc = H;
-    g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = 1.0f;
+    g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = wo_beta;
     return g;
   }));
+  wo.grad_zero = false;
   if (c.use_bias) {
-    RETURN_IF_ERROR(
-        backend_->GroupBiasGrad(d_y, cd, H, plan.group_rows, Find("wo_bias")->grad.as<float>()));
+    LayerParam& wo_bias = *Find("wo_bias");
+    RETURN_IF_ERROR(MaterializeGradient(wo_bias));
+    RETURN_IF_ERROR(backend_->GroupBiasGrad(d_y, cd, H, plan.group_rows, wo_bias.grad.as<float>()));
   }
   ASSIGN_OR_RETURN(Buffer d_h, backend_->Allocate(plan.expert_rows * up * cs));
   ActivationArgs aa;
@@ -298,7 +312,8 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   aa.group_rows = plan.group_rows;
   RETURN_IF_ERROR(backend_->ActivationBackward(aa));
   d_act.Reset();
-  // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up])
+  // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up]); written when lazily zero, as d_wo.
+  const float wi_beta = wi.grad_zero ? 0.0f : 1.0f;
   RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
     GemmArgs g;
     g.trans_a = true;
@@ -306,12 +321,15 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
     g.a = s.x_expert.as<char>() + off * H * cs, g.lda = H;
     g.b = d_h.as<char>() + off * up * cs, g.ldb = up;
     g.c = wi.grad.as<float>() + el * H * up, g.ldc = up;
-    g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = 1.0f;
+    g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = wi_beta;
     return g;
   }));
+  wi.grad_zero = false;
   if (c.use_bias) {
-    RETURN_IF_ERROR(backend_->GroupBiasGrad(d_h.data(), cd, up, plan.group_rows,
-                                            Find("wi_bias")->grad.as<float>()));
+    LayerParam& wi_bias = *Find("wi_bias");
+    RETURN_IF_ERROR(MaterializeGradient(wi_bias));
+    RETURN_IF_ERROR(
+        backend_->GroupBiasGrad(d_h.data(), cd, up, plan.group_rows, wi_bias.grad.as<float>()));
   }
   // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up])
   return PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
@@ -361,21 +379,32 @@ absl::StatusOr<Tensor> MoeLayerImpl::Backward(StepContext& context, const Tensor
       s->topk_weight.as<float>(), T, K, H, plan.local_rows, d_y_local.data(),
       d_probs.as<float>()));
   d_out_dev.Reset();
-  // 2. Dispatch d_y exactly as the forward dispatched x.
-  ASSIGN_OR_RETURN(Buffer d_y_expert, backend_->Allocate(plan.expert_rows * H * cs));
-  RETURN_IF_ERROR(
-      DispatchRows(backend_, comm_, plan, d_y_local.data(), d_y_expert.data(), H * cs));
+  // 2. Dispatch d_y exactly as the forward dispatched x (one rank: d_y_local already is).
+  const bool identity = DispatchIsIdentity(plan);
+  Buffer d_y_expert;
+  if (!identity) {
+    ASSIGN_OR_RETURN(d_y_expert, backend_->Allocate(plan.expert_rows * H * cs));
+    RETURN_IF_ERROR(
+        DispatchRows(backend_, comm_, plan, d_y_local.data(), d_y_expert.data(), H * cs));
+  }
   // 3. Expert FFN backward.
   ASSIGN_OR_RETURN(Buffer d_x_expert, backend_->Allocate(plan.expert_rows * H * cs));
-  RETURN_IF_ERROR(ExpertsBackward(*s, d_y_expert.data(), d_x_expert.data()));
+  RETURN_IF_ERROR(ExpertsBackward(*s, identity ? d_y_local.data() : d_y_expert.data(),
+                                  d_x_expert.data()));
   d_y_expert.Reset();
-  // 4. Reverse exchange into the local layout (reusing d_y_local), then d_x_t = sum_j d_X_(t,j).
-  RETURN_IF_ERROR(ReturnRows(backend_, comm_, plan, d_x_expert.data(), d_y_local.data(), H * cs));
-  d_x_expert.Reset();
+  // 4. Reverse exchange into the local layout (reusing d_y_local; one rank: d_x_expert already
+  // is that layout), then d_x_t = sum_j d_X_(t,j).
+  if (!identity) {
+    RETURN_IF_ERROR(
+        ReturnRows(backend_, comm_, plan, d_x_expert.data(), d_y_local.data(), H * cs));
+    d_x_expert.Reset();
+  }
+  const void* d_x_local = identity ? d_x_expert.data() : d_y_local.data();
   ASSIGN_OR_RETURN(Buffer d_x, backend_->Allocate(T * H * sizeof(float)));
-  RETURN_IF_ERROR(backend_->CombineRows(d_y_local.data(), cd, s->pair_row.as<int32_t>(), nullptr,
-                                        T, K, H, d_x.data(), DType::kFloat32));
+  RETURN_IF_ERROR(backend_->CombineRows(d_x_local, cd, s->pair_row.as<int32_t>(), nullptr, T, K,
+                                        H, d_x.data(), DType::kFloat32));
   d_y_local.Reset();
+  d_x_expert.Reset();
 
   // 5. Router backward.
   const double Tg = s->global_tokens;
@@ -417,18 +446,28 @@ absl::StatusOr<Tensor> MoeLayerImpl::Backward(StepContext& context, const Tensor
     g.beta = 1.0f;
     RETURN_IF_ERROR(backend_->Gemm(g));
   }
-  ASSIGN_OR_RETURN(Buffer d_gate_step, backend_->Allocate(H * E * sizeof(float)));
+  // This step's part goes straight into a lazily zero gradient (LayerParam), else into a scratch
+  // buffer added after the all-reduce (which sums this step's parts only, never the history).
+  Buffer d_gate_step;
+  if (!gate.grad_zero) {
+    ASSIGN_OR_RETURN(d_gate_step, backend_->Allocate(H * E * sizeof(float)));
+  }
+  float* d_gate = gate.grad_zero ? gate.grad.as<float>() : d_gate_step.as<float>();
   {
     GemmArgs g;
     g.trans_a = true;
     g.m = H, g.n = E, g.k = T;
     g.a = s->x32.data(), g.lda = H;
     g.b = d_logits.data(), g.ldb = E;
-    g.c = d_gate_step.data(), g.ldc = E;
+    g.c = d_gate, g.ldc = E;
     RETURN_IF_ERROR(backend_->Gemm(g));
   }
-  RETURN_IF_ERROR(comm_->AllReduceSum(d_gate_step.data(), H * E, DType::kFloat32));
-  RETURN_IF_ERROR(backend_->AddInPlace(gate.grad.as<float>(), d_gate_step.as<float>(), H * E));
+  RETURN_IF_ERROR(comm_->AllReduceSum(d_gate, H * E, DType::kFloat32));
+  if (gate.grad_zero) {
+    gate.grad_zero = false;
+  } else {
+    RETURN_IF_ERROR(backend_->AddInPlace(gate.grad.as<float>(), d_gate, H * E));
+  }
 
   Tensor result;
   if (s->x_type == DType::kFloat32) {

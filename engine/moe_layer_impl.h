@@ -18,10 +18,17 @@ namespace moe {
 
 // One parameter: fp32 master, fp32 gradient (accumulated), optional compute-dtype copy and
 // optimizer state, all backend memory.
+//
+// Zero gradients are lazy: after creation, ZeroGradients and ApplyOptimizer the gradient is
+// zero by definition (grad_zero) and `grad`'s bytes are stale. The next backward then writes
+// the gradient (GEMM beta = 0: no memset, and C is not read) instead of adding to zeros, which
+// gives the same values (0 + x == x) for half the memory traffic; readers that need the bytes
+// (GetGradient, the optimizer, the bias-gradient sums) see zeros.
 struct LayerParam {
   std::string name;
   std::vector<int64_t> shape;  // this rank's shard
   bool has_grad = true;        // expert_bias has none
+  bool grad_zero = true;       // the gradient is all zero; `grad` holds stale bytes
   bool has_compute_copy = false;  // wi, wo under compute_dtype = BF16
   Buffer master, grad, compute;
   Buffer m, v;                 // optimizer state (empty until needed)
@@ -91,6 +98,8 @@ class MoeLayerImpl : public MoeLayer {
     return p.has_compute_copy ? p.compute.data() : p.master.data();
   }
   absl::Status RefreshComputeCopy(LayerParam& p);
+  // Writes the zeros of a lazily zeroed gradient (grad_zero) into its buffer.
+  absl::Status MaterializeGradient(LayerParam& p);
   absl::StatusOr<Buffer> Upload(const void* host, size_t bytes);
   absl::StatusOr<Tensor> Download(const Buffer& buffer, DType dtype,
                                   const std::vector<int64_t>& shape) const;

@@ -73,8 +73,7 @@ absl::Status MoeLayerImpl::Init() {
       RETURN_IF_ERROR(backend_->Memset(p.master.data(), 0, bytes));
     }
     if (has_grad) {
-      ASSIGN_OR_RETURN(p.grad, backend_->Allocate(bytes));
-      RETURN_IF_ERROR(backend_->Memset(p.grad.data(), 0, bytes));
+      ASSIGN_OR_RETURN(p.grad, backend_->Allocate(bytes));  // zero by grad_zero
     }
     if (p.has_compute_copy) {
       ASSIGN_OR_RETURN(p.compute, backend_->Allocate(p.count() * DTypeSize(c.compute_dtype)));
@@ -121,6 +120,13 @@ absl::Status MoeLayerImpl::RefreshComputeCopy(LayerParam& p) {
                            config_.compute_dtype, p.count());
 }
 
+absl::Status MoeLayerImpl::MaterializeGradient(LayerParam& p) {
+  if (!p.has_grad || !p.grad_zero) return absl::OkStatus();
+  RETURN_IF_ERROR(backend_->Memset(p.grad.data(), 0, p.grad.size()));
+  p.grad_zero = false;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Buffer> MoeLayerImpl::Upload(const void* host, size_t bytes) {
   ASSIGN_OR_RETURN(Buffer b, backend_->Allocate(bytes));
   RETURN_IF_ERROR(backend_->CopyFromHost(b.data(), host, bytes));
@@ -129,7 +135,7 @@ absl::StatusOr<Buffer> MoeLayerImpl::Upload(const void* host, size_t bytes) {
 
 absl::StatusOr<Tensor> MoeLayerImpl::Download(const Buffer& buffer, DType dtype,
                                               const std::vector<int64_t>& shape) const {
-  Tensor t = Tensor::Zeros(dtype, shape);
+  Tensor t = Tensor::Uninitialized(dtype, shape);  // CopyToHost writes every byte
   if (t.num_bytes() > buffer.size()) {
     return absl::InternalError("Download: buffer smaller than the tensor");
   }
@@ -175,13 +181,13 @@ absl::StatusOr<Tensor> MoeLayerImpl::GetGradient(const std::string& name) const 
   if (p == nullptr || !p->has_grad) {
     return absl::NotFoundError(absl::StrCat("parameter '", name, "' has no gradient"));
   }
+  if (p->grad_zero) return Tensor::Zeros(DType::kFloat32, p->shape);
   return Download(p->grad, DType::kFloat32, p->shape);
 }
 
 absl::Status MoeLayerImpl::ZeroGradients() {
-  for (LayerParam& p : params_) {
-    if (p.has_grad) RETURN_IF_ERROR(backend_->Memset(p.grad.data(), 0, p.grad.size()));
-  }
+  // Lazy (LayerParam): the next backward overwrites instead of accumulating.
+  for (LayerParam& p : params_) p.grad_zero = true;
   return absl::OkStatus();
 }
 
@@ -215,6 +221,8 @@ absl::Status MoeLayerImpl::ApplyOptimizer(const OptimizerConfig& o) {
       ASSIGN_OR_RETURN(p.v, backend_->Allocate(bytes));
       RETURN_IF_ERROR(backend_->Memset(p.v.data(), 0, bytes));
     }
+    // A step without a backward since the last zeroing still decays and moves the weights.
+    RETURN_IF_ERROR(MaterializeGradient(p));
     RETURN_IF_ERROR(backend_->OptimizerStep(args, p.master.as<float>(), p.grad.as<float>(),
                                             needs_m ? p.m.as<float>() : nullptr,
                                             adamw ? p.v.as<float>() : nullptr, p.count()));

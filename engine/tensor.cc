@@ -22,6 +22,14 @@ Tensor Tensor::Zeros(DType dtype, std::vector<int64_t> shape) {
   return t;
 }
 
+Tensor Tensor::Uninitialized(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.bytes_.resize(static_cast<size_t>(NumElements(t.shape_)) * DTypeSize(dtype));
+  return t;
+}
+
 absl::StatusOr<Tensor> Tensor::FromBytes(DType dtype, std::vector<int64_t> shape,
                                          absl::string_view bytes) {
   absl::Status status = CheckByteCount("tensor", dtype, shape, bytes.size());
@@ -34,7 +42,7 @@ absl::StatusOr<Tensor> Tensor::FromBytes(DType dtype, std::vector<int64_t> shape
 }
 
 Tensor Tensor::FromFloats(std::vector<int64_t> shape, const std::vector<float>& values) {
-  Tensor t = Zeros(DType::kFloat32, std::move(shape));
+  Tensor t = Uninitialized(DType::kFloat32, std::move(shape));
   std::memcpy(t.bytes_.data(), values.data(), t.bytes_.size());
   return t;
 }
@@ -80,7 +88,7 @@ Tensor Tensor::ConvertTo(DType dtype) const {
 Tensor Tensor::SliceRows(int64_t begin, int64_t end) const {
   std::vector<int64_t> shape = shape_;
   shape[0] = end - begin;
-  Tensor out = Zeros(dtype_, shape);
+  Tensor out = Uninitialized(dtype_, shape);  // every byte copied below
   const size_t row_bytes = shape_[0] == 0 ? 0 : bytes_.size() / shape_[0];
   if (!out.bytes_.empty()) {
     std::memcpy(out.bytes_.data(), bytes_.data() + begin * row_bytes, out.bytes_.size());

@@ -164,6 +164,42 @@ TEST(AccumulationTest, ZeroGradientsRestartsAccumulation) {
   }
 }
 
+// Zeroed gradients are zero lazily (the buffers keep the old bytes until the next backward
+// writes them with beta = 0): a backward after ZeroGradients must give exactly a fresh layer's
+// gradients, and an optimizer step with no backward since must see zeros.
+TEST(AccumulationTest, ZeroedGradientsAreOverwrittenNotAddedTo) {
+  const LayerConfig c = MediumConfig(DType::kBFloat16);
+  Tensor x1 = RandomTensor(40, c.hidden, 41, DType::kFloat32);
+  Tensor d1 = RandomTensor(40, c.hidden, 42, DType::kFloat32);
+  Tensor x2 = RandomTensor(24, c.hidden, 43, DType::kFloat32);
+  Tensor d2 = RandomTensor(24, c.hidden, 44, DType::kFloat32);
+  absl::StatusOr<CpuLayer> a = MakeCpuLayer(c);
+  absl::StatusOr<CpuLayer> b = MakeCpuLayer(c);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(RunStep(a->layer.get(), x1, &d1, 1.0, 1.0).ok());
+  ASSERT_TRUE(a->layer->ZeroGradients().ok());
+  EXPECT_EQ(StepBytes(a->layer.get(), x2, d2), StepBytes(b->layer.get(), x2, d2));
+
+  // SGD with weight decay and no backward since the zeroing: p -= lr * wd * p.
+  ASSERT_TRUE(a->layer->ZeroGradients().ok());
+  const moe::OptimizerConfig sgd = moe::OptimizerConfig::Sgd(0.5, 0.0, 0.1);
+  std::map<std::string, std::vector<double>> before;
+  for (const std::string& name : a->layer->ParameterNames()) {
+    before[name] = ToDoubles(a->layer->GetParameter(name).value());
+  }
+  ASSERT_TRUE(a->layer->ApplyOptimizer(sgd).ok());
+  for (const auto& [name, p] : before) {
+    std::vector<double> expected = p;
+    if (name != "expert_bias") {
+      for (double& v : expected) v -= sgd.lr * sgd.weight_decay * v;
+    }
+    EXPECT_LE(RelativeError(ToDoubles(a->layer->GetParameter(name).value()), expected), 1e-6)
+        << name;
+    if (name == "expert_bias") continue;
+    for (double g : ToDoubles(a->layer->GetGradient(name).value())) ASSERT_EQ(g, 0.0);
+  }
+}
+
 TEST(AccumulationTest, AContextServesOneBackwardOnly) {
   LayerConfig c = MediumConfig(DType::kFloat32);
   Tensor x = RandomTensor(8, c.hidden, 31, DType::kFloat32);

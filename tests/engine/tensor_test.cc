@@ -54,5 +54,18 @@ TEST(TensorTest, ConvertAndSlice) {
   EXPECT_EQ(CheckShape("x", {2, 2}, {2, 3}).code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(TensorTest, UninitializedHasTheShapeAndIsWritable) {
+  Tensor t = Tensor::Uninitialized(DType::kBFloat16, {3, 5});
+  EXPECT_EQ(t.shape(), (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(t.dtype(), DType::kBFloat16);
+  EXPECT_EQ(t.num_bytes(), 30u);
+  for (int i = 0; i < 15; ++i) t.data<uint16_t>()[i] = FloatToBf16(static_cast<float>(i));
+  EXPECT_EQ(t.GetFloat(14), 14.0f);
+  EXPECT_EQ(Tensor::Uninitialized(DType::kFloat32, {0, 4}).num_bytes(), 0u);
+  // Zeros still zeroes (the storage's allocator only skips zeroing on resize).
+  Tensor z = Tensor::Zeros(DType::kFloat32, {4});
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(z.data<float>()[i], 0.0f);
+}
+
 }  // namespace
 }  // namespace moe
