@@ -15,20 +15,14 @@
 #include "engine/cpu/cpu_backend.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/engine/tiny_config.h"
 
 namespace moe {
 namespace {
 
 using ::testing::HasSubstr;
 
-LayerConfig Base() {
-  LayerConfig c;
-  c.hidden = 32;
-  c.ffn = 64;
-  c.num_experts = 8;
-  c.top_k = 2;
-  return c;
-}
+LayerConfig Base() { return TinyLayerConfig(); }
 
 // Runs CheckConfigAgreement on `configs.size()` Gloo ranks (threads), then a Barrier on the
 // same communicator; returns each rank's two statuses.

@@ -4,20 +4,14 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/engine/tiny_config.h"
 
 namespace moe {
 namespace {
 
 using ::testing::HasSubstr;
 
-LayerConfig Tiny() {
-  LayerConfig c;
-  c.hidden = 32;
-  c.ffn = 64;
-  c.num_experts = 8;
-  c.top_k = 2;
-  return c;
-}
+LayerConfig Tiny() { return TinyLayerConfig(); }
 
 void ExpectInvalid(const LayerConfig& c, int ranks, const std::string& field,
                    const std::string& rule_part) {
