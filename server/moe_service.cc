@@ -3,6 +3,7 @@
 #include "server/moe_service.h"
 
 #include <cstdio>
+#include <limits>
 #include <set>
 #include <utility>
 
@@ -100,12 +101,16 @@ grpc::Status MoeServiceImpl::CreateLayer(grpc::ServerContext* context,
     if (!valid.ok()) {
       return absl::Status(valid.code(), absl::StrCat("config: ", valid.message()));
     }
-    // Memory estimate in floating point: absurd sizes must not overflow.
-    long double elements = 0;
-    for (const ParameterLayout& p : LayerParameters(config)) {
-      long double n = 1;
-      for (int64_t d : p.shape) n *= static_cast<long double>(d);
-      elements += n;
+    // Memory estimate in floating point: absurd sizes must not overflow. The shapes hold
+    // up = 2F (gated) as int64, which wraps (even negative) for F > 2^62: no such layer fits.
+    long double elements = std::numeric_limits<long double>::infinity();
+    if (config.ffn <= std::numeric_limits<int64_t>::max() / 2) {
+      elements = 0;
+      for (const ParameterLayout& p : LayerParameters(config)) {
+        long double n = 1;
+        for (int64_t d : p.shape) n *= static_cast<long double>(d);
+        elements += n;
+      }
     }
     const long double bytes = elements * 4 * sizeof(float);
     if (bytes > static_cast<long double>(options_.max_layer_bytes)) {
