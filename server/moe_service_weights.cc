@@ -366,6 +366,15 @@ grpc::Status MoeServiceImpl::SaveCheckpoint(grpc::ServerContext* context,
     std::string dir = request->directory();
     RETURN_IF_ERROR(CheckDirectory(dir));
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    // The checkpoint replaces `dir` by rename: "/", "." and ".." cannot be renamed (and the
+    // workers would first write a sibling of them).
+    const std::string last = dir.substr(dir.rfind('/') + 1);
+    if (last.empty() || last == "." || last == "..") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("directory: \"", request->directory(),
+                       "\" does not name a directory that can be replaced (last component \"",
+                       last, "\")"));
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
     // Atomic: the workers write a fresh sibling directory; it replaces `dir` by rename only
     // once every worker succeeded (the old checkpoint is removed after the rename).

@@ -105,6 +105,21 @@ TEST_F(ClusterTest, BadRequestsGetTheirCodes) {
     EXPECT_EQ(stub()->UpdateExpertBias(&ctx, request, &response).error_code(),
               grpc::StatusCode::FAILED_PRECONDITION);
   }
+
+  // Checkpoint directories that cannot be replaced by a rename are the client's error, found
+  // before any worker writes (they were INTERNAL after the workers wrote a sibling of "/").
+  for (const char* dir : {"", "relative/dir", "/", "//", "/tmp/x/..", "/tmp/x/../",
+                          "/tmp/x/.", "/tmp/../x", "/tmp/it's"}) {
+    grpc::ClientContext ctx;
+    v1::SaveCheckpointRequest request;
+    request.set_layer("valid");
+    request.set_directory(dir);
+    v1::SaveCheckpointResponse response;
+    s = stub()->SaveCheckpoint(&ctx, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << dir << ": "
+                                                                  << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("directory")) << dir;
+  }
 }
 
 TEST_F(ClusterTest, SavedStepBudget) {
