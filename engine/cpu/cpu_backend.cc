@@ -1,6 +1,7 @@
 #include "engine/cpu/cpu_backend.h"
 
 #include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -23,6 +24,10 @@ class CpuBackend : public Backend {
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     // Never a null pointer, even for 0 bytes: callers pass buffers of empty steps around.
+    // A size within kAlignment of SIZE_MAX would wrap to a tiny block in the rounding below.
+    if (bytes > SIZE_MAX - kAlignment) {
+      return absl::ResourceExhaustedError(absl::StrCat("cpu: cannot allocate ", bytes, " bytes"));
+    }
     const size_t rounded = ((bytes + kAlignment - 1) / kAlignment + (bytes == 0)) * kAlignment;
     void* p = std::aligned_alloc(kAlignment, rounded);
     if (p == nullptr) {

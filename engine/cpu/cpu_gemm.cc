@@ -4,6 +4,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -52,6 +53,14 @@ absl::Status Gemm(const GemmArgs& g, int threads) {
   }
   if (absl::Status s = CheckFloatType("Gemm", "ab_type", g.ab_type); !s.ok()) return s;
   if (absl::Status s = CheckFloatType("Gemm", "c_type", g.c_type); !s.ok()) return s;
+  // OpenBLAS takes 32-bit sizes here (blasint): a larger one would be silently truncated.
+  const int64_t kMaxBlas = std::numeric_limits<blasint>::max();
+  if (g.m > kMaxBlas || g.n > kMaxBlas || g.k > kMaxBlas || g.lda > kMaxBlas ||
+      g.ldb > kMaxBlas || g.ldc > kMaxBlas) {
+    return absl::InvalidArgumentError(absl::StrCat("Gemm: sizes (m=", g.m, " n=", g.n, " k=", g.k,
+                                                   " lda=", g.lda, " ldb=", g.ldb, " ldc=", g.ldc,
+                                                   ") exceed the BLAS limit ", kMaxBlas));
+  }
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
   // Storage shapes of A and B (row-major) and their minimum leading dimensions.
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;

@@ -2,6 +2,7 @@
 #include "engine/cpu/cpu_backend.h"
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -290,6 +291,33 @@ TEST_F(CpuBackendTest, MemoryAccountingAndCopies) {
   }
   EXPECT_EQ(backend_->allocated_bytes(), before);
   EXPECT_GE(backend_->peak_allocated_bytes(), before + 1000);
+}
+
+// Sizes beyond OpenBLAS's 32-bit integers were truncated (m = 2^32 + 1 ran as m = 1 and
+// reported success); they must be refused.
+TEST_F(CpuBackendTest, GemmRejectsSizesBeyondBlasIntegers) {
+  std::vector<float> a = {2}, b = {3}, c = {0};
+  GemmArgs g;
+  g.m = (int64_t{1} << 32) + 1, g.n = 1, g.k = 1;
+  g.a = a.data(), g.lda = 1, g.b = b.data(), g.ldb = 1, g.c = c.data(), g.ldc = 1;
+  EXPECT_EQ(backend_->Gemm(g).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c[0], 0.0f);
+  g.m = 1, g.k = int64_t{1} << 31, g.lda = g.k;
+  EXPECT_EQ(backend_->Gemm(g).code(), absl::StatusCode::kInvalidArgument);
+  g.k = 1, g.lda = 1, g.ldc = (int64_t{1} << 32) + 1;
+  EXPECT_EQ(backend_->Gemm(g).code(), absl::StatusCode::kInvalidArgument);
+  g.ldc = 1;
+  ASSERT_TRUE(backend_->Gemm(g).ok());
+  EXPECT_EQ(c[0], 6.0f);
+}
+
+// A size near SIZE_MAX wrapped in the rounding to the alignment and returned a tiny block
+// labelled with the huge size.
+TEST_F(CpuBackendTest, AllocateRefusesSizesThatWouldWrap) {
+  for (size_t bytes : {SIZE_MAX, SIZE_MAX - 10, SIZE_MAX - 63}) {
+    auto b = backend_->Allocate(bytes);
+    EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted) << bytes;
+  }
 }
 
 }  // namespace
