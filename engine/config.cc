@@ -124,6 +124,12 @@ absl::Status ValidateConfig(const LayerConfig& c, int ep_ranks) {
     return Invalid("capacity_factor", "must be finite and >= 0 (0 = dropless)");
   }
   if (c.align_size < 0) return Invalid("align_size", "must be >= 0 (0 = no padding)");
+  // Padding targets GEMM tiles (16..256 in practice); the bound keeps the rounded-up row counts
+  // far from overflow (they are int64 sums and int32 row indices).
+  if (c.align_size > kMaxAlignSize) {
+    return Invalid("align_size",
+                   absl::StrCat("must be <= ", kMaxAlignSize, ", got ", c.align_size));
+  }
   switch (c.activation) {
     case Activation::kSilu:
     case Activation::kGelu:

@@ -36,7 +36,7 @@ struct LayerConfig {
   double aux_loss_coeff = 0.0;    // 0 = no aux loss
   double z_loss_coeff = 0.0;      // 0 = no z-loss
   double capacity_factor = 0.0;   // 0 = dropless
-  int64_t align_size = 0;         // pad each expert's rows to a multiple (0 = no padding)
+  int64_t align_size = 0;         // pad each expert's rows to a multiple (0 = off, at most 65536)
 
   Activation activation = Activation::kSilu;
   bool gated = true;              // wi = [wi_0 | wi_1] (SwiGLU-style) or wi_0 only
@@ -45,6 +45,9 @@ struct LayerConfig {
   DType compute_dtype = DType::kFloat32;  // kFloat32 or kBFloat16
   uint64_t init_seed = 0;
 };
+
+// Largest align_size ValidateConfig accepts.
+constexpr int64_t kMaxAlignSize = 65536;
 
 // Checks every rule of SPEC.md (positive sizes, k <= E, grouped top-k rules, expert bias only
 // with sigmoid, E % ep_ranks == 0, ...). The error message names the field and the rule.

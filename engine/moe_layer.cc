@@ -3,8 +3,10 @@
 // statistics (counts, loss partials), one of the all-gathered row counts A[R, E], and the
 // output itself; the backward has only the d_x copy. Every buffer a kernel or a collective
 // touches is backend memory.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "engine/moe_layer_impl.h"
@@ -14,6 +16,32 @@ namespace moe {
 namespace {
 
 int64_t RoundUp(int64_t n, int64_t align) { return align > 0 ? (n + align - 1) / align * align : n; }
+
+// Largest token count of a step and row count of a layout: rows are indexed by int32.
+constexpr int64_t kMaxRowIndex = std::numeric_limits<int32_t>::max();
+
+// The padded counts A[R, E] of every rank must keep every rank's local and expert layouts
+// indexable by int32. Checked on the all-gathered matrix, so every rank gives the same answer.
+absl::Status CheckRowCounts(const std::vector<int64_t>& counts, int ranks, int64_t experts) {
+  const int64_t local_experts = experts / ranks;
+  std::vector<int64_t> local_rows(ranks, 0), expert_rows(ranks, 0);
+  for (int s = 0; s < ranks; ++s) {
+    for (int64_t e = 0; e < experts; ++e) {
+      local_rows[s] += counts[s * experts + e];
+      expert_rows[e / local_experts] += counts[s * experts + e];
+    }
+  }
+  for (int q = 0; q < ranks; ++q) {
+    const int64_t rows = std::max(local_rows[q], expert_rows[q]);
+    if (rows > kMaxRowIndex) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("x: rank ", q, " would hold ", rows,
+                       " permuted rows (after align_size padding); at most ", kMaxRowIndex,
+                       " are supported"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckActivations(const char* field, const Tensor& t, int64_t hidden) {
   if (t.rank() != 2 || t.dim(1) != hidden) {
@@ -161,9 +189,10 @@ absl::StatusOr<ForwardResult> MoeLayerImpl::Forward(const Tensor& x,
   {
     RoutePlanArgs p;
     p.tokens = T, p.top_k = K, p.num_experts = E;
-    p.capacity = c.capacity_factor > 0
-                     ? static_cast<int64_t>(std::ceil(c.capacity_factor * T * K / E))
-                     : -1;
+    // No expert gets more than T pairs (a token's k experts are distinct), so clamping to T
+    // changes nothing and keeps a huge capacity_factor from overflowing the int64 conversion.
+    const double capacity = std::ceil(c.capacity_factor * T * K / E);
+    p.capacity = c.capacity_factor > 0 ? (capacity < T ? static_cast<int64_t>(capacity) : T) : -1;
     p.topk_expert = s->topk_expert.as<int32_t>();
     p.topk_weight = s->topk_weight.as<float>();
     p.kept = kept.as<uint8_t>();
@@ -178,6 +207,13 @@ absl::StatusOr<ForwardResult> MoeLayerImpl::Forward(const Tensor& x,
   std::memcpy(counts32.data(), host_stats.data() + stats_doubles * sizeof(double),
               2 * E * sizeof(int32_t));
   s->global_tokens = sums[E + 1];
+  // Per-expert counts are int32 (and so are token and row indices): refuse a step too large for
+  // them. T_g is the same on every rank, so all ranks fail here together.
+  if (s->global_tokens > static_cast<double>(kMaxRowIndex)) {
+    return absl::InvalidArgumentError(absl::StrCat("x: the step has ", s->global_tokens,
+                                                   " tokens over all ranks; at most ",
+                                                   kMaxRowIndex, " are supported"));
+  }
   s->global_counts.assign(counts32.begin(), counts32.begin() + E);
 
   // 8. Padded rows per expert; 9. all-gather them into A[R, E] (int64).
@@ -192,6 +228,7 @@ absl::StatusOr<ForwardResult> MoeLayerImpl::Forward(const Tensor& x,
   std::vector<int64_t> counts_matrix(ranks_ * E);
   RETURN_IF_ERROR(backend_->CopyToHost(counts_matrix.data(), all_counts.data(),
                                        counts_matrix.size() * sizeof(int64_t)));
+  RETURN_IF_ERROR(CheckRowCounts(counts_matrix, ranks_, E));
   ASSIGN_OR_RETURN(s->plan, BuildDispatchPlan(counts_matrix, ranks_, rank_, E));
   const DispatchPlan& plan = s->plan;
   if (plan.local_rows != offsets[E]) {

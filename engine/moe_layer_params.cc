@@ -257,6 +257,11 @@ absl::StatusOr<Tensor> MoeLayerImpl::GetState(const std::string& name) const {
 }
 
 absl::Status MoeLayerImpl::SetState(const std::string& name, const Tensor& value) {
+  if (value.dtype() != DType::kFloat32 && value.dtype() != DType::kBFloat16 &&
+      value.dtype() != DType::kFloat64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        name, ": datatype must be FP32, BF16 or FP64, got ", DTypeName(value.dtype())));
+  }
   if (name == "step") {
     RETURN_IF_ERROR(CheckShape(name, value.shape(), {1}));
     const double step = value.GetFloat(0);

@@ -106,6 +106,18 @@ TEST(ConfigTest, NumericKnobs) {
   ExpectInvalid(c, 1, "compute_dtype", "FP32 or BF16");
 }
 
+// An absurd align_size must be refused up front: rounding the per-expert row counts up to it
+// would overflow int64 (and the row indices int32), and the forward wrote past its buffers.
+TEST(ConfigTest, AlignSizeHasAnUpperBound) {
+  LayerConfig c = Tiny();
+  c.align_size = 65536;
+  EXPECT_TRUE(ValidateConfig(c, 1).ok());
+  c.align_size = 65537;
+  ExpectInvalid(c, 1, "align_size", "<= 65536");
+  c.align_size = int64_t{1} << 62;
+  ExpectInvalid(c, 1, "align_size", "<= 65536");
+}
+
 TEST(ConfigTest, StringRoundTripIsExact) {
   LayerConfig c = Tiny();
   c.score_function = ScoreFunction::kSigmoid;

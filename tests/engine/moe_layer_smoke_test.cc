@@ -257,5 +257,38 @@ TEST(MoeLayerSmokeTest, NanInputDoesNotCrash) {
   EXPECT_TRUE((*layer)->Backward(*saved, Input(16, 32, 11), 1, 1).ok());
 }
 
+// align_size = 2^62 with one routed pair made the padded row count wrap the int32 buffer size
+// to 0 bytes and the permutation wrote 2^62 row indices into it (a crash); it is a config error.
+TEST(MoeLayerSmokeTest, HugeAlignSizeIsAConfigErrorNotACrash) {
+  LayerConfig c = Tiny();
+  c.num_experts = 2;
+  c.top_k = 1;
+  c.align_size = int64_t{1} << 62;
+  auto backend = MakeCpuBackend();
+  auto comm = MakeLocalCommunicator();
+  auto layer = MoeLayer::Create(c, backend.get(), comm.get());
+  EXPECT_EQ(layer.status().code(), absl::StatusCode::kInvalidArgument) << layer.status();
+  if (layer.ok()) {
+    EXPECT_FALSE((*layer)->Forward(Input(1, 32, 12), nullptr).ok());
+  }
+}
+
+// Optimizer state must be a floating tensor like a parameter; an INT32 tensor was converted to
+// NaNs and accepted.
+TEST(MoeLayerSmokeTest, SetStateRejectsNonFloatTensors) {
+  auto backend = MakeCpuBackend();
+  auto comm = MakeLocalCommunicator();
+  auto layer = MoeLayer::Create(Tiny(), backend.get(), comm.get());
+  ASSERT_TRUE(layer.ok());
+  MoeLayer& l = **layer;
+  EXPECT_EQ(l.SetState("wi.m", Tensor::Zeros(DType::kInt32, {8, 32, 128})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(l.SetState("step", Tensor::Zeros(DType::kInt64, {1})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(l.StateNames().empty());
+  ASSERT_TRUE(l.SetState("wi.m", Tensor::Zeros(DType::kBFloat16, {8, 32, 128})).ok());
+  EXPECT_EQ(l.StateNames(), (std::vector<std::string>{"wi.m"}));
+}
+
 }  // namespace
 }  // namespace moe
