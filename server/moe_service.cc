@@ -40,6 +40,12 @@ absl::StatusOr<std::shared_ptr<MoeServiceImpl::Layer>> MoeServiceImpl::FindLayer
 absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
     const std::string& name, grpc::ServerContext* context, bool require_serving) {
   ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer, FindLayer(name));
+  return TakeTurn(std::move(layer), context, require_serving);
+}
+
+absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
+    std::shared_ptr<Layer> layer, grpc::ServerContext* context, bool require_serving) {
+  const std::string& name = layer->name;
   absl::Time deadline = absl::FromChrono(context->deadline());
   if (!layer->turn.Lock(deadline, [context] { return context->IsCancelled(); })) {
     if (context->IsCancelled()) return absl::CancelledError("client cancelled");

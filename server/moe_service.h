@@ -142,6 +142,11 @@ class MoeServiceImpl final : public v1::MoeService::Service {
   absl::StatusOr<std::unique_ptr<Turn>> TakeTurn(const std::string& name,
                                                  grpc::ServerContext* context,
                                                  bool require_serving = true);
+  // The same for a layer already found (and the request validated against its config): a
+  // layer deleted meanwhile is NOT_FOUND, never another layer created under the same name.
+  absl::StatusOr<std::unique_ptr<Turn>> TakeTurn(std::shared_ptr<Layer> layer,
+                                                 grpc::ServerContext* context,
+                                                 bool require_serving = true);
   v1::LayerInfo Info(const Layer& layer) const;
   absl::Time InternalDeadline(grpc::ServerContext* context, bool collective) const;
   // Releases steps on the workers (best effort; they are dropped from the books anyway).

@@ -80,7 +80,7 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
     };
     if (keep) RETURN_IF_ERROR(check_budget(*found));
 
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();
     if (keep) RETURN_IF_ERROR(check_budget(layer));
     const int ranks = turn->set.size();
@@ -185,7 +185,7 @@ grpc::Status MoeServiceImpl::Backward(grpc::ServerContext* context,
     if (!std::isfinite(d_aux)) return absl::InvalidArgumentError("d_aux: not finite");
     if (!std::isfinite(d_z_loss)) return absl::InvalidArgumentError("d_z_loss: not finite");
 
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();
     SavedStep step;
     {
@@ -251,7 +251,7 @@ grpc::Status MoeServiceImpl::ReleaseStep(grpc::ServerContext* context,
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     // Works while the workers are down too: their steps are gone with their generation.
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
-                     TakeTurn(request->layer(), context, /*require_serving=*/false));
+                     TakeTurn(found, context, /*require_serving=*/false));
     Layer& layer = turn->layer();
     {
       absl::MutexLock lock(&layer.mu);

@@ -167,7 +167,7 @@ absl::Status MoeServiceImpl::ServeTensors(
   if (max_chunk_bytes < 0) return absl::InvalidArgumentError("max_chunk_bytes: must be >= 0");
   std::vector<std::pair<std::string, Tensor>> tensors;
   {
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(layer, context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     RETURN_IF_ERROR(GatherTensors(turn->set, turn->layer(), gradients, names, context, &tensors));
   }
   return StreamTensors(tensors, max_chunk_bytes, options_.max_message_bytes, writer);
@@ -240,7 +240,7 @@ grpc::Status MoeServiceImpl::SetWeights(grpc::ServerContext* context,
       }
     }
 
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(name, context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(layer, context));
     const auto by_name = LayoutByName(turn->layer().config);
     const int ranks = turn->set.size();
     RETURN_IF_ERROR(pool_->ForEachWorker(
@@ -307,7 +307,7 @@ grpc::Status MoeServiceImpl::ApplyOptimizer(grpc::ServerContext* context,
     RETURN_IF_ERROR(OptimizerFromProto(request->has_sgd() ? &request->sgd() : nullptr,
                                        request->has_adamw() ? &request->adamw() : nullptr)
                         .status());
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     internal::WorkerOptimizerRequest call;
     call.set_generation(turn->set.generation);
     call.set_layer_id(turn->layer().id);
@@ -337,7 +337,7 @@ grpc::Status MoeServiceImpl::UpdateExpertBias(grpc::ServerContext* context,
       return absl::FailedPreconditionError(absl::StrCat(
           "layer: \"", found->name, "\" has no expert bias (config.use_expert_bias is false)"));
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     internal::WorkerExpertBiasRequest call;
     call.set_generation(turn->set.generation);
     call.set_layer_id(turn->layer().id);
@@ -375,7 +375,7 @@ grpc::Status MoeServiceImpl::SaveCheckpoint(grpc::ServerContext* context,
                        "\" does not name a directory that can be replaced (last component \"",
                        last, "\")"));
     }
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     // Atomic: the workers write a fresh sibling directory; it replaces `dir` by rename only
     // once every worker succeeded (the old checkpoint is removed after the rename).
     const std::string suffix = absl::StrCat(getpid(), ".", next_step_id_++);
@@ -423,7 +423,7 @@ grpc::Status MoeServiceImpl::LoadCheckpoint(grpc::ServerContext* context,
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     RETURN_IF_ERROR(CheckDirectory(request->directory()));
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();
     internal::WorkerCheckpointRequest call;
     call.set_generation(turn->set.generation);

@@ -367,5 +367,47 @@ TEST_F(ClusterTest, ConcurrentClientsOnTwoLayers) {
   EXPECT_EQ(wrong, 0);
 }
 
+// A SetWeights stream is validated against the layer it named; if that layer is deleted and a
+// layer of the same name with another config is created before the stream ends, the weights
+// must not be applied to (or looked up in) the new layer. moed used to look the validated
+// tensor names up in the new layer's parameters and died of std::out_of_range.
+TEST_F(ClusterTest, SetWeightsDoesNotFollowARecreatedName) {
+  v1::LayerConfig with_bias = TinyConfig(7);
+  with_bias.set_use_bias(true);
+  ASSERT_TRUE(Create("swap", with_bias).ok());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  v1::SetWeightsResponse response;
+  auto writer = stub()->SetWeights(&ctx, &response);
+  v1::SetWeightsRequest message;
+  message.set_layer("swap");
+  v1::TensorChunk* chunk = message.mutable_chunk();
+  chunk->set_name("wi_bias");  // [E, up] = [8, 128]: only the first layer has it
+  chunk->set_datatype("FP32");
+  chunk->add_shape(8);
+  chunk->add_shape(128);
+  chunk->set_raw_data(std::string(8 * 128 * sizeof(float), '\0'));
+  ASSERT_TRUE(writer->Write(message));
+  absl::SleepFor(absl::Milliseconds(300));  // moed has read and validated the chunk
+  {
+    grpc::ClientContext del_ctx;
+    v1::DeleteLayerRequest request;
+    request.set_name("swap");
+    v1::DeleteLayerResponse deleted;
+    ASSERT_TRUE(stub()->DeleteLayer(&del_ctx, request, &deleted).ok());
+  }
+  ASSERT_TRUE(Create("swap", TinyConfig(7)).ok());  // no bias terms
+  writer->WritesDone();
+  grpc::Status s = writer->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
+  // moed is still up and the new layer untouched.
+  grpc::ClientContext get_ctx;
+  v1::GetLayerRequest get;
+  get.set_name("swap");
+  v1::GetLayerResponse layer;
+  ASSERT_TRUE(stub()->GetLayer(&get_ctx, get, &layer).ok());
+  EXPECT_FALSE(layer.layer().config().use_bias());
+}
+
 }  // namespace
 }  // namespace moe
