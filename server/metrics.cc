@@ -4,12 +4,15 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace moe {
 namespace {
@@ -121,12 +124,19 @@ void MetricsHttpServer::Serve() {
     if (poll(&p, 1, 200) <= 0) continue;
     int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
     if (client < 0) continue;
-    // Read the request head (bounded; a slow client gets 1 s).
+    // Read the request head (bounded; a slow client gets 1 s in all, not per read, and 1 s
+    // per send below: one client must not hold the only serving thread).
+    timeval send_timeout{1, 0};
+    setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
+    const absl::Time head_deadline = absl::Now() + absl::Seconds(1);
     char buffer[4096];
     std::string request;
     pollfd c{client, POLLIN, 0};
+    int wait_ms;
     while (request.find("\r\n\r\n") == std::string::npos && request.size() < 65536 &&
-           poll(&c, 1, 1000) > 0) {
+           (wait_ms = static_cast<int>(absl::ToInt64Milliseconds(head_deadline - absl::Now()))) >
+               0 &&
+           poll(&c, 1, wait_ms) > 0) {
       ssize_t n = read(client, buffer, sizeof(buffer));
       if (n <= 0) break;
       request.append(buffer, static_cast<size_t>(n));

@@ -1,6 +1,9 @@
 // moed + 2 real moe-worker processes on localhost: steps through the service equal the
 // engine run in one process (fp32 and bf16), optimizer steps match, weights round-trip
 // through GetWeights/SetWeights, checkpoints save and load, status/health/metrics.
+#include <atomic>
+#include <thread>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/cluster_fixture.h"
@@ -226,6 +229,44 @@ TEST_F(ClusterTest, StatusHealthAndMetrics) {
   EXPECT_THAT(reply, HasSubstr("moed_serving 1"));
   EXPECT_THAT(reply, HasSubstr("moed_requests_total{method=\"GetStatus\""));
   EXPECT_THAT(reply, HasSubstr("moed_worker_alive{rank=\"1\"} 1"));
+}
+
+// The metrics server reads one request at a time: a client that trickles its request head
+// must be cut off after about a second, not hold every other scrape (and moed's shutdown,
+// which joins the metrics thread) for as long as it keeps sending.
+TEST_F(ClusterTest, SlowMetricsClientDoesNotBlockScrapes) {
+  auto connect_metrics = [&] {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(metrics_port_);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    return fd;
+  };
+  std::atomic<bool> done{false};
+  const int slow = connect_metrics();
+  std::thread trickle([&] {
+    for (int i = 0; i < 40 && !done; ++i) {  // one byte every 150 ms for up to 6 s
+      if (write(slow, "G", 1) != 1) break;
+      absl::SleepFor(absl::Milliseconds(150));
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  const int fd = connect_metrics();
+  timeval timeout{4, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
+  ASSERT_EQ(write(fd, get.data(), get.size()), static_cast<ssize_t>(get.size()));
+  std::string reply;
+  char buffer[4096];
+  ssize_t n;
+  while ((n = read(fd, buffer, sizeof(buffer))) > 0) reply.append(buffer, n);
+  close(fd);
+  done = true;
+  trickle.join();
+  close(slow);
+  EXPECT_THAT(reply, HasSubstr("200 OK"));
 }
 
 // Workers report their backend memory (parameters, optimizer state, kept steps) through the
