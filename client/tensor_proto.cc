@@ -88,8 +88,14 @@ absl::Status ChunkAssembler::Add(const v1::TensorChunk& chunk) {
             absl::StrCat("tensor '", chunk.name(), "' appears twice in the stream"));
       }
     }
+    // The whole tensor is allocated from the first chunk's shape: its size must not overflow.
+    unsigned __int128 bytes = DTypeSize(dtype);
     for (int64_t d : shape) {
       if (d < 0) return absl::InvalidArgumentError(absl::StrCat(field, ": negative dimension"));
+      bytes *= static_cast<uint64_t>(d);
+      if (bytes > (static_cast<unsigned __int128>(1) << 62)) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": shape is too large"));
+      }
     }
     current_.name = chunk.name();
     current_.tensor = Tensor::Zeros(dtype, shape);

@@ -125,6 +125,22 @@ TEST(ChunkTest, RejectsBrokenStreams) {
     ragged.mutable_raw_data()->pop_back();
     EXPECT_EQ(other.Add(ragged).code(), absl::StatusCode::kInvalidArgument);
   }
+  {
+    // A shape whose element count overflows int64 (here (2^62 + 1) * 4 wraps to 4) must not
+    // yield a 4-element tensor claiming that shape, nor try to allocate it.
+    ChunkAssembler assembler;
+    v1::TensorChunk huge;
+    huge.set_name("huge");
+    huge.set_datatype("FP32");
+    huge.add_shape((int64_t{1} << 62) + 1);
+    huge.add_shape(4);
+    huge.set_raw_data(std::string(16, '\0'));
+    EXPECT_EQ(assembler.Add(huge).code(), absl::StatusCode::kInvalidArgument);
+    ChunkAssembler wrapped_to_zero;
+    huge.set_shape(0, int64_t{1} << 62);
+    huge.clear_raw_data();
+    EXPECT_EQ(wrapped_to_zero.Add(huge).code(), absl::StatusCode::kInvalidArgument);
+  }
 }
 
 TEST(TensorUtilTest, Bf16RoundsToNearestEven) {
