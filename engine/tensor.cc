@@ -43,7 +43,7 @@ absl::StatusOr<Tensor> Tensor::FromBytes(DType dtype, std::vector<int64_t> shape
 
 Tensor Tensor::FromFloats(std::vector<int64_t> shape, const std::vector<float>& values) {
   Tensor t = Uninitialized(DType::kFloat32, std::move(shape));
-  std::memcpy(t.bytes_.data(), values.data(), t.bytes_.size());
+  if (!t.bytes_.empty()) std::memcpy(t.bytes_.data(), values.data(), t.bytes_.size());
   return t;
 }
 

@@ -67,5 +67,13 @@ TEST(TensorTest, UninitializedHasTheShapeAndIsWritable) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(z.data<float>()[i], 0.0f);
 }
 
+// An empty tensor from no values: memcpy was called with null pointers (undefined behaviour,
+// reported by UBSan in the EP tests' T = 0 slices).
+TEST(TensorTest, FromFloatsOfAnEmptyShape) {
+  const Tensor t = Tensor::FromFloats({0, 4}, {});
+  EXPECT_EQ(t.shape(), (std::vector<int64_t>{0, 4}));
+  EXPECT_EQ(t.num_bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace moe
