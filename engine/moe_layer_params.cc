@@ -265,8 +265,9 @@ absl::Status MoeLayerImpl::SetState(const std::string& name, const Tensor& value
   if (name == "step") {
     RETURN_IF_ERROR(CheckShape(name, value.shape(), {1}));
     const double step = value.GetFloat(0);
-    if (!(step >= 0) || step != std::floor(step)) {
-      return absl::InvalidArgumentError("step: must be a non-negative integer");
+    // The bound keeps the conversion to int64 defined (1e30 became a negative step count).
+    if (!(step >= 0) || step != std::floor(step) || step > 0x1p62) {
+      return absl::InvalidArgumentError("step: must be a non-negative integer <= 2^62");
     }
     optimizer_step_ = static_cast<int64_t>(step);
     return absl::OkStatus();

@@ -286,6 +286,10 @@ TEST(MoeLayerSmokeTest, SetStateRejectsNonFloatTensors) {
   EXPECT_EQ(l.SetState("step", Tensor::Zeros(DType::kInt64, {1})).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(l.StateNames().empty());
+  // A step count beyond int64 was converted with undefined behaviour (a negative count, OK).
+  EXPECT_EQ(l.SetState("step", Tensor::FromFloats({1}, {1e30f})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(l.StateNames().empty());
   ASSERT_TRUE(l.SetState("wi.m", Tensor::Zeros(DType::kBFloat16, {8, 32, 128})).ok());
   EXPECT_EQ(l.StateNames(), (std::vector<std::string>{"wi.m"}));
 }
