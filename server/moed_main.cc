@@ -14,6 +14,8 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -90,6 +92,19 @@ int Main() {
         std::fprintf(stderr, "moed: --worker_log_dir: %s\n", made.ToString().c_str());
         return 2;
       }
+    }
+  }
+  for (const auto& [name, value] : std::vector<std::pair<const char*, int64_t>>{
+           {"heartbeat_ms", absl::GetFlag(FLAGS_heartbeat_ms)},
+           {"ping_timeout_ms", absl::GetFlag(FLAGS_ping_timeout_ms)},
+           {"worker_dead_after_ms", absl::GetFlag(FLAGS_worker_dead_after_ms)},
+           {"step_timeout_ms", absl::GetFlag(FLAGS_step_timeout_ms)},
+           {"collective_timeout_ms", absl::GetFlag(FLAGS_collective_timeout_ms)},
+           {"setup_timeout_ms", absl::GetFlag(FLAGS_setup_timeout_ms)}}) {
+    if (value <= 0) {
+      std::fprintf(stderr, "moed: --%s must be > 0, got %lld\n", name,
+                   static_cast<long long>(value));
+      return 2;
     }
   }
   const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);

@@ -2,6 +2,7 @@
 // own executable), restarts one that dies, and stops them all on SIGTERM; with
 // --worker_log_dir their output goes to worker-<rank>.log there.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -93,6 +94,23 @@ TEST(EmbeddedTest, StartsRespawnsAndStopsItsWorkers) {
   }
   EXPECT_FALSE(ProcessExists(after.workers(0).pid()));
   EXPECT_FALSE(ProcessExists(after.workers(1).pid()));
+}
+
+// Timing flags must be positive: 0 made the heartbeat loop spin (--heartbeat_ms), declared
+// every worker dead at once (--worker_dead_after_ms) or failed every step (--step_timeout_ms),
+// with moed running on as if configured. It must refuse to start instead (exit 2).
+TEST(EmbeddedTest, RefusesNonPositiveTimingFlags) {
+  const std::string moed = RunfilePath("server/moed");
+  for (const char* flag : {"--heartbeat_ms=0", "--ping_timeout_ms=0", "--worker_dead_after_ms=0",
+                           "--step_timeout_ms=0", "--collective_timeout_ms=-1",
+                           "--setup_timeout_ms=0"}) {
+    // --expect_workers: nothing is started; `timeout` ends a moed that does not refuse.
+    const std::string command = absl::StrCat("timeout 5 ", moed, " --port=0 --host=127.0.0.1 ",
+                                             "--expect_workers=1 ", flag, " 2>/dev/null");
+    const int status = std::system(command.c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << flag;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << flag;
+  }
 }
 
 }  // namespace
