@@ -67,8 +67,11 @@ absl::Status CallGloo(const std::string& what, Fn&& fn) {
   }
 }
 
+// Gloo adds the timeout to a clock in nanoseconds: a longer one (absl::InfiniteDuration is
+// INT64_MAX ms) overflowed into an instant timeout. Ten years is "wait" for a collective.
 std::chrono::milliseconds ToChrono(absl::Duration d) {
-  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+  const absl::Duration capped = std::min(d, absl::Hours(24 * 365 * 10));
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(capped)));
 }
 
 // Our KeyValueStore seen as Gloo's rendezvous store, every key under "<prefix>/".

@@ -195,6 +195,33 @@ TEST(GlooCommunicatorTest, BadArguments) {
   EXPECT_EQ(got, 7);
 }
 
+// A very long (or infinite) timeout means "wait", not "fail at once": Gloo adds the timeout to
+// the clock in nanoseconds, where absl::InfiniteDuration (INT64_MAX ms) overflowed.
+TEST(GlooCommunicatorTest, HugeTimeoutsStillWait) {
+  for (const absl::Duration timeout : {absl::InfiniteDuration(), absl::Hours(24 * 365 * 1000)}) {
+    auto store = std::make_shared<MemoryKeyValueStore>();
+    std::vector<absl::Status> status(2);
+    std::vector<float> sums(2);
+    RunThreads(2, [&](int rank) {
+      auto comm = MakeGlooCommunicator(store, "long", rank, 2, Timeout(timeout), kLoopback);
+      if (!comm.ok()) {
+        status[rank] = comm.status();
+        return;
+      }
+      if (rank == 1) absl::SleepFor(absl::Milliseconds(200));  // rank 0 must wait for it
+      float v = 1.0f + rank;
+      status[rank] = (*comm)->AllReduceSum(&v, 1, DType::kFloat32);
+      sums[rank] = v;
+      if (status[rank].ok()) status[rank] = (*comm)->Barrier();
+    });
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(status[r].ok()) << absl::FormatDuration(timeout) << " rank " << r << ": "
+                                  << status[r];
+      EXPECT_EQ(sums[r], 3.0f);
+    }
+  }
+}
+
 TEST(GlooCommunicatorTest, RankThatNeverArrivesTimesOutConnect) {
   auto store = std::make_shared<MemoryKeyValueStore>();
   const absl::Time start = absl::Now();
