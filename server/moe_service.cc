@@ -260,8 +260,7 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
     absl::MutexLock lock(&layers_mu_);
     for (const auto& kv : layers_) layers.push_back(kv.second);
   }
-  if (layers.empty()) return absl::OkStatus();
-  // Which layers can every worker restore from its previous generation?
+  // Which layers can every worker restore from an earlier generation?
   std::vector<std::set<uint64_t>> restorable(set.size());
   RETURN_IF_ERROR(pool_->ForEachWorker(
       set, absl::Now() + options_.step_timeout,
@@ -273,6 +272,28 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
         return status;
       },
       /*collective=*/false));
+  // The workers keep a retired layer until it is re-created or deleted: drop the ones deleted
+  // here meanwhile (DeleteLayer while the workers were not serving). Best effort.
+  std::set<uint64_t> known;
+  for (const auto& layer : layers) known.insert(layer->id);
+  pool_
+      ->ForEachWorker(
+          set, absl::Now() + options_.step_timeout,
+          [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* call) -> absl::Status {
+            for (uint64_t id : restorable[r]) {
+              if (known.count(id) != 0) continue;
+              grpc::ClientContext ctx;  // one per call, all within the fan-out's deadline
+              ctx.set_deadline(call->deadline());
+              internal::WorkerLayerRequest del;
+              del.set_generation(set.generation);
+              del.set_layer_id(id);
+              internal::WorkerEmpty empty;
+              RETURN_IF_ERROR(FromGrpcStatus(stub->DeleteLayer(&ctx, del, &empty)));
+            }
+            return absl::OkStatus();
+          },
+          /*collective=*/false)
+      .IgnoreError();
   for (const auto& layer : layers) {
     bool restore = true;
     for (const auto& ids : restorable) restore = restore && ids.count(layer->id) != 0;

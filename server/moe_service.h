@@ -54,9 +54,10 @@ class MoeServiceImpl final : public v1::MoeService::Service {
   MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics* metrics);
 
   // WorkerPool on_setup hook: creates every known layer on the new generation's workers.
-  // A layer every worker still holds from the previous generation keeps its parameters and
+  // A layer every worker still holds from an earlier generation keeps its parameters and
   // optimizer state; otherwise it starts from init_seed (LayerInfo.weights_reset). Saved
-  // steps and accumulated load are dropped either way.
+  // steps and accumulated load are dropped either way. Instances the workers still hold of
+  // layers deleted meanwhile are dropped.
   absl::Status RecreateLayers(const WorkerSet& set);
   // Prometheus gauges of layers (appended to Metrics::Render).
   std::string RenderLayerMetrics() const;

@@ -83,8 +83,16 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
   options.timeout = absl::Milliseconds(std::max<int64_t>(1, request->collective_timeout_ms()));
   {
     absl::MutexLock lock(&mu_);
-    old_layers.swap(retired_);  // the generation before the previous one: dropped now
-    retired_.swap(layers_);
+    // The previous generation's instances replace older retired ones of the same id (dropped
+    // now). A layer the previous generation did not re-create (its set-up was superseded, or
+    // the front end's re-creation failed part-way) keeps its older instance: still restorable.
+    // The front end drops the instances of layers it no longer knows (DeleteLayer).
+    for (auto& kv : layers_) {
+      std::shared_ptr<LayerSlot>& retired = retired_[kv.first];
+      if (retired != nullptr) old_layers[kv.first] = std::move(retired);
+      retired = std::move(kv.second);
+    }
+    layers_.clear();
     old_world = std::move(world_);
     generation_ = request->generation();
     rank_ = request->rank();
@@ -93,7 +101,7 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
     comm_options_ = options;
   }
   // Dropped outside mu_: a slot in use by a stuck step is freed when that step returns. The
-  // previous generation's layers stay in retired_ (their communicators are not used again).
+  // retired layers stay in retired_ (their communicators are not used again).
   old_layers.clear();
   old_world.reset();
   if (on_ready_changed_) on_ready_changed_();  // not ready until this generation is up
@@ -208,13 +216,18 @@ absl::Status WorkerService::CopyLayerState(LayerSlot* from, MoeLayer* to) {
 grpc::Status WorkerService::DeleteLayer(grpc::ServerContext*,
                                         const internal::WorkerLayerRequest* request,
                                         internal::WorkerEmpty*) {
-  std::shared_ptr<LayerSlot> slot;
+  std::shared_ptr<LayerSlot> slot, retired;
   {
     absl::MutexLock lock(&mu_);
     if (request->generation() != generation_) {
       return Grpc(absl::FailedPreconditionError("DeleteLayer for another generation"));
     }
-    retired_.erase(request->layer_id());
+    // Freed outside mu_ (a slot's destructor takes its mutex, which is held before mu_).
+    auto old = retired_.find(request->layer_id());
+    if (old != retired_.end()) {
+      retired = std::move(old->second);
+      retired_.erase(old);
+    }
     auto it = layers_.find(request->layer_id());
     if (it == layers_.end()) return grpc::Status::OK;  // idempotent
     slot = std::move(it->second);

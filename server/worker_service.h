@@ -128,8 +128,9 @@ class WorkerService final : public internal::Worker::Service {
   CommOptions comm_options_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<WorkerDevice> world_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::shared_ptr<LayerSlot>> layers_ ABSL_GUARDED_BY(mu_);
-  // The previous generation's layers, kept until the next Setup so that CreateLayer with
-  // `restore` can copy their parameters and optimizer state (then the entry is dropped).
+  // The latest instance of each layer of earlier generations, so that CreateLayer with
+  // `restore` can copy its parameters and optimizer state (then the entry is dropped; also
+  // dropped by CreateLayer without `restore` and by DeleteLayer).
   std::map<uint64_t, std::shared_ptr<LayerSlot>> retired_ ABSL_GUARDED_BY(mu_);
   absl::Time last_ping_ ABSL_GUARDED_BY(mu_) = absl::Now();
 };

@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/comm/memory_kv_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -96,6 +97,58 @@ TEST_F(WorkerConfigTest, DifferentConfigsFailOnEveryRank) {
     return s;
   });
   for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(status[r].ok()) << status[r].error_message();
+}
+
+// A generation whose set-up was superseded before the front end re-created the layers (a
+// worker re-joined meanwhile, or a re-creation failed part-way) must not cost the layers
+// their trained state: the instances of the last generation that held them stay restorable
+// through any number of such generations, and are dropped by CreateLayer or DeleteLayer.
+TEST_F(WorkerConfigTest, LayersStayRestorableAcrossSupersededGenerations) {
+  std::vector<grpc::Status> status = CreateLayer(7, {TinyConfig(1), TinyConfig(1)});
+  for (int r = 0; r < kRanks; ++r) ASSERT_TRUE(status[r].ok()) << status[r].error_message();
+  status = CreateLayer(8, {TinyConfig(2), TinyConfig(2)});
+  for (int r = 0; r < kRanks; ++r) ASSERT_TRUE(status[r].ok()) << status[r].error_message();
+  for (int generation : {2, 3}) {  // both set up, neither re-creates the layers
+    status = OnAllRanks([&](int r) {
+      internal::SetupRequest request;
+      request.set_generation(generation);
+      request.set_rank(r);
+      request.set_world_size(kRanks);
+      request.set_store_prefix(absl::StrCat("g", generation, "/"));
+      request.set_collective_timeout_ms(20000);
+      internal::SetupResponse response;
+      return workers_[r]->Setup(nullptr, &request, &response);
+    });
+    for (int r = 0; r < kRanks; ++r) ASSERT_TRUE(status[r].ok()) << status[r].error_message();
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    internal::PingResponse pong;
+    ASSERT_TRUE(workers_[r]->Ping(nullptr, nullptr, &pong).ok());
+    EXPECT_THAT(pong.restorable_layers(), ::testing::UnorderedElementsAre(7, 8)) << "rank " << r;
+  }
+  status = OnAllRanks([&](int r) {
+    internal::WorkerCreateLayerRequest request;
+    request.set_generation(3);
+    request.set_layer_id(7);
+    request.set_name("l");
+    request.set_restore(true);
+    *request.mutable_config() = TinyConfig(1);
+    internal::WorkerCreateLayerResponse response;
+    grpc::Status s = workers_[r]->CreateLayer(nullptr, &request, &response);
+    if (s.ok() && !response.restored()) return grpc::Status(grpc::INTERNAL, "not restored");
+    return s;
+  });
+  for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(status[r].ok()) << status[r].error_message();
+  for (int r = 0; r < kRanks; ++r) {  // a layer the front end no longer knows is dropped
+    internal::WorkerLayerRequest request;
+    request.set_generation(3);
+    request.set_layer_id(8);
+    internal::WorkerEmpty empty;
+    ASSERT_TRUE(workers_[r]->DeleteLayer(nullptr, &request, &empty).ok());
+    internal::PingResponse pong;
+    ASSERT_TRUE(workers_[r]->Ping(nullptr, nullptr, &pong).ok());
+    EXPECT_EQ(pong.restorable_layers_size(), 0) << "rank " << r;
+  }
 }
 
 }  // namespace
