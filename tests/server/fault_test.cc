@@ -4,6 +4,8 @@
 // re-created, a checkpoint restores the weights and service resumes.
 #include <signal.h>
 
+#include <functional>
+
 #include <atomic>
 #include <thread>
 
@@ -291,9 +293,40 @@ TEST_F(FaultTest, ResumedWorkerRejoinsByItself) {
     ASSERT_TRUE(writer->Finish().ok());
   }
   const std::vector<float> before = Wi("r");
+  // Worker 1's backend memory as of a heartbeat answered after `since`, once it satisfies
+  // `ok` (-1 if it does not within 5 s).
+  auto memory = [&](absl::Time since, const std::function<bool(int64_t)>& ok) -> int64_t {
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (absl::Now() < give_up) {
+      v1::GetStatusResponse status = Status();
+      const v1::WorkerStatus& w = status.workers(1);
+      if (absl::Now() - absl::Milliseconds(w.last_seen_ms_ago()) > since &&
+          ok(w.memory_bytes())) {
+        return w.memory_bytes();
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return -1;
+  };
+  const int64_t only_r = memory(absl::Now() + absl::Milliseconds(100),
+                                [](int64_t m) { return m > 0; });
+  ASSERT_GT(only_r, 0);
+  ASSERT_TRUE(Create("gone").ok());
+  const int64_t with_gone = memory(absl::Now() + absl::Milliseconds(100),
+                                   [&](int64_t m) { return m > only_r; });
+  ASSERT_GT(with_gone, only_r);
   const int64_t generation = Status().generation();
   cluster_->KillWorker(0, SIGSTOP);
   ExpectNotServingSoon();
+  {
+    // Deleted while the workers do not serve: they still hold it, and must drop it when the
+    // cluster re-forms.
+    grpc::ClientContext ctx;
+    v1::DeleteLayerRequest request;
+    request.set_name("gone");
+    v1::DeleteLayerResponse response;
+    ASSERT_TRUE(cluster_->stub()->DeleteLayer(&ctx, request, &response).ok());
+  }
   kill(cluster_->worker_pid(0), SIGCONT);
   // Not pinged while declared dead, the worker joins again after --rejoin_after_s=2.
   ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(20)).ok());
@@ -304,6 +337,11 @@ TEST_F(FaultTest, ResumedWorkerRejoinsByItself) {
   EXPECT_GT(Status().generation(), generation);
   EXPECT_EQ(Wi("r"), before);
   EXPECT_FALSE(WeightsReset("r"));
+  EXPECT_GT(memory(absl::Now() + absl::Milliseconds(100),
+                   [&](int64_t m) { return m < (only_r + with_gone) / 2; }),
+            0)
+      << "the deleted layer's instance is still held (" << with_gone << " bytes with it, "
+      << only_r << " without)";
 }
 
 }  // namespace
