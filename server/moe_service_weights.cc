@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -68,6 +69,9 @@ absl::Status MoeServiceImpl::ResolveNames(
   }
   const auto by_name = LayoutByName(layer.config);
   for (const std::string& name : requested) {
+    if (std::find(names->begin(), names->end(), name) != names->end()) {
+      return absl::InvalidArgumentError(absl::StrCat("names: \"", name, "\" appears twice"));
+    }
     auto it = by_name.find(name);
     if (it == by_name.end() || (gradients && !it->second.has_gradient)) {
       return absl::InvalidArgumentError(absl::StrCat("names: \"", name, "\" is not a ",

@@ -106,6 +106,33 @@ TEST_F(ClusterTest, BadRequestsGetTheirCodes) {
               grpc::StatusCode::FAILED_PRECONDITION);
   }
 
+  // A name asked for twice is the request's error (it was INTERNAL: the gathered shards
+  // repeated a tensor).
+  for (bool gradients : {false, true}) {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader;
+    if (gradients) {
+      v1::GetGradientsRequest request;
+      request.set_layer("valid");
+      request.add_names("gate");
+      request.add_names("gate");
+      reader = stub()->GetGradients(&ctx, request);
+    } else {
+      v1::GetWeightsRequest request;
+      request.set_layer("valid");
+      request.add_names("wi");
+      request.add_names("wo");
+      request.add_names("wi");
+      reader = stub()->GetWeights(&ctx, request);
+    }
+    v1::TensorChunk chunk;
+    while (reader->Read(&chunk)) {
+    }
+    s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("names"));
+  }
+
   // Checkpoint directories that cannot be replaced by a rename are the client's error, found
   // before any worker writes (they were INTERNAL after the workers wrote a sibling of "/").
   for (const char* dir : {"", "relative/dir", "/", "//", "/tmp/x/..", "/tmp/x/../",
