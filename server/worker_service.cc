@@ -155,7 +155,7 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
   dropped.reset();
   absl::MutexLock slot_lock(&slot->mu);
   absl::StatusOr<WorkerDevice> device =
-      MakeWorkerDevice(device_, store_, prefix, rank, size, options);
+      MakeWorkerDevice(device_, store_, prefix, rank, size, options, cpu_threads_);
   if (!device.ok()) return Grpc(device.status());
   slot->device = std::move(*device);
   // Before any collective whose sizes follow from the config: all ranks must agree on it.

@@ -3,6 +3,10 @@
 // different versions, or any bug that splits them), both answer FAILED_PRECONDITION before
 // any collective whose sizes follow from the config, instead of Gloo aborting the process;
 // the same workers then create a layer with equal configs and run a step on it.
+#include <dirent.h>
+
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -149,6 +153,50 @@ TEST_F(WorkerConfigTest, LayersStayRestorableAcrossSupersededGenerations) {
     ASSERT_TRUE(workers_[r]->Ping(nullptr, nullptr, &pong).ok());
     EXPECT_EQ(pong.restorable_layers_size(), 0) << "rank " << r;
   }
+}
+
+// Threads of this process right now.
+int ThreadCount() {
+  int n = 0;
+  if (DIR* dir = opendir("/proc/self/task")) {
+    while (dirent* entry = readdir(dir)) n += entry->d_name[0] != '.';
+    closedir(dir);
+  }
+  return n;
+}
+
+// The workers here run with cpu_threads=1 (moed gives each local worker its share of the
+// cores): a layer's kernels must then run on the calling thread only. Each layer's backend
+// used to be made with the default (one thread per hardware thread), ignoring --cpu_threads.
+TEST_F(WorkerConfigTest, LayerKernelsHonourCpuThreads) {
+  if (std::thread::hardware_concurrency() < 2) GTEST_SKIP() << "one hardware thread";
+  std::vector<grpc::Status> status = CreateLayer(4, {TinyConfig(1), TinyConfig(1)});
+  for (int r = 0; r < kRanks; ++r) ASSERT_TRUE(status[r].ok()) << status[r].error_message();
+  auto forward = [&] {
+    return OnAllRanks([&](int r) {
+      internal::WorkerForwardRequest request;
+      request.set_generation(1);
+      request.set_layer_id(4);
+      *request.mutable_x() = FloatsToProto({8192, 32}, RandomFloats(8192 * 32, 20 + r));
+      internal::WorkerForwardResponse response;
+      return workers_[r]->Forward(nullptr, &request, &response);
+    });
+  };
+  forward();  // warm-up: lazily started library threads are part of the baseline
+  std::atomic<bool> done{false};
+  std::atomic<int> peak{0};
+  std::thread sampler([&] {
+    while (!done) peak = std::max(peak.load(), ThreadCount());
+  });
+  absl::SleepFor(absl::Milliseconds(20));
+  const int baseline = ThreadCount();  // this thread, the sampler, the library's threads
+  for (int i = 0; i < 5; ++i) {
+    status = forward();
+    for (int r = 0; r < kRanks; ++r) ASSERT_TRUE(status[r].ok()) << status[r].error_message();
+  }
+  done = true;
+  sampler.join();
+  EXPECT_LE(peak.load(), baseline + kRanks) << "kernel threads beyond the one per rank";
 }
 
 }  // namespace
