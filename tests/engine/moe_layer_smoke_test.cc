@@ -10,16 +10,13 @@
 #include "engine/cpu/cpu_backend.h"
 #include "engine/moe_layer.h"
 #include "gtest/gtest.h"
+#include "tests/engine/tiny_config.h"
 
 namespace moe {
 namespace {
 
 LayerConfig Tiny() {
-  LayerConfig c;
-  c.hidden = 32;
-  c.ffn = 64;
-  c.num_experts = 8;
-  c.top_k = 2;
+  LayerConfig c = TinyLayerConfig();
   c.aux_loss_coeff = 1e-2;
   c.z_loss_coeff = 1e-3;
   c.init_seed = 7;

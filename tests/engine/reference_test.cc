@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/engine/tiny_config.h"
 #include "tests/reference/engine_adapter.h"
 #include "tests/reference/finite_difference.h"
 #include "tests/reference/reference_moe.h"
@@ -24,11 +25,7 @@ using moe::Tensor;
 
 // The TE VJP test shape of SPEC.md, with both losses on.
 LayerConfig TinyConfig() {
-  LayerConfig c;
-  c.hidden = 32;
-  c.ffn = 64;
-  c.num_experts = 8;
-  c.top_k = 2;
+  LayerConfig c = moe::TinyLayerConfig();
   c.aux_loss_coeff = 1e-2;
   c.z_loss_coeff = 1e-3;
   c.init_seed = 11;
