@@ -129,6 +129,13 @@ grpc::Status MoeServiceImpl::CreateLayer(grpc::ServerContext* context,
     layer->id = next_layer_id_++;
     layer->config = config;
     layer->accumulated.assign(config.num_experts, 0);
+    // The layer's turn and setup_mu_ (shared) are taken before the layer becomes visible:
+    // a request that finds it queues behind its creation, and a re-formation cannot list it
+    // before the workers were asked to create it. The turn of a new layer is immediate.
+    layer->turn.Lock(absl::InfiniteFuture(), nullptr);
+    Turn turn(layer, &setup_mu_);
+    setup_mu_.ReaderLock();
+    turn.set_shared();
     {
       absl::MutexLock lock(&layers_mu_);
       if (layers_.count(request->name()) != 0) {
@@ -137,11 +144,6 @@ grpc::Status MoeServiceImpl::CreateLayer(grpc::ServerContext* context,
       }
       layers_[request->name()] = layer;
     }
-    // New layer: this turn is immediate; later requests for it queue behind the creation.
-    layer->turn.Lock(absl::InfiniteFuture(), nullptr);
-    Turn turn(layer, &setup_mu_);
-    setup_mu_.ReaderLock();
-    turn.set_shared();
     absl::Status status = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(WorkerSet set, pool_->Serving());
       internal::WorkerCreateLayerRequest create;
@@ -159,7 +161,10 @@ grpc::Status MoeServiceImpl::CreateLayer(grpc::ServerContext* context,
     }();
     if (!status.ok()) {
       absl::MutexLock lock(&layers_mu_);
-      layers_.erase(layer->name);
+      // Only this layer: a DeleteLayer may have removed it meanwhile and a CreateLayer made
+      // another under the same name.
+      auto it = layers_.find(layer->name);
+      if (it != layers_.end() && it->second == layer) layers_.erase(it);
       absl::MutexLock layer_lock(&layer->mu);
       layer->deleted = true;
       return status;
