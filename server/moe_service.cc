@@ -192,7 +192,16 @@ grpc::Status MoeServiceImpl::DeleteLayer(grpc::ServerContext* context,
       layers_.erase(it);
     }
     if (!layer->turn.Lock(absl::Now() + options_.step_timeout, nullptr)) {
-      return absl::OkStatus();  // the workers drop it at the next generation at the latest
+      // Requests still queued for the layer must not run on it: they get NOT_FOUND. The
+      // workers keep its memory until their next generation drops it.
+      {
+        absl::MutexLock lock(&layer->mu);
+        layer->deleted = true;
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "layer \"", layer->name,
+          "\" is deleted (further requests get NOT_FOUND), but a step held it past "
+          "--step_timeout_ms; the workers free its memory at their next re-formation"));
     }
     Turn turn(layer, &setup_mu_);
     setup_mu_.ReaderLock();
