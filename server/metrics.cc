@@ -50,6 +50,12 @@ void Metrics::CountTokens(const std::string& layer, int64_t tokens,
   for (size_t e = 0; e < tokens_per_expert.size(); ++e) experts[e] += tokens_per_expert[e];
 }
 
+void Metrics::DropLayer(const std::string& layer) {
+  absl::MutexLock lock(&mu_);
+  tokens_.erase(layer);
+  expert_tokens_.erase(layer);
+}
+
 std::string Metrics::Render() const {
   std::string out;
   {

@@ -32,6 +32,8 @@ class Metrics {
   void CountRequest(const std::string& method, int grpc_code, double seconds);
   void CountTokens(const std::string& layer, int64_t tokens,
                    const std::vector<int64_t>& tokens_per_expert);
+  // Drops every series of `layer` (DeleteLayer): a name created again starts from zero.
+  void DropLayer(const std::string& layer);
   void set_extra(std::function<std::string()> extra) { extra_ = std::move(extra); }
   std::string Render() const;
 

@@ -198,6 +198,7 @@ grpc::Status MoeServiceImpl::DeleteLayer(grpc::ServerContext* context,
         absl::MutexLock lock(&layer->mu);
         layer->deleted = true;
       }
+      if (metrics_ != nullptr) metrics_->DropLayer(layer->name);
       return absl::DeadlineExceededError(absl::StrCat(
           "layer \"", layer->name,
           "\" is deleted (further requests get NOT_FOUND), but a step held it past "
@@ -210,6 +211,8 @@ grpc::Status MoeServiceImpl::DeleteLayer(grpc::ServerContext* context,
       absl::MutexLock lock(&layer->mu);
       layer->deleted = true;
     }
+    // Under the turn: no step of this layer counts tokens after this.
+    if (metrics_ != nullptr) metrics_->DropLayer(layer->name);
     absl::StatusOr<WorkerSet> set = pool_->Serving();
     if (!set.ok()) return absl::OkStatus();
     internal::WorkerLayerRequest del;

@@ -3,6 +3,8 @@
 // fuzzed payloads, concurrent clients on two layers.
 #include <grpcpp/generic/generic_stub.h>
 
+#include <sys/time.h>
+
 #include <atomic>
 #include <random>
 #include <thread>
@@ -434,6 +436,63 @@ TEST_F(ClusterTest, SetWeightsDoesNotFollowARecreatedName) {
   v1::GetLayerResponse layer;
   ASSERT_TRUE(stub()->GetLayer(&get_ctx, get, &layer).ok());
   EXPECT_FALSE(layer.layer().config().use_bias());
+}
+
+}  // namespace
+}  // namespace moe
+
+namespace moe {
+namespace {
+
+std::string ScrapeMetrics(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  timeval timeout{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
+  std::string reply;
+  if (write(fd, get.data(), get.size()) == static_cast<ssize_t>(get.size())) {
+    char buffer[4096];
+    ssize_t n;
+    while ((n = read(fd, buffer, sizeof(buffer))) > 0) reply.append(buffer, n);
+  }
+  close(fd);
+  return reply;
+}
+
+// A deleted layer's series leave /metrics, and a layer created again under the same name
+// counts from zero.
+TEST_F(ClusterTest, DeleteLayerDropsItsMetrics) {
+  const v1::LayerConfig config = TinyConfig(/*seed=*/21);
+  ASSERT_TRUE(Create("metrics_drop", config).ok());
+  v1::ForwardResponse fwd;
+  ASSERT_TRUE(Forward("metrics_drop", FloatsToProto({5, 32}, RandomFloats(5 * 32, 1)), false, &fwd)
+                  .ok());
+  std::string reply = ScrapeMetrics(metrics_port_);
+  EXPECT_THAT(reply, HasSubstr("moed_tokens_total{layer=\"metrics_drop\"} 5\n"));
+  EXPECT_THAT(reply, HasSubstr("moed_expert_tokens_total{layer=\"metrics_drop\",expert=\"0\"}"));
+  {
+    grpc::ClientContext ctx;
+    v1::DeleteLayerRequest request;
+    request.set_name("metrics_drop");
+    v1::DeleteLayerResponse response;
+    ASSERT_TRUE(stub()->DeleteLayer(&ctx, request, &response).ok());
+  }
+  reply = ScrapeMetrics(metrics_port_);
+  ASSERT_THAT(reply, HasSubstr("200 OK"));
+  EXPECT_THAT(reply, ::testing::Not(HasSubstr("layer=\"metrics_drop\"")));
+  ASSERT_TRUE(Create("metrics_drop", config).ok());
+  ASSERT_TRUE(Forward("metrics_drop", FloatsToProto({3, 32}, RandomFloats(3 * 32, 2)), false, &fwd)
+                  .ok());
+  reply = ScrapeMetrics(metrics_port_);
+  EXPECT_THAT(reply, HasSubstr("moed_tokens_total{layer=\"metrics_drop\"} 3\n"));
 }
 
 }  // namespace
