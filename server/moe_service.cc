@@ -2,6 +2,7 @@
 // (moe_service_steps.cc, moe_service_weights.cc).
 #include "server/moe_service.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <set>
@@ -15,7 +16,28 @@
 namespace moe {
 
 MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics* metrics)
-    : options_(std::move(options)), pool_(pool), metrics_(metrics) {}
+    : options_(std::move(options)), pool_(pool), metrics_(metrics) {
+  if (options_.saved_step_ttl <= absl::ZeroDuration()) return;
+  // A few rounds per TTL, at most one a second.
+  const absl::Duration period =
+      std::max(absl::Milliseconds(10), std::min(absl::Seconds(1), options_.saved_step_ttl / 4));
+  housekeeping_ = std::thread([this, period] {
+    absl::MutexLock lock(&housekeeping_mu_);
+    while (!housekeeping_mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
+      housekeeping_mu_.Unlock();
+      ExpireSavedSteps();
+      housekeeping_mu_.Lock();
+    }
+  });
+}
+
+MoeServiceImpl::~MoeServiceImpl() {
+  {
+    absl::MutexLock lock(&housekeeping_mu_);
+    stopping_ = true;
+  }
+  if (housekeeping_.joinable()) housekeeping_.join();
+}
 
 grpc::Status MoeServiceImpl::Finish(const char* method, absl::Time start,
                                     const absl::Status& status) {
@@ -337,6 +359,54 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
     if (!restore) layer->weights_reset = true;
   }
   return absl::OkStatus();
+}
+
+void MoeServiceImpl::ExpireSavedSteps() {
+  constexpr size_t kExpiredKept = 4096;
+  const absl::Time cutoff = absl::Now() - options_.saved_step_ttl;
+  std::vector<std::shared_ptr<Layer>> layers;
+  {
+    absl::MutexLock lock(&layers_mu_);
+    for (const auto& kv : layers_) layers.push_back(kv.second);
+  }
+  for (const auto& layer : layers) {
+    auto any_due = [&] {
+      absl::MutexLock lock(&layer->mu);
+      for (const auto& kv : layer->saved) {
+        if (kv.second.saved_at <= cutoff) return true;
+      }
+      return false;
+    };
+    if (!any_due()) continue;
+    // The step's turn, as ReleaseStep: a step being used by a queued Backward is not pulled
+    // away under it. Waiting is bounded; a busy layer is retried next round. A re-formation
+    // (setup_mu_ held exclusively) drops saved steps itself.
+    if (!layer->turn.Lock(absl::Now() + absl::Milliseconds(200), nullptr)) continue;
+    Turn turn(layer, &setup_mu_);
+    if (!setup_mu_.ReaderTryLock()) continue;
+    turn.set_shared();
+    std::vector<uint64_t> ids;
+    {
+      absl::MutexLock lock(&layer->mu);
+      if (layer->deleted) continue;
+      for (auto it = layer->saved.begin(); it != layer->saved.end();) {
+        if (it->second.saved_at > cutoff) {
+          ++it;
+          continue;
+        }
+        ids.push_back(it->first);
+        layer->expired.insert(it->first);
+        layer->saved_bytes -= it->second.bytes;
+        it = layer->saved.erase(it);
+      }
+      while (layer->expired.size() > kExpiredKept) layer->expired.erase(layer->expired.begin());
+    }
+    if (ids.empty()) continue;
+    std::fprintf(stderr, "moed: layer %s: %zu saved step(s) expired (--saved_step_ttl_s)\n",
+                 layer->name.c_str(), ids.size());
+    absl::StatusOr<WorkerSet> set = pool_->Serving();
+    if (set.ok()) ReleaseOnWorkers(*set, *layer, ids);
+  }
 }
 
 std::string MoeServiceImpl::RenderLayerMetrics() const {

@@ -21,7 +21,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -47,11 +49,17 @@ struct ServiceOptions {
   // A layer whose parameters, gradients and two optimizer states (4 x fp32 per parameter,
   // summed over all workers) would exceed this is refused at CreateLayer.
   int64_t max_layer_bytes = int64_t{1} << 40;
+  // A saved step not used by Backward within this long is released on the workers (a client
+  // that died must not hold the layer's budget); a later Backward on it is
+  // FAILED_PRECONDITION saying it expired. Zero: never.
+  absl::Duration saved_step_ttl = absl::Seconds(600);
 };
 
 class MoeServiceImpl final : public v1::MoeService::Service {
  public:
+  // With a saved_step_ttl, starts a housekeeping thread that expires saved steps.
   MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics* metrics);
+  ~MoeServiceImpl() override;  // stops the housekeeping thread
 
   // WorkerPool on_setup hook: creates every known layer on the new generation's workers.
   // A layer every worker still holds from an earlier generation keeps its parameters and
@@ -61,6 +69,10 @@ class MoeServiceImpl final : public v1::MoeService::Service {
   absl::Status RecreateLayers(const WorkerSet& set);
   // Prometheus gauges of layers (appended to Metrics::Render).
   std::string RenderLayerMetrics() const;
+  // Releases the saved steps older than saved_step_ttl (the housekeeping thread calls it).
+  // A layer whose turn is busy for long, or a re-formation in progress, is left for the
+  // next round.
+  void ExpireSavedSteps();
 
   grpc::Status CreateLayer(grpc::ServerContext*, const v1::CreateLayerRequest*,
                            v1::CreateLayerResponse*) override;
@@ -100,6 +112,7 @@ class MoeServiceImpl final : public v1::MoeService::Service {
     int64_t tokens = 0;
     DType dtype = DType::kFloat32;
     int64_t bytes = 0;
+    absl::Time saved_at;  // for saved_step_ttl
   };
   // The front end's record of one layer.
   struct Layer {
@@ -111,6 +124,8 @@ class MoeServiceImpl final : public v1::MoeService::Service {
     bool deleted ABSL_GUARDED_BY(mu) = false;
     bool weights_reset ABSL_GUARDED_BY(mu) = false;  // see LayerInfo.weights_reset
     std::map<uint64_t, SavedStep> saved ABSL_GUARDED_BY(mu);
+    // Ids of steps released by saved_step_ttl (the latest kExpiredKept), for Backward's error.
+    std::set<uint64_t> expired ABSL_GUARDED_BY(mu);
     int64_t saved_bytes ABSL_GUARDED_BY(mu) = 0;
     int64_t forward_count ABSL_GUARDED_BY(mu) = 0;
     std::vector<int64_t> accumulated ABSL_GUARDED_BY(mu);  // [E] since the last bias update
@@ -176,6 +191,10 @@ class MoeServiceImpl final : public v1::MoeService::Service {
   absl::Mutex setup_mu_;
   mutable absl::Mutex layers_mu_;
   std::map<std::string, std::shared_ptr<Layer>> layers_ ABSL_GUARDED_BY(layers_mu_);
+
+  absl::Mutex housekeeping_mu_;
+  bool stopping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;
+  std::thread housekeeping_;
 };
 
 }  // namespace moe

@@ -132,7 +132,7 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
         for (size_t e = 0; e < counts.size(); ++e) layer.accumulated[e] += counts[e];
       }
       if (keep) {
-        layer.saved[step_id] = SavedStep{tokens, dtype, saved_bytes};
+        layer.saved[step_id] = SavedStep{tokens, dtype, saved_bytes, absl::Now()};
         layer.saved_bytes += saved_bytes;
       }
     }
@@ -192,6 +192,13 @@ grpc::Status MoeServiceImpl::Backward(grpc::ServerContext* context,
       absl::MutexLock lock(&layer.mu);
       auto it = layer.saved.find(request->step_id());
       if (it == layer.saved.end()) {
+        if (layer.expired.count(request->step_id()) != 0) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "step_id: ", request->step_id(), " expired: not used by a Backward within ",
+              absl::FormatDuration(options_.saved_step_ttl),
+              " of its Forward (server flag --saved_step_ttl_s); its saved activations were "
+              "released"));
+        }
         const bool issued = request->step_id() < next_step_id_.load();
         return absl::FailedPreconditionError(absl::StrCat(
             "step_id: ", request->step_id(),

@@ -49,6 +49,9 @@ ABSL_FLAG(int, metrics_port, 0, "Prometheus text metrics over HTTP on this port 
 ABSL_FLAG(int64_t, max_saved_steps, 64, "per layer: steps kept for backward at once");
 ABSL_FLAG(int64_t, max_saved_bytes, int64_t{8} << 30,
           "per layer: worker memory (bytes, all workers) held by saved steps");
+ABSL_FLAG(int64_t, saved_step_ttl_s, 600,
+          "release a saved step (keep_for_backward) not used by Backward within this many "
+          "seconds (0: never)");
 ABSL_FLAG(int64_t, step_timeout_ms, 30000, "deadline of every internal step call");
 ABSL_FLAG(int64_t, collective_timeout_ms, 30000, "per-collective timeout inside the workers");
 ABSL_FLAG(int64_t, heartbeat_ms, 500, "interval of the worker liveness pings");
@@ -107,6 +110,11 @@ int Main() {
       return 2;
     }
   }
+  if (absl::GetFlag(FLAGS_saved_step_ttl_s) < 0) {
+    std::fprintf(stderr, "moed: --saved_step_ttl_s must be >= 0 (0: never), got %lld\n",
+                 static_cast<long long>(absl::GetFlag(FLAGS_saved_step_ttl_s)));
+    return 2;
+  }
   const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message < (1 << 16) || max_message > INT32_MAX) {
     std::fprintf(stderr, "moed: --max_message_bytes must be in [65536, 2^31)\n");
@@ -135,6 +143,7 @@ int Main() {
   service_options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
   service_options.max_message_bytes = max_message;
   service_options.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
+  service_options.saved_step_ttl = absl::Seconds(absl::GetFlag(FLAGS_saved_step_ttl_s));
   Metrics metrics;
   MoeServiceImpl service(service_options, &pool, &metrics);
   CoordinatorService coordinator(&pool, std::make_shared<MemoryKeyValueStore>());

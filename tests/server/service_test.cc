@@ -497,3 +497,82 @@ TEST_F(ClusterTest, DeleteLayerDropsItsMetrics) {
 
 }  // namespace
 }  // namespace moe
+
+namespace moe {
+namespace {
+
+// --saved_step_ttl_s: a saved step left unused (its client died) is released, freeing the
+// budget for others; a late Backward on it says it expired. A step used in time is unaffected.
+TEST(SavedStepTtlTest, AbandonedStepsExpire) {
+  ClusterOptions options;
+  options.moed_flags = {"--saved_step_ttl_s=1", "--max_saved_steps=2"};
+  auto started = TestCluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<TestCluster> cluster = std::move(*started);
+  ASSERT_TRUE(cluster->WaitServing(absl::Seconds(30)).ok());
+  v1::MoeService::Stub* stub = cluster->stub();
+  {
+    grpc::ClientContext ctx;
+    v1::CreateLayerRequest request;
+    request.set_name("ttl");
+    *request.mutable_config() = TinyConfig(/*seed=*/5);
+    v1::CreateLayerResponse response;
+    ASSERT_TRUE(stub->CreateLayer(&ctx, request, &response).ok());
+  }
+  const v1::Tensor x = FloatsToProto({4, 32}, RandomFloats(4 * 32, 5));
+  auto forward = [&](uint64_t* step) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::ForwardRequest request;
+    request.set_layer("ttl");
+    *request.mutable_x() = x;
+    request.set_keep_for_backward(true);
+    v1::ForwardResponse response;
+    grpc::Status status = stub->Forward(&ctx, request, &response);
+    *step = response.step_id();
+    return status;
+  };
+  auto backward = [&](uint64_t step) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    v1::BackwardRequest request;
+    request.set_layer("ttl");
+    request.set_step_id(step);
+    *request.mutable_d_out() = x;
+    v1::BackwardResponse response;
+    return stub->Backward(&ctx, request, &response);
+  };
+  auto saved_steps = [&]() -> int64_t {
+    grpc::ClientContext ctx;
+    v1::GetLayerRequest request;
+    request.set_name("ttl");
+    v1::GetLayerResponse response;
+    if (!stub->GetLayer(&ctx, request, &response).ok()) return -1;
+    return response.layer().saved_steps();
+  };
+  // Used within the TTL: fine.
+  uint64_t prompt = 0;
+  ASSERT_TRUE(forward(&prompt).ok());
+  grpc::Status status = backward(prompt);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  // Abandoned: the budget fills, then the steps expire and the budget is free again.
+  uint64_t abandoned[2];
+  ASSERT_TRUE(forward(&abandoned[0]).ok());
+  ASSERT_TRUE(forward(&abandoned[1]).ok());
+  uint64_t refused = 0;
+  EXPECT_EQ(forward(&refused).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (saved_steps() != 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_EQ(saved_steps(), 0);
+  status = backward(abandoned[0]);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("expired"));
+  EXPECT_THAT(status.error_message(), HasSubstr("--saved_step_ttl_s"));
+  uint64_t fresh = 0;
+  ASSERT_TRUE(forward(&fresh).ok());
+  status = backward(fresh);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+}  // namespace
+}  // namespace moe
