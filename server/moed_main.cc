@@ -189,6 +189,17 @@ int Main() {
   pool.set_on_serving_changed(set_health);
   pool.set_on_setup([&](const WorkerSet& set) { return service.RecreateLayers(set); });
   pool.Start();
+  // On every way out of Main: the pool's threads call into the service and the health
+  // service (owned by the server), which are destroyed before the pool. Stop the RPCs first
+  // (their handlers use the pool), then the pool's threads.
+  struct StopFirst {
+    grpc::Server* server;
+    WorkerPool* pool;
+    ~StopFirst() {
+      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      pool->Stop();
+    }
+  } stop_first{server.get(), &pool};
 
   std::unique_ptr<MetricsHttpServer> http;
   if (absl::GetFlag(FLAGS_metrics_port) > 0) {
@@ -227,8 +238,7 @@ int Main() {
   std::fprintf(stderr, "moed: signal %d, shutting down\n", received);
   set_health(false);
   if (launcher) launcher->Stop();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return 0;
+  return 0;  // stop_first shuts the server down and stops the pool
 }
 
 }  // namespace

@@ -35,7 +35,9 @@ WorkerPool::WorkerPool(WorkerPoolOptions options) : options_(std::move(options))
   message_ = absl::StrCat("waiting for ", options_.world_size, " worker(s) to join");
 }
 
-WorkerPool::~WorkerPool() {
+WorkerPool::~WorkerPool() { Stop(); }
+
+void WorkerPool::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;

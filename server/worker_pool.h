@@ -58,7 +58,12 @@ class WorkerPool {
       std::function<absl::Status(int rank, internal::Worker::Stub* stub, grpc::ClientContext*)>;
 
   explicit WorkerPool(WorkerPoolOptions options);
-  ~WorkerPool();  // stops the threads
+  ~WorkerPool();  // Stop()
+
+  // Cancels in-flight calls and joins the heartbeat and setup threads: after it, the pool
+  // calls no hook (on_setup, on_serving_changed) any more. Idempotent. Whoever owns the
+  // hooks' targets calls it before destroying them.
+  void Stop();
 
   // Called on the setup thread after every worker's Setup succeeded, before serving.
   void set_on_setup(std::function<absl::Status(const WorkerSet&)> fn) { on_setup_ = fn; }
