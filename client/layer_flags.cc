@@ -2,6 +2,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 ABSL_FLAG(int64_t, hidden, 32, "Layer: H, the model width (last dimension of x).");
@@ -80,15 +81,28 @@ absl::StatusOr<v1::LayerConfig> LayerConfigFromFlags() {
   return config;
 }
 
+namespace {
+
+// "silu" for ACTIVATION_SILU; a value this build does not know (a newer server) is named by
+// its number, never an exception.
+std::string ActivationText(v1::Activation activation) {
+  if (activation == v1::ACTIVATION_UNSPECIFIED) return "silu";
+  constexpr absl::string_view kPrefix = "ACTIVATION_";
+  const std::string& name = v1::Activation_Name(activation);
+  if (!absl::StartsWith(name, kPrefix)) {
+    return absl::StrCat("unknown(", static_cast<int>(activation), ")");
+  }
+  return absl::AsciiStrToLower(name.substr(kPrefix.size()));
+}
+
+}  // namespace
+
 std::string DescribeLayerConfig(const v1::LayerConfig& c) {
   std::string out = absl::StrCat(
       "hidden=", c.hidden(), " ffn=", c.ffn(), " experts=", c.num_experts(),
       " top_k=", c.has_top_k() ? c.top_k() : 1,
       " score=", c.score_function() == v1::SCORE_FUNCTION_SIGMOID ? "sigmoid" : "softmax",
-      " activation=",
-      c.activation() == v1::ACTIVATION_UNSPECIFIED
-          ? std::string("silu")
-          : absl::AsciiStrToLower(v1::Activation_Name(c.activation()).substr(11)),
+      " activation=", ActivationText(c.activation()),
       c.has_gated() && !c.gated() ? " plain" : " gated",
       " compute=", c.compute_dtype().empty() ? "FP32" : c.compute_dtype(), " seed=", c.init_seed());
   if (c.pre_softmax()) absl::StrAppend(&out, " pre_softmax");

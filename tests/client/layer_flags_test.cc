@@ -121,6 +121,20 @@ TEST_F(LayerFlagsTest, DescriptionNamesTheShape) {
   EXPECT_NE(text.find("activation=silu"), std::string::npos) << text;
 }
 
+// A config from a newer server may carry an activation this build has no name for: the
+// description names its number instead of throwing.
+TEST_F(LayerFlagsTest, DescriptionOfUnknownActivationDoesNotThrow) {
+  Parse({});
+  v1::LayerConfig config = *LayerConfigFromFlags();
+  config.set_activation(static_cast<v1::Activation>(99));
+  std::string text;
+  EXPECT_NO_THROW(text = DescribeLayerConfig(config));
+  EXPECT_NE(text.find("activation=unknown(99)"), std::string::npos) << text;
+  config.set_activation(v1::ACTIVATION_GELU);
+  text = DescribeLayerConfig(config);
+  EXPECT_NE(text.find("activation=gelu"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace client
 }  // namespace moe
