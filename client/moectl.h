@@ -39,6 +39,10 @@ int ReportError(absl::string_view command, const absl::Status& status);
 int UsageError(absl::string_view command, absl::string_view message);
 // --dtype as a DType (FP32 or BF16).
 absl::StatusOr<DType> InputDTypeFromFlag();
+// --tokens for a random [tokens, hidden] input of `dtype`: INVALID_ARGUMENT (a usage error)
+// when negative, or when the tensor would not fit in one message (ClientOptions
+// max_message_bytes); checked before anything that large is allocated.
+absl::Status CheckTokensFlag(int64_t hidden, DType dtype);
 // A layer name for commands that create a temporary layer: --layer, or "<prefix>-<pid>".
 std::string LayerNameOr(absl::string_view prefix);
 // Quotes and escapes a string for JSON output.

@@ -120,9 +120,15 @@ int RunBench(const Args& args) {
   if (temporary) {
     auto config = LayerConfigFromFlags();
     if (!config.ok()) return UsageError("bench", config.status().message());
+    absl::Status tokens_ok = CheckTokensFlag(config->hidden(), *dtype);
+    if (!tokens_ok.ok()) return UsageError("bench", tokens_ok.message());
     info = (*client)->CreateLayer(name, *config);
   } else {
     info = (*client)->GetLayer(name);
+    if (info.ok()) {
+      absl::Status tokens_ok = CheckTokensFlag(info->config().hidden(), *dtype);
+      if (!tokens_ok.ok()) return UsageError("bench", tokens_ok.message());
+    }
   }
   if (!info.ok()) return ReportError("bench", info.status());
 

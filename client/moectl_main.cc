@@ -1,6 +1,7 @@
 // moectl: the command-line client of moed. See kUsage below (or `moectl --help`).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -110,6 +111,20 @@ absl::StatusOr<DType> InputDTypeFromFlag() {
   if (name == "BF16") return DType::kBFloat16;
   return absl::InvalidArgumentError(
       absl::StrCat("--dtype: '", absl::GetFlag(FLAGS_dtype), "' is not fp32 or bf16"));
+}
+
+absl::Status CheckTokensFlag(int64_t hidden, DType dtype) {
+  const int64_t tokens = absl::GetFlag(FLAGS_tokens);
+  if (tokens < 0) return absl::InvalidArgumentError("--tokens must be >= 0");
+  const int64_t limit = ClientOptions().max_message_bytes;
+  const int64_t row_bytes = std::max<int64_t>(hidden, 1) * static_cast<int64_t>(DTypeSize(dtype));
+  if (tokens > limit / row_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokens=", tokens, ": a [", tokens, ", ", hidden, "] ", DTypeName(dtype),
+        " input needs more than the largest message (", limit, " bytes); at most ",
+        limit / row_bytes, " tokens per step"));
+  }
+  return absl::OkStatus();
 }
 
 std::string LayerNameOr(absl::string_view prefix) {

@@ -151,8 +151,9 @@ int RunSmoke(const Args& args) {
   if (!config_proto.ok()) return UsageError("smoke", config_proto.status().message());
   auto dtype = InputDTypeFromFlag();
   if (!dtype.ok()) return UsageError("smoke", dtype.status().message());
+  absl::Status tokens_ok = CheckTokensFlag(config_proto->hidden(), *dtype);
+  if (!tokens_ok.ok()) return UsageError("smoke", tokens_ok.message());
   const int64_t tokens = absl::GetFlag(FLAGS_tokens);
-  if (tokens < 0) return UsageError("smoke", "--tokens must be >= 0");
   auto client = ConnectFromFlags();
   if (!client.ok()) return ReportError("smoke", client.status());
 

@@ -40,9 +40,9 @@ absl::StatusOr<Tensor> InputTensor(const std::string& path, int64_t hidden, uint
     }
     return t;
   }
-  const int64_t tokens = absl::GetFlag(FLAGS_tokens);
-  if (tokens < 0) return absl::InvalidArgumentError("--tokens must be >= 0");
-  return RandomNormal(*dtype, {tokens, hidden}, seed);
+  absl::Status tokens_ok = CheckTokensFlag(hidden, *dtype);  // Run* checked it already
+  if (!tokens_ok.ok()) return tokens_ok;
+  return RandomNormal(*dtype, {absl::GetFlag(FLAGS_tokens), hidden}, seed);
 }
 
 absl::StatusOr<std::optional<double>> OptionalDouble(absl::string_view flag,
@@ -69,6 +69,10 @@ int RunForward(const Args& args) {
     auto info = (*client)->GetLayer(layer);
     if (!info.ok()) return ReportError("forward", info.status());
     hidden = info->config().hidden();
+    auto dtype = InputDTypeFromFlag();
+    if (!dtype.ok()) return UsageError("forward", dtype.status().message());
+    absl::Status tokens_ok = CheckTokensFlag(hidden, *dtype);
+    if (!tokens_ok.ok()) return UsageError("forward", tokens_ok.message());
   }
   auto x = InputTensor(absl::GetFlag(FLAGS_input), hidden, absl::GetFlag(FLAGS_input_seed));
   if (!x.ok()) return ReportError("forward", x.status());
@@ -109,6 +113,10 @@ int RunBackward(const Args& args) {
     auto info = (*client)->GetLayer(layer);
     if (!info.ok()) return ReportError("backward", info.status());
     hidden = info->config().hidden();
+    auto dtype = InputDTypeFromFlag();
+    if (!dtype.ok()) return UsageError("backward", dtype.status().message());
+    absl::Status tokens_ok = CheckTokensFlag(hidden, *dtype);
+    if (!tokens_ok.ok()) return UsageError("backward", tokens_ok.message());
   }
   // A random d_out uses the next seed after x's, so forward+backward with the same
   // --input_seed never reuse x as d_out.
