@@ -146,7 +146,11 @@ int RunBench(const Args& args) {
     training = Measure(warmup, steps, "forward+backward", show_progress, [&]() -> absl::Status {
       auto fwd = c.Forward(name, x, /*keep_for_backward=*/true);
       if (!fwd.ok()) return fwd.status();
-      return c.Backward(name, fwd->step_id, d_out).status();
+      absl::Status backward = c.Backward(name, fwd->step_id, d_out).status();
+      // A Backward that failed before reaching the workers leaves the step saved: free it,
+      // or an existing layer keeps it until the server's --saved_step_ttl_s.
+      if (!backward.ok()) c.ReleaseStep(name, fwd->step_id).IgnoreError();
+      return backward;
     });
   }
   // Gradients accumulated by the timed backwards are dropped so an existing layer is left as

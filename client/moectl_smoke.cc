@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -160,6 +161,14 @@ int RunSmoke(const Args& args) {
   const std::string name = LayerNameOr("smoke");
   auto info = (*client)->CreateLayer(name, *config_proto);
   if (!info.ok()) return ReportError("smoke", info.status());
+  // The temporary layer goes on every way out (unless --keep_layer); it is deleted as soon as
+  // the remote steps are done.
+  bool layer_deleted = absl::GetFlag(FLAGS_keep_layer);
+  auto delete_layer = [&] {
+    if (!layer_deleted) (*client)->DeleteLayer(name).IgnoreError();
+    layer_deleted = true;
+  };
+  absl::Cleanup delete_on_exit = delete_layer;
   // The config as the server applied it (defaults filled) drives the local reference.
   auto config = EngineConfigFromProto(info->config());
   if (!config.ok()) return ReportError("smoke", config.status());
@@ -169,7 +178,7 @@ int RunSmoke(const Args& args) {
   const Tensor d_out = RandomNormal(*dtype, {tokens, config->hidden}, seed + 1);
 
   auto remote = RunRemote(**client, name, x, d_out);
-  if (!absl::GetFlag(FLAGS_keep_layer)) (*client)->DeleteLayer(name).IgnoreError();
+  delete_layer();
   if (!remote.ok()) return ReportError("smoke", remote.status());
   auto local = RunLocal(*config, x, d_out, remote->weights, remote->gradients);
   if (!local.ok()) {
