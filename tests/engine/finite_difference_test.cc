@@ -63,13 +63,6 @@ LayerConfig ConfigFor(const FdCase& fc) {
   return c;
 }
 
-std::vector<double> Normal(int64_t n, double scale, std::mt19937_64* rng) {
-  std::normal_distribution<double> dist(0.0, scale);
-  std::vector<double> v(n);
-  for (double& x : v) x = dist(*rng);
-  return v;
-}
-
 // fp32-representable values, so the engine and the reference see the same numbers.
 std::vector<double> RoundToFloat(std::vector<double> v) {
   for (double& x : v) x = static_cast<float>(x);
@@ -91,11 +84,11 @@ TEST_P(FiniteDifferenceTest, EngineGradientsMatchDifferences) {
   std::mt19937_64 rng(1234);
   RefParams params = ReadParams(*cpu->layer).value();
   if (config.use_bias) {
-    params.wi_bias = RoundToFloat(Normal(params.wi_bias.size(), 0.2, &rng));
-    params.wo_bias = RoundToFloat(Normal(params.wo_bias.size(), 0.2, &rng));
+    params.wi_bias = RoundToFloat(RandomNormal(params.wi_bias.size(), 0.2, &rng));
+    params.wo_bias = RoundToFloat(RandomNormal(params.wo_bias.size(), 0.2, &rng));
   }
   if (config.use_expert_bias) {
-    params.expert_bias = RoundToFloat(Normal(params.expert_bias.size(), 0.05, &rng));
+    params.expert_bias = RoundToFloat(RandomNormal(params.expert_bias.size(), 0.05, &rng));
   }
   ASSERT_TRUE(WriteParams(params, cpu->layer.get()).ok());
 
@@ -103,13 +96,13 @@ TEST_P(FiniteDifferenceTest, EngineGradientsMatchDifferences) {
   std::vector<double> x;
   for (int attempt = 0;; ++attempt) {
     ASSERT_LT(attempt, 200) << "no well-separated input found";
-    x = RoundToFloat(Normal(T * H, 1.0, &rng));
+    x = RoundToFloat(RandomNormal(T * H, 1.0, &rng));
     RefRouting r = RefForward(rc, params, x, T).routing;
     if (r.min_selection_gap < 1e-3 || r.min_capacity_gap < 1e-3) continue;
     if (config.capacity_factor > 0.0 && r.kept == r.selected) continue;
     break;
   }
-  const std::vector<double> w_out = RoundToFloat(Normal(T * H, 1.0, &rng));
+  const std::vector<double> w_out = RoundToFloat(RandomNormal(T * H, 1.0, &rng));
 
   Tensor xt = FromDoubles(x, {T, H}, DType::kFloat32);
   Tensor d_out = FromDoubles(w_out, {T, H}, DType::kFloat32);

@@ -32,22 +32,15 @@ LayerConfig TinyConfig() {
   return c;
 }
 
-std::vector<double> Normal(int64_t n, double scale, std::mt19937_64* rng) {
-  std::normal_distribution<double> dist(0.0, scale);
-  std::vector<double> v(n);
-  for (double& x : v) x = dist(*rng);
-  return v;
-}
-
 // Gives the optional tensors (zero after init) random values so that they matter.
 void RandomizeOptionalParams(CpuLayer* cpu, std::mt19937_64* rng) {
   const LayerConfig& c = cpu->layer->config();
   RefParams p = ReadParams(*cpu->layer).value();
   if (c.use_bias) {
-    p.wi_bias = Normal(p.wi_bias.size(), 0.1, rng);
-    p.wo_bias = Normal(p.wo_bias.size(), 0.1, rng);
+    p.wi_bias = RandomNormal(p.wi_bias.size(), 0.1, rng);
+    p.wo_bias = RandomNormal(p.wo_bias.size(), 0.1, rng);
   }
-  if (c.use_expert_bias) p.expert_bias = Normal(p.expert_bias.size(), 0.05, rng);
+  if (c.use_expert_bias) p.expert_bias = RandomNormal(p.expert_bias.size(), 0.05, rng);
   ASSERT_TRUE(WriteParams(p, cpu->layer.get()).ok());
 }
 
@@ -72,7 +65,7 @@ std::vector<double> SeparatedTokens(const RefConfig& rc, const RefParams& params
     std::vector<double> x(tokens * H);
     for (int64_t t = 0; t < tokens; ++t) {
       for (int attempt = 0; attempt < 100; ++attempt) {
-        std::vector<double> row = ToDoubles(FromDoubles(Normal(H, 1.0, rng), {H}, dtype));
+        std::vector<double> row = ToDoubles(FromDoubles(RandomNormal(H, 1.0, rng), {H}, dtype));
         std::copy(row.begin(), row.end(), x.begin() + t * H);
         if (RefForward(rc, params, row, 1).routing.min_selection_gap > 1e-4) break;
       }
@@ -97,7 +90,7 @@ void CompareWithReference(const LayerConfig& config, int64_t tokens, uint64_t se
   RefParams params = ReadParams(*cpu->layer).value();
   const std::vector<double> xd = SeparatedTokens(rc, params, tokens, dtype, &rng);
   Tensor x = FromDoubles(xd, {tokens, H}, dtype);
-  Tensor d_out = FromDoubles(Normal(tokens * H, 1.0, &rng), {tokens, H}, dtype);
+  Tensor d_out = FromDoubles(RandomNormal(tokens * H, 1.0, &rng), {tokens, H}, dtype);
 
   absl::StatusOr<EngineStep> step = RunStep(cpu->layer.get(), x, &d_out, d_aux, d_zl);
   ASSERT_TRUE(step.ok()) << step.status();
@@ -275,10 +268,10 @@ TEST(ReferenceEdgeCases, EveryTokenOnOneExpert) {
     ASSERT_TRUE(WriteParams(p, cpu->layer.get()).ok());
     std::mt19937_64 rng(404);
     const int64_t T = 40;
-    std::vector<double> xd = Normal(T * c.hidden, 1.0, &rng);
+    std::vector<double> xd = RandomNormal(T * c.hidden, 1.0, &rng);
     for (int64_t t = 0; t < T; ++t) xd[t * c.hidden] = 1.0;  // logit 30 for expert 3
     Tensor x = FromDoubles(xd, {T, c.hidden}, DType::kFloat32);
-    Tensor d_out = FromDoubles(Normal(T * c.hidden, 1.0, &rng), {T, c.hidden}, DType::kFloat32);
+    Tensor d_out = FromDoubles(RandomNormal(T * c.hidden, 1.0, &rng), {T, c.hidden}, DType::kFloat32);
     absl::StatusOr<EngineStep> step = RunStep(cpu->layer.get(), x, &d_out, 1.0, 1.0);
     ASSERT_TRUE(step.ok()) << step.status();
     EXPECT_EQ(step->forward.tokens_per_expert[3], T);
@@ -304,8 +297,8 @@ TEST(ReferenceEdgeCases, AlignSizeChangesNothing) {
     ASSERT_TRUE(cpu.ok()) << cpu.status();
     std::mt19937_64 rng(505);
     RandomizeOptionalParams(&*cpu, &rng);
-    Tensor x = FromDoubles(Normal(29 * c.hidden, 1.0, &rng), {29, c.hidden}, DType::kFloat32);
-    Tensor d_out = FromDoubles(Normal(29 * c.hidden, 1.0, &rng), {29, c.hidden}, DType::kFloat32);
+    Tensor x = FromDoubles(RandomNormal(29 * c.hidden, 1.0, &rng), {29, c.hidden}, DType::kFloat32);
+    Tensor d_out = FromDoubles(RandomNormal(29 * c.hidden, 1.0, &rng), {29, c.hidden}, DType::kFloat32);
     absl::StatusOr<EngineStep> step = RunStep(cpu->layer.get(), x, &d_out, 1.0, 1.0);
     ASSERT_TRUE(step.ok()) << step.status();
     RefGradients g = ReadGradients(*cpu->layer).value();
@@ -335,13 +328,13 @@ TEST(ReferenceEdgeCases, CapacityTiesDropTheLaterToken) {
   std::mt19937_64 rng(707);
   RandomizeOptionalParams(&*cpu, &rng);
   const int64_t T = 24, H = c.hidden;
-  const std::vector<double> rows = Normal(4 * H, 1.0, &rng);
+  const std::vector<double> rows = RandomNormal(4 * H, 1.0, &rng);
   std::vector<double> xd(T * H);
   for (int64_t t = 0; t < T; ++t) {
     std::copy(rows.begin() + (t % 4) * H, rows.begin() + (t % 4 + 1) * H, xd.begin() + t * H);
   }
   Tensor x = FromDoubles(xd, {T, H}, DType::kFloat32);
-  Tensor d_out = FromDoubles(Normal(T * H, 1.0, &rng), {T, H}, DType::kFloat32);
+  Tensor d_out = FromDoubles(RandomNormal(T * H, 1.0, &rng), {T, H}, DType::kFloat32);
   absl::StatusOr<EngineStep> step = RunStep(cpu->layer.get(), x, &d_out, 1.0, 1.0);
   ASSERT_TRUE(step.ok()) << step.status();
   const RefParams p = ReadParams(*cpu->layer).value();
@@ -374,7 +367,7 @@ TEST(ReferenceEdgeCases, ForwardWithoutContextIsTheSame) {
   absl::StatusOr<CpuLayer> cpu = MakeCpuLayer(c);
   ASSERT_TRUE(cpu.ok()) << cpu.status();
   std::mt19937_64 rng(909);
-  Tensor x = FromDoubles(Normal(32 * c.hidden, 1.0, &rng), {32, c.hidden}, DType::kFloat32);
+  Tensor x = FromDoubles(RandomNormal(32 * c.hidden, 1.0, &rng), {32, c.hidden}, DType::kFloat32);
   std::unique_ptr<moe::StepContext> saved;
   absl::StatusOr<moe::ForwardResult> with = cpu->layer->Forward(x, &saved);
   absl::StatusOr<moe::ForwardResult> without = cpu->layer->Forward(x, nullptr);
@@ -400,7 +393,7 @@ TEST(ReferenceEdgeCases, AuxOnlyGradientUnderGroupingReachesGate) {
     ASSERT_TRUE(cpu.ok()) << cpu.status();
     std::mt19937_64 rng(606 + k);
     const int64_t T = 48;
-    std::vector<double> xd = Normal(T * c.hidden, 1.0, &rng);
+    std::vector<double> xd = RandomNormal(T * c.hidden, 1.0, &rng);
     Tensor x = FromDoubles(xd, {T, c.hidden}, DType::kFloat32);
     Tensor zero = Tensor::Zeros(DType::kFloat32, {T, c.hidden});
     absl::StatusOr<EngineStep> step = RunStep(cpu->layer.get(), x, &zero, 1.0, 0.0);

@@ -9,6 +9,13 @@
 
 namespace moe_ref {
 
+std::vector<double> RandomNormal(int64_t n, double scale, std::mt19937_64* rng) {
+  std::normal_distribution<double> dist(0.0, scale);
+  std::vector<double> v(n);
+  for (double& x : v) x = dist(*rng);
+  return v;
+}
+
 RefConfig FromLayerConfig(const moe::LayerConfig& c) {
   RefConfig r;
   r.hidden = c.hidden;

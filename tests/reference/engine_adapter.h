@@ -8,7 +8,9 @@
 #ifndef MOED_TESTS_REFERENCE_ENGINE_ADAPTER_H_
 #define MOED_TESTS_REFERENCE_ENGINE_ADAPTER_H_
 
+#include <cstdint>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -29,6 +31,9 @@ std::vector<double> ToDoubles(const moe::Tensor& tensor);
 // A tensor of `dtype` (FP32 or BF16; rounded to nearest) with the given values.
 moe::Tensor FromDoubles(const std::vector<double>& values, std::vector<int64_t> shape,
                         moe::DType dtype);
+
+// n independent draws of N(0, scale^2) from rng, in order (test inputs and weights).
+std::vector<double> RandomNormal(int64_t n, double scale, std::mt19937_64* rng);
 
 // The layer's parameters (every expert must be local: EP = 1).
 absl::StatusOr<RefParams> ReadParams(const moe::MoeLayer& layer);
