@@ -50,6 +50,12 @@ int DefaultEmbeddedWorkers(const std::string& device_flag) {
   return device_flag == "cuda" ? VisibleCudaDevices() : 2;
 }
 
+std::string DeviceName(const std::string& device_flag, int rank) {
+  if (device_flag != "cuda" || rank < 0) return device_flag;
+  absl::StatusOr<int> index = CudaIndex(device_flag, rank);
+  return index.ok() ? absl::StrCat("cuda:", *index) : device_flag;
+}
+
 absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,
                                               std::shared_ptr<KeyValueStore> store,
                                               const std::string& prefix, int rank, int size,

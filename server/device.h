@@ -39,6 +39,10 @@ absl::Status CheckDeviceFlag(const std::string& device_flag);
 // --device=cuda (0 when none is visible), 2 otherwise.
 int DefaultEmbeddedWorkers(const std::string& device_flag);
 
+// The device a worker of `rank` runs on, as GetStatus shows it: "cuda" becomes "cuda:N" (the
+// GPU picked for that rank); every other flag, or a rank < 0, returns the flag as it is.
+std::string DeviceName(const std::string& device_flag, int rank);
+
 // Collective: every rank of the group calls it with the same prefix and size.
 // cpu_threads: threads of the CPU backend's element-wise kernels (0: one per hardware thread).
 absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,

@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <utility>
 
@@ -39,10 +39,10 @@ std::vector<int64_t> ShardShape(const ParameterLayout& p, int ranks) {
 
 // Removes a directory tree (checkpoint directories hold only plain files).
 void RemoveTree(const std::string& path) {
-  const std::string command = absl::StrCat("rm -rf -- '", path, "'");
-  if (std::system(command.c_str()) != 0) {
-    std::fprintf(stderr, "moed: could not remove %s\n", path.c_str());
-  }
+  std::error_code error;
+  std::filesystem::remove_all(path, error);
+  if (error) std::fprintf(stderr, "moed: could not remove %s: %s\n", path.c_str(),
+                          error.message().c_str());
 }
 
 absl::Status CheckDirectory(const std::string& dir) {

@@ -124,16 +124,20 @@ void WorkerLauncher::ReapLoop() {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100))) return;
     }
+    // Only our own workers are waited for (waitpid(-1) would also reap children that other
+    // parts of the process fork and wait for themselves).
     int status = 0;
-    pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) continue;
+    pid_t pid = -1;
     int rank = -1;
     {
       absl::MutexLock lock(&mu_);
-      for (int r = 0; r < count_; ++r) {
-        if (pids_[r] == pid) rank = r;
+      for (int r = 0; r < count_ && rank < 0; ++r) {
+        if (pids_[r] > 0 && waitpid(pids_[r], &status, WNOHANG) == pids_[r]) {
+          pid = pids_[r];
+          rank = r;
+          pids_[r] = -1;
+        }
       }
-      if (rank >= 0) pids_[rank] = -1;
     }
     if (rank < 0) continue;
     const std::string why =

@@ -119,7 +119,7 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
     }
   }
   if (on_ready_changed_) on_ready_changed_();
-  response->set_device(device_);
+  response->set_device(DeviceName(device_, request->rank()));
   return grpc::Status::OK;
 }
 
@@ -408,7 +408,7 @@ grpc::Status WorkerService::Ping(grpc::ServerContext*, const internal::PingReque
   last_ping_ = absl::Now();
   response->set_rank(rank_);
   response->set_generation(generation_);
-  response->set_device(device_);
+  response->set_device(DeviceName(device_, rank_));
   // Every layer's backend: parameters, gradients, optimizer state and the kept steps (their
   // buffers are backend allocations too). Retired instances still hold their memory.
   int64_t memory = 0, peak = 0;
