@@ -60,13 +60,15 @@ absl::StatusOr<std::shared_ptr<MoeServiceImpl::Layer>> MoeServiceImpl::FindLayer
 }
 
 absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
-    const std::string& name, grpc::ServerContext* context, bool require_serving) {
+    const std::string& name, grpc::ServerContext* context, bool require_serving,
+    bool allow_diverged) {
   ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer, FindLayer(name));
-  return TakeTurn(std::move(layer), context, require_serving);
+  return TakeTurn(std::move(layer), context, require_serving, allow_diverged);
 }
 
 absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
-    std::shared_ptr<Layer> layer, grpc::ServerContext* context, bool require_serving) {
+    std::shared_ptr<Layer> layer, grpc::ServerContext* context, bool require_serving,
+    bool allow_diverged) {
   const std::string& name = layer->name;
   absl::Time deadline = absl::FromChrono(context->deadline());
   if (!layer->turn.Lock(deadline, [context] { return context->IsCancelled(); })) {
@@ -82,6 +84,14 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
     if (layer->deleted) {
       return absl::NotFoundError(absl::StrCat("layer: \"", name, "\" was deleted"));
     }
+    if (!layer->diverged.empty() && !allow_diverged) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "layer \"", name, "\": its workers may hold different state (", layer->diverged,
+          "); ",
+          layer->diverged_gradients_only
+              ? "ZeroGradients makes them agree again"
+              : "LoadCheckpoint (or DeleteLayer, then CreateLayer) makes them agree again"));
+    }
   }
   absl::StatusOr<WorkerSet> set = pool_->Serving();
   if (set.ok()) {
@@ -90,6 +100,25 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
     return set.status();
   }
   return turn;
+}
+
+absl::Status MoeServiceImpl::ChangeOnWorkers(Turn& turn, const char* method,
+                                             absl::Time deadline,
+                                             const WorkerPool::WorkerFn& fn, bool collective,
+                                             bool gradients_only) {
+  bool partial = false;
+  absl::Status status = pool_->ForEachWorker(turn.set, deadline, fn, collective, &partial);
+  if (status.ok() || !partial) return status;
+  Layer& layer = turn.layer();
+  absl::MutexLock lock(&layer.mu);
+  // A second failure never narrows what may differ.
+  layer.diverged_gradients_only =
+      gradients_only && (layer.diverged.empty() || layer.diverged_gradients_only);
+  layer.diverged = absl::StrCat(method, " failed on some workers and may have taken effect on "
+                                "others: ", status.message());
+  std::fprintf(stderr, "moed: layer %s diverged: %s\n", layer.name.c_str(),
+               layer.diverged.c_str());
+  return status;
 }
 
 absl::Time MoeServiceImpl::InternalDeadline(grpc::ServerContext* context, bool collective) const {
@@ -113,6 +142,7 @@ v1::LayerInfo MoeServiceImpl::Info(const Layer& layer) const {
   info.set_saved_bytes(layer.saved_bytes);
   info.set_forward_count(layer.forward_count);
   info.set_weights_reset(layer.weights_reset);
+  info.set_diverged(layer.diverged);
   *info.mutable_accumulated_load() = ComputeLoad(layer.accumulated);
   return info;
 }
@@ -357,6 +387,9 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
     layer->saved_bytes = 0;
     layer->accumulated.assign(layer->config.num_experts, 0);
     if (!restore) layer->weights_reset = true;
+    // From init_seed, or kept with the gradients dropped: what a gradients-only failure left
+    // different is gone; parameters or optimizer state kept from divergent workers are not.
+    if (!restore || layer->diverged_gradients_only) layer->diverged.clear();
   }
   return absl::OkStatus();
 }

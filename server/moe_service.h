@@ -129,6 +129,10 @@ class MoeServiceImpl final : public v1::MoeService::Service {
     int64_t saved_bytes ABSL_GUARDED_BY(mu) = 0;
     int64_t forward_count ABSL_GUARDED_BY(mu) = 0;
     std::vector<int64_t> accumulated ABSL_GUARDED_BY(mu);  // [E] since the last bias update
+    // Why the workers may hold different state of this layer (LayerInfo.diverged); empty
+    // while they agree. gradients_only: only gradients may differ (ZeroGradients mends it).
+    std::string diverged ABSL_GUARDED_BY(mu);
+    bool diverged_gradients_only ABSL_GUARDED_BY(mu) = false;
   };
 
   // A layer's FIFO turn, setup_mu_ held shared, and the serving workers, for one operation.
@@ -155,14 +159,24 @@ class MoeServiceImpl final : public v1::MoeService::Service {
   // Waits for the layer's turn (client deadline/cancellation honoured), then takes setup_mu_
   // shared and the serving worker set.
   // Without require_serving, a turn is granted while the workers are down (its set is empty).
+  // A diverged layer (LayerInfo.diverged) is FAILED_PRECONDITION unless allow_diverged (the
+  // calls that can mend it, or that read nothing of its state).
   absl::StatusOr<std::unique_ptr<Turn>> TakeTurn(const std::string& name,
                                                  grpc::ServerContext* context,
-                                                 bool require_serving = true);
+                                                 bool require_serving = true,
+                                                 bool allow_diverged = false);
   // The same for a layer already found (and the request validated against its config): a
   // layer deleted meanwhile is NOT_FOUND, never another layer created under the same name.
   absl::StatusOr<std::unique_ptr<Turn>> TakeTurn(std::shared_ptr<Layer> layer,
                                                  grpc::ServerContext* context,
-                                                 bool require_serving = true);
+                                                 bool require_serving = true,
+                                                 bool allow_diverged = false);
+  // ForEachWorker for a call that changes the layer's state on the workers. A failure that
+  // may have taken effect on some workers only marks the layer diverged, naming `method`
+  // and the error (gradients_only: the call changes nothing but gradients).
+  absl::Status ChangeOnWorkers(Turn& turn, const char* method, absl::Time deadline,
+                               const WorkerPool::WorkerFn& fn, bool collective,
+                               bool gradients_only = false);
   v1::LayerInfo Info(const Layer& layer) const;
   absl::Time InternalDeadline(grpc::ServerContext* context, bool collective) const;
   // Releases steps on the workers (best effort; they are dropped from the books anyway).

@@ -258,7 +258,8 @@ grpc::Status MoeServiceImpl::ReleaseStep(grpc::ServerContext* context,
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     // Works while the workers are down too: their steps are gone with their generation.
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
-                     TakeTurn(found, context, /*require_serving=*/false));
+                     TakeTurn(found, context, /*require_serving=*/false,
+                              /*allow_diverged=*/true));
     Layer& layer = turn->layer();
     {
       absl::MutexLock lock(&layer.mu);

@@ -244,11 +244,13 @@ grpc::Status MoeServiceImpl::SetWeights(grpc::ServerContext* context,
       }
     }
 
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(layer, context));
+    // Allowed on a diverged layer: the tensors it sets agree afterwards (the rest may not).
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
+                     TakeTurn(layer, context, /*require_serving=*/true, /*allow_diverged=*/true));
     const auto by_name = LayoutByName(turn->layer().config);
     const int ranks = turn->set.size();
-    RETURN_IF_ERROR(pool_->ForEachWorker(
-        turn->set, InternalDeadline(context, false),
+    RETURN_IF_ERROR(ChangeOnWorkers(
+        *turn, "SetWeights", InternalDeadline(context, false),
         [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) -> absl::Status {
           internal::WorkerEmpty empty;
           auto writer = stub->SetTensors(ctx, &empty);
@@ -287,17 +289,22 @@ grpc::Status MoeServiceImpl::ZeroGradients(grpc::ServerContext* context,
                                            v1::ZeroGradientsResponse*) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(request->layer(), context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
+                     TakeTurn(request->layer(), context, /*require_serving=*/true,
+                              /*allow_diverged=*/true));
     internal::WorkerLayerRequest call;
     call.set_generation(turn->set.generation);
     call.set_layer_id(turn->layer().id);
-    return pool_->ForEachWorker(
-        turn->set, InternalDeadline(context, false),
+    RETURN_IF_ERROR(ChangeOnWorkers(
+        *turn, "ZeroGradients", InternalDeadline(context, false),
         [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
           internal::WorkerEmpty empty;
           return FromGrpcStatus(stub->ZeroGradients(ctx, call, &empty));
         },
-        /*collective=*/false);
+        /*collective=*/false, /*gradients_only=*/true));
+    absl::MutexLock lock(&turn->layer().mu);
+    if (turn->layer().diverged_gradients_only) turn->layer().diverged.clear();
+    return absl::OkStatus();
   };
   return Finish("ZeroGradients", start, run());
 }
@@ -317,8 +324,8 @@ grpc::Status MoeServiceImpl::ApplyOptimizer(grpc::ServerContext* context,
     call.set_layer_id(turn->layer().id);
     if (request->has_sgd()) *call.mutable_sgd() = request->sgd();
     if (request->has_adamw()) *call.mutable_adamw() = request->adamw();
-    return pool_->ForEachWorker(
-        turn->set, InternalDeadline(context, true),
+    return ChangeOnWorkers(
+        *turn, "ApplyOptimizer", InternalDeadline(context, true),
         [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
           internal::WorkerEmpty empty;
           return FromGrpcStatus(stub->ApplyOptimizer(ctx, call, &empty));
@@ -347,8 +354,8 @@ grpc::Status MoeServiceImpl::UpdateExpertBias(grpc::ServerContext* context,
     call.set_layer_id(turn->layer().id);
     call.set_rate(request->rate());
     std::vector<internal::WorkerExpertBiasResponse> answers(turn->set.size());
-    RETURN_IF_ERROR(pool_->ForEachWorker(
-        turn->set, InternalDeadline(context, true),
+    RETURN_IF_ERROR(ChangeOnWorkers(
+        *turn, "UpdateExpertBias", InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
           return FromGrpcStatus(stub->UpdateExpertBias(ctx, call, &answers[r]));
         },
@@ -427,7 +434,9 @@ grpc::Status MoeServiceImpl::LoadCheckpoint(grpc::ServerContext* context,
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     RETURN_IF_ERROR(CheckDirectory(request->directory()));
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
+    // The way back for a diverged layer: every worker loads the same state.
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
+                     TakeTurn(found, context, /*require_serving=*/true, /*allow_diverged=*/true));
     Layer& layer = turn->layer();
     internal::WorkerCheckpointRequest call;
     call.set_generation(turn->set.generation);
@@ -440,8 +449,8 @@ grpc::Status MoeServiceImpl::LoadCheckpoint(grpc::ServerContext* context,
       layer.saved_bytes = 0;
       layer.accumulated.assign(layer.config.num_experts, 0);
     }
-    RETURN_IF_ERROR(pool_->ForEachWorker(
-        turn->set, InternalDeadline(context, true),
+    RETURN_IF_ERROR(ChangeOnWorkers(
+        *turn, "LoadCheckpoint", InternalDeadline(context, true),
         [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
           internal::WorkerEmpty empty;
           return FromGrpcStatus(stub->LoadCheckpoint(ctx, call, &empty));
@@ -449,6 +458,8 @@ grpc::Status MoeServiceImpl::LoadCheckpoint(grpc::ServerContext* context,
         /*collective=*/true));
     absl::MutexLock lock(&layer.mu);
     layer.weights_reset = false;
+    layer.diverged.clear();
+    layer.diverged_gradients_only = false;
     return absl::OkStatus();
   };
   return Finish("LoadCheckpoint", start, run());

@@ -169,7 +169,8 @@ void WorkerPool::Restart(const std::string& why) {
 }
 
 absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline,
-                                       const WorkerFn& fn, bool collective) {
+                                       const WorkerFn& fn, bool collective, bool* partial) {
+  if (partial != nullptr) *partial = false;
   const int n = set.size();
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
   std::vector<absl::Status> results(n);
@@ -209,6 +210,7 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
     }
   }
   if (failed == 0) return absl::OkStatus();
+  if (partial != nullptr) *partial = failed < n || transport_failures > 0;
   {
     absl::MutexLock lock(&mu_);
     for (int r = 0; r < n; ++r) {

@@ -85,8 +85,10 @@ class WorkerPool {
   // (a non-transport code before UNAVAILABLE/DEADLINE_EXCEEDED/CANCELLED), prefixed by
   // its rank. With `collective`, a failure that may have left ranks out of step (partial
   // success, or a transport error) also restarts the generation (communicators rebuilt).
+  // `partial` (optional) is set when the call failed but may have taken effect on some
+  // workers: at least one rank succeeded, or a rank's answer never came (transport error).
   absl::Status ForEachWorker(const WorkerSet& set, absl::Time deadline, const WorkerFn& fn,
-                             bool collective);
+                             bool collective, bool* partial = nullptr);
 
   // Marks `rank` dead (a process exit seen by the embedded launcher, a failed ping).
   void MarkDead(int rank, const std::string& why);

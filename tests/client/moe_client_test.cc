@@ -40,7 +40,7 @@ class Cluster {
     if (pid_ == 0) {
       setpgid(0, 0);
       const std::string log = dir + "/moed.log";
-      std::freopen(log.c_str(), "w", stderr);
+      if (std::freopen(log.c_str(), "w", stderr) == nullptr) _exit(126);  // no log, no run
       std::vector<std::string> args = {g_moed,        "--host=127.0.0.1",
                                        "--port=0",    "--port_file=" + port_file,
                                        "--workers=2", "--worker_binary=" + g_worker};

@@ -344,5 +344,99 @@ TEST_F(FaultTest, ResumedWorkerRejoinsByItself) {
       << only_r << " without)";
 }
 
+// A state-changing call that fails on one worker after another applied it leaves the workers
+// different: the layer says so and refuses what would use or persist that state until a
+// checkpoint is loaded. Here rank 0 takes an optimizer step while rank 1 is stopped.
+TEST_F(FaultTest, PartialOptimizerStepDivergesTheLayerUntilLoad) {
+  ASSERT_TRUE(Create("d").ok());
+  v1::ForwardResponse fwd;
+  ASSERT_TRUE(Forward("d", 16, true, &fwd).ok());
+  {
+    grpc::ClientContext ctx;
+    v1::BackwardRequest request;
+    request.set_layer("d");
+    request.set_step_id(fwd.step_id());
+    *request.mutable_d_out() = FloatsToProto({16, 32}, RandomFloats(16 * 32, 6));
+    v1::BackwardResponse response;
+    ASSERT_TRUE(cluster_->stub()->Backward(&ctx, request, &response).ok());
+  }
+  const std::vector<float> saved = Wi("d");
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt_diverged");
+  ASSERT_TRUE(Checkpoint("d", dir, /*save=*/true).ok());
+  auto diverged = [&] {
+    grpc::ClientContext ctx;
+    v1::GetLayerRequest request;
+    request.set_name("d");
+    v1::GetLayerResponse response;
+    EXPECT_TRUE(cluster_->stub()->GetLayer(&ctx, request, &response).ok());
+    return response.layer().diverged();
+  };
+  EXPECT_EQ(diverged(), "");
+
+  cluster_->KillWorker(1, SIGSTOP);
+  {
+    grpc::ClientContext ctx;
+    v1::ApplyOptimizerRequest request;
+    request.set_layer("d");
+    request.mutable_sgd()->set_lr(0.5);
+    v1::ApplyOptimizerResponse response;
+    grpc::Status s = cluster_->stub()->ApplyOptimizer(&ctx, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+  EXPECT_THAT(diverged(), HasSubstr("ApplyOptimizer failed on some workers"));
+  kill(cluster_->worker_pid(1), SIGCONT);
+  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(20)).ok());
+  EXPECT_FALSE(WeightsReset("d"));  // the same processes: their (different) state is kept
+
+  grpc::Status s = Forward("d", 16, false, &fwd);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("may hold different state"));
+  EXPECT_THAT(s.error_message(), HasSubstr("LoadCheckpoint"));
+  EXPECT_EQ(Checkpoint("d", dir + "_not_written", /*save=*/true).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  {
+    grpc::ClientContext ctx;
+    v1::GetWeightsRequest request;
+    request.set_layer("d");
+    auto reader = cluster_->stub()->GetWeights(&ctx, request);
+    grpc::Status read;
+    ReadChunks(reader.get(), &read);
+    EXPECT_EQ(read.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  }
+
+  ASSERT_TRUE(Checkpoint("d", dir, /*save=*/false).ok());
+  EXPECT_EQ(diverged(), "");
+  EXPECT_EQ(Wi("d"), saved);
+  EXPECT_TRUE(Forward("d", 16, false, &fwd).ok());
+}
+
+// Only gradients can differ after a failed ZeroGradients; the re-formation that follows the
+// stopped worker's return drops every gradient, so the layer serves again without a load.
+TEST_F(FaultTest, PartialZeroGradientsIsMendedByTheReformation) {
+  ASSERT_TRUE(Create("z").ok());
+  cluster_->KillWorker(1, SIGSTOP);
+  {
+    grpc::ClientContext ctx;
+    v1::ZeroGradientsRequest request;
+    request.set_layer("z");
+    v1::ZeroGradientsResponse response;
+    grpc::Status s = cluster_->stub()->ZeroGradients(&ctx, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::GetLayerRequest request;
+    request.set_name("z");
+    v1::GetLayerResponse response;
+    ASSERT_TRUE(cluster_->stub()->GetLayer(&ctx, request, &response).ok());
+    EXPECT_THAT(response.layer().diverged(), HasSubstr("ZeroGradients failed on some workers"));
+  }
+  kill(cluster_->worker_pid(1), SIGCONT);
+  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(20)).ok());
+  v1::ForwardResponse fwd;
+  grpc::Status s = Forward("z", 16, false, &fwd);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
 }  // namespace
 }  // namespace moe
