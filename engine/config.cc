@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -63,6 +64,14 @@ absl::Status ValidateConfig(const LayerConfig& c, int ep_ranks) {
     return Invalid("num_experts", absl::StrCat("must be > 0, got ", c.num_experts));
   }
   if (c.top_k <= 0) return Invalid("top_k", absl::StrCat("must be > 0, got ", c.top_k));
+  for (const auto& [field, value, bound] :
+       {std::make_tuple("hidden", c.hidden, kMaxHidden), std::make_tuple("ffn", c.ffn, kMaxFfn),
+        std::make_tuple("num_experts", c.num_experts, kMaxExperts),
+        std::make_tuple("top_k", c.top_k, kMaxTopK)}) {
+    if (value > bound) {
+      return Invalid(field, absl::StrCat("must be <= ", bound, ", got ", value));
+    }
+  }
   if (c.top_k > c.num_experts) {
     return Invalid("top_k", absl::StrCat("must be <= num_experts (", c.num_experts, "), got ",
                                          c.top_k));

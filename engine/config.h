@@ -48,6 +48,13 @@ struct LayerConfig {
 
 // Largest align_size ValidateConfig accepts.
 constexpr int64_t kMaxAlignSize = 65536;
+// Largest sizes ValidateConfig accepts: far beyond any published MoE (DeepSeek-V3: H 7168,
+// F 2048, E 256, k 8), small enough that every byte count of the layer's tensors fits an
+// int64 with room to spare and a mistyped size is an error, not an allocation failure.
+constexpr int64_t kMaxHidden = 65536;
+constexpr int64_t kMaxFfn = 262144;
+constexpr int64_t kMaxExperts = 65536;
+constexpr int64_t kMaxTopK = 1024;
 
 // Checks every rule of SPEC.md (positive sizes, k <= E, grouped top-k rules, expert bias only
 // with sigmoid, E % ep_ranks == 0, ...). The error message names the field and the rule.

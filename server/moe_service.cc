@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <limits>
 #include <set>
 #include <utility>
 
@@ -155,20 +154,14 @@ grpc::Status MoeServiceImpl::CreateLayer(grpc::ServerContext* context,
     RETURN_IF_ERROR(ValidateLayerName("name", request->name()));
     if (!request->has_config()) return absl::InvalidArgumentError("config: required");
     ASSIGN_OR_RETURN(LayerConfig config, ConfigFromProto(request->config()));
-    absl::Status valid = ValidateConfig(config, pool_->world_size());
-    if (!valid.ok()) {
-      return absl::Status(valid.code(), absl::StrCat("config: ", valid.message()));
-    }
-    // Memory estimate in floating point: absurd sizes must not overflow. The shapes hold
-    // up = 2F (gated) as int64, which wraps (even negative) for F > 2^62: no such layer fits.
-    long double elements = std::numeric_limits<long double>::infinity();
-    if (config.ffn <= std::numeric_limits<int64_t>::max() / 2) {
-      elements = 0;
-      for (const ParameterLayout& p : LayerParameters(config)) {
-        long double n = 1;
-        for (int64_t d : p.shape) n *= static_cast<long double>(d);
-        elements += n;
-      }
+    RETURN_IF_ERROR(ValidateConfig(config, pool_->world_size()));  // "config.<field>: ..."
+    // Memory estimate in floating point (ValidateConfig bounds every size, so the shapes
+    // themselves cannot overflow; their products need not fit anything).
+    long double elements = 0;
+    for (const ParameterLayout& p : LayerParameters(config)) {
+      long double n = 1;
+      for (int64_t d : p.shape) n *= static_cast<long double>(d);
+      elements += n;
     }
     const long double bytes = elements * 4 * sizeof(float);
     if (bytes > static_cast<long double>(options_.max_layer_bytes)) {

@@ -108,6 +108,27 @@ TEST(ConfigTest, NumericKnobs) {
 
 // An absurd align_size must be refused up front: rounding the per-expert row counts up to it
 // would overflow int64 (and the row indices int32), and the forward wrote past its buffers.
+TEST(ConfigTest, SizesHaveUpperBounds) {
+  LayerConfig c = Tiny();
+  c.hidden = kMaxHidden;
+  c.ffn = kMaxFfn;
+  c.num_experts = kMaxExperts;
+  c.top_k = kMaxTopK;
+  EXPECT_TRUE(ValidateConfig(c, 1).ok());  // validation allocates nothing
+  c.hidden = kMaxHidden + 1;
+  ExpectInvalid(c, 1, "hidden", "<= 65536");
+  c.hidden = kMaxHidden;
+  c.ffn = int64_t{1} << 62;
+  ExpectInvalid(c, 1, "ffn", "<= 262144");
+  c.ffn = kMaxFfn;
+  c.num_experts = kMaxExperts + 1;
+  c.top_k = 2;
+  ExpectInvalid(c, 1, "num_experts", "<= 65536");
+  c.num_experts = kMaxExperts;
+  c.top_k = kMaxTopK + 1;
+  ExpectInvalid(c, 1, "top_k", "<= 1024");
+}
+
 TEST(ConfigTest, AlignSizeHasAnUpperBound) {
   LayerConfig c = Tiny();
   c.align_size = 65536;

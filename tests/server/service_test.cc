@@ -28,7 +28,7 @@ TEST_F(ClusterTest, BadRequestsGetTheirCodes) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(s.error_message(), HasSubstr("top_k"));
   bad = TinyConfig(1);
-  bad.set_ffn(int64_t{1} << 40);
+  bad.set_ffn(kMaxFfn);  // valid, but ~3.2 GB of state: past this moed's --max_layer_bytes
   s = Create("huge", bad);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(s.error_message(), HasSubstr("max_layer_bytes"));

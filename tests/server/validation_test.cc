@@ -105,17 +105,17 @@ TEST_F(ValidationTest, ValidRequestsNeedTheWorkers) {
   EXPECT_EQ(status.workers(0).error(), "not joined yet");
 }
 
-// The memory estimate must not overflow: a gated FFN of width F > 2^62 has up = 2F past int64,
-// which once wrapped negative and let the layer through to the workers.
-TEST_F(ValidationTest, HugeLayersAreRefusedWithoutOverflow) {
+// Absurd sizes are the config's error before any memory estimate: a gated FFN of width
+// F > 2^62 has up = 2F past int64, which once wrapped negative and let the layer through.
+TEST_F(ValidationTest, AbsurdSizesAreInvalidBeforeAnyEstimate) {
   for (int64_t ffn : {int64_t{1} << 62, int64_t{(1ull << 63) - 1}}) {
     v1::LayerConfig config = TinyConfig(1);
     config.set_hidden(1);
     config.set_ffn(ffn);
     grpc::Status s = Create("huge", config);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << ffn << ": "
-                                                                    << s.error_message();
-    EXPECT_THAT(s.error_message(), HasSubstr("max_layer_bytes"));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << ffn << ": "
+                                                                  << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("config.ffn: must be <= 262144"));
   }
 }
 
