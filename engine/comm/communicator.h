@@ -44,6 +44,8 @@ class Communicator {
   // Sends send_bytes[r] bytes to rank r (consecutive regions of `send`, in rank order) and
   // receives recv_bytes[r] bytes from rank r (consecutive regions of `recv`). The sizes must
   // agree pairwise (what r sends to me is what I expect from r); callers exchange counts first.
+  // Sizes that do not (including a rank's own pair) are INVALID_ARGUMENT on the rank that
+  // finds it; Gloo then breaks the group, so the peers fail at once (UNAVAILABLE).
   virtual absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_bytes,
                                  void* recv, absl::Span<const size_t> recv_bytes) = 0;
   virtual absl::Status Barrier() = 0;

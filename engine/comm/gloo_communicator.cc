@@ -188,23 +188,28 @@ class GlooCommunicator : public Communicator {
 
   absl::Status AllToAllV(const void* send, absl::Span<const size_t> send_bytes, void* recv,
                          absl::Span<const size_t> recv_bytes) override {
-    if (send_bytes.size() != static_cast<size_t>(size_) ||
-        recv_bytes.size() != static_cast<size_t>(size_)) {
-      return absl::InvalidArgumentError(absl::StrCat("gloo AllToAllV: ", send_bytes.size(),
-                                                     " send sizes and ", recv_bytes.size(),
-                                                     " receive sizes for ", size_, " ranks"));
-    }
-    if (send_bytes[rank_] != recv_bytes[rank_]) {
-      return absl::InvalidArgumentError(absl::StrCat("gloo AllToAllV: rank ", rank_,
-                                                     " sends itself ", send_bytes[rank_],
-                                                     " bytes but expects ", recv_bytes[rank_]));
-    }
-    const size_t send_total = std::accumulate(send_bytes.begin(), send_bytes.end(), size_t{0});
-    const size_t recv_total = std::accumulate(recv_bytes.begin(), recv_bytes.end(), size_t{0});
-    if ((send_total > 0 && send == nullptr) || (recv_total > 0 && recv == nullptr)) {
-      return absl::InvalidArgumentError("gloo AllToAllV: null buffer");
-    }
+    // The arguments are checked inside Run: a bad call is a caller bug that breaks the
+    // communicator and closes its connections, so the peers waiting in this collective fail
+    // at once instead of at their timeout.
     return Run("alltoallv", [&](uint32_t tag) {
+      if (send_bytes.size() != static_cast<size_t>(size_) ||
+          recv_bytes.size() != static_cast<size_t>(size_)) {
+        throw StatusError(absl::InvalidArgumentError(
+            absl::StrCat(send_bytes.size(), " send sizes and ", recv_bytes.size(),
+                         " receive sizes for ", size_, " ranks")));
+      }
+      if (send_bytes[rank_] != recv_bytes[rank_]) {
+        throw StatusError(absl::InvalidArgumentError(
+            absl::StrCat("rank ", rank_, " sends itself ", send_bytes[rank_],
+                         " bytes but expects ", recv_bytes[rank_])));
+      }
+      const size_t send_total =
+          std::accumulate(send_bytes.begin(), send_bytes.end(), size_t{0});
+      const size_t recv_total =
+          std::accumulate(recv_bytes.begin(), recv_bytes.end(), size_t{0});
+      if ((send_total > 0 && send == nullptr) || (recv_total > 0 && recv == nullptr)) {
+        throw StatusError(absl::InvalidArgumentError("null buffer"));
+      }
       if (size_ == 1) {  // Gloo needs no peers for this; avoid its buffer setup
         if (send_total > 0) std::memmove(recv, send, send_total);
         return;

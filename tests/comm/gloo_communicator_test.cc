@@ -183,16 +183,28 @@ TEST(GlooCommunicatorTest, BadArguments) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*comm)->AllReduceSum(nullptr, 2, DType::kFloat32).code(),
             absl::StatusCode::kInvalidArgument);
-  std::vector<size_t> two = {1, 1};
-  std::vector<size_t> one = {1};
   uint8_t byte = 7, got = 0;
-  EXPECT_EQ((*comm)->AllToAllV(&byte, two, &got, one).code(), absl::StatusCode::kInvalidArgument);
-  std::vector<size_t> other = {2};
-  EXPECT_EQ((*comm)->AllToAllV(&byte, one, &got, other).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*comm)->AllGather(nullptr, &got, 1).code(), absl::StatusCode::kInvalidArgument);
-  // Bad arguments are caught before any communication: the communicator still works.
+  // These are caught before any communication (every rank passes the same dtype and count,
+  // so every rank finds them): the communicator still works.
+  std::vector<size_t> one = {1};
   ASSERT_TRUE((*comm)->AllToAllV(&byte, one, &got, one).ok());
   EXPECT_EQ(got, 7);
+
+  // AllToAllV's sizes differ by rank, so only some ranks may find them wrong: a bad call
+  // breaks the communicator (the peers fail at once; see AllToAllSizeMismatchIsAnErrorOnBothRanks).
+  std::vector<size_t> two = {1, 1};
+  std::vector<size_t> other = {2};
+  for (const auto& [send, recv] : {std::pair(two, one), std::pair(one, other)}) {
+    auto fresh = MakeGlooCommunicator(store, absl::StrCat("single", send.size(), recv[0]), 0, 1,
+                                      options, kLoopback);
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    absl::Status bad = (*fresh)->AllToAllV(&byte, send, &got, recv);
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+    absl::Status after = (*fresh)->Barrier();
+    EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable) << after;
+    EXPECT_NE(after.message().find("broken"), absl::string_view::npos) << after;
+  }
 }
 
 // A very long (or infinite) timeout means "wait", not "fail at once": Gloo adds the timeout to
@@ -299,14 +311,20 @@ MOED_WORKER(peer_dies, const WorkerContext& ctx) {
   return absl::InternalError("all steps succeeded although a peer died");
 }
 
-// Rank 1 expects `expect` bytes from rank 0, which sends 8: a caller bug that must come back as
-// an error on both ranks, never as a crash or a silently short buffer.
+// Rank 1 expects `expect` bytes from rank 0, which sends 8 (or, with self=1, rank 1 sends
+// itself 8 bytes and expects `expect`): a caller bug that must come back as an error on both
+// ranks, never as a crash, a silently short buffer or a peer waiting for its timeout.
 MOED_WORKER(size_mismatch, const WorkerContext& ctx) {
   auto comm = WorkerComm(ctx, absl::Seconds(5));
   if (!comm.ok()) return comm.status();
   std::vector<size_t> send = {0, 0}, recv = {0, 0};
-  if (ctx.rank == 0) send[1] = 8;
-  if (ctx.rank == 1) recv[0] = static_cast<size_t>(ctx.IntParam("expect", 8));
+  const size_t expect = static_cast<size_t>(ctx.IntParam("expect", 8));
+  if (ctx.IntParam("self", 0) == 1) {
+    if (ctx.rank == 1) send[1] = 8, recv[1] = expect;
+  } else {
+    if (ctx.rank == 0) send[1] = 8;
+    if (ctx.rank == 1) recv[0] = expect;
+  }
   std::vector<uint8_t> in(16, 1), out(16, 0);
   const absl::Time start = absl::Now();
   absl::Status s = (*comm)->AllToAllV(in.data(), send, out.data(), recv);
@@ -318,21 +336,22 @@ MOED_WORKER(size_mismatch, const WorkerContext& ctx) {
 }
 
 TEST(GlooProcessesTest, AllToAllSizeMismatchIsAnErrorOnBothRanks) {
-  for (const int expect : {4, 12}) {
+  for (const auto& [expect, self] : {std::pair(4, 0), std::pair(12, 0), std::pair(4, 1)}) {
     LaunchOptions launch;
     launch.worker = "size_mismatch";
     launch.size = 2;
-    launch.params = {{"expect", std::to_string(expect)}};
+    launch.params = {{"expect", std::to_string(expect)}, {"self", std::to_string(self)}};
     launch.deadline = absl::Seconds(20);
     auto run = RunWorkers(launch);
     ASSERT_TRUE(run.ok()) << run.status();
-    ASSERT_TRUE(run->AllSucceeded()) << "expect " << expect << "\n" << run->Summary();
+    ASSERT_TRUE(run->AllSucceeded()) << "expect " << expect << " self " << self << "\n"
+                                     << run->Summary();
     auto receiver = ReadResult(run->ranks[1], "code");
     auto sender = ReadResult(run->ranks[0], "code");
     ASSERT_TRUE(receiver.ok() && sender.ok());
     EXPECT_TRUE(absl::StartsWith(*receiver, "INVALID_ARGUMENT ")) << *receiver;
     EXPECT_TRUE(absl::StartsWith(*sender, "UNAVAILABLE ")) << *sender;
-    // The sender learns at once (closed connection), not at its 5 s timeout.
+    // Rank 0 learns at once (closed connection), not at its 5 s timeout.
     int waited_ms = 0;
     ASSERT_EQ(std::sscanf(sender->c_str(), "%*s %d", &waited_ms), 1);
     EXPECT_LT(waited_ms, 4000) << *sender;
