@@ -13,7 +13,8 @@
 // against recv_bytes: Gloo itself would abort the process on a peer that sends more than
 // expected and leave the buffer's tail unwritten on one that sends less. A mismatch returns
 // INVALID_ARGUMENT on the rank that expects wrongly and breaks the group (its peers get
-// UNAVAILABLE at once instead of waiting for the timeout).
+// UNAVAILABLE at once instead of waiting for the timeout). Bad arguments of the rank's own
+// (its own pair of sizes differs, a wrong number of sizes, a null buffer) do the same.
 //
 // Calls are serialised by an internal mutex (a collective from two threads at once would
 // interleave on the wire); use one communicator per layer thread.
