@@ -53,6 +53,10 @@ struct ServiceOptions {
   // that died must not hold the layer's budget); a later Backward on it is
   // FAILED_PRECONDITION saying it expired. Zero: never.
   absl::Duration saved_step_ttl = absl::Seconds(600);
+  // Whole-layer tensors that GetWeights / GetGradients streams of all clients hold in moed at
+  // once (gathered from the workers, released when the stream ends). A stream that would pass
+  // it while others are open is RESOURCE_EXHAUSTED; one alone is always served.
+  int64_t max_stream_bytes = int64_t{16} << 30;
 };
 
 class MoeServiceImpl final : public v1::MoeService::Service {
@@ -205,6 +209,9 @@ class MoeServiceImpl final : public v1::MoeService::Service {
   absl::Mutex setup_mu_;
   mutable absl::Mutex layers_mu_;
   std::map<std::string, std::shared_ptr<Layer>> layers_ ABSL_GUARDED_BY(layers_mu_);
+
+  absl::Mutex stream_mu_;
+  int64_t stream_bytes_ ABSL_GUARDED_BY(stream_mu_) = 0;  // held by open tensor streams
 
   absl::Mutex housekeeping_mu_;
   bool stopping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;

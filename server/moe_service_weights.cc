@@ -15,6 +15,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
 #include "server/chunking.h"
@@ -169,6 +170,28 @@ absl::Status MoeServiceImpl::ServeTensors(
   std::vector<std::string> names;
   RETURN_IF_ERROR(ResolveNames(*found, gradients, requested, &names));
   if (max_chunk_bytes < 0) return absl::InvalidArgumentError("max_chunk_bytes: must be >= 0");
+  // The gathered copy lives until the client has read it: reserve its bytes first.
+  const auto by_name = LayoutByName(found->config);
+  int64_t bytes = 0;
+  for (const std::string& name : names) {
+    int64_t elements = 1;
+    for (int64_t d : by_name.at(name).shape) elements *= d;
+    bytes += elements * static_cast<int64_t>(sizeof(float));
+  }
+  {
+    absl::MutexLock lock(&stream_mu_);
+    if (stream_bytes_ > 0 && stream_bytes_ + bytes > options_.max_stream_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "open GetWeights/GetGradients streams hold ", stream_bytes_,
+          " bytes of gathered tensors and this one needs ", bytes, " more, past --max_stream_bytes=",
+          options_.max_stream_bytes, "; read or cancel the open streams, or ask for fewer names"));
+    }
+    stream_bytes_ += bytes;
+  }
+  absl::Cleanup release = [this, bytes] {
+    absl::MutexLock lock(&stream_mu_);
+    stream_bytes_ -= bytes;
+  };
   std::vector<std::pair<std::string, Tensor>> tensors;
   {
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));

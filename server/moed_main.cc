@@ -64,6 +64,9 @@ ABSL_FLAG(int64_t, max_layer_bytes, int64_t{1} << 40,
           "parameter, all workers) exceed this many bytes");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
           "largest public request/response message (bytes)");
+ABSL_FLAG(int64_t, max_stream_bytes, int64_t{16} << 30,
+          "whole-layer tensors that open GetWeights/GetGradients streams (all clients) may hold "
+          "in moed at once (bytes); one stream alone is always served");
 
 namespace moe {
 namespace {
@@ -103,6 +106,7 @@ int Main() {
            {"worker_dead_after_ms", absl::GetFlag(FLAGS_worker_dead_after_ms)},
            {"step_timeout_ms", absl::GetFlag(FLAGS_step_timeout_ms)},
            {"collective_timeout_ms", absl::GetFlag(FLAGS_collective_timeout_ms)},
+           {"max_stream_bytes", absl::GetFlag(FLAGS_max_stream_bytes)},
            {"setup_timeout_ms", absl::GetFlag(FLAGS_setup_timeout_ms)}}) {
     if (value <= 0) {
       std::fprintf(stderr, "moed: --%s must be > 0, got %lld\n", name,
@@ -142,6 +146,7 @@ int Main() {
   service_options.max_saved_bytes = absl::GetFlag(FLAGS_max_saved_bytes);
   service_options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
   service_options.max_message_bytes = max_message;
+  service_options.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);
   service_options.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
   service_options.saved_step_ttl = absl::Seconds(absl::GetFlag(FLAGS_saved_step_ttl_s));
   Metrics metrics;
