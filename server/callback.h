@@ -1,0 +1,159 @@
+// gRPC's callback API for services whose calls block: a layer's turn, a fan-out to the
+// workers, a collective inside a worker, a rendezvous key that is not there yet. gRPC's own
+// callback threads must never block, so the body of each call runs on a HandlerPool thread
+// and finishes the call's reactor from there; streams are read and written through reactors
+// whose Read/Write wait for gRPC's answer on that pool thread.
+//
+//   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
+//                                     const ForwardRequest* request,
+//                                     ForwardResponse* response) override {
+//     return RunUnary(context, &handlers_, [=] { return DoForward(context, request, response); });
+//   }
+//   grpc::ServerWriteReactor<Chunk>* GetWeights(grpc::CallbackServerContext* context,
+//                                               const GetWeightsRequest* request) override {
+//     return StreamWriter<Chunk>::Start(&handlers_, [=](StreamWriter<Chunk>* writer) {
+//       return DoGetWeights(context, request, writer);
+//     });
+//   }
+#ifndef MOED_SERVER_CALLBACK_H_
+#define MOED_SERVER_CALLBACK_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <deque>
+#include <functional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace moe {
+
+// Threads for the bodies of calls. It grows on demand up to max_threads (threads are kept
+// once started); a call that finds all of them busy is refused (RESOURCE_EXHAUSTED) instead
+// of queueing behind calls that may wait for minutes.
+class HandlerPool {
+ public:
+  explicit HandlerPool(int max_threads);
+  ~HandlerPool();  // waits for the running bodies, then joins every thread
+  HandlerPool(const HandlerPool&) = delete;
+  HandlerPool& operator=(const HandlerPool&) = delete;
+
+  // Runs fn on a pool thread. False (fn dropped) when max_threads bodies are running.
+  bool TrySubmit(std::function<void()> fn);
+  // What a refused call answers.
+  grpc::Status BusyStatus() const;
+
+ private:
+  void Loop();
+
+  const int max_threads_;
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;  // bodies queued or running
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+// A unary call: body() -> grpc::Status runs on the pool, then the call finishes with it.
+template <typename Body>
+grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, HandlerPool* pool,
+                                   Body body) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!pool->TrySubmit([reactor, body]() mutable { reactor->Finish(body()); })) {
+    reactor->Finish(pool->BusyStatus());
+  }
+  return reactor;
+}
+
+// A server-streaming call whose body writes with blocking Write() calls from a pool thread.
+template <typename Message>
+class StreamWriter final : public grpc::ServerWriteReactor<Message> {
+ public:
+  // body(StreamWriter*) -> grpc::Status runs on the pool; the call finishes with its status.
+  template <typename Body>
+  static grpc::ServerWriteReactor<Message>* Start(HandlerPool* pool, Body body) {
+    auto* writer = new StreamWriter();  // deletes itself in OnDone
+    if (!pool->TrySubmit([writer, body]() mutable { writer->Finish(body(writer)); })) {
+      writer->Finish(pool->BusyStatus());
+    }
+    return writer;
+  }
+
+  // Sends one message and waits until gRPC has taken it (flow control holds a reader that
+  // does not read). False once the call is over (the client cancelled or went away).
+  bool Write(const Message& message) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (broken_) return false;
+      writing_ = true;
+    }
+    this->StartWrite(&message);
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* writing) { return !*writing; }, &writing_));
+    return !broken_;
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) broken_ = true;
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  StreamWriter() = default;
+  absl::Mutex mu_;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A client-streaming call whose body reads with blocking Read() calls from a pool thread.
+template <typename Message>
+class StreamReader final : public grpc::ServerReadReactor<Message> {
+ public:
+  // body(StreamReader*) -> grpc::Status runs on the pool; the call finishes with its status.
+  template <typename Body>
+  static grpc::ServerReadReactor<Message>* Start(HandlerPool* pool, Body body) {
+    auto* reader = new StreamReader();  // deletes itself in OnDone
+    if (!pool->TrySubmit([reader, body]() mutable { reader->Finish(body(reader)); })) {
+      reader->Finish(pool->BusyStatus());
+    }
+    return reader;
+  }
+
+  // The next message of the stream; false at its end (or when the call is over).
+  bool Read(Message* message) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_) return false;
+      reading_ = true;
+    }
+    this->StartRead(message);
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* reading) { return !*reading; }, &reading_));
+    return !ended_;
+  }
+
+  void OnReadDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    if (!ok) ended_ = true;
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  StreamReader() = default;
+  absl::Mutex mu_;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace moe
+
+#endif  // MOED_SERVER_CALLBACK_H_

@@ -1,0 +1,59 @@
+// HandlerPool: bodies run on their own threads, at most max_threads at once; a call beyond
+// that is refused at once (never queued behind bodies that may block for minutes).
+#include "server/callback.h"
+
+#include <atomic>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace moe {
+namespace {
+
+TEST(HandlerPoolTest, RunsBodiesConcurrentlyUpToItsLimit) {
+  HandlerPool pool(2);
+  absl::Notification release;
+  std::atomic<int> started{0}, finished{0};
+  auto blocking = [&] {
+    ++started;
+    release.WaitForNotification();
+    ++finished;
+  };
+  ASSERT_TRUE(pool.TrySubmit(blocking));
+  ASSERT_TRUE(pool.TrySubmit(blocking));
+  // Both run at once (neither waits for the other), and a third is refused.
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (started.load() < 2 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(started.load(), 2);
+  EXPECT_FALSE(pool.TrySubmit([] {}));
+  EXPECT_EQ(pool.BusyStatus().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(pool.BusyStatus().error_message().find("2 handler threads"), std::string::npos);
+  release.Notify();
+  while (finished.load() < 2 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(finished.load(), 2);
+  // Threads are free again: more bodies than the limit, one after another, all run.
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 20; ++i) {
+    while (!pool.TrySubmit([&] { ++ran; })) absl::SleepFor(absl::Milliseconds(1));
+  }
+  while (ran.load() < 20 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(ran.load(), 20);
+}
+
+TEST(HandlerPoolTest, DestructionWaitsForQueuedAndRunningBodies) {
+  std::atomic<int> ran{0};
+  {
+    HandlerPool pool(4);
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_TRUE(pool.TrySubmit([&] {
+        absl::SleepFor(absl::Milliseconds(50));
+        ++ran;
+      }));
+    }
+  }
+  EXPECT_EQ(ran.load(), 4);
+}
+
+}  // namespace
+}  // namespace moe
