@@ -41,9 +41,8 @@ void HandlerPool::Loop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](HandlerPool* p) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return p->stopping_ || !p->queue_.empty();
-          },
+          +[](HandlerPool* p)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->stopping_ || !p->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // stopping, nothing left
       fn = std::move(queue_.front());

@@ -15,7 +15,10 @@
 namespace moe {
 
 MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics* metrics)
-    : options_(std::move(options)), pool_(pool), metrics_(metrics) {
+    : options_(std::move(options)),
+      pool_(pool),
+      metrics_(metrics),
+      handlers_(options_.handler_threads) {
   if (options_.saved_step_ttl <= absl::ZeroDuration()) return;
   // A few rounds per TTL, at most one a second.
   const absl::Duration period =
@@ -59,14 +62,14 @@ absl::StatusOr<std::shared_ptr<MoeServiceImpl::Layer>> MoeServiceImpl::FindLayer
 }
 
 absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
-    const std::string& name, grpc::ServerContext* context, bool require_serving,
+    const std::string& name, grpc::ServerContextBase* context, bool require_serving,
     bool allow_diverged) {
   ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer, FindLayer(name));
   return TakeTurn(std::move(layer), context, require_serving, allow_diverged);
 }
 
 absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
-    std::shared_ptr<Layer> layer, grpc::ServerContext* context, bool require_serving,
+    std::shared_ptr<Layer> layer, grpc::ServerContextBase* context, bool require_serving,
     bool allow_diverged) {
   const std::string& name = layer->name;
   absl::Time deadline = absl::FromChrono(context->deadline());
@@ -120,7 +123,7 @@ absl::Status MoeServiceImpl::ChangeOnWorkers(Turn& turn, const char* method,
   return status;
 }
 
-absl::Time MoeServiceImpl::InternalDeadline(grpc::ServerContext* context, bool collective) const {
+absl::Time MoeServiceImpl::InternalDeadline(grpc::ServerContextBase* context, bool collective) const {
   absl::Time deadline = absl::Now() + options_.step_timeout;
   if (!collective) deadline = std::min(deadline, absl::FromChrono(context->deadline()));
   return deadline;
@@ -146,7 +149,7 @@ v1::LayerInfo MoeServiceImpl::Info(const Layer& layer) const {
   return info;
 }
 
-grpc::Status MoeServiceImpl::CreateLayer(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
                                          const v1::CreateLayerRequest* request,
                                          v1::CreateLayerResponse* response) {
   const absl::Time start = absl::Now();
@@ -220,7 +223,7 @@ grpc::Status MoeServiceImpl::CreateLayer(grpc::ServerContext* context,
   return Finish("CreateLayer", start, run());
 }
 
-grpc::Status MoeServiceImpl::DeleteLayer(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
                                          const v1::DeleteLayerRequest* request,
                                          v1::DeleteLayerResponse*) {
   const absl::Time start = absl::Now();
@@ -278,7 +281,7 @@ grpc::Status MoeServiceImpl::DeleteLayer(grpc::ServerContext* context,
   return Finish("DeleteLayer", start, run());
 }
 
-grpc::Status MoeServiceImpl::ListLayers(grpc::ServerContext*, const v1::ListLayersRequest*,
+grpc::Status MoeServiceImpl::DoListLayers(grpc::ServerContextBase*, const v1::ListLayersRequest*,
                                         v1::ListLayersResponse* response) {
   const absl::Time start = absl::Now();
   std::vector<std::shared_ptr<Layer>> layers;
@@ -290,7 +293,7 @@ grpc::Status MoeServiceImpl::ListLayers(grpc::ServerContext*, const v1::ListLaye
   return Finish("ListLayers", start, absl::OkStatus());
 }
 
-grpc::Status MoeServiceImpl::GetLayer(grpc::ServerContext*, const v1::GetLayerRequest* request,
+grpc::Status MoeServiceImpl::DoGetLayer(grpc::ServerContextBase*, const v1::GetLayerRequest* request,
                                       v1::GetLayerResponse* response) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Layer>> layer = FindLayer(request->name());
@@ -298,7 +301,7 @@ grpc::Status MoeServiceImpl::GetLayer(grpc::ServerContext*, const v1::GetLayerRe
   return Finish("GetLayer", start, layer.status());
 }
 
-grpc::Status MoeServiceImpl::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+grpc::Status MoeServiceImpl::DoGetStatus(grpc::ServerContextBase*, const v1::GetStatusRequest*,
                                        v1::GetStatusResponse* response) {
   const absl::Time start = absl::Now();
   response->set_serving(pool_->serving());

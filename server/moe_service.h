@@ -35,6 +35,7 @@
 #include "engine/dtype.h"
 #include "engine/tensor.h"
 #include "proto/moe.grpc.pb.h"
+#include "server/callback.h"
 #include "server/fifo_mutex.h"
 #include "server/metrics.h"
 #include "server/worker_pool.h"
@@ -53,13 +54,16 @@ struct ServiceOptions {
   // that died must not hold the layer's budget); a later Backward on it is
   // FAILED_PRECONDITION saying it expired. Zero: never.
   absl::Duration saved_step_ttl = absl::Seconds(600);
+  // Calls whose bodies may run at once (each waits on its own thread for a layer's turn and
+  // for the workers); a call beyond it is RESOURCE_EXHAUSTED.
+  int handler_threads = 1024;
   // Whole-layer tensors that GetWeights / GetGradients streams of all clients hold in moed at
   // once (gathered from the workers, released when the stream ends). A stream that would pass
   // it while others are open is RESOURCE_EXHAUSTED; one alone is always served.
   int64_t max_stream_bytes = int64_t{16} << 30;
 };
 
-class MoeServiceImpl final : public v1::MoeService::Service {
+class MoeServiceImpl final : public v1::MoeService::CallbackService {
  public:
   // With a saved_step_ttl, starts a housekeeping thread that expires saved steps.
   MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics* metrics);
@@ -78,40 +82,79 @@ class MoeServiceImpl final : public v1::MoeService::Service {
   // next round.
   void ExpireSavedSteps();
 
-  grpc::Status CreateLayer(grpc::ServerContext*, const v1::CreateLayerRequest*,
-                           v1::CreateLayerResponse*) override;
-  grpc::Status DeleteLayer(grpc::ServerContext*, const v1::DeleteLayerRequest*,
-                           v1::DeleteLayerResponse*) override;
-  grpc::Status ListLayers(grpc::ServerContext*, const v1::ListLayersRequest*,
-                          v1::ListLayersResponse*) override;
-  grpc::Status GetLayer(grpc::ServerContext*, const v1::GetLayerRequest*,
-                        v1::GetLayerResponse*) override;
-  grpc::Status Forward(grpc::ServerContext*, const v1::ForwardRequest*,
-                       v1::ForwardResponse*) override;
-  grpc::Status Backward(grpc::ServerContext*, const v1::BackwardRequest*,
-                        v1::BackwardResponse*) override;
-  grpc::Status ReleaseStep(grpc::ServerContext*, const v1::ReleaseStepRequest*,
-                           v1::ReleaseStepResponse*) override;
-  grpc::Status GetGradients(grpc::ServerContext*, const v1::GetGradientsRequest*,
-                            grpc::ServerWriter<v1::TensorChunk>*) override;
-  grpc::Status ZeroGradients(grpc::ServerContext*, const v1::ZeroGradientsRequest*,
-                             v1::ZeroGradientsResponse*) override;
-  grpc::Status ApplyOptimizer(grpc::ServerContext*, const v1::ApplyOptimizerRequest*,
-                              v1::ApplyOptimizerResponse*) override;
-  grpc::Status UpdateExpertBias(grpc::ServerContext*, const v1::UpdateExpertBiasRequest*,
-                                v1::UpdateExpertBiasResponse*) override;
-  grpc::Status GetWeights(grpc::ServerContext*, const v1::GetWeightsRequest*,
-                          grpc::ServerWriter<v1::TensorChunk>*) override;
-  grpc::Status SetWeights(grpc::ServerContext*, grpc::ServerReader<v1::SetWeightsRequest>*,
-                          v1::SetWeightsResponse*) override;
-  grpc::Status SaveCheckpoint(grpc::ServerContext*, const v1::SaveCheckpointRequest*,
-                              v1::SaveCheckpointResponse*) override;
-  grpc::Status LoadCheckpoint(grpc::ServerContext*, const v1::LoadCheckpointRequest*,
-                              v1::LoadCheckpointResponse*) override;
-  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
-                         v1::GetStatusResponse*) override;
+  // The RPCs of moe.v1.MoeService on gRPC's callback API: each call's body (Do<Method>)
+  // runs on a thread of handlers_ (it may wait for a layer's turn and for the workers).
+  grpc::ServerUnaryReactor* CreateLayer(grpc::CallbackServerContext*, const v1::CreateLayerRequest*,
+                                        v1::CreateLayerResponse*) override;
+  grpc::ServerUnaryReactor* DeleteLayer(grpc::CallbackServerContext*, const v1::DeleteLayerRequest*,
+                                        v1::DeleteLayerResponse*) override;
+  grpc::ServerUnaryReactor* ListLayers(grpc::CallbackServerContext*, const v1::ListLayersRequest*,
+                                       v1::ListLayersResponse*) override;
+  grpc::ServerUnaryReactor* GetLayer(grpc::CallbackServerContext*, const v1::GetLayerRequest*,
+                                     v1::GetLayerResponse*) override;
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext*, const v1::ForwardRequest*,
+                                    v1::ForwardResponse*) override;
+  grpc::ServerUnaryReactor* Backward(grpc::CallbackServerContext*, const v1::BackwardRequest*,
+                                     v1::BackwardResponse*) override;
+  grpc::ServerUnaryReactor* ReleaseStep(grpc::CallbackServerContext*, const v1::ReleaseStepRequest*,
+                                        v1::ReleaseStepResponse*) override;
+  grpc::ServerWriteReactor<v1::TensorChunk>* GetGradients(grpc::CallbackServerContext*,
+                                                          const v1::GetGradientsRequest*) override;
+  grpc::ServerUnaryReactor* ZeroGradients(grpc::CallbackServerContext*,
+                                          const v1::ZeroGradientsRequest*,
+                                          v1::ZeroGradientsResponse*) override;
+  grpc::ServerUnaryReactor* ApplyOptimizer(grpc::CallbackServerContext*,
+                                           const v1::ApplyOptimizerRequest*,
+                                           v1::ApplyOptimizerResponse*) override;
+  grpc::ServerUnaryReactor* UpdateExpertBias(grpc::CallbackServerContext*,
+                                             const v1::UpdateExpertBiasRequest*,
+                                             v1::UpdateExpertBiasResponse*) override;
+  grpc::ServerWriteReactor<v1::TensorChunk>* GetWeights(grpc::CallbackServerContext*,
+                                                        const v1::GetWeightsRequest*) override;
+  grpc::ServerReadReactor<v1::SetWeightsRequest>* SetWeights(grpc::CallbackServerContext*,
+                                                             v1::SetWeightsResponse*) override;
+  grpc::ServerUnaryReactor* SaveCheckpoint(grpc::CallbackServerContext*,
+                                           const v1::SaveCheckpointRequest*,
+                                           v1::SaveCheckpointResponse*) override;
+  grpc::ServerUnaryReactor* LoadCheckpoint(grpc::CallbackServerContext*,
+                                           const v1::LoadCheckpointRequest*,
+                                           v1::LoadCheckpointResponse*) override;
+  grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext*, const v1::GetStatusRequest*,
+                                      v1::GetStatusResponse*) override;
 
  private:
+  grpc::Status DoCreateLayer(grpc::ServerContextBase*, const v1::CreateLayerRequest*,
+                             v1::CreateLayerResponse*);
+  grpc::Status DoDeleteLayer(grpc::ServerContextBase*, const v1::DeleteLayerRequest*,
+                             v1::DeleteLayerResponse*);
+  grpc::Status DoListLayers(grpc::ServerContextBase*, const v1::ListLayersRequest*,
+                            v1::ListLayersResponse*);
+  grpc::Status DoGetLayer(grpc::ServerContextBase*, const v1::GetLayerRequest*,
+                          v1::GetLayerResponse*);
+  grpc::Status DoForward(grpc::ServerContextBase*, const v1::ForwardRequest*, v1::ForwardResponse*);
+  grpc::Status DoBackward(grpc::ServerContextBase*, const v1::BackwardRequest*,
+                          v1::BackwardResponse*);
+  grpc::Status DoReleaseStep(grpc::ServerContextBase*, const v1::ReleaseStepRequest*,
+                             v1::ReleaseStepResponse*);
+  grpc::Status DoGetGradients(grpc::ServerContextBase*, const v1::GetGradientsRequest*,
+                              StreamWriter<v1::TensorChunk>*);
+  grpc::Status DoZeroGradients(grpc::ServerContextBase*, const v1::ZeroGradientsRequest*,
+                               v1::ZeroGradientsResponse*);
+  grpc::Status DoApplyOptimizer(grpc::ServerContextBase*, const v1::ApplyOptimizerRequest*,
+                                v1::ApplyOptimizerResponse*);
+  grpc::Status DoUpdateExpertBias(grpc::ServerContextBase*, const v1::UpdateExpertBiasRequest*,
+                                  v1::UpdateExpertBiasResponse*);
+  grpc::Status DoGetWeights(grpc::ServerContextBase*, const v1::GetWeightsRequest*,
+                            StreamWriter<v1::TensorChunk>*);
+  grpc::Status DoSetWeights(grpc::ServerContextBase*, StreamReader<v1::SetWeightsRequest>*,
+                            v1::SetWeightsResponse*);
+  grpc::Status DoSaveCheckpoint(grpc::ServerContextBase*, const v1::SaveCheckpointRequest*,
+                                v1::SaveCheckpointResponse*);
+  grpc::Status DoLoadCheckpoint(grpc::ServerContextBase*, const v1::LoadCheckpointRequest*,
+                                v1::LoadCheckpointResponse*);
+  grpc::Status DoGetStatus(grpc::ServerContextBase*, const v1::GetStatusRequest*,
+                           v1::GetStatusResponse*);
+
   struct SavedStep {
     int64_t tokens = 0;
     DType dtype = DType::kFloat32;
@@ -166,13 +209,13 @@ class MoeServiceImpl final : public v1::MoeService::Service {
   // A diverged layer (LayerInfo.diverged) is FAILED_PRECONDITION unless allow_diverged (the
   // calls that can mend it, or that read nothing of its state).
   absl::StatusOr<std::unique_ptr<Turn>> TakeTurn(const std::string& name,
-                                                 grpc::ServerContext* context,
+                                                 grpc::ServerContextBase* context,
                                                  bool require_serving = true,
                                                  bool allow_diverged = false);
   // The same for a layer already found (and the request validated against its config): a
   // layer deleted meanwhile is NOT_FOUND, never another layer created under the same name.
   absl::StatusOr<std::unique_ptr<Turn>> TakeTurn(std::shared_ptr<Layer> layer,
-                                                 grpc::ServerContext* context,
+                                                 grpc::ServerContextBase* context,
                                                  bool require_serving = true,
                                                  bool allow_diverged = false);
   // ForEachWorker for a call that changes the layer's state on the workers. A failure that
@@ -182,21 +225,23 @@ class MoeServiceImpl final : public v1::MoeService::Service {
                                const WorkerPool::WorkerFn& fn, bool collective,
                                bool gradients_only = false);
   v1::LayerInfo Info(const Layer& layer) const;
-  absl::Time InternalDeadline(grpc::ServerContext* context, bool collective) const;
+  absl::Time InternalDeadline(grpc::ServerContextBase* context, bool collective) const;
   // Releases steps on the workers (best effort; they are dropped from the books anyway).
   void ReleaseOnWorkers(const WorkerSet& set, const Layer& layer,
                         const std::vector<uint64_t>& step_ids);
   // Whole-layer tensors gathered from the workers' shards.
   absl::Status GatherTensors(const WorkerSet& set, const Layer& layer, bool gradients,
-                             const std::vector<std::string>& names, grpc::ServerContext* context,
+                             const std::vector<std::string>& names,
+                             grpc::ServerContextBase* context,
                              std::vector<std::pair<std::string, Tensor>>* out);
   absl::Status ResolveNames(const Layer& layer, bool gradients,
                             const google::protobuf::RepeatedPtrField<std::string>& requested,
                             std::vector<std::string>* names) const;
   // GetWeights / GetGradients: validation, the layer's turn, gather, then the chunk stream.
-  absl::Status ServeTensors(grpc::ServerContext* context, const std::string& layer, bool gradients,
+  absl::Status ServeTensors(grpc::ServerContextBase* context, const std::string& layer,
+                            bool gradients,
                             const google::protobuf::RepeatedPtrField<std::string>& requested,
-                            int64_t max_chunk_bytes, grpc::ServerWriter<v1::TensorChunk>* writer);
+                            int64_t max_chunk_bytes, StreamWriter<v1::TensorChunk>* writer);
   grpc::Status Finish(const char* method, absl::Time start, const absl::Status& status);
 
   const ServiceOptions options_;
@@ -216,6 +261,8 @@ class MoeServiceImpl final : public v1::MoeService::Service {
   absl::Mutex housekeeping_mu_;
   bool stopping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;
   std::thread housekeeping_;
+  // Last: destroyed first, so its threads are joined before anything their bodies use.
+  HandlerPool handlers_;
 };
 
 }  // namespace moe

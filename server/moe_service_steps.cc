@@ -54,7 +54,7 @@ void SliceTensor(const v1::Tensor& whole, int64_t row_begin, int64_t row_end, si
 
 }  // namespace
 
-grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
                                      const v1::ForwardRequest* request,
                                      v1::ForwardResponse* response) {
   const absl::Time start = absl::Now();
@@ -168,7 +168,7 @@ grpc::Status MoeServiceImpl::Forward(grpc::ServerContext* context,
   return Finish("Forward", start, run());
 }
 
-grpc::Status MoeServiceImpl::Backward(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
                                       const v1::BackwardRequest* request,
                                       v1::BackwardResponse* response) {
   const absl::Time start = absl::Now();
@@ -250,7 +250,7 @@ grpc::Status MoeServiceImpl::Backward(grpc::ServerContext* context,
   return Finish("Backward", start, run());
 }
 
-grpc::Status MoeServiceImpl::ReleaseStep(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoReleaseStep(grpc::ServerContextBase* context,
                                          const v1::ReleaseStepRequest* request,
                                          v1::ReleaseStepResponse* response) {
   const absl::Time start = absl::Now();

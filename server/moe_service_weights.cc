@@ -86,7 +86,7 @@ absl::Status MoeServiceImpl::ResolveNames(
 
 absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& layer, bool gradients,
                                            const std::vector<std::string>& names,
-                                           grpc::ServerContext* context,
+                                           grpc::ServerContextBase* context,
                                            std::vector<std::pair<std::string, Tensor>>* out) {
   const auto by_name = LayoutByName(layer.config);
   const int ranks = set.size();
@@ -145,7 +145,7 @@ namespace {
 // Streams gathered tensors to the client in chunks that fit the message limit.
 absl::Status StreamTensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
                            int64_t max_chunk_bytes, int64_t max_message_bytes,
-                           grpc::ServerWriter<v1::TensorChunk>* writer) {
+                           StreamWriter<v1::TensorChunk>* writer) {
   if (max_chunk_bytes < 0) return absl::InvalidArgumentError("max_chunk_bytes: must be >= 0");
   if (max_chunk_bytes == 0) max_chunk_bytes = kDefaultChunkBytes;
   // Room for the chunk's name and shape next to the raw bytes.
@@ -163,9 +163,9 @@ absl::Status StreamTensors(const std::vector<std::pair<std::string, Tensor>>& te
 }  // namespace
 
 absl::Status MoeServiceImpl::ServeTensors(
-    grpc::ServerContext* context, const std::string& layer, bool gradients,
+    grpc::ServerContextBase* context, const std::string& layer, bool gradients,
     const google::protobuf::RepeatedPtrField<std::string>& requested, int64_t max_chunk_bytes,
-    grpc::ServerWriter<v1::TensorChunk>* writer) {
+    StreamWriter<v1::TensorChunk>* writer) {
   ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(layer));
   std::vector<std::string> names;
   RETURN_IF_ERROR(ResolveNames(*found, gradients, requested, &names));
@@ -200,26 +200,26 @@ absl::Status MoeServiceImpl::ServeTensors(
   return StreamTensors(tensors, max_chunk_bytes, options_.max_message_bytes, writer);
 }
 
-grpc::Status MoeServiceImpl::GetGradients(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoGetGradients(grpc::ServerContextBase* context,
                                           const v1::GetGradientsRequest* request,
-                                          grpc::ServerWriter<v1::TensorChunk>* writer) {
+                                          StreamWriter<v1::TensorChunk>* writer) {
   const absl::Time start = absl::Now();
   return Finish("GetGradients", start,
                 ServeTensors(context, request->layer(), /*gradients=*/true, request->names(),
                              request->max_chunk_bytes(), writer));
 }
 
-grpc::Status MoeServiceImpl::GetWeights(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoGetWeights(grpc::ServerContextBase* context,
                                         const v1::GetWeightsRequest* request,
-                                        grpc::ServerWriter<v1::TensorChunk>* writer) {
+                                        StreamWriter<v1::TensorChunk>* writer) {
   const absl::Time start = absl::Now();
   return Finish("GetWeights", start,
                 ServeTensors(context, request->layer(), /*gradients=*/false, request->names(),
                              request->max_chunk_bytes(), writer));
 }
 
-grpc::Status MoeServiceImpl::SetWeights(grpc::ServerContext* context,
-                                        grpc::ServerReader<v1::SetWeightsRequest>* reader,
+grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
+                                        StreamReader<v1::SetWeightsRequest>* reader,
                                         v1::SetWeightsResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
@@ -307,7 +307,7 @@ grpc::Status MoeServiceImpl::SetWeights(grpc::ServerContext* context,
   return Finish("SetWeights", start, run());
 }
 
-grpc::Status MoeServiceImpl::ZeroGradients(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoZeroGradients(grpc::ServerContextBase* context,
                                            const v1::ZeroGradientsRequest* request,
                                            v1::ZeroGradientsResponse*) {
   const absl::Time start = absl::Now();
@@ -332,7 +332,7 @@ grpc::Status MoeServiceImpl::ZeroGradients(grpc::ServerContext* context,
   return Finish("ZeroGradients", start, run());
 }
 
-grpc::Status MoeServiceImpl::ApplyOptimizer(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoApplyOptimizer(grpc::ServerContextBase* context,
                                             const v1::ApplyOptimizerRequest* request,
                                             v1::ApplyOptimizerResponse*) {
   const absl::Time start = absl::Now();
@@ -358,7 +358,7 @@ grpc::Status MoeServiceImpl::ApplyOptimizer(grpc::ServerContext* context,
   return Finish("ApplyOptimizer", start, run());
 }
 
-grpc::Status MoeServiceImpl::UpdateExpertBias(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoUpdateExpertBias(grpc::ServerContextBase* context,
                                               const v1::UpdateExpertBiasRequest* request,
                                               v1::UpdateExpertBiasResponse* response) {
   const absl::Time start = absl::Now();
@@ -391,7 +391,7 @@ grpc::Status MoeServiceImpl::UpdateExpertBias(grpc::ServerContext* context,
   return Finish("UpdateExpertBias", start, run());
 }
 
-grpc::Status MoeServiceImpl::SaveCheckpoint(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoSaveCheckpoint(grpc::ServerContextBase* context,
                                             const v1::SaveCheckpointRequest* request,
                                             v1::SaveCheckpointResponse* response) {
   const absl::Time start = absl::Now();
@@ -450,7 +450,7 @@ grpc::Status MoeServiceImpl::SaveCheckpoint(grpc::ServerContext* context,
   return Finish("SaveCheckpoint", start, run());
 }
 
-grpc::Status MoeServiceImpl::LoadCheckpoint(grpc::ServerContext* context,
+grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
                                             const v1::LoadCheckpointRequest* request,
                                             v1::LoadCheckpointResponse*) {
   const absl::Time start = absl::Now();

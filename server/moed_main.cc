@@ -10,6 +10,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -64,6 +65,9 @@ ABSL_FLAG(int64_t, max_layer_bytes, int64_t{1} << 40,
           "parameter, all workers) exceed this many bytes");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
           "largest public request/response message (bytes)");
+ABSL_FLAG(int64_t, handler_threads, 1024,
+          "public calls whose bodies may run at once (each may wait for a layer's turn and for "
+          "the workers on its own thread); beyond it a call is RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_stream_bytes, int64_t{16} << 30,
           "whole-layer tensors that open GetWeights/GetGradients streams (all clients) may hold "
           "in moed at once (bytes); one stream alone is always served");
@@ -107,6 +111,7 @@ int Main() {
            {"step_timeout_ms", absl::GetFlag(FLAGS_step_timeout_ms)},
            {"collective_timeout_ms", absl::GetFlag(FLAGS_collective_timeout_ms)},
            {"max_stream_bytes", absl::GetFlag(FLAGS_max_stream_bytes)},
+           {"handler_threads", absl::GetFlag(FLAGS_handler_threads)},
            {"setup_timeout_ms", absl::GetFlag(FLAGS_setup_timeout_ms)}}) {
     if (value <= 0) {
       std::fprintf(stderr, "moed: --%s must be > 0, got %lld\n", name,
@@ -147,6 +152,8 @@ int Main() {
   service_options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
   service_options.max_message_bytes = max_message;
   service_options.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);
+  service_options.handler_threads =
+      static_cast<int>(std::min<int64_t>(absl::GetFlag(FLAGS_handler_threads), 1 << 16));
   service_options.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
   service_options.saved_step_ttl = absl::Seconds(absl::GetFlag(FLAGS_saved_step_ttl_s));
   Metrics metrics;
