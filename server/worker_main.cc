@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/device.h"
@@ -182,9 +183,16 @@ int Main() {
     }
   });
   service.WaitForShutdownRequest();
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // Server::Shutdown cancels the calls still open at its deadline but then waits for their
+  // bodies to finish, and a body stuck in a collective ends only at its timeout (and layers
+  // may be held by such calls): wait for the shutdown a little past its deadline, then exit.
+  absl::Notification server_stopped;
+  std::thread([&] {
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    server_stopped.Notify();
+  }).detach();
+  server_stopped.WaitForNotificationWithTimeout(absl::Seconds(3));
   watchdog.join();
-  // Layers may still be held by calls stuck in collectives: do not wait for them.
   std::fflush(stderr);
   _exit(0);
 }
