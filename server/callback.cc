@@ -16,7 +16,8 @@ HandlerPool::~HandlerPool() {
   for (std::thread& t : threads) t.join();  // each finishes its queue first
 }
 
-bool HandlerPool::TrySubmit(std::function<void()> fn) {
+bool HandlerPool::TrySubmit(std::function<grpc::Status()> body,
+                            std::function<void(const grpc::Status&)> finish) {
   absl::MutexLock lock(&mu_);
   if (stopping_) return false;
   // Every body needs a thread of its own: they may all block.
@@ -25,7 +26,7 @@ bool HandlerPool::TrySubmit(std::function<void()> fn) {
     threads_.emplace_back([this] { Loop(); });
   }
   ++busy_;
-  queue_.push_back(std::move(fn));
+  queue_.push_back(Work{std::move(body), std::move(finish)});
   return true;
 }
 
@@ -37,7 +38,7 @@ grpc::Status HandlerPool::BusyStatus() const {
 
 void HandlerPool::Loop() {
   while (true) {
-    std::function<void()> fn;
+    Work work;
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
@@ -45,13 +46,16 @@ void HandlerPool::Loop() {
                ABSL_NO_THREAD_SAFETY_ANALYSIS { return p->stopping_ || !p->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // stopping, nothing left
-      fn = std::move(queue_.front());
+      work = std::move(queue_.front());
       queue_.pop_front();
     }
-    fn();
-    fn = nullptr;  // the body's captures go before the thread counts as free
-    absl::MutexLock lock(&mu_);
-    --busy_;
+    const grpc::Status status = work.body();
+    work.body = nullptr;  // its captures go before the thread counts as free
+    {
+      absl::MutexLock lock(&mu_);
+      --busy_;
+    }
+    work.finish(status);
   }
 }
 

@@ -42,8 +42,11 @@ class HandlerPool {
   HandlerPool(const HandlerPool&) = delete;
   HandlerPool& operator=(const HandlerPool&) = delete;
 
-  // Runs fn on a pool thread. False (fn dropped) when max_threads bodies are running.
-  bool TrySubmit(std::function<void()> fn);
+  // Runs body on a pool thread, then finish(its status). The thread counts as free from
+  // the moment body returns, so a client whose next call follows the answer at once finds it
+  // free. False (nothing run) when max_threads bodies are running.
+  bool TrySubmit(std::function<grpc::Status()> body,
+                 std::function<void(const grpc::Status&)> finish);
   // What a refused call answers.
   grpc::Status BusyStatus() const;
 
@@ -52,7 +55,11 @@ class HandlerPool {
 
   const int max_threads_;
   absl::Mutex mu_;
-  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  struct Work {
+    std::function<grpc::Status()> body;
+    std::function<void(const grpc::Status&)> finish;
+  };
+  std::deque<Work> queue_ ABSL_GUARDED_BY(mu_);
   int busy_ ABSL_GUARDED_BY(mu_) = 0;  // bodies queued or running
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
@@ -63,7 +70,7 @@ template <typename Body>
 grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, HandlerPool* pool,
                                    Body body) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!pool->TrySubmit([reactor, body]() mutable { reactor->Finish(body()); })) {
+  if (!pool->TrySubmit(body, [reactor](const grpc::Status& s) { reactor->Finish(s); })) {
     reactor->Finish(pool->BusyStatus());
   }
   return reactor;
@@ -77,7 +84,8 @@ class StreamWriter final : public grpc::ServerWriteReactor<Message> {
   template <typename Body>
   static grpc::ServerWriteReactor<Message>* Start(HandlerPool* pool, Body body) {
     auto* writer = new StreamWriter();  // deletes itself in OnDone
-    if (!pool->TrySubmit([writer, body]() mutable { writer->Finish(body(writer)); })) {
+    if (!pool->TrySubmit([writer, body]() mutable { return body(writer); },
+                         [writer](const grpc::Status& s) { writer->Finish(s); })) {
       writer->Finish(pool->BusyStatus());
     }
     return writer;
@@ -120,7 +128,8 @@ class StreamReader final : public grpc::ServerReadReactor<Message> {
   template <typename Body>
   static grpc::ServerReadReactor<Message>* Start(HandlerPool* pool, Body body) {
     auto* reader = new StreamReader();  // deletes itself in OnDone
-    if (!pool->TrySubmit([reader, body]() mutable { reader->Finish(body(reader)); })) {
+    if (!pool->TrySubmit([reader, body]() mutable { return body(reader); },
+                         [reader](const grpc::Status& s) { reader->Finish(s); })) {
       reader->Finish(pool->BusyStatus());
     }
     return reader;

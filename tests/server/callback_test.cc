@@ -15,30 +15,42 @@ TEST(HandlerPoolTest, RunsBodiesConcurrentlyUpToItsLimit) {
   HandlerPool pool(2);
   absl::Notification release;
   std::atomic<int> started{0}, finished{0};
+  std::atomic<int> finished_calls{0};
   auto blocking = [&] {
     ++started;
     release.WaitForNotification();
     ++finished;
+    return grpc::Status::OK;
   };
-  ASSERT_TRUE(pool.TrySubmit(blocking));
-  ASSERT_TRUE(pool.TrySubmit(blocking));
+  auto finish = [&](const grpc::Status& s) {
+    EXPECT_TRUE(s.ok());
+    ++finished_calls;
+  };
+  ASSERT_TRUE(pool.TrySubmit(blocking, finish));
+  ASSERT_TRUE(pool.TrySubmit(blocking, finish));
   // Both run at once (neither waits for the other), and a third is refused.
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
   while (started.load() < 2 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
   EXPECT_EQ(started.load(), 2);
-  EXPECT_FALSE(pool.TrySubmit([] {}));
+  EXPECT_FALSE(pool.TrySubmit([] { return grpc::Status::OK; }, finish));
   EXPECT_EQ(pool.BusyStatus().error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_NE(pool.BusyStatus().error_message().find("2 handler threads"), std::string::npos);
   release.Notify();
-  while (finished.load() < 2 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ(finished.load(), 2);
-  // Threads are free again: more bodies than the limit, one after another, all run.
-  std::atomic<int> ran{0};
-  for (int i = 0; i < 20; ++i) {
-    while (!pool.TrySubmit([&] { ++ran; })) absl::SleepFor(absl::Milliseconds(1));
+  while (finished_calls.load() < 2 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(5));
   }
-  while (ran.load() < 20 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ(ran.load(), 20);
+  EXPECT_EQ(finished.load(), 2);
+  EXPECT_EQ(finished_calls.load(), 2);  // the refused one was never run nor finished
+  // A thread is free by the time its call is finished: one call after another, each submitted
+  // once the previous one finished, never finds the pool busy (more calls than threads).
+  std::atomic<int> done{0};
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_TRUE(pool.TrySubmit([] { return grpc::Status::OK; },
+                               [&](const grpc::Status&) { ++done; }))
+        << "call " << i;
+    while (done.load() <= i && absl::Now() < give_up) absl::SleepFor(absl::Microseconds(100));
+  }
+  EXPECT_EQ(done.load(), 20);
 }
 
 TEST(HandlerPoolTest, DestructionWaitsForQueuedAndRunningBodies) {
@@ -46,10 +58,12 @@ TEST(HandlerPoolTest, DestructionWaitsForQueuedAndRunningBodies) {
   {
     HandlerPool pool(4);
     for (int i = 0; i < 4; ++i) {
-      ASSERT_TRUE(pool.TrySubmit([&] {
-        absl::SleepFor(absl::Milliseconds(50));
-        ++ran;
-      }));
+      ASSERT_TRUE(pool.TrySubmit(
+          [] {
+            absl::SleepFor(absl::Milliseconds(50));
+            return grpc::Status::OK;
+          },
+          [&](const grpc::Status&) { ++ran; }));
     }
   }
   EXPECT_EQ(ran.load(), 4);
