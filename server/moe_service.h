@@ -57,9 +57,10 @@ struct ServiceOptions {
   // Calls whose bodies may run at once (each waits on its own thread for a layer's turn and
   // for the workers); a call beyond it is RESOURCE_EXHAUSTED.
   int handler_threads = 1024;
-  // Whole-layer tensors that GetWeights / GetGradients streams of all clients hold in moed at
-  // once (gathered from the workers, released when the stream ends). A stream that would pass
-  // it while others are open is RESOURCE_EXHAUSTED; one alone is always served.
+  // Whole-layer tensors that weight streams of all clients hold in moed at once: GetWeights /
+  // GetGradients gather theirs from the workers, SetWeights assembles what the client sends;
+  // released when the stream ends. A stream that would pass it while others hold something is
+  // RESOURCE_EXHAUSTED; one alone is always served.
   int64_t max_stream_bytes = int64_t{16} << 30;
 };
 
@@ -243,6 +244,10 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
                             const google::protobuf::RepeatedPtrField<std::string>& requested,
                             int64_t max_chunk_bytes, StreamWriter<v1::TensorChunk>* writer);
   grpc::Status Finish(const char* method, absl::Time start, const absl::Status& status);
+  // max_stream_bytes: adds `bytes` to what this stream holds (*held) unless other streams
+  // already hold something and the total would pass the limit (RESOURCE_EXHAUSTED).
+  absl::Status HoldStreamBytes(int64_t bytes, int64_t* held);
+  void ReleaseStreamBytes(int64_t held);
 
   const ServiceOptions options_;
   WorkerPool* const pool_;

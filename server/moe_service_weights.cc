@@ -57,6 +57,26 @@ absl::Status CheckDirectory(const std::string& dir) {
 
 }  // namespace
 
+absl::Status MoeServiceImpl::HoldStreamBytes(int64_t bytes, int64_t* held) {
+  absl::MutexLock lock(&stream_mu_);
+  const int64_t others = stream_bytes_ - *held;
+  if (others > 0 && stream_bytes_ + bytes > options_.max_stream_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "other open weight streams (GetWeights, GetGradients, SetWeights) hold ", others,
+        " bytes of whole-layer tensors in moed and this one needs ", *held + bytes,
+        ", past --max_stream_bytes=", options_.max_stream_bytes,
+        "; finish or cancel the open streams, or send or ask for fewer tensors at once"));
+  }
+  stream_bytes_ += bytes;
+  *held += bytes;
+  return absl::OkStatus();
+}
+
+void MoeServiceImpl::ReleaseStreamBytes(int64_t held) {
+  absl::MutexLock lock(&stream_mu_);
+  stream_bytes_ -= held;
+}
+
 absl::Status MoeServiceImpl::ResolveNames(
     const Layer& layer, bool gradients,
     const google::protobuf::RepeatedPtrField<std::string>& requested,
@@ -178,20 +198,9 @@ absl::Status MoeServiceImpl::ServeTensors(
     for (int64_t d : by_name.at(name).shape) elements *= d;
     bytes += elements * static_cast<int64_t>(sizeof(float));
   }
-  {
-    absl::MutexLock lock(&stream_mu_);
-    if (stream_bytes_ > 0 && stream_bytes_ + bytes > options_.max_stream_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "open GetWeights/GetGradients streams hold ", stream_bytes_,
-          " bytes of gathered tensors and this one needs ", bytes, " more, past --max_stream_bytes=",
-          options_.max_stream_bytes, "; read or cancel the open streams, or ask for fewer names"));
-    }
-    stream_bytes_ += bytes;
-  }
-  absl::Cleanup release = [this, bytes] {
-    absl::MutexLock lock(&stream_mu_);
-    stream_bytes_ -= bytes;
-  };
+  int64_t held = 0;
+  absl::Cleanup release = [this, &held] { ReleaseStreamBytes(held); };
+  RETURN_IF_ERROR(HoldStreamBytes(bytes, &held));
   std::vector<std::pair<std::string, Tensor>> tensors;
   {
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
@@ -228,6 +237,9 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
     std::string name;
     std::shared_ptr<Layer> layer;
     std::unique_ptr<ChunkAssembler> assembler;
+    std::map<std::string, int64_t> bytes_of;  // expected tensors' sizes
+    int64_t held = 0;  // of max_stream_bytes, for the tensors begun so far
+    absl::Cleanup release = [this, &held] { ReleaseStreamBytes(held); };
     absl::Status invalid;
     while (reader->Read(&message)) {
       if (!invalid.ok()) continue;  // drain the stream, keep the first error
@@ -242,6 +254,9 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
         std::map<std::string, ExpectedTensor> expected;
         for (const ParameterLayout& p : LayerParameters(layer->config)) {
           expected[p.name] = ExpectedTensor{DType::kFloat32, p.shape};
+          int64_t elements = 1;
+          for (int64_t d : p.shape) elements *= d;
+          bytes_of[p.name] = elements * static_cast<int64_t>(sizeof(float));
         }
         assembler = std::make_unique<ChunkAssembler>(std::move(expected));
       } else if (!message.layer().empty() && message.layer() != name) {
@@ -252,6 +267,13 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
       if (!message.has_chunk()) {
         invalid = absl::InvalidArgumentError("chunk: required");
         continue;
+      }
+      // A tensor's memory is held from its first chunk on (the assembler allocates it then).
+      auto size = bytes_of.find(message.chunk().name());
+      if (size != bytes_of.end()) {
+        invalid = HoldStreamBytes(size->second, &held);
+        bytes_of.erase(size);
+        if (!invalid.ok()) continue;
       }
       invalid = assembler->Add(message.chunk());
     }

@@ -69,8 +69,8 @@ ABSL_FLAG(int64_t, handler_threads, 1024,
           "public calls whose bodies may run at once (each may wait for a layer's turn and for "
           "the workers on its own thread); beyond it a call is RESOURCE_EXHAUSTED");
 ABSL_FLAG(int64_t, max_stream_bytes, int64_t{16} << 30,
-          "whole-layer tensors that open GetWeights/GetGradients streams (all clients) may hold "
-          "in moed at once (bytes); one stream alone is always served");
+          "whole-layer tensors that open GetWeights/GetGradients/SetWeights streams (all "
+          "clients) may hold in moed at once (bytes); one stream alone is always served");
 
 namespace moe {
 namespace {

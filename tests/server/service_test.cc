@@ -623,6 +623,27 @@ class BigLayerTest : public ::testing::Test {
     while (reader->Read(&chunk)) *bytes += static_cast<int64_t>(chunk.raw_data().size());
     return reader->Finish();
   }
+  // SetWeights of the named tensors (each filled with `value`), 1 MiB chunks.
+  grpc::Status SetWeights(const std::map<std::string, std::vector<int64_t>>& shapes, float value) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::SetWeightsResponse response;
+    auto writer = stub_->SetWeights(&ctx, &response);
+    for (const auto& [name, shape] : shapes) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      Tensor tensor = Tensor::FromFloats(shape, std::vector<float>(n, value));
+      absl::Status sent = ChunkTensor(name, tensor, 1 << 20, [&](const v1::TensorChunk& chunk) {
+        v1::SetWeightsRequest request;
+        request.set_layer("big");
+        *request.mutable_chunk() = chunk;
+        return writer->Write(request) ? absl::OkStatus() : absl::CancelledError("closed");
+      });
+      if (!sent.ok()) break;  // moed answered early; Finish has its status
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
   grpc::Status Forward() {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
@@ -666,9 +687,20 @@ TEST_F(BigLayerTest, OpenStreamsShareABudget) {
     EXPECT_TRUE(s.ok()) << s.error_message();
     EXPECT_EQ(bytes, 128 * 8 * 4);
   }
+  // SetWeights holds what it assembles too: wo (16 MiB) fits next to the open 32 MiB,
+  // wi + wo (48 MiB) does not.
+  const std::vector<int64_t> wi_shape = {8, 128, 8192}, wo_shape = {8, 4096, 128};
+  grpc::Status set = SetWeights({{"wo", wo_shape}}, 0.25f);
+  EXPECT_TRUE(set.ok()) << set.error_message();
+  set = SetWeights({{"wi", wi_shape}, {"wo", wo_shape}}, 0.5f);
+  EXPECT_EQ(set.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << set.error_message();
+  EXPECT_THAT(set.error_message(), HasSubstr("--max_stream_bytes=67108864"));
+
   grpc::Status s = Drain(first.get(), &first_bytes);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(first_bytes, kWiBytes);
+  set = SetWeights({{"wi", wi_shape}, {"wo", wo_shape}}, 0.5f);  // alone now: applied
+  EXPECT_TRUE(set.ok()) << set.error_message();
   grpc::ClientContext ctx;
   auto again = Open(&ctx, {});  // alone now: served
   int64_t bytes = 0;
