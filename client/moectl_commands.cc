@@ -45,6 +45,13 @@ void PrintLayerLine(const v1::LayerInfo& layer) {
               DescribeLayerConfig(layer.config()).c_str(), layer.ep_ranks(),
               static_cast<long long>(layer.forward_count()),
               static_cast<long long>(layer.saved_steps()));
+  // States that need the operator: both say what brings the layer back.
+  if (layer.weights_reset()) {
+    std::printf("    weights reset to init_seed after a worker was replaced: load a checkpoint\n");
+  }
+  if (!layer.diverged().empty()) {
+    std::printf("    DIVERGED (load a checkpoint): %s\n", layer.diverged().c_str());
+  }
 }
 
 // Layer commands need --layer; returns the name or prints a usage error.
