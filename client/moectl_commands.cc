@@ -50,7 +50,9 @@ void PrintLayerLine(const v1::LayerInfo& layer) {
     std::printf("    weights reset to init_seed after a worker was replaced: load a checkpoint\n");
   }
   if (!layer.diverged().empty()) {
-    std::printf("    DIVERGED (load a checkpoint): %s\n", layer.diverged().c_str());
+    std::printf("    DIVERGED: %s (LoadCheckpoint mends it; ZeroGradients does when that was the "
+                "call)\n",
+                layer.diverged().c_str());
   }
 }
 
