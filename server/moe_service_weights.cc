@@ -32,6 +32,13 @@ std::map<std::string, ParameterLayout> LayoutByName(const LayerConfig& config) {
   return out;
 }
 
+// Bytes of a whole-layer fp32 parameter (ValidateConfig's bounds keep it far from overflow).
+int64_t Fp32Bytes(const ParameterLayout& p) {
+  int64_t elements = 1;
+  for (int64_t d : p.shape) elements *= d;
+  return elements * static_cast<int64_t>(sizeof(float));
+}
+
 std::vector<int64_t> ShardShape(const ParameterLayout& p, int ranks) {
   std::vector<int64_t> shape = p.shape;
   if (p.expert_sharded) shape[0] /= ranks;
@@ -193,11 +200,7 @@ absl::Status MoeServiceImpl::ServeTensors(
   // The gathered copy lives until the client has read it: reserve its bytes first.
   const auto by_name = LayoutByName(found->config);
   int64_t bytes = 0;
-  for (const std::string& name : names) {
-    int64_t elements = 1;
-    for (int64_t d : by_name.at(name).shape) elements *= d;
-    bytes += elements * static_cast<int64_t>(sizeof(float));
-  }
+  for (const std::string& name : names) bytes += Fp32Bytes(by_name.at(name));
   int64_t held = 0;
   absl::Cleanup release = [this, &held] { ReleaseStreamBytes(held); };
   RETURN_IF_ERROR(HoldStreamBytes(bytes, &held));
@@ -254,9 +257,7 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
         std::map<std::string, ExpectedTensor> expected;
         for (const ParameterLayout& p : LayerParameters(layer->config)) {
           expected[p.name] = ExpectedTensor{DType::kFloat32, p.shape};
-          int64_t elements = 1;
-          for (int64_t d : p.shape) elements *= d;
-          bytes_of[p.name] = elements * static_cast<int64_t>(sizeof(float));
+          bytes_of[p.name] = Fp32Bytes(p);
         }
         assembler = std::make_unique<ChunkAssembler>(std::move(expected));
       } else if (!message.layer().empty() && message.layer() != name) {
