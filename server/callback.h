@@ -76,6 +76,47 @@ grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, Handler
   return reactor;
 }
 
+// One stream operation at a time, started on a pool thread and completed by gRPC on its own:
+// Run() starts it and waits for Done(ok). After a failed operation (the call is over) Run()
+// starts nothing and returns false.
+class PendingOp {
+ public:
+  template <typename StartFn>
+  bool Run(StartFn start) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (over_) return false;
+      pending_ = true;
+    }
+    start();  // not under mu_: gRPC may complete it on another thread at once
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](bool* pending) { return !*pending; }, &pending_));
+    return !over_;
+  }
+  void Done(bool ok) {
+    absl::MutexLock lock(&mu_);
+    pending_ = false;
+    if (!ok) over_ = true;
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool over_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Runs body(reactor) -> grpc::Status on the pool and finishes the reactor with it (or with
+// BusyStatus when the pool is full).
+template <typename Reactor, typename Body>
+Reactor* FinishOnPool(HandlerPool* pool, Reactor* reactor, Body body) {
+  if (!pool->TrySubmit([reactor, body]() mutable { return body(reactor); },
+                       [reactor](const grpc::Status& s) { reactor->Finish(s); })) {
+    reactor->Finish(pool->BusyStatus());
+  }
+  return reactor;
+}
+
 // A server-streaming call whose body writes with blocking Write() calls from a pool thread.
 template <typename Message>
 class StreamWriter final : public grpc::ServerWriteReactor<Message> {
@@ -83,41 +124,21 @@ class StreamWriter final : public grpc::ServerWriteReactor<Message> {
   // body(StreamWriter*) -> grpc::Status runs on the pool; the call finishes with its status.
   template <typename Body>
   static grpc::ServerWriteReactor<Message>* Start(HandlerPool* pool, Body body) {
-    auto* writer = new StreamWriter();  // deletes itself in OnDone
-    if (!pool->TrySubmit([writer, body]() mutable { return body(writer); },
-                         [writer](const grpc::Status& s) { writer->Finish(s); })) {
-      writer->Finish(pool->BusyStatus());
-    }
-    return writer;
+    return FinishOnPool(pool, new StreamWriter(), body);  // deletes itself in OnDone
   }
 
   // Sends one message and waits until gRPC has taken it (flow control holds a reader that
   // does not read). False once the call is over (the client cancelled or went away).
   bool Write(const Message& message) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (broken_) return false;
-      writing_ = true;
-    }
-    this->StartWrite(&message);
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](bool* writing) { return !*writing; }, &writing_));
-    return !broken_;
+    return write_.Run([&] { this->StartWrite(&message); });
   }
 
-  void OnWriteDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    writing_ = false;
-    if (!ok) broken_ = true;
-  }
+  void OnWriteDone(bool ok) override { write_.Done(ok); }
   void OnDone() override { delete this; }
 
  private:
   StreamWriter() = default;
-  absl::Mutex mu_;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  PendingOp write_;
 };
 
 // A client-streaming call whose body reads with blocking Read() calls from a pool thread.
@@ -127,40 +148,20 @@ class StreamReader final : public grpc::ServerReadReactor<Message> {
   // body(StreamReader*) -> grpc::Status runs on the pool; the call finishes with its status.
   template <typename Body>
   static grpc::ServerReadReactor<Message>* Start(HandlerPool* pool, Body body) {
-    auto* reader = new StreamReader();  // deletes itself in OnDone
-    if (!pool->TrySubmit([reader, body]() mutable { return body(reader); },
-                         [reader](const grpc::Status& s) { reader->Finish(s); })) {
-      reader->Finish(pool->BusyStatus());
-    }
-    return reader;
+    return FinishOnPool(pool, new StreamReader(), body);  // deletes itself in OnDone
   }
 
   // The next message of the stream; false at its end (or when the call is over).
   bool Read(Message* message) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (ended_) return false;
-      reading_ = true;
-    }
-    this->StartRead(message);
-    absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](bool* reading) { return !*reading; }, &reading_));
-    return !ended_;
+    return read_.Run([&] { this->StartRead(message); });
   }
 
-  void OnReadDone(bool ok) override {
-    absl::MutexLock lock(&mu_);
-    reading_ = false;
-    if (!ok) ended_ = true;
-  }
+  void OnReadDone(bool ok) override { read_.Done(ok); }
   void OnDone() override { delete this; }
 
  private:
   StreamReader() = default;
-  absl::Mutex mu_;
-  bool reading_ ABSL_GUARDED_BY(mu_) = false;
-  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  PendingOp read_;
 };
 
 }  // namespace moe
