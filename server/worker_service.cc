@@ -28,11 +28,8 @@ WorkerService::LayerSlot::~LayerSlot() {
 }
 
 WorkerService::WorkerService(std::string device, std::shared_ptr<KeyValueStore> store,
-                             int cpu_threads, int max_handlers)
-    : device_(std::move(device)),
-      store_(std::move(store)),
-      cpu_threads_(cpu_threads),
-      handlers_(max_handlers) {}
+                             int cpu_threads)
+    : device_(std::move(device)), store_(std::move(store)), cpu_threads_(cpu_threads) {}
 
 WorkerService::~WorkerService() = default;
 
@@ -76,8 +73,8 @@ void WorkerService::UpdateMemory(LayerSlot* slot) {
   slot->peak_bytes = static_cast<int64_t>(slot->device.backend->peak_allocated_bytes());
 }
 
-grpc::Status WorkerService::DoSetup(const internal::SetupRequest* request,
-                                    internal::SetupResponse* response) {
+grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupRequest* request,
+                                  internal::SetupResponse* response) {
   // Setups may overlap (a superseded one still waiting in its rendezvous): each works under
   // its own store prefix, and only the newest generation's world communicator is kept.
   std::map<uint64_t, std::shared_ptr<LayerSlot>> old_layers;
@@ -126,8 +123,9 @@ grpc::Status WorkerService::DoSetup(const internal::SetupRequest* request,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::DoCreateLayer(const internal::WorkerCreateLayerRequest* request,
-                                          internal::WorkerCreateLayerResponse* response) {
+grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
+                                        const internal::WorkerCreateLayerRequest* request,
+                                        internal::WorkerCreateLayerResponse* response) {
   absl::StatusOr<LayerConfig> config = ConfigFromProto(request->config());
   if (!config.ok()) return Grpc(config.status());
   std::string prefix;
@@ -215,7 +213,9 @@ absl::Status WorkerService::CopyLayerState(LayerSlot* from, MoeLayer* to) {
   return absl::OkStatus();
 }
 
-grpc::Status WorkerService::DoDeleteLayer(const internal::WorkerLayerRequest* request) {
+grpc::Status WorkerService::DeleteLayer(grpc::ServerContext*,
+                                        const internal::WorkerLayerRequest* request,
+                                        internal::WorkerEmpty*) {
   std::shared_ptr<LayerSlot> slot, retired;
   {
     absl::MutexLock lock(&mu_);
@@ -247,8 +247,9 @@ grpc::Status WorkerService::OnLayer(int64_t generation, uint64_t layer_id,
   return Grpc(status);
 }
 
-grpc::Status WorkerService::DoForward(const internal::WorkerForwardRequest* request,
-                                      internal::WorkerForwardResponse* response) {
+grpc::Status WorkerService::Forward(grpc::ServerContext*,
+                                    const internal::WorkerForwardRequest* request,
+                                    internal::WorkerForwardResponse* response) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     ASSIGN_OR_RETURN(Tensor x, TensorFromProto("x", request->x()));
     std::unique_ptr<StepContext> saved;
@@ -266,8 +267,9 @@ grpc::Status WorkerService::DoForward(const internal::WorkerForwardRequest* requ
   });
 }
 
-grpc::Status WorkerService::DoBackward(const internal::WorkerBackwardRequest* request,
-                                       internal::WorkerBackwardResponse* response) {
+grpc::Status WorkerService::Backward(grpc::ServerContext*,
+                                     const internal::WorkerBackwardRequest* request,
+                                     internal::WorkerBackwardResponse* response) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     ASSIGN_OR_RETURN(Tensor d_out, TensorFromProto("d_out", request->d_out()));
     auto it = s->steps.find(request->step_id());
@@ -287,15 +289,18 @@ grpc::Status WorkerService::DoBackward(const internal::WorkerBackwardRequest* re
   });
 }
 
-grpc::Status WorkerService::DoReleaseStep(const internal::WorkerReleaseStepRequest* request) {
+grpc::Status WorkerService::ReleaseStep(grpc::ServerContext*,
+                                        const internal::WorkerReleaseStepRequest* request,
+                                        internal::WorkerEmpty*) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) {
     s->steps.erase(request->step_id());
     return absl::OkStatus();
   });
 }
 
-grpc::Status WorkerService::DoGetTensors(const internal::WorkerGetTensorsRequest* request,
-                                         StreamWriter<v1::TensorChunk>* writer) {
+grpc::Status WorkerService::GetTensors(grpc::ServerContext*,
+                                       const internal::WorkerGetTensorsRequest* request,
+                                       grpc::ServerWriter<v1::TensorChunk>* writer) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     for (const std::string& name : request->names()) {
       ASSIGN_OR_RETURN(Tensor t, request->kind() == internal::TENSOR_KIND_GRADIENT
@@ -311,7 +316,9 @@ grpc::Status WorkerService::DoGetTensors(const internal::WorkerGetTensorsRequest
   });
 }
 
-grpc::Status WorkerService::DoSetTensors(StreamReader<internal::WorkerSetTensorsRequest>* reader) {
+grpc::Status WorkerService::SetTensors(
+    grpc::ServerContext*, grpc::ServerReader<internal::WorkerSetTensorsRequest>* reader,
+    internal::WorkerEmpty*) {
   internal::WorkerSetTensorsRequest request;
   std::shared_ptr<LayerSlot> slot;
   std::unique_ptr<ChunkAssembler> assembler;
@@ -346,12 +353,16 @@ grpc::Status WorkerService::DoSetTensors(StreamReader<internal::WorkerSetTensors
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::DoZeroGradients(const internal::WorkerLayerRequest* request) {
+grpc::Status WorkerService::ZeroGradients(grpc::ServerContext*,
+                                          const internal::WorkerLayerRequest* request,
+                                          internal::WorkerEmpty*) {
   return OnLayer(request->generation(), request->layer_id(),
                  [&](LayerSlot* s) { return s->layer->ZeroGradients(); });
 }
 
-grpc::Status WorkerService::DoApplyOptimizer(const internal::WorkerOptimizerRequest* request) {
+grpc::Status WorkerService::ApplyOptimizer(grpc::ServerContext*,
+                                           const internal::WorkerOptimizerRequest* request,
+                                           internal::WorkerEmpty*) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     ASSIGN_OR_RETURN(OptimizerConfig optimizer,
                      OptimizerFromProto(request->has_sgd() ? &request->sgd() : nullptr,
@@ -360,8 +371,9 @@ grpc::Status WorkerService::DoApplyOptimizer(const internal::WorkerOptimizerRequ
   });
 }
 
-grpc::Status WorkerService::DoUpdateExpertBias(const internal::WorkerExpertBiasRequest* request,
-                                               internal::WorkerExpertBiasResponse* response) {
+grpc::Status WorkerService::UpdateExpertBias(grpc::ServerContext*,
+                                             const internal::WorkerExpertBiasRequest* request,
+                                             internal::WorkerExpertBiasResponse* response) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     RETURN_IF_ERROR(s->layer->UpdateExpertBias(request->rate()));
     ASSIGN_OR_RETURN(Tensor bias, s->layer->GetParameter("expert_bias"));
@@ -372,13 +384,17 @@ grpc::Status WorkerService::DoUpdateExpertBias(const internal::WorkerExpertBiasR
   });
 }
 
-grpc::Status WorkerService::DoSaveCheckpoint(const internal::WorkerCheckpointRequest* request) {
+grpc::Status WorkerService::SaveCheckpoint(grpc::ServerContext*,
+                                           const internal::WorkerCheckpointRequest* request,
+                                           internal::WorkerEmpty*) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) {
     return moe::SaveCheckpoint(*s->layer, request->directory());
   });
 }
 
-grpc::Status WorkerService::DoLoadCheckpoint(const internal::WorkerCheckpointRequest* request) {
+grpc::Status WorkerService::LoadCheckpoint(grpc::ServerContext*,
+                                           const internal::WorkerCheckpointRequest* request,
+                                           internal::WorkerEmpty*) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     s->steps.clear();
     RETURN_IF_ERROR(moe::LoadCheckpoint(s->layer.get(), request->directory()));
@@ -386,15 +402,8 @@ grpc::Status WorkerService::DoLoadCheckpoint(const internal::WorkerCheckpointReq
   });
 }
 
-grpc::ServerUnaryReactor* WorkerService::Ping(grpc::CallbackServerContext* context,
-                                              const internal::PingRequest*,
-                                              internal::PingResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(DoPing(response));
-  return reactor;
-}
-
-grpc::Status WorkerService::DoPing(internal::PingResponse* response) {
+grpc::Status WorkerService::Ping(grpc::ServerContext*, const internal::PingRequest*,
+                                 internal::PingResponse* response) {
   absl::MutexLock lock(&mu_);
   last_ping_ = absl::Now();
   response->set_rank(rank_);
@@ -418,17 +427,12 @@ grpc::Status WorkerService::DoPing(internal::PingResponse* response) {
   return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* WorkerService::Shutdown(grpc::CallbackServerContext* context,
-                                                  const internal::WorkerEmpty*,
-                                                  internal::WorkerEmpty*) {
-  // Notify may race with a second Shutdown call: absl::Notification allows one Notify only.
-  {
-    absl::MutexLock lock(&mu_);
-    if (!shutdown_.HasBeenNotified()) shutdown_.Notify();
-  }
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(grpc::Status::OK);
-  return reactor;
+grpc::Status WorkerService::Shutdown(grpc::ServerContext*, const internal::WorkerEmpty*,
+                                     internal::WorkerEmpty*) {
+  // Two Shutdown calls may race: absl::Notification allows one Notify only.
+  absl::MutexLock lock(&mu_);
+  if (!shutdown_.HasBeenNotified()) shutdown_.Notify();
+  return grpc::Status::OK;
 }
 
 }  // namespace moe

@@ -1,16 +1,12 @@
-// Two moe-worker services in one process (threads, real Gloo over an in-memory store, each
-// behind an in-process gRPC server, no front end): when their CreateLayer calls carry different
-// configs (a front end and workers of different versions, or any bug that splits them), both answer
-// FAILED_PRECONDITION before any collective whose sizes follow from the config, instead of Gloo
-// aborting the process; the same workers then create a layer with equal configs and run a step on
-// it.
+// Two moe-worker services in one process (threads, real Gloo over an in-memory store, no
+// front end): when their CreateLayer calls carry different configs (a front end and workers of
+// different versions, or any bug that splits them), both answer FAILED_PRECONDITION before
+// any collective whose sizes follow from the config, instead of Gloo aborting the process;
+// the same workers then create a layer with equal configs and run a step on it.
 #include <dirent.h>
-#include <grpcpp/grpcpp.h>
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
-#include <climits>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -29,39 +25,13 @@ namespace {
 
 constexpr int kRanks = 2;
 
-// A WorkerService behind an in-process gRPC server (the callback API as moe-worker runs it).
-struct ServedWorker {
-  ServedWorker(std::shared_ptr<KeyValueStore> store, int max_handlers)
-      : service("cpu", std::move(store), /*cpu_threads=*/1, max_handlers) {
-    grpc::ServerBuilder builder;
-    builder.SetMaxReceiveMessageSize(INT_MAX);
-    builder.RegisterService(&service);
-    server = builder.BuildAndStart();
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(INT_MAX);
-    stub = internal::Worker::NewStub(server->InProcessChannel(args));
-  }
-  ~ServedWorker() { server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(30)); }
-
-  WorkerService service;
-  std::unique_ptr<grpc::Server> server;
-  std::unique_ptr<internal::Worker::Stub> stub;
-};
-
-// A client context whose deadline bounds a call that hangs.
-std::unique_ptr<grpc::ClientContext> Context() {
-  auto context = std::make_unique<grpc::ClientContext>();
-  context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-  return context;
-}
-
 class WorkerConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
     setenv("MOED_GLOO_HOSTNAME", "127.0.0.1", /*overwrite=*/1);
     auto store = std::make_shared<MemoryKeyValueStore>();
     for (int r = 0; r < kRanks; ++r) {
-      workers_.push_back(std::make_unique<ServedWorker>(store, /*max_handlers=*/256));
+      workers_.push_back(std::make_unique<WorkerService>("cpu", store, /*cpu_threads=*/1));
     }
     std::vector<grpc::Status> status = OnAllRanks([&](int r) {
       internal::SetupRequest request;
@@ -71,7 +41,7 @@ class WorkerConfigTest : public ::testing::Test {
       request.set_store_prefix("g1/");
       request.set_collective_timeout_ms(20000);
       internal::SetupResponse response;
-      return workers_[r]->stub->Setup(Context().get(), request, &response);
+      return workers_[r]->Setup(nullptr, &request, &response);
     });
     for (const grpc::Status& s : status) ASSERT_TRUE(s.ok()) << s.error_message();
   }
@@ -93,11 +63,11 @@ class WorkerConfigTest : public ::testing::Test {
       request.set_name("l");
       *request.mutable_config() = configs[r];
       internal::WorkerCreateLayerResponse response;
-      return workers_[r]->stub->CreateLayer(Context().get(), request, &response);
+      return workers_[r]->CreateLayer(nullptr, &request, &response);
     });
   }
 
-  std::vector<std::unique_ptr<ServedWorker>> workers_;
+  std::vector<std::unique_ptr<WorkerService>> workers_;
 };
 
 TEST_F(WorkerConfigTest, DifferentConfigsFailOnEveryRank) {
@@ -126,7 +96,7 @@ TEST_F(WorkerConfigTest, DifferentConfigsFailOnEveryRank) {
     request.set_layer_id(3);
     *request.mutable_x() = FloatsToProto({4, 32}, RandomFloats(4 * 32, 10 + r));
     internal::WorkerForwardResponse response;
-    grpc::Status s = workers_[r]->stub->Forward(Context().get(), request, &response);
+    grpc::Status s = workers_[r]->Forward(nullptr, &request, &response);
     if (s.ok() && response.out().shape_size() != 2) return grpc::Status(grpc::INTERNAL, "shape");
     return s;
   });
@@ -151,13 +121,13 @@ TEST_F(WorkerConfigTest, LayersStayRestorableAcrossSupersededGenerations) {
       request.set_store_prefix(absl::StrCat("g", generation, "/"));
       request.set_collective_timeout_ms(20000);
       internal::SetupResponse response;
-      return workers_[r]->stub->Setup(Context().get(), request, &response);
+      return workers_[r]->Setup(nullptr, &request, &response);
     });
     for (int r = 0; r < kRanks; ++r) ASSERT_TRUE(status[r].ok()) << status[r].error_message();
   }
   for (int r = 0; r < kRanks; ++r) {
     internal::PingResponse pong;
-    ASSERT_TRUE(workers_[r]->stub->Ping(Context().get(), internal::PingRequest(), &pong).ok());
+    ASSERT_TRUE(workers_[r]->Ping(nullptr, nullptr, &pong).ok());
     EXPECT_THAT(pong.restorable_layers(), ::testing::UnorderedElementsAre(7, 8)) << "rank " << r;
   }
   status = OnAllRanks([&](int r) {
@@ -168,7 +138,7 @@ TEST_F(WorkerConfigTest, LayersStayRestorableAcrossSupersededGenerations) {
     request.set_restore(true);
     *request.mutable_config() = TinyConfig(1);
     internal::WorkerCreateLayerResponse response;
-    grpc::Status s = workers_[r]->stub->CreateLayer(Context().get(), request, &response);
+    grpc::Status s = workers_[r]->CreateLayer(nullptr, &request, &response);
     if (s.ok() && !response.restored()) return grpc::Status(grpc::INTERNAL, "not restored");
     return s;
   });
@@ -178,9 +148,9 @@ TEST_F(WorkerConfigTest, LayersStayRestorableAcrossSupersededGenerations) {
     request.set_generation(3);
     request.set_layer_id(8);
     internal::WorkerEmpty empty;
-    ASSERT_TRUE(workers_[r]->stub->DeleteLayer(Context().get(), request, &empty).ok());
+    ASSERT_TRUE(workers_[r]->DeleteLayer(nullptr, &request, &empty).ok());
     internal::PingResponse pong;
-    ASSERT_TRUE(workers_[r]->stub->Ping(Context().get(), internal::PingRequest(), &pong).ok());
+    ASSERT_TRUE(workers_[r]->Ping(nullptr, nullptr, &pong).ok());
     EXPECT_EQ(pong.restorable_layers_size(), 0) << "rank " << r;
   }
 }
@@ -209,7 +179,7 @@ TEST_F(WorkerConfigTest, LayerKernelsHonourCpuThreads) {
       request.set_layer_id(4);
       *request.mutable_x() = FloatsToProto({8192, 32}, RandomFloats(8192 * 32, 20 + r));
       internal::WorkerForwardResponse response;
-      return workers_[r]->stub->Forward(Context().get(), request, &response);
+      return workers_[r]->Forward(nullptr, &request, &response);
     });
   };
   forward();  // warm-up: lazily started library threads are part of the baseline
@@ -227,47 +197,6 @@ TEST_F(WorkerConfigTest, LayerKernelsHonourCpuThreads) {
   done = true;
   sampler.join();
   EXPECT_LE(peak.load(), baseline + kRanks) << "kernel threads beyond the one per rank";
-}
-
-// The worker's calls run on its handler pool: when the pool is full a call that would block
-// is refused at once (RESOURCE_EXHAUSTED, not queued behind calls that may wait for minutes),
-// while Ping, which finishes on gRPC's own thread, still answers.
-TEST(WorkerHandlersTest, FullPoolRefusesBlockingCallsButPingAnswers) {
-  setenv("MOED_GLOO_HOSTNAME", "127.0.0.1", /*overwrite=*/1);
-  ServedWorker worker(std::make_shared<MemoryKeyValueStore>(), /*max_handlers=*/1);
-  // Rank 0 of 2 and no rank 1: Setup holds the only pool thread until its rendezvous times out.
-  internal::SetupRequest setup;
-  setup.set_generation(1);
-  setup.set_rank(0);
-  setup.set_world_size(2);
-  setup.set_store_prefix("g1/");
-  setup.set_collective_timeout_ms(2000);
-  grpc::Status setup_status;
-  std::thread setup_thread([&] {
-    internal::SetupResponse response;
-    setup_status = worker.stub->Setup(Context().get(), setup, &response);
-  });
-  // Setup has begun (it holds the pool thread) once Ping shows its generation.
-  internal::PingResponse pong;
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  while (pong.generation() != 1 && absl::Now() < give_up) {
-    ASSERT_TRUE(worker.stub->Ping(Context().get(), internal::PingRequest(), &pong).ok());
-  }
-  ASSERT_EQ(pong.generation(), 1);
-
-  internal::WorkerForwardRequest forward;
-  forward.set_generation(1);
-  forward.set_layer_id(1);
-  internal::WorkerForwardResponse response;
-  grpc::Status refused = worker.stub->Forward(Context().get(), forward, &response);
-  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
-  EXPECT_TRUE(worker.stub->Ping(Context().get(), internal::PingRequest(), &pong).ok());
-
-  setup_thread.join();
-  EXPECT_FALSE(setup_status.ok());
-  // The thread is free again: the call now reaches the worker (which has no layer 1).
-  grpc::Status served = worker.stub->Forward(Context().get(), forward, &response);
-  EXPECT_EQ(served.error_code(), grpc::StatusCode::NOT_FOUND) << served.error_message();
 }
 
 }  // namespace
