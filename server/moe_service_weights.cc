@@ -1,17 +1,13 @@
-// MoeServiceImpl: gradients, optimizer, expert bias, weights and checkpoints.
+// MoeServiceImpl: gradients, optimizer, expert bias and weights.
 //
 // Whole-layer tensors <-> worker shards: an expert-sharded tensor ([E, ...]) is the
 // concatenation along its first dimension of the workers' [El, ...] shards in rank order
 // (row-major, so the bytes simply concatenate); a replicated one (gate, expert_bias) is read
 // from rank 0 and written to every rank.
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <utility>
 
@@ -43,23 +39,6 @@ std::vector<int64_t> ShardShape(const ParameterLayout& p, int ranks) {
   std::vector<int64_t> shape = p.shape;
   if (p.expert_sharded) shape[0] /= ranks;
   return shape;
-}
-
-// Removes a directory tree (checkpoint directories hold only plain files).
-void RemoveTree(const std::string& path) {
-  std::error_code error;
-  std::filesystem::remove_all(path, error);
-  if (error) std::fprintf(stderr, "moed: could not remove %s: %s\n", path.c_str(),
-                          error.message().c_str());
-}
-
-absl::Status CheckDirectory(const std::string& dir) {
-  if (dir.empty()) return absl::InvalidArgumentError("directory: required");
-  if (dir[0] != '/') return absl::InvalidArgumentError("directory: must be an absolute path");
-  if (dir.find('\'') != std::string::npos || dir.find("/../") != std::string::npos) {
-    return absl::InvalidArgumentError("directory: must not contain ' or /../");
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -213,8 +192,8 @@ absl::Status MoeServiceImpl::ServeTensors(
 }
 
 grpc::Status MoeServiceImpl::DoGetGradients(grpc::ServerContextBase* context,
-                                          const v1::GetGradientsRequest* request,
-                                          StreamWriter<v1::TensorChunk>* writer) {
+                                            const v1::GetGradientsRequest* request,
+                                            StreamWriter<v1::TensorChunk>* writer) {
   const absl::Time start = absl::Now();
   return Finish("GetGradients", start,
                 ServeTensors(context, request->layer(), /*gradients=*/true, request->names(),
@@ -222,8 +201,8 @@ grpc::Status MoeServiceImpl::DoGetGradients(grpc::ServerContextBase* context,
 }
 
 grpc::Status MoeServiceImpl::DoGetWeights(grpc::ServerContextBase* context,
-                                        const v1::GetWeightsRequest* request,
-                                        StreamWriter<v1::TensorChunk>* writer) {
+                                          const v1::GetWeightsRequest* request,
+                                          StreamWriter<v1::TensorChunk>* writer) {
   const absl::Time start = absl::Now();
   return Finish("GetWeights", start,
                 ServeTensors(context, request->layer(), /*gradients=*/false, request->names(),
@@ -231,8 +210,8 @@ grpc::Status MoeServiceImpl::DoGetWeights(grpc::ServerContextBase* context,
 }
 
 grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
-                                        StreamReader<v1::SetWeightsRequest>* reader,
-                                        v1::SetWeightsResponse* response) {
+                                          StreamReader<v1::SetWeightsRequest>* reader,
+                                          v1::SetWeightsResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     // Read and validate the whole stream before any worker sees it.
@@ -241,7 +220,7 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
     std::shared_ptr<Layer> layer;
     std::unique_ptr<ChunkAssembler> assembler;
     std::map<std::string, int64_t> bytes_of;  // expected tensors' sizes
-    int64_t held = 0;  // of max_stream_bytes, for the tensors begun so far
+    int64_t held = 0;                         // of max_stream_bytes, for the tensors begun so far
     absl::Cleanup release = [this, &held] { ReleaseStreamBytes(held); };
     absl::Status invalid;
     while (reader->Read(&message)) {
@@ -331,8 +310,8 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
 }
 
 grpc::Status MoeServiceImpl::DoZeroGradients(grpc::ServerContextBase* context,
-                                           const v1::ZeroGradientsRequest* request,
-                                           v1::ZeroGradientsResponse*) {
+                                             const v1::ZeroGradientsRequest* request,
+                                             v1::ZeroGradientsResponse*) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
@@ -356,8 +335,8 @@ grpc::Status MoeServiceImpl::DoZeroGradients(grpc::ServerContextBase* context,
 }
 
 grpc::Status MoeServiceImpl::DoApplyOptimizer(grpc::ServerContextBase* context,
-                                            const v1::ApplyOptimizerRequest* request,
-                                            v1::ApplyOptimizerResponse*) {
+                                              const v1::ApplyOptimizerRequest* request,
+                                              v1::ApplyOptimizerResponse*) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
@@ -382,8 +361,8 @@ grpc::Status MoeServiceImpl::DoApplyOptimizer(grpc::ServerContextBase* context,
 }
 
 grpc::Status MoeServiceImpl::DoUpdateExpertBias(grpc::ServerContextBase* context,
-                                              const v1::UpdateExpertBiasRequest* request,
-                                              v1::UpdateExpertBiasResponse* response) {
+                                                const v1::UpdateExpertBiasRequest* request,
+                                                v1::UpdateExpertBiasResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
@@ -412,103 +391,6 @@ grpc::Status MoeServiceImpl::DoUpdateExpertBias(grpc::ServerContextBase* context
     return absl::OkStatus();
   };
   return Finish("UpdateExpertBias", start, run());
-}
-
-grpc::Status MoeServiceImpl::DoSaveCheckpoint(grpc::ServerContextBase* context,
-                                            const v1::SaveCheckpointRequest* request,
-                                            v1::SaveCheckpointResponse* response) {
-  const absl::Time start = absl::Now();
-  auto run = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
-    std::string dir = request->directory();
-    RETURN_IF_ERROR(CheckDirectory(dir));
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    // The checkpoint replaces `dir` by rename: "/", "." and ".." cannot be renamed (and the
-    // workers would first write a sibling of them).
-    const std::string last = dir.substr(dir.rfind('/') + 1);
-    if (last.empty() || last == "." || last == "..") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("directory: \"", request->directory(),
-                       "\" does not name a directory that can be replaced (last component \"",
-                       last, "\")"));
-    }
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
-    // Atomic: the workers write a fresh sibling directory; it replaces `dir` by rename only
-    // once every worker succeeded (the old checkpoint is removed after the rename).
-    const std::string suffix = absl::StrCat(getpid(), ".", next_step_id_++);
-    const std::string tmp = absl::StrCat(dir, ".tmp.", suffix);
-    internal::WorkerCheckpointRequest call;
-    call.set_generation(turn->set.generation);
-    call.set_layer_id(turn->layer().id);
-    call.set_directory(tmp);
-    absl::Status saved = pool_->ForEachWorker(
-        turn->set, InternalDeadline(context, true),
-        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-          internal::WorkerEmpty empty;
-          return FromGrpcStatus(stub->SaveCheckpoint(ctx, call, &empty));
-        },
-        /*collective=*/true);
-    if (!saved.ok()) {
-      RemoveTree(tmp);
-      return saved;
-    }
-    const std::string old = absl::StrCat(dir, ".old.", suffix);
-    struct stat st;
-    const bool existed = stat(dir.c_str(), &st) == 0;
-    if (existed && rename(dir.c_str(), old.c_str()) != 0) {
-      RemoveTree(tmp);
-      return absl::InternalError(
-          absl::StrCat("directory: cannot move the old ", dir, ": ", strerror(errno)));
-    }
-    if (rename(tmp.c_str(), dir.c_str()) != 0) {
-      const std::string error = strerror(errno);
-      if (existed) rename(old.c_str(), dir.c_str());
-      RemoveTree(tmp);
-      return absl::InternalError(absl::StrCat("directory: cannot rename into ", dir, ": ", error));
-    }
-    if (existed) RemoveTree(old);
-    response->set_directory(dir);
-    return absl::OkStatus();
-  };
-  return Finish("SaveCheckpoint", start, run());
-}
-
-grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
-                                            const v1::LoadCheckpointRequest* request,
-                                            v1::LoadCheckpointResponse*) {
-  const absl::Time start = absl::Now();
-  auto run = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
-    RETURN_IF_ERROR(CheckDirectory(request->directory()));
-    // The way back for a diverged layer: every worker loads the same state.
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
-                     TakeTurn(found, context, /*require_serving=*/true, /*allow_diverged=*/true));
-    Layer& layer = turn->layer();
-    internal::WorkerCheckpointRequest call;
-    call.set_generation(turn->set.generation);
-    call.set_layer_id(layer.id);
-    call.set_directory(request->directory());
-    // The workers drop their saved steps of this layer on load.
-    {
-      absl::MutexLock lock(&layer.mu);
-      layer.saved.clear();
-      layer.saved_bytes = 0;
-      layer.accumulated.assign(layer.config.num_experts, 0);
-    }
-    RETURN_IF_ERROR(ChangeOnWorkers(
-        *turn, "LoadCheckpoint", InternalDeadline(context, true),
-        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-          internal::WorkerEmpty empty;
-          return FromGrpcStatus(stub->LoadCheckpoint(ctx, call, &empty));
-        },
-        /*collective=*/true));
-    absl::MutexLock lock(&layer.mu);
-    layer.weights_reset = false;
-    layer.diverged.clear();
-    layer.diverged_gradients_only = false;
-    return absl::OkStatus();
-  };
-  return Finish("LoadCheckpoint", start, run());
 }
 
 }  // namespace moe
