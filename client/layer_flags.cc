@@ -121,5 +121,20 @@ std::string DescribeLayerConfig(const v1::LayerConfig& c) {
   return out;
 }
 
+std::string DescribeLayer(const v1::LayerInfo& layer) {
+  std::string out = absl::StrCat("  ", layer.name(), "  ", DescribeLayerConfig(layer.config()),
+                                 "  ep=", layer.ep_ranks(), " forwards=", layer.forward_count(),
+                                 " saved_steps=", layer.saved_steps(), "\n");
+  if (layer.weights_reset()) {
+    absl::StrAppend(
+        &out, "    weights reset to init_seed after a worker was replaced: load a checkpoint\n");
+  }
+  if (!layer.diverged().empty()) {
+    absl::StrAppend(&out, "    DIVERGED: ", layer.diverged(),
+                    " (LoadCheckpoint mends it; ZeroGradients does when that was the call)\n");
+  }
+  return out;
+}
+
 }  // namespace client
 }  // namespace moe

@@ -47,6 +47,10 @@ absl::StatusOr<v1::LayerConfig> LayerConfigFromFlags();
 // "hidden=32 ffn=64 experts=8 top_k=2 softmax silu gated FP32 seed=0 ..." for summaries.
 std::string DescribeLayerConfig(const v1::LayerConfig& config);
 
+// moectl's lines for a layer in `status` and `list-layers`: name, config, EP ranks, counts,
+// then one line each when its weights were reset or it diverged, saying what mends it.
+std::string DescribeLayer(const v1::LayerInfo& layer);
+
 }  // namespace client
 }  // namespace moe
 

@@ -41,19 +41,7 @@ std::string ToJson(const google::protobuf::Message& message) {
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 void PrintLayerLine(const v1::LayerInfo& layer) {
-  std::printf("  %s  %s  ep=%d forwards=%lld saved_steps=%lld\n", layer.name().c_str(),
-              DescribeLayerConfig(layer.config()).c_str(), layer.ep_ranks(),
-              static_cast<long long>(layer.forward_count()),
-              static_cast<long long>(layer.saved_steps()));
-  // States that need the operator: both say what brings the layer back.
-  if (layer.weights_reset()) {
-    std::printf("    weights reset to init_seed after a worker was replaced: load a checkpoint\n");
-  }
-  if (!layer.diverged().empty()) {
-    std::printf("    DIVERGED: %s (LoadCheckpoint mends it; ZeroGradients does when that was the "
-                "call)\n",
-                layer.diverged().c_str());
-  }
+  std::fputs(DescribeLayer(layer).c_str(), stdout);
 }
 
 // Layer commands need --layer; returns the name or prints a usage error.

@@ -135,6 +135,29 @@ TEST_F(LayerFlagsTest, DescriptionOfUnknownActivationDoesNotThrow) {
   EXPECT_NE(text.find("activation=gelu"), std::string::npos) << text;
 }
 
+// The layer lines of `moectl status` / `list-layers` tell the operator what needs them.
+TEST(DescribeLayerTest, SaysWhatNeedsTheOperator) {
+  v1::LayerInfo layer;
+  layer.set_name("l0");
+  layer.set_ep_ranks(2);
+  layer.set_forward_count(5);
+  layer.mutable_config()->set_hidden(32);
+  std::string text = DescribeLayer(layer);
+  EXPECT_NE(text.find("  l0  "), std::string::npos) << text;
+  EXPECT_NE(text.find("ep=2 forwards=5 saved_steps=0\n"), std::string::npos) << text;
+  EXPECT_EQ(text.find("weights reset"), std::string::npos) << text;
+  EXPECT_EQ(text.find("DIVERGED"), std::string::npos) << text;
+  layer.set_weights_reset(true);
+  layer.set_diverged("ApplyOptimizer failed on some workers and may have taken effect on others");
+  text = DescribeLayer(layer);
+  EXPECT_NE(text.find("weights reset to init_seed after a worker was replaced: load a checkpoint"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("DIVERGED: ApplyOptimizer failed on some workers"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("LoadCheckpoint mends it"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace client
 }  // namespace moe
