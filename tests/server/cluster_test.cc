@@ -2,8 +2,10 @@
 // engine run in one process (fp32 and bf16), optimizer steps match, weights round-trip
 // through GetWeights/SetWeights, checkpoints save and load, status/health/metrics.
 #include <atomic>
+#include <filesystem>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/cluster_fixture.h"
@@ -160,6 +162,11 @@ TEST_F(ClusterTest, WeightsRoundTripAndCheckpoint) {
     v1::SaveCheckpointResponse response;
     grpc::Status s = stub()->SaveCheckpoint(&ctx, request, &response);
     ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  // The replaced checkpoint and the staging directory are gone: only `dir` itself is left.
+  for (const auto& entry : std::filesystem::directory_iterator(std::getenv("TEST_TMPDIR"))) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_FALSE(absl::StartsWith(name, "ckpt_weights.")) << "left behind: " << name;
   }
   {
     grpc::ClientContext ctx;
