@@ -49,8 +49,7 @@ absl::StatusOr<int64_t> ParseInt(absl::string_view key, absl::string_view v) {
 absl::StatusOr<double> ParseDouble(absl::string_view key, absl::string_view v) {
   double out;
   if (!absl::SimpleAtod(v, &out)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.", key, ": '", v, "' is not a number"));
+    return absl::InvalidArgumentError(absl::StrCat("config.", key, ": '", v, "' is not a number"));
   }
   return out;
 }
@@ -73,8 +72,8 @@ absl::Status ValidateConfig(const LayerConfig& c, int ep_ranks) {
     }
   }
   if (c.top_k > c.num_experts) {
-    return Invalid("top_k", absl::StrCat("must be <= num_experts (", c.num_experts, "), got ",
-                                         c.top_k));
+    return Invalid("top_k",
+                   absl::StrCat("must be <= num_experts (", c.num_experts, "), got ", c.top_k));
   }
   if (ep_ranks <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("ep_ranks: must be > 0, got ", ep_ranks));
@@ -101,18 +100,18 @@ absl::Status ValidateConfig(const LayerConfig& c, int ep_ranks) {
   }
   if (c.num_groups > 0) {
     if (c.num_experts % c.num_groups != 0) {
-      return Invalid("num_groups", absl::StrCat("num_experts (", c.num_experts,
-                                                ") must be divisible by num_groups (",
-                                                c.num_groups, ")"));
+      return Invalid("num_groups",
+                     absl::StrCat("num_experts (", c.num_experts,
+                                  ") must be divisible by num_groups (", c.num_groups, ")"));
     }
     if (c.group_topk > c.num_groups) {
-      return Invalid("group_topk", absl::StrCat("must be <= num_groups (", c.num_groups,
-                                                "), got ", c.group_topk));
+      return Invalid("group_topk", absl::StrCat("must be <= num_groups (", c.num_groups, "), got ",
+                                                c.group_topk));
     }
     if (c.top_k % c.group_topk != 0) {
-      return Invalid("group_topk", absl::StrCat("top_k (", c.top_k,
-                                                ") must be divisible by group_topk (",
-                                                c.group_topk, ")"));
+      return Invalid("group_topk",
+                     absl::StrCat("top_k (", c.top_k, ") must be divisible by group_topk (",
+                                  c.group_topk, ")"));
     }
     const int64_t group_size = c.num_experts / c.num_groups;
     if (c.top_k > c.group_topk * group_size) {
@@ -197,18 +196,18 @@ absl::StatusOr<Activation> ParseActivation(absl::string_view name) {
 }
 
 std::string ConfigToString(const LayerConfig& c) {
-  return absl::StrCat(
-      "hidden=", c.hidden, " ffn=", c.ffn, " num_experts=", c.num_experts, " top_k=", c.top_k,
-      " score_function=", ScoreFunctionName(c.score_function),
-      " pre_softmax=", BoolName(c.pre_softmax), " num_groups=", c.num_groups,
-      " group_topk=", c.group_topk, " scaling_factor=", DoubleToString(c.scaling_factor),
-      " use_expert_bias=", BoolName(c.use_expert_bias),
-      " aux_loss_coeff=", DoubleToString(c.aux_loss_coeff),
-      " z_loss_coeff=", DoubleToString(c.z_loss_coeff),
-      " capacity_factor=", DoubleToString(c.capacity_factor), " align_size=", c.align_size,
-      " activation=", ActivationName(c.activation), " gated=", BoolName(c.gated),
-      " use_bias=", BoolName(c.use_bias), " compute_dtype=", DTypeName(c.compute_dtype),
-      " init_seed=", c.init_seed);
+  return absl::StrCat("hidden=", c.hidden, " ffn=", c.ffn, " num_experts=", c.num_experts,
+                      " top_k=", c.top_k, " score_function=", ScoreFunctionName(c.score_function),
+                      " pre_softmax=", BoolName(c.pre_softmax), " num_groups=", c.num_groups,
+                      " group_topk=", c.group_topk,
+                      " scaling_factor=", DoubleToString(c.scaling_factor),
+                      " use_expert_bias=", BoolName(c.use_expert_bias),
+                      " aux_loss_coeff=", DoubleToString(c.aux_loss_coeff),
+                      " z_loss_coeff=", DoubleToString(c.z_loss_coeff),
+                      " capacity_factor=", DoubleToString(c.capacity_factor),
+                      " align_size=", c.align_size, " activation=", ActivationName(c.activation),
+                      " gated=", BoolName(c.gated), " use_bias=", BoolName(c.use_bias),
+                      " compute_dtype=", DTypeName(c.compute_dtype), " init_seed=", c.init_seed);
 }
 
 // Every key must be known and appear at most once; keys left out keep their defaults.

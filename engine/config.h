@@ -27,20 +27,20 @@ struct LayerConfig {
   int64_t top_k = 1;        // k
 
   ScoreFunction score_function = ScoreFunction::kSoftmax;
-  bool pre_softmax = false;       // softmax only: select on softmax(z) instead of z
-  int64_t num_groups = 0;         // grouped top-k (0 = off)
-  int64_t group_topk = 0;         // groups kept (0 = off)
-  double scaling_factor = 1.0;    // multiplies the routing weights
-  bool use_expert_bias = false;   // sigmoid only; selection-only bias [E]
+  bool pre_softmax = false;      // softmax only: select on softmax(z) instead of z
+  int64_t num_groups = 0;        // grouped top-k (0 = off)
+  int64_t group_topk = 0;        // groups kept (0 = off)
+  double scaling_factor = 1.0;   // multiplies the routing weights
+  bool use_expert_bias = false;  // sigmoid only; selection-only bias [E]
 
-  double aux_loss_coeff = 0.0;    // 0 = no aux loss
-  double z_loss_coeff = 0.0;      // 0 = no z-loss
-  double capacity_factor = 0.0;   // 0 = dropless
-  int64_t align_size = 0;         // pad each expert's rows to a multiple (0 = off, at most 65536)
+  double aux_loss_coeff = 0.0;   // 0 = no aux loss
+  double z_loss_coeff = 0.0;     // 0 = no z-loss
+  double capacity_factor = 0.0;  // 0 = dropless
+  int64_t align_size = 0;        // pad each expert's rows to a multiple (0 = off, at most 65536)
 
   Activation activation = Activation::kSilu;
-  bool gated = true;              // wi = [wi_0 | wi_1] (SwiGLU-style) or wi_0 only
-  bool use_bias = false;          // wi_0_bias, wi_1_bias, wo_bias
+  bool gated = true;      // wi = [wi_0 | wi_1] (SwiGLU-style) or wi_0 only
+  bool use_bias = false;  // wi_0_bias, wi_1_bias, wo_bias
 
   DType compute_dtype = DType::kFloat32;  // kFloat32 or kBFloat16
   uint64_t init_seed = 0;

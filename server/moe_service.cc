@@ -88,8 +88,7 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
     }
     if (!layer->diverged.empty() && !allow_diverged) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "layer \"", name, "\": its workers may hold different state (", layer->diverged,
-          "); ",
+          "layer \"", name, "\": its workers may hold different state (", layer->diverged, "); ",
           layer->diverged_gradients_only
               ? "ZeroGradients makes them agree again"
               : "LoadCheckpoint (or DeleteLayer, then CreateLayer) makes them agree again"));
@@ -104,8 +103,7 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
   return turn;
 }
 
-absl::Status MoeServiceImpl::ChangeOnWorkers(Turn& turn, const char* method,
-                                             absl::Time deadline,
+absl::Status MoeServiceImpl::ChangeOnWorkers(Turn& turn, const char* method, absl::Time deadline,
                                              const WorkerPool::WorkerFn& fn, bool collective,
                                              bool gradients_only) {
   bool partial = false;
@@ -116,14 +114,16 @@ absl::Status MoeServiceImpl::ChangeOnWorkers(Turn& turn, const char* method,
   // A second failure never narrows what may differ.
   layer.diverged_gradients_only =
       gradients_only && (layer.diverged.empty() || layer.diverged_gradients_only);
-  layer.diverged = absl::StrCat(method, " failed on some workers and may have taken effect on "
-                                "others: ", status.message());
-  std::fprintf(stderr, "moed: layer %s diverged: %s\n", layer.name.c_str(),
-               layer.diverged.c_str());
+  layer.diverged = absl::StrCat(method,
+                                " failed on some workers and may have taken effect on "
+                                "others: ",
+                                status.message());
+  std::fprintf(stderr, "moed: layer %s diverged: %s\n", layer.name.c_str(), layer.diverged.c_str());
   return status;
 }
 
-absl::Time MoeServiceImpl::InternalDeadline(grpc::ServerContextBase* context, bool collective) const {
+absl::Time MoeServiceImpl::InternalDeadline(grpc::ServerContextBase* context,
+                                            bool collective) const {
   absl::Time deadline = absl::Now() + options_.step_timeout;
   if (!collective) deadline = std::min(deadline, absl::FromChrono(context->deadline()));
   return deadline;
@@ -150,8 +150,8 @@ v1::LayerInfo MoeServiceImpl::Info(const Layer& layer) const {
 }
 
 grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
-                                         const v1::CreateLayerRequest* request,
-                                         v1::CreateLayerResponse* response) {
+                                           const v1::CreateLayerRequest* request,
+                                           v1::CreateLayerResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     RETURN_IF_ERROR(ValidateLayerName("name", request->name()));
@@ -224,8 +224,8 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
 }
 
 grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
-                                         const v1::DeleteLayerRequest* request,
-                                         v1::DeleteLayerResponse*) {
+                                           const v1::DeleteLayerRequest* request,
+                                           v1::DeleteLayerResponse*) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer, FindLayer(request->name()));
@@ -282,7 +282,7 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
 }
 
 grpc::Status MoeServiceImpl::DoListLayers(grpc::ServerContextBase*, const v1::ListLayersRequest*,
-                                        v1::ListLayersResponse* response) {
+                                          v1::ListLayersResponse* response) {
   const absl::Time start = absl::Now();
   std::vector<std::shared_ptr<Layer>> layers;
   {
@@ -293,8 +293,9 @@ grpc::Status MoeServiceImpl::DoListLayers(grpc::ServerContextBase*, const v1::Li
   return Finish("ListLayers", start, absl::OkStatus());
 }
 
-grpc::Status MoeServiceImpl::DoGetLayer(grpc::ServerContextBase*, const v1::GetLayerRequest* request,
-                                      v1::GetLayerResponse* response) {
+grpc::Status MoeServiceImpl::DoGetLayer(grpc::ServerContextBase*,
+                                        const v1::GetLayerRequest* request,
+                                        v1::GetLayerResponse* response) {
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<Layer>> layer = FindLayer(request->name());
   if (layer.ok()) *response->mutable_layer() = Info(**layer);
@@ -302,7 +303,7 @@ grpc::Status MoeServiceImpl::DoGetLayer(grpc::ServerContextBase*, const v1::GetL
 }
 
 grpc::Status MoeServiceImpl::DoGetStatus(grpc::ServerContextBase*, const v1::GetStatusRequest*,
-                                       v1::GetStatusResponse* response) {
+                                         v1::GetStatusResponse* response) {
   const absl::Time start = absl::Now();
   response->set_serving(pool_->serving());
   response->set_generation(pool_->generation());

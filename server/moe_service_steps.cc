@@ -55,8 +55,8 @@ void SliceTensor(const v1::Tensor& whole, int64_t row_begin, int64_t row_end, si
 }  // namespace
 
 grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
-                                     const v1::ForwardRequest* request,
-                                     v1::ForwardResponse* response) {
+                                       const v1::ForwardRequest* request,
+                                       v1::ForwardResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
@@ -169,8 +169,8 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
 }
 
 grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
-                                      const v1::BackwardRequest* request,
-                                      v1::BackwardResponse* response) {
+                                        const v1::BackwardRequest* request,
+                                        v1::BackwardResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
@@ -251,15 +251,14 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
 }
 
 grpc::Status MoeServiceImpl::DoReleaseStep(grpc::ServerContextBase* context,
-                                         const v1::ReleaseStepRequest* request,
-                                         v1::ReleaseStepResponse* response) {
+                                           const v1::ReleaseStepRequest* request,
+                                           v1::ReleaseStepResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     // Works while the workers are down too: their steps are gone with their generation.
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
-                     TakeTurn(found, context, /*require_serving=*/false,
-                              /*allow_diverged=*/true));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context, /*require_serving=*/false,
+                                                          /*allow_diverged=*/true));
     Layer& layer = turn->layer();
     {
       absl::MutexLock lock(&layer.mu);

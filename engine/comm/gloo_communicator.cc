@@ -200,13 +200,11 @@ class GlooCommunicator : public Communicator {
       }
       if (send_bytes[rank_] != recv_bytes[rank_]) {
         throw StatusError(absl::InvalidArgumentError(
-            absl::StrCat("rank ", rank_, " sends itself ", send_bytes[rank_],
-                         " bytes but expects ", recv_bytes[rank_])));
+            absl::StrCat("rank ", rank_, " sends itself ", send_bytes[rank_], " bytes but expects ",
+                         recv_bytes[rank_])));
       }
-      const size_t send_total =
-          std::accumulate(send_bytes.begin(), send_bytes.end(), size_t{0});
-      const size_t recv_total =
-          std::accumulate(recv_bytes.begin(), recv_bytes.end(), size_t{0});
+      const size_t send_total = std::accumulate(send_bytes.begin(), send_bytes.end(), size_t{0});
+      const size_t recv_total = std::accumulate(recv_bytes.begin(), recv_bytes.end(), size_t{0});
       if ((send_total > 0 && send == nullptr) || (recv_total > 0 && recv == nullptr)) {
         throw StatusError(absl::InvalidArgumentError("null buffer"));
       }

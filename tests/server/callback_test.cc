@@ -45,8 +45,8 @@ TEST(HandlerPoolTest, RunsBodiesConcurrentlyUpToItsLimit) {
   // once the previous one finished, never finds the pool busy (more calls than threads).
   std::atomic<int> done{0};
   for (int i = 0; i < 20; ++i) {
-    ASSERT_TRUE(pool.TrySubmit([] { return grpc::Status::OK; },
-                               [&](const grpc::Status&) { ++done; }))
+    ASSERT_TRUE(
+        pool.TrySubmit([] { return grpc::Status::OK; }, [&](const grpc::Status&) { ++done; }))
         << "call " << i;
     while (done.load() <= i && absl::Now() < give_up) absl::SleepFor(absl::Microseconds(100));
   }

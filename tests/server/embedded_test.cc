@@ -101,9 +101,9 @@ TEST(EmbeddedTest, StartsRespawnsAndStopsItsWorkers) {
 // with moed running on as if configured. It must refuse to start instead (exit 2).
 TEST(EmbeddedTest, RefusesNonPositiveTimingFlags) {
   const std::string moed = RunfilePath("server/moed");
-  for (const char* flag : {"--heartbeat_ms=0", "--ping_timeout_ms=0", "--worker_dead_after_ms=0",
-                           "--step_timeout_ms=0", "--collective_timeout_ms=-1",
-                           "--setup_timeout_ms=0"}) {
+  for (const char* flag :
+       {"--heartbeat_ms=0", "--ping_timeout_ms=0", "--worker_dead_after_ms=0",
+        "--step_timeout_ms=0", "--collective_timeout_ms=-1", "--setup_timeout_ms=0"}) {
     // --expect_workers: nothing is started; `timeout` ends a moed that does not refuse.
     const std::string command = absl::StrCat("timeout 5 ", moed, " --port=0 --host=127.0.0.1 ",
                                              "--expect_workers=1 ", flag, " 2>/dev/null");

@@ -4,9 +4,8 @@
 // re-created, a checkpoint restores the weights and service resumes.
 #include <signal.h>
 
-#include <functional>
-
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -300,20 +299,19 @@ TEST_F(FaultTest, ResumedWorkerRejoinsByItself) {
     while (absl::Now() < give_up) {
       v1::GetStatusResponse status = Status();
       const v1::WorkerStatus& w = status.workers(1);
-      if (absl::Now() - absl::Milliseconds(w.last_seen_ms_ago()) > since &&
-          ok(w.memory_bytes())) {
+      if (absl::Now() - absl::Milliseconds(w.last_seen_ms_ago()) > since && ok(w.memory_bytes())) {
         return w.memory_bytes();
       }
       absl::SleepFor(absl::Milliseconds(50));
     }
     return -1;
   };
-  const int64_t only_r = memory(absl::Now() + absl::Milliseconds(100),
-                                [](int64_t m) { return m > 0; });
+  const int64_t only_r =
+      memory(absl::Now() + absl::Milliseconds(100), [](int64_t m) { return m > 0; });
   ASSERT_GT(only_r, 0);
   ASSERT_TRUE(Create("gone").ok());
-  const int64_t with_gone = memory(absl::Now() + absl::Milliseconds(100),
-                                   [&](int64_t m) { return m > only_r; });
+  const int64_t with_gone =
+      memory(absl::Now() + absl::Milliseconds(100), [&](int64_t m) { return m > only_r; });
   ASSERT_GT(with_gone, only_r);
   const int64_t generation = Status().generation();
   cluster_->KillWorker(0, SIGSTOP);
@@ -340,8 +338,8 @@ TEST_F(FaultTest, ResumedWorkerRejoinsByItself) {
   EXPECT_GT(memory(absl::Now() + absl::Milliseconds(100),
                    [&](int64_t m) { return m < (only_r + with_gone) / 2; }),
             0)
-      << "the deleted layer's instance is still held (" << with_gone << " bytes with it, "
-      << only_r << " without)";
+      << "the deleted layer's instance is still held (" << with_gone << " bytes with it, " << only_r
+      << " without)";
 }
 
 // A state-changing call that fails on one worker after another applied it leaves the workers

@@ -2,7 +2,6 @@
 // validation codes, saved-step budget, layer lifecycle and expert-bias updates, reflection,
 // fuzzed payloads, concurrent clients on two layers.
 #include <grpcpp/generic/generic_stub.h>
-
 #include <sys/time.h>
 
 #include <atomic>
@@ -137,16 +136,16 @@ TEST_F(ClusterTest, BadRequestsGetTheirCodes) {
 
   // Checkpoint directories that cannot be replaced by a rename are the client's error, found
   // before any worker writes (they were INTERNAL after the workers wrote a sibling of "/").
-  for (const char* dir : {"", "relative/dir", "/", "//", "/tmp/x/..", "/tmp/x/../",
-                          "/tmp/x/.", "/tmp/../x", "/tmp/it's"}) {
+  for (const char* dir : {"", "relative/dir", "/", "//", "/tmp/x/..", "/tmp/x/../", "/tmp/x/.",
+                          "/tmp/../x", "/tmp/it's"}) {
     grpc::ClientContext ctx;
     v1::SaveCheckpointRequest request;
     request.set_layer("valid");
     request.set_directory(dir);
     v1::SaveCheckpointResponse response;
     s = stub()->SaveCheckpoint(&ctx, request, &response);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << dir << ": "
-                                                                  << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << dir << ": " << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr("directory")) << dir;
   }
 }
@@ -473,8 +472,8 @@ TEST_F(ClusterTest, DeleteLayerDropsItsMetrics) {
   const v1::LayerConfig config = TinyConfig(/*seed=*/21);
   ASSERT_TRUE(Create("metrics_drop", config).ok());
   v1::ForwardResponse fwd;
-  ASSERT_TRUE(Forward("metrics_drop", FloatsToProto({5, 32}, RandomFloats(5 * 32, 1)), false, &fwd)
-                  .ok());
+  ASSERT_TRUE(
+      Forward("metrics_drop", FloatsToProto({5, 32}, RandomFloats(5 * 32, 1)), false, &fwd).ok());
   std::string reply = ScrapeMetrics(metrics_port_);
   EXPECT_THAT(reply, HasSubstr("moed_tokens_total{layer=\"metrics_drop\"} 5\n"));
   EXPECT_THAT(reply, HasSubstr("moed_expert_tokens_total{layer=\"metrics_drop\",expert=\"0\"}"));
@@ -489,8 +488,8 @@ TEST_F(ClusterTest, DeleteLayerDropsItsMetrics) {
   ASSERT_THAT(reply, HasSubstr("200 OK"));
   EXPECT_THAT(reply, ::testing::Not(HasSubstr("layer=\"metrics_drop\"")));
   ASSERT_TRUE(Create("metrics_drop", config).ok());
-  ASSERT_TRUE(Forward("metrics_drop", FloatsToProto({3, 32}, RandomFloats(3 * 32, 2)), false, &fwd)
-                  .ok());
+  ASSERT_TRUE(
+      Forward("metrics_drop", FloatsToProto({3, 32}, RandomFloats(3 * 32, 2)), false, &fwd).ok());
   reply = ScrapeMetrics(metrics_port_);
   EXPECT_THAT(reply, HasSubstr("moed_tokens_total{layer=\"metrics_drop\"} 3\n"));
 }

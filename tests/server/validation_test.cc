@@ -113,8 +113,8 @@ TEST_F(ValidationTest, AbsurdSizesAreInvalidBeforeAnyEstimate) {
     config.set_hidden(1);
     config.set_ffn(ffn);
     grpc::Status s = Create("huge", config);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << ffn << ": "
-                                                                  << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << ffn << ": " << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr("config.ffn: must be <= 262144"));
   }
 }
