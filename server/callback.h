@@ -1,8 +1,8 @@
-// gRPC's callback API for services whose calls block: a layer's turn, a fan-out to the
-// workers, a collective inside a worker, a rendezvous key that is not there yet. gRPC's own
-// callback threads must never block, so the body of each call runs on a HandlerPool thread
-// and finishes the call's reactor from there; streams are read and written through reactors
-// whose Read/Write wait for gRPC's answer on that pool thread.
+// gRPC's callback API for moed's services, whose calls block: a layer's turn, a fan-out to
+// the workers, a rendezvous key that is not there yet. gRPC's own callback threads must never
+// block, so the body of each call runs on a HandlerPool thread and finishes the call's reactor
+// from there; streams are read and written through reactors whose Read/Write wait for gRPC's
+// answer on that pool thread. (moe-worker stays on the synchronous API: docs/DECISIONS.md.)
 //
 //   grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context,
 //                                     const ForwardRequest* request,
