@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -157,12 +158,26 @@ absl::Status TestCluster::WaitServing(absl::Duration timeout) {
   return absl::DeadlineExceededError("cluster did not become SERVING");
 }
 
-void TestCluster::KillWorker(int rank, int signal) {
-  kill(workers_[rank], signal);
+bool TestCluster::KillWorker(int rank, int signal) {
+  if (kill(workers_[rank], signal) != 0) return false;
   if (signal == SIGKILL) {
     waitpid(workers_[rank], nullptr, 0);
     workers_[rank] = -1;
   }
+  if (signal != SIGSTOP) return true;
+  // /proc/<pid>/stat: "pid (comm) S ...": the state letter follows the last ')'.
+  const std::string stat_path = absl::StrCat("/proc/", workers_[rank], "/stat");
+  const absl::Time give_up = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < give_up) {
+    std::ifstream in(stat_path);
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'T') {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return false;
 }
 
 absl::Status TestCluster::RestartWorker(int rank) {

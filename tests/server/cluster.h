@@ -47,7 +47,10 @@ class TestCluster {
   // "NOT_SERVING", or an error (NOT_FOUND: unknown service).
   absl::StatusOr<std::string> Health(const std::string& service = "");
 
-  void KillWorker(int rank, int signal);
+  // Sends `signal` to the worker spawned as `rank`. SIGKILL: also reaps it. SIGSTOP: also waits
+  // (up to 5 s) until the kernel shows it stopped, so that no call it receives afterwards is
+  // answered; false if it did not stop.
+  bool KillWorker(int rank, int signal);
   absl::Status RestartWorker(int rank);
   bool MoedRunning();
   // Sends `signal` to moed; with wait, reaps it and returns its exit status (-1 if signalled).

@@ -218,7 +218,7 @@ TEST_F(FaultTest, KillDuringStepsNeverHangs) {
 
 TEST_F(FaultTest, StoppedWorkerIsDeclaredDead) {
   ASSERT_TRUE(Create("s").ok());
-  cluster_->KillWorker(1, SIGSTOP);
+  ASSERT_TRUE(cluster_->KillWorker(1, SIGSTOP));
   const absl::Time start = absl::Now();
   v1::ForwardResponse fwd;
   grpc::Status s = Forward("s", 16, false, &fwd);
@@ -314,7 +314,7 @@ TEST_F(FaultTest, ResumedWorkerRejoinsByItself) {
       memory(absl::Now() + absl::Milliseconds(100), [&](int64_t m) { return m > only_r; });
   ASSERT_GT(with_gone, only_r);
   const int64_t generation = Status().generation();
-  cluster_->KillWorker(0, SIGSTOP);
+  ASSERT_TRUE(cluster_->KillWorker(0, SIGSTOP));
   ExpectNotServingSoon();
   {
     // Deleted while the workers do not serve: they still hold it, and must drop it when the
@@ -371,7 +371,7 @@ TEST_F(FaultTest, PartialOptimizerStepDivergesTheLayerUntilLoad) {
   };
   EXPECT_EQ(diverged(), "");
 
-  cluster_->KillWorker(1, SIGSTOP);
+  ASSERT_TRUE(cluster_->KillWorker(1, SIGSTOP));
   {
     grpc::ClientContext ctx;
     v1::ApplyOptimizerRequest request;
@@ -412,7 +412,7 @@ TEST_F(FaultTest, PartialOptimizerStepDivergesTheLayerUntilLoad) {
 // stopped worker's return drops every gradient, so the layer serves again without a load.
 TEST_F(FaultTest, PartialZeroGradientsIsMendedByTheReformation) {
   ASSERT_TRUE(Create("z").ok());
-  cluster_->KillWorker(1, SIGSTOP);
+  ASSERT_TRUE(cluster_->KillWorker(1, SIGSTOP));
   {
     grpc::ClientContext ctx;
     v1::ZeroGradientsRequest request;
