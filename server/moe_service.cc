@@ -386,7 +386,7 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
     if (!restore) layer->weights_reset = true;
     // From init_seed, or kept with the gradients dropped: what a gradients-only failure left
     // different is gone; parameters or optimizer state kept from divergent workers are not.
-    if (!restore || layer->diverged_gradients_only) layer->diverged.clear();
+    if (!restore || layer->diverged_gradients_only) layer->ClearDiverged();
   }
   return absl::OkStatus();
 }

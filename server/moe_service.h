@@ -181,6 +181,10 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
     // while they agree. gradients_only: only gradients may differ (ZeroGradients mends it).
     std::string diverged ABSL_GUARDED_BY(mu);
     bool diverged_gradients_only ABSL_GUARDED_BY(mu) = false;
+    void ClearDiverged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      diverged.clear();
+      diverged_gradients_only = false;
+    }
   };
 
   // A layer's FIFO turn, setup_mu_ held shared, and the serving workers, for one operation.

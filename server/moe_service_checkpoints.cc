@@ -126,8 +126,7 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
         /*collective=*/true));
     absl::MutexLock lock(&layer.mu);
     layer.weights_reset = false;
-    layer.diverged.clear();
-    layer.diverged_gradients_only = false;
+    layer.ClearDiverged();
     return absl::OkStatus();
   };
   return Finish("LoadCheckpoint", start, run());

@@ -30,9 +30,7 @@ std::map<std::string, ParameterLayout> LayoutByName(const LayerConfig& config) {
 
 // Bytes of a whole-layer fp32 parameter (ValidateConfig's bounds keep it far from overflow).
 int64_t Fp32Bytes(const ParameterLayout& p) {
-  int64_t elements = 1;
-  for (int64_t d : p.shape) elements *= d;
-  return elements * static_cast<int64_t>(sizeof(float));
+  return NumElements(p.shape) * static_cast<int64_t>(sizeof(float));
 }
 
 std::vector<int64_t> ShardShape(const ParameterLayout& p, int ranks) {
@@ -328,7 +326,7 @@ grpc::Status MoeServiceImpl::DoZeroGradients(grpc::ServerContextBase* context,
         },
         /*collective=*/false, /*gradients_only=*/true));
     absl::MutexLock lock(&turn->layer().mu);
-    if (turn->layer().diverged_gradients_only) turn->layer().diverged.clear();
+    if (turn->layer().diverged_gradients_only) turn->layer().ClearDiverged();
     return absl::OkStatus();
   };
   return Finish("ZeroGradients", start, run());
