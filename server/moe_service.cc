@@ -158,13 +158,11 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
     if (!request->has_config()) return absl::InvalidArgumentError("config: required");
     ASSIGN_OR_RETURN(LayerConfig config, ConfigFromProto(request->config()));
     RETURN_IF_ERROR(ValidateConfig(config, pool_->world_size()));  // "config.<field>: ..."
-    // Memory estimate in floating point (ValidateConfig bounds every size, so the shapes
-    // themselves cannot overflow; their products need not fit anything).
+    // Memory estimate: ValidateConfig's bounds keep each parameter's element count well inside
+    // int64; the sum and the bytes are taken in floating point.
     long double elements = 0;
     for (const ParameterLayout& p : LayerParameters(config)) {
-      long double n = 1;
-      for (int64_t d : p.shape) n *= static_cast<long double>(d);
-      elements += n;
+      elements += static_cast<long double>(NumElements(p.shape));
     }
     const long double bytes = elements * 4 * sizeof(float);
     if (bytes > static_cast<long double>(options_.max_layer_bytes)) {
