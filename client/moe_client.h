@@ -124,7 +124,8 @@ class MoeClient {
   absl::StatusOr<std::vector<std::string>> SetWeights(const std::string& layer,
                                                       const std::vector<NamedTensor>& tensors,
                                                       const CallOptions& call = {});
-  // Returns the absolute directory written (on the server's disk).
+  // `directory` names the checkpoint inside the server's --checkpoint_root ("run7/layer0";
+  // see SaveCheckpointRequest in proto/moe.proto). Returns the name written.
   absl::StatusOr<std::string> SaveCheckpoint(const std::string& layer, const std::string& directory,
                                              const CallOptions& call = {});
   absl::Status LoadCheckpoint(const std::string& layer, const std::string& directory,

@@ -17,7 +17,9 @@ ABSL_FLAG(std::string, service, "",
           "worker up; moe-worker: joined and set up), a service name, or \"liveness\" (the "
           "process runs).");
 ABSL_FLAG(bool, json, false, "status, smoke: print JSON instead of text.");
-ABSL_FLAG(std::string, dir, "", "checkpoint: directory on the server's disk.");
+ABSL_FLAG(std::string, dir, "",
+          "checkpoint: checkpoint name, a relative path inside the server's --checkpoint_root "
+          "(e.g. run7/layer0).");
 ABSL_FLAG(std::string, optimizer, "sgd", "apply-optimizer: sgd|adamw.");
 ABSL_FLAG(double, lr, 1e-3, "apply-optimizer: learning rate.");
 ABSL_FLAG(double, momentum, 0.0, "apply-optimizer: SGD momentum.");

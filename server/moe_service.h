@@ -37,6 +37,7 @@
 #include "proto/moe.grpc.pb.h"
 #include "server/callback.h"
 #include "server/fifo_mutex.h"
+#include "server/checkpoint_root.h"
 #include "server/metrics.h"
 #include "server/worker_pool.h"
 
@@ -62,6 +63,9 @@ struct ServiceOptions {
   // released when the stream ends. A stream that would pass it while others hold something is
   // RESOURCE_EXHAUSTED; one alone is always served.
   int64_t max_stream_bytes = int64_t{16} << 30;
+  // Where SaveCheckpoint / LoadCheckpoint read and write (server/checkpoint_root.h); owned by
+  // the caller, outlives the service. Null: the checkpoint RPCs are FAILED_PRECONDITION.
+  CheckpointRoot* checkpoint_root = nullptr;
 };
 
 class MoeServiceImpl final : public v1::MoeService::CallbackService {
@@ -149,6 +153,7 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
                             StreamWriter<v1::TensorChunk>*);
   grpc::Status DoSetWeights(grpc::ServerContextBase*, StreamReader<v1::SetWeightsRequest>*,
                             v1::SetWeightsResponse*);
+  absl::StatusOr<CheckpointRoot*> Checkpoints() const;
   grpc::Status DoSaveCheckpoint(grpc::ServerContextBase*, const v1::SaveCheckpointRequest*,
                                 v1::SaveCheckpointResponse*);
   grpc::Status DoLoadCheckpoint(grpc::ServerContextBase*, const v1::LoadCheckpointRequest*,

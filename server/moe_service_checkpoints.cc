@@ -1,13 +1,7 @@
-// MoeServiceImpl: checkpoints on the server's disk. The workers write (and read) the files of
-// their own experts (engine/checkpoint.h); the front end makes a save atomic by renaming a
-// fresh sibling directory over the target once every worker succeeded.
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
+// MoeServiceImpl: checkpoints on the server's disk, confined to --checkpoint_root
+// (server/checkpoint_root.h). The workers write (and read) the files of their own experts
+// (engine/checkpoint.h) in a staging directory of the root; the front end moves it into
+// place once every worker succeeded, so a save appears complete or not at all.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -16,26 +10,13 @@
 #include "server/status_convert.h"
 
 namespace moe {
-namespace {
 
-// Removes a directory tree (checkpoint directories hold only plain files).
-void RemoveTree(const std::string& path) {
-  std::error_code error;
-  std::filesystem::remove_all(path, error);
-  if (error)
-    std::fprintf(stderr, "moed: could not remove %s: %s\n", path.c_str(), error.message().c_str());
-}
-
-absl::Status CheckDirectory(const std::string& dir) {
-  if (dir.empty()) return absl::InvalidArgumentError("directory: required");
-  if (dir[0] != '/') return absl::InvalidArgumentError("directory: must be an absolute path");
-  if (dir.find('\'') != std::string::npos || dir.find("/../") != std::string::npos) {
-    return absl::InvalidArgumentError("directory: must not contain ' or /../");
+absl::StatusOr<CheckpointRoot*> MoeServiceImpl::Checkpoints() const {
+  if (options_.checkpoint_root == nullptr) {
+    return absl::FailedPreconditionError("checkpoints: this server has no --checkpoint_root");
   }
-  return absl::OkStatus();
+  return options_.checkpoint_root;
 }
-
-}  // namespace
 
 grpc::Status MoeServiceImpl::DoSaveCheckpoint(grpc::ServerContextBase* context,
                                               const v1::SaveCheckpointRequest* request,
@@ -43,26 +24,15 @@ grpc::Status MoeServiceImpl::DoSaveCheckpoint(grpc::ServerContextBase* context,
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
-    std::string dir = request->directory();
-    RETURN_IF_ERROR(CheckDirectory(dir));
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    // The checkpoint replaces `dir` by rename: "/", "." and ".." cannot be renamed (and the
-    // workers would first write a sibling of them).
-    const std::string last = dir.substr(dir.rfind('/') + 1);
-    if (last.empty() || last == "." || last == "..") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "directory: \"", request->directory(),
-          "\" does not name a directory that can be replaced (last component \"", last, "\")"));
-    }
+    ASSIGN_OR_RETURN(CheckpointRoot * root, Checkpoints());
+    // Checked before the turn: a refused path never waits for the layer.
+    RETURN_IF_ERROR(CheckpointRoot::CheckName("directory", request->directory()).status());
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
-    // Atomic: the workers write a fresh sibling directory; it replaces `dir` by rename only
-    // once every worker succeeded (the old checkpoint is removed after the rename).
-    const std::string suffix = absl::StrCat(getpid(), ".", next_step_id_++);
-    const std::string tmp = absl::StrCat(dir, ".tmp.", suffix);
+    ASSIGN_OR_RETURN(CheckpointRoot::Staging staging, root->BeginSave(request->directory()));
     internal::WorkerCheckpointRequest call;
     call.set_generation(turn->set.generation);
     call.set_layer_id(turn->layer().id);
-    call.set_directory(tmp);
+    call.set_directory(staging.path);
     absl::Status saved = pool_->ForEachWorker(
         turn->set, InternalDeadline(context, true),
         [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
@@ -71,25 +41,11 @@ grpc::Status MoeServiceImpl::DoSaveCheckpoint(grpc::ServerContextBase* context,
         },
         /*collective=*/true);
     if (!saved.ok()) {
-      RemoveTree(tmp);
+      root->AbortSave(staging);
       return saved;
     }
-    const std::string old = absl::StrCat(dir, ".old.", suffix);
-    struct stat st;
-    const bool existed = stat(dir.c_str(), &st) == 0;
-    if (existed && rename(dir.c_str(), old.c_str()) != 0) {
-      RemoveTree(tmp);
-      return absl::InternalError(
-          absl::StrCat("directory: cannot move the old ", dir, ": ", strerror(errno)));
-    }
-    if (rename(tmp.c_str(), dir.c_str()) != 0) {
-      const std::string error = strerror(errno);
-      if (existed) rename(old.c_str(), dir.c_str());
-      RemoveTree(tmp);
-      return absl::InternalError(absl::StrCat("directory: cannot rename into ", dir, ": ", error));
-    }
-    if (existed) RemoveTree(old);
-    response->set_directory(dir);
+    RETURN_IF_ERROR(root->CommitSave(staging));
+    response->set_directory(staging.name);
     return absl::OkStatus();
   };
   return Finish("SaveCheckpoint", start, run());
@@ -101,7 +57,8 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
-    RETURN_IF_ERROR(CheckDirectory(request->directory()));
+    ASSIGN_OR_RETURN(CheckpointRoot * root, Checkpoints());
+    ASSIGN_OR_RETURN(const std::string directory, root->ResolveForLoad(request->directory()));
     // The way back for a diverged layer: every worker loads the same state.
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
                      TakeTurn(found, context, /*require_serving=*/true, /*allow_diverged=*/true));
@@ -109,7 +66,7 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
     internal::WorkerCheckpointRequest call;
     call.set_generation(turn->set.generation);
     call.set_layer_id(layer.id);
-    call.set_directory(request->directory());
+    call.set_directory(directory);
     // The workers drop their saved steps of this layer on load.
     {
       absl::MutexLock lock(&layer.mu);

@@ -8,10 +8,13 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <pwd.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <string>
@@ -23,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/comm/memory_kv_store.h"
 #include "engine/file_util.h"
+#include "server/checkpoint_root.h"
 #include "server/coordinator_service.h"
 #include "server/device.h"
 #include "server/health.h"
@@ -31,7 +35,9 @@
 #include "server/worker_launcher.h"
 #include "server/worker_pool.h"
 
-ABSL_FLAG(std::string, host, "0.0.0.0", "address to listen on");
+ABSL_FLAG(std::string, listen, "127.0.0.1",
+          "address the gRPC port binds (default loopback only; 0.0.0.0 or an interface's "
+          "address to serve other hosts: see docs/SECURITY.md first)");
 ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one; see --port_file)");
 ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port here once listening");
 ABSL_FLAG(int, workers, 0,
@@ -46,6 +52,13 @@ ABSL_FLAG(bool, respawn_workers, true, "embedded mode: restart a worker that exi
 ABSL_FLAG(std::string, worker_log_dir, "",
           "embedded mode: append worker r's stdout and stderr to DIR/worker-<r>.log (created "
           "if missing; empty: the workers write to moed's stderr)");
+ABSL_FLAG(std::string, state_dir, "",
+          "folder of moed's own state (default $XDG_STATE_HOME/moed, else "
+          "$HOME/.local/state/moed)");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "the only folder SaveCheckpoint/LoadCheckpoint use (created 0700; requests name "
+          "paths inside it; default STATE_DIR/checkpoints). External workers must see it at the "
+          "same path");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus text metrics over HTTP on this port (0: off)");
 ABSL_FLAG(int64_t, max_saved_steps, 64, "per layer: steps kept for backward at once");
 ABSL_FLAG(int64_t, max_saved_bytes, int64_t{8} << 30,
@@ -74,6 +87,33 @@ ABSL_FLAG(int64_t, max_stream_bytes, int64_t{16} << 30,
 
 namespace moe {
 namespace {
+
+// --checkpoint_root, else STATE_DIR/checkpoints with the --state_dir default resolved.
+absl::StatusOr<std::string> CheckpointRootPath() {
+  if (!absl::GetFlag(FLAGS_checkpoint_root).empty()) return absl::GetFlag(FLAGS_checkpoint_root);
+  std::string state = absl::GetFlag(FLAGS_state_dir);
+  if (state.empty()) {
+    const char* xdg = std::getenv("XDG_STATE_HOME");
+    const char* home = std::getenv("HOME");
+    if (home == nullptr || home[0] != '/') {
+      const struct passwd* user = getpwuid(geteuid());
+      home = user != nullptr ? user->pw_dir : nullptr;
+    }
+    if (xdg != nullptr && xdg[0] == '/') {
+      state = absl::StrCat(xdg, "/moed");
+    } else if (home != nullptr && home[0] == '/') {
+      state = absl::StrCat(home, "/.local/state/moed");
+    } else {
+      return absl::InvalidArgumentError("no home folder: give --state_dir or --checkpoint_root");
+    }
+  }
+  return absl::StrCat(state, "/checkpoints");
+}
+
+bool IsLoopback(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host == "[::1]" ||
+         host.rfind("127.", 0) == 0;
+}
 
 int Main() {
   const int expect = absl::GetFlag(FLAGS_expect_workers);
@@ -130,6 +170,16 @@ int Main() {
     return 2;
   }
 
+  absl::StatusOr<std::string> root_path = CheckpointRootPath();
+  absl::StatusOr<std::unique_ptr<CheckpointRoot>> checkpoint_root =
+      root_path.ok() ? CheckpointRoot::Open(*root_path)
+                     : absl::StatusOr<std::unique_ptr<CheckpointRoot>>(root_path.status());
+  if (!checkpoint_root.ok()) {
+    std::fprintf(stderr, "moed: --checkpoint_root: %s\n",
+                 checkpoint_root.status().ToString().c_str());
+    return 2;
+  }
+
   // Block the shutdown signals in every thread; the main thread waits for them below.
   sigset_t signals;
   sigemptyset(&signals);
@@ -156,6 +206,7 @@ int Main() {
       static_cast<int>(std::min<int64_t>(absl::GetFlag(FLAGS_handler_threads), 1 << 16));
   service_options.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
   service_options.saved_step_ttl = absl::Seconds(absl::GetFlag(FLAGS_saved_step_ttl_s));
+  service_options.checkpoint_root = checkpoint_root->get();
   Metrics metrics;
   MoeServiceImpl service(service_options, &pool, &metrics);
   CoordinatorService coordinator(&pool, std::make_shared<MemoryKeyValueStore>());
@@ -180,16 +231,20 @@ int Main() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(absl::GetFlag(FLAGS_host), ":", absl::GetFlag(FLAGS_port)),
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  builder.AddListeningPort(absl::StrCat(listen, ":", absl::GetFlag(FLAGS_port)),
                            grpc::InsecureServerCredentials(), &port);
+  // A port another server holds is an error at start, never shared (SO_REUSEPORT would let
+  // two moeds answer the same port at random).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
   builder.SetMaxSendMessageSize(static_cast<int>(max_message));
   builder.RegisterService(&service);
   builder.RegisterService(&coordinator);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    std::fprintf(stderr, "moed: cannot listen on %s:%d\n", absl::GetFlag(FLAGS_host).c_str(),
-                 absl::GetFlag(FLAGS_port));
+    std::fprintf(stderr, "moed: cannot listen on %s:%d (in use by another process?)\n",
+                 listen.c_str(), absl::GetFlag(FLAGS_port));
     return 1;
   }
   // Readiness ("" and the service) follows the pool; "liveness" stays SERVING (server/health.h).
@@ -228,8 +283,15 @@ int Main() {
     std::ofstream(path + ".tmp") << port << "\n";
     std::rename((path + ".tmp").c_str(), path.c_str());
   }
-  std::fprintf(stderr, "moed: listening on %s:%d, %s %d worker(s)%s\n",
-               absl::GetFlag(FLAGS_host).c_str(), port, embedded ? "starting" : "expecting", world,
+  if (!IsLoopback(listen)) {
+    std::fprintf(stderr,
+                 "moed: WARNING: listening on %s, beyond loopback, without authentication: "
+                 "anyone who reaches this port can drive the service (docs/SECURITY.md)\n",
+                 listen.c_str());
+  }
+  std::fprintf(stderr, "moed: checkpoints under %s\n", (*checkpoint_root)->path().c_str());
+  std::fprintf(stderr, "moed: listening on %s:%d, %s %d worker(s)%s\n", listen.c_str(), port,
+               embedded ? "starting" : "expecting", world,
                http ? absl::StrCat(", metrics on :", http->port()).c_str() : "");
 
   std::unique_ptr<WorkerLauncher> launcher;

@@ -33,8 +33,9 @@
 ABSL_FLAG(std::string, frontend, "", "host:port of moed's gRPC port (required)");
 ABSL_FLAG(std::string, device, "cpu", "device this worker runs on: cpu");
 ABSL_FLAG(int, rank, -1, "rank to ask for (-1: any free rank)");
-ABSL_FLAG(std::string, listen, "0.0.0.0:0",
-          "address of this worker's own gRPC service (port 0: pick a free one)");
+ABSL_FLAG(std::string, listen, "127.0.0.1:0",
+          "address of this worker's own gRPC service (port 0: pick a free one); loopback by "
+          "default, an interface's address (or 0.0.0.0) when peers are on other hosts");
 ABSL_FLAG(std::string, advertise_host, "",
           "host name or address the front end and peers reach this worker at (empty: "
           "127.0.0.1 when --frontend is on localhost, else this host's name)");
@@ -101,6 +102,7 @@ int Main() {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port fails the start
   builder.SetMaxReceiveMessageSize(INT_MAX);
   builder.SetMaxSendMessageSize(INT_MAX);
   builder.RegisterService(&service);

@@ -165,8 +165,9 @@ cmd_start() {
   rm -f "${RUN_DIR}"/*.log "${RUN_DIR}"/*.pid "${RUN_DIR}/address" "${RUN_DIR}/port"
 
   # moed writes the port it bound to `port` once it listens (also when --port is given).
-  local moed_cmd=("${MOED}" "--host=127.0.0.1" "--port=${PORT:-0}" "--port_file=${RUN_DIR}/port"
-                  "--device=${DEVICE}")
+  # Checkpoints are named inside ${RUN_DIR}/state/checkpoints (moed --checkpoint_root).
+  local moed_cmd=("${MOED}" "--listen=127.0.0.1" "--port=${PORT:-0}" "--port_file=${RUN_DIR}/port"
+                  "--state_dir=${RUN_DIR}/state" "--device=${DEVICE}")
   if [ "${MODE}" = embedded ]; then
     # moed appends each worker's output to worker-<rank>.log (a worker it restarts keeps its
     # history); with --device=cuda each worker picks GPU <rank> % visible GPUs itself.

@@ -41,9 +41,13 @@ class Cluster {
       setpgid(0, 0);
       const std::string log = dir + "/moed.log";
       if (std::freopen(log.c_str(), "w", stderr) == nullptr) _exit(126);  // no log, no run
-      std::vector<std::string> args = {g_moed,        "--host=127.0.0.1",
-                                       "--port=0",    "--port_file=" + port_file,
-                                       "--workers=2", "--worker_binary=" + g_worker};
+      std::vector<std::string> args = {g_moed,
+                                       "--listen=127.0.0.1",
+                                       "--port=0",
+                                       "--port_file=" + port_file,
+                                       "--checkpoint_root=" + dir + "/checkpoints",
+                                       "--workers=2",
+                                       "--worker_binary=" + g_worker};
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -275,9 +279,10 @@ TEST_F(MoeClientTest, GradientsOptimizersAndCheckpoints) {
     for (float v : ToFloatVector(g.tensor)) ASSERT_EQ(v, 0.0f) << g.name;
   }
 
-  const std::string dir = ::testing::TempDir() + "/ckpt";
+  const std::string dir = "client/ckpt";  // inside moed's --checkpoint_root
   auto saved = client_->SaveCheckpoint("train", dir);
   ASSERT_TRUE(saved.ok()) << saved.status();
+  EXPECT_EQ(*saved, dir);
   v1::AdamWOptimizer adamw;
   adamw.set_lr(0.01);
   auto fwd2 = client_->Forward("train", x, true);

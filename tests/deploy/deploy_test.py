@@ -207,8 +207,8 @@ class KubernetesTest(unittest.TestCase):
                 volumes = {v["name"]: v for v in w["spec"]["template"]["spec"]["volumes"]}
                 for c in containers_of(w):
                     ports = {p["containerPort"] for p in c["ports"]}
-                    listen = flag_value(c["args"], "listen")  # worker: host:port
-                    port = int(listen.rsplit(":", 1)[1] if listen
+                    listen = flag_value(c["args"], "listen")  # worker: host:port; moed: host
+                    port = int(listen.rsplit(":", 1)[1] if listen and ":" in listen
                                else flag_value(c["args"], "port"))
                     self.assertIn(port, ports, where)
                     # Readiness is grpc.health.v1 "" (front end: SERVING = all workers in;

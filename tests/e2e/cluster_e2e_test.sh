@@ -145,17 +145,17 @@ probe "${TMP}/before.npy"
 train_step 1 || fail "train step 1"
 probe "${TMP}/trained.npy"
 cmp -s "${TMP}/before.npy" "${TMP}/trained.npy" && fail "an SGD step did not change the output"
-ctl checkpoint save --layer=e2e --dir="${TMP}/ckpt" > /dev/null || fail "checkpoint save"
+ctl checkpoint save --layer=e2e --dir=e2e/ckpt > /dev/null || fail "checkpoint save"
 train_step 2 || fail "train step 2"
 probe "${TMP}/trained_more.npy"
 cmp -s "${TMP}/trained.npy" "${TMP}/trained_more.npy" && fail "second SGD step changed nothing"
-ctl checkpoint load --layer=e2e --dir="${TMP}/ckpt" > /dev/null || fail "checkpoint load"
+ctl checkpoint load --layer=e2e --dir=e2e/ckpt > /dev/null || fail "checkpoint load"
 probe "${TMP}/restored.npy"
 cmp -s "${TMP}/trained.npy" "${TMP}/restored.npy" &&
   pass "checkpoint restores the trained weights bit for bit" ||
   fail "checkpoint load did not restore the saved weights"
 expect_code NOT_FOUND "checkpoint of an unknown layer" -- checkpoint save --layer=nope \
-  --dir="${TMP}/ckpt2"
+  --dir=e2e/ckpt2
 
 # ---- stop ------------------------------------------------------------------------------------
 PGID="$(cat "${RUN_DIR}/pgid")"

@@ -105,14 +105,14 @@ class ClientTest(unittest.TestCase):
         np.testing.assert_array_equal(got["gate"], new["gate"])
         np.testing.assert_array_equal(got["wo"], new["wo"])
 
-        directory = os.path.join(tempfile.mkdtemp(prefix="moe-ckpt-"), "w")
+        directory = "py/w"  # a name inside moed's --checkpoint_root
         self.assertEqual(self.client.save_checkpoint("w", directory), directory)
         self.client.set_weights("w", {"gate": np.zeros((8, 4), np.float32)})
         self.client.load_checkpoint("w", directory)
         np.testing.assert_array_equal(self.client.get_weights("w")["gate"], new["gate"])
         with self.assertRaises(NotFound):
             self.client.load_checkpoint("w", directory + "-missing")
-        os.remove(os.path.join(directory, "COMPLETE"))  # as if the save had not finished
+        os.remove(os.path.join(CLUSTER.checkpoint_root, directory, "COMPLETE"))  # as if the save had not finished
         with self.assertRaises(DataLoss) as cm:
             self.client.load_checkpoint("w", directory)
         self.assertIn("COMPLETE", cm.exception.message)

@@ -37,6 +37,8 @@ class LocalCluster:
         self.process = None
         self.address = None
         self.dir = tempfile.mkdtemp(prefix="moed-test-")
+        # moed's --checkpoint_root: checkpoints are named by paths inside it.
+        self.checkpoint_root = os.path.join(self.dir, "checkpoints")
         self.log_dir = os.environ.get("TEST_UNDECLARED_OUTPUTS_DIR", self.dir)
 
     def start(self, timeout=60.0):
@@ -45,7 +47,8 @@ class LocalCluster:
         self.log_path = os.path.join(self.log_dir, "moed-%d.log" % os.getpid())
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [self.moed, "--port=0", "--port_file=" + port_file, "--host=127.0.0.1",
+            [self.moed, "--port=0", "--port_file=" + port_file, "--listen=127.0.0.1",
+             "--checkpoint_root=" + self.checkpoint_root,
              "--workers=%d" % self.workers, "--device=cpu", "--worker_binary=" + self.worker]
             + self.extra_flags, stdout=log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True)  # its own process group: stop() can clean up the workers

@@ -86,10 +86,13 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
   static int counter = 0;
   const std::string port_file =
       absl::StrCat(tmp ? tmp : "/tmp", "/moed_port_", getpid(), "_", counter++);
+  cluster->checkpoint_root_ =
+      options.checkpoint_root.empty() ? port_file + ".checkpoints" : options.checkpoint_root;
   std::vector<std::string> args = {cluster->moed_path_,
                                    "--port=0",
-                                   "--host=127.0.0.1",
+                                   "--listen=127.0.0.1",
                                    absl::StrCat("--port_file=", port_file),
+                                   absl::StrCat("--checkpoint_root=", cluster->checkpoint_root_),
                                    options.embedded
                                        ? absl::StrCat("--workers=", options.workers)
                                        : absl::StrCat("--expect_workers=", options.workers),

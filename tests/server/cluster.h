@@ -30,6 +30,8 @@ struct ClusterOptions {
   std::vector<std::string> moed_flags;  // extra flags, e.g. "--max_saved_steps=2"
   // moed starts its own workers (--workers=N) instead of the test starting them.
   bool embedded = false;
+  // moed's --checkpoint_root; empty: a fresh folder in the test's temporary directory.
+  std::string checkpoint_root;
 };
 
 class TestCluster {
@@ -40,6 +42,8 @@ class TestCluster {
   v1::MoeService::Stub* stub() { return stub_.get(); }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
   std::string address() const { return address_; }
+  // moed's --checkpoint_root (absolute; created by moed at start).
+  const std::string& checkpoint_root() const { return checkpoint_root_; }
 
   // Polls grpc.health.v1 until SERVING or the timeout.
   absl::Status WaitServing(absl::Duration timeout);
@@ -64,6 +68,7 @@ class TestCluster {
   std::string moed_path_;
   std::string worker_path_;
   std::string address_;
+  std::string checkpoint_root_;
   pid_t moed_ = -1;
   std::vector<pid_t> workers_;
   std::shared_ptr<grpc::Channel> channel_;

@@ -153,8 +153,8 @@ TEST_F(ClusterTest, WeightsRoundTripAndCheckpoint) {
   EXPECT_EQ(Weights("weights", false)["wo"], before["wo"]);
 
   // Checkpoint, change, load back.
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt_weights");
-  for (int round = 0; round < 2; ++round) {  // the second save replaces the first
+  const std::string dir = "runs/ckpt_weights";  // inside moed's --checkpoint_root
+  for (int round = 0; round < 2; ++round) {     // the second save replaces the first
     grpc::ClientContext ctx;
     v1::SaveCheckpointRequest request;
     request.set_layer("weights");
@@ -162,12 +162,19 @@ TEST_F(ClusterTest, WeightsRoundTripAndCheckpoint) {
     v1::SaveCheckpointResponse response;
     grpc::Status s = stub()->SaveCheckpoint(&ctx, request, &response);
     ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(response.directory(), dir);
   }
-  // The replaced checkpoint and the staging directory are gone: only `dir` itself is left.
-  for (const auto& entry : std::filesystem::directory_iterator(std::getenv("TEST_TMPDIR"))) {
-    const std::string name = entry.path().filename().string();
-    EXPECT_FALSE(absl::StartsWith(name, "ckpt_weights.")) << "left behind: " << name;
+  // The replaced checkpoint and the staging are gone: the root holds the checkpoint and
+  // this moed's (empty) staging folder only.
+  const std::string root = cluster_->checkpoint_root();
+  for (const auto& entry : std::filesystem::directory_iterator(root + "/runs")) {
+    EXPECT_EQ(entry.path().filename().string(), "ckpt_weights") << "left behind";
   }
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(root + "/.staging")) {
+    EXPECT_FALSE(entry.is_directory() && entry.path().parent_path().filename() != ".staging")
+        << "left behind: " << entry.path();
+  }
+  EXPECT_TRUE(std::filesystem::exists(root + "/runs/ckpt_weights/MOED_CHECKPOINT"));
   {
     grpc::ClientContext ctx;
     v1::SetWeightsResponse response;

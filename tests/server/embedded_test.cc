@@ -105,7 +105,7 @@ TEST(EmbeddedTest, RefusesNonPositiveTimingFlags) {
        {"--heartbeat_ms=0", "--ping_timeout_ms=0", "--worker_dead_after_ms=0",
         "--step_timeout_ms=0", "--collective_timeout_ms=-1", "--setup_timeout_ms=0"}) {
     // --expect_workers: nothing is started; `timeout` ends a moed that does not refuse.
-    const std::string command = absl::StrCat("timeout 5 ", moed, " --port=0 --host=127.0.0.1 ",
+    const std::string command = absl::StrCat("timeout 5 ", moed, " --port=0 --listen=127.0.0.1 ",
                                              "--expect_workers=1 ", flag, " 2>/dev/null");
     const int status = std::system(command.c_str());
     ASSERT_TRUE(WIFEXITED(status)) << flag;

@@ -5,6 +5,8 @@
 #include <signal.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
 
@@ -122,7 +124,7 @@ TEST_F(FaultTest, KillBetweenStepsThenRejoinAndLoad) {
     ASSERT_TRUE(cluster_->stub()->ApplyOptimizer(&ctx2, opt, &done).ok());
   }
   const std::vector<float> trained = Wi("f");
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt_fault");
+  const std::string dir = "ckpt_fault";
   ASSERT_TRUE(Checkpoint("f", dir, /*save=*/true).ok());
   ASSERT_TRUE(Forward("f", 8, true, &fwd).ok());
   const uint64_t old_step = fwd.step_id();
@@ -251,7 +253,7 @@ TEST_F(FaultTest, CheckpointSurvivesFullRestart) {
     writer->WritesDone();
     ASSERT_TRUE(writer->Finish().ok());
   }
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt_restart");
+  const std::string dir = "ckpt_restart";
   ASSERT_TRUE(Checkpoint("c", dir, /*save=*/true).ok());
   grpc::ClientContext ctx;
   v1::GetWeightsRequest request;
@@ -261,10 +263,23 @@ TEST_F(FaultTest, CheckpointSurvivesFullRestart) {
   auto saved = ReadChunks(reader.get(), &status);
   ASSERT_TRUE(status.ok());
 
+  const std::string root = cluster_->checkpoint_root();
+  // As if a save had been under way when moed was killed: staging of the old instance.
+  std::string old_staging;
+  for (const auto& entry : std::filesystem::directory_iterator(root + "/.staging")) {
+    if (entry.is_directory()) old_staging = entry.path().string();
+  }
+  ASSERT_FALSE(old_staging.empty());
+  std::filesystem::create_directories(old_staging + "/9");
+  std::ofstream(old_staging + "/9/partial.bin") << "half a checkpoint";
   cluster_.reset();  // SIGKILL of moed and both workers
-  auto restarted = TestCluster::Start(ClusterOptions{});
+  ClusterOptions same_root;
+  same_root.checkpoint_root = root;
+  auto restarted = TestCluster::Start(same_root);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   cluster_ = std::move(*restarted);
+  // The killed moed's staging is gone once the new one started.
+  EXPECT_FALSE(std::filesystem::exists(old_staging));
   ASSERT_TRUE(Create("c").ok());
   ASSERT_TRUE(Checkpoint("c", dir, /*save=*/false).ok());
   grpc::ClientContext ctx2;
@@ -359,7 +374,7 @@ TEST_F(FaultTest, PartialOptimizerStepDivergesTheLayerUntilLoad) {
     ASSERT_TRUE(cluster_->stub()->Backward(&ctx, request, &response).ok());
   }
   const std::vector<float> saved = Wi("d");
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt_diverged");
+  const std::string dir = "ckpt_diverged";
   ASSERT_TRUE(Checkpoint("d", dir, /*save=*/true).ok());
   auto diverged = [&] {
     grpc::ClientContext ctx;

@@ -134,10 +134,10 @@ TEST_F(ClusterTest, BadRequestsGetTheirCodes) {
     EXPECT_THAT(s.error_message(), HasSubstr("names"));
   }
 
-  // Checkpoint directories that cannot be replaced by a rename are the client's error, found
-  // before any worker writes (they were INTERNAL after the workers wrote a sibling of "/").
-  for (const char* dir : {"", "relative/dir", "/", "//", "/tmp/x/..", "/tmp/x/../", "/tmp/x/.",
-                          "/tmp/../x", "/tmp/it's"}) {
+  // Checkpoint names that are not a relative path inside the checkpoint root are the
+  // client's error, found before any worker writes.
+  for (const char* dir : {"", "/", "//", "/tmp/x", "x/..", "x/../", "x/.", "../x", "a//b",
+                          ".hidden", "it's", "a/.staging/b", "a\\b", "x\n"}) {
     grpc::ClientContext ctx;
     v1::SaveCheckpointRequest request;
     request.set_layer("valid");

@@ -231,11 +231,13 @@ class Client:
         return list(r.updated)
 
     def save_checkpoint(self, layer, directory, timeout=None):
-        """Writes the layer under `directory` on the server's disk; returns the absolute path."""
+        """Writes the layer as checkpoint `directory`, a relative name inside the server's
+        --checkpoint_root (e.g. "run7/layer0"); returns the name written."""
         return self._call("SaveCheckpoint", moe_pb2.SaveCheckpointRequest(
             layer=layer, directory=directory), timeout).directory
 
     def load_checkpoint(self, layer, directory, timeout=None):
+        """Loads checkpoint `directory` (a name inside the server's --checkpoint_root)."""
         self._call("LoadCheckpoint", moe_pb2.LoadCheckpointRequest(
             layer=layer, directory=directory), timeout)
 
