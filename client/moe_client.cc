@@ -1,6 +1,8 @@
 #include "client/moe_client.h"
 
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -93,8 +95,32 @@ absl::StatusOr<std::unique_ptr<MoeClient>> MoeClient::Connect(const std::string&
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_message_bytes);
   args.SetMaxSendMessageSize(options.max_message_bytes);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_file.empty() || !options.tls_cert_file.empty() ||
+      !options.tls_key_file.empty()) {
+    if (options.tls_ca_file.empty()) {
+      return absl::InvalidArgumentError("TLS: a client certificate needs tls_ca_file as well");
+    }
+    if (options.tls_cert_file.empty() != options.tls_key_file.empty()) {
+      return absl::InvalidArgumentError("TLS: give both tls_cert_file and tls_key_file, or none");
+    }
+    grpc::SslCredentialsOptions ssl;
+    auto read = [](const char* what, const std::string& path) -> absl::StatusOr<std::string> {
+      std::ifstream in(path, std::ios::binary);
+      if (!in) return absl::NotFoundError(absl::StrCat(what, ": cannot read ", path));
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, read("tls_ca_file", options.tls_ca_file));
+    if (!options.tls_cert_file.empty()) {
+      ASSIGN_OR_RETURN(ssl.pem_cert_chain, read("tls_cert_file", options.tls_cert_file));
+      ASSIGN_OR_RETURN(ssl.pem_private_key, read("tls_key_file", options.tls_key_file));
+    }
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  }
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(target, credentials, args);
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", target));
   }
@@ -112,6 +138,7 @@ void MoeClient::Prepare(const CallOptions& call, grpc::ClientContext* context) c
   const absl::Duration timeout = call.deadline.value_or(options_.default_deadline);
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   context->set_wait_for_ready(call.wait_for_ready);
+  if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
 }
 
 // The unary calls all have the same shape: fill a request, call, map the status.

@@ -46,6 +46,17 @@ struct ClientOptions {
   int max_message_bytes = 512 << 20;
   // Chunk size for SetWeights and the size asked for in GetWeights / GetGradients.
   int64_t chunk_bytes = 1 << 20;
+  // Bearer token sent with every call ("authorization: Bearer <token>"; moed --tokens_file).
+  // Empty: none.
+  std::string token;
+  // TLS: set tls_ca_file (PEM roots that signed moed's certificate) to connect over TLS;
+  // tls_cert_file + tls_key_file add a client certificate (moed --tls_client_ca_file).
+  // tls_server_name overrides the name checked against the certificate (e.g. "localhost"
+  // when dialling 127.0.0.1). All empty: plaintext.
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
 };
 
 struct CallOptions {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <string>
@@ -21,6 +22,17 @@
 ABSL_FLAG(std::string, server, "",
           "moed address host:port (default: $MOED_SERVER, else localhost:50051).");
 ABSL_FLAG(int64_t, deadline_ms, 60000, "Deadline of each RPC, milliseconds.");
+ABSL_FLAG(std::string, token, "",
+          "Bearer token for moed --tokens_file (default: --token_file, else $MOED_TOKEN). "
+          "Prefer --token_file or $MOED_TOKEN: a flag shows in the process list.");
+ABSL_FLAG(std::string, token_file, "", "File holding the bearer token (first line).");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "Connect over TLS, trusting this PEM CA (default: $MOED_TLS_CA_FILE; empty: "
+          "plaintext).");
+ABSL_FLAG(std::string, tls_cert_file, "", "Client certificate (PEM) for mutual TLS.");
+ABSL_FLAG(std::string, tls_key_file, "", "Client private key (PEM) for mutual TLS.");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "Name to check moed's certificate against (default: the host of --server).");
 ABSL_FLAG(std::string, layer, "",
           "Layer name. smoke and bench create (and delete) a temporary layer when empty.");
 ABSL_FLAG(int64_t, tokens, 32, "T: tokens of a random input (forward, backward, smoke, bench).");
@@ -61,7 +73,8 @@ commands:
                     forward+backward: --steps=N --warmup=W --tokens=T; progress on stderr,
                     JSON on stdout. Uses --layer if given, else a temporary layer.
 
-common flags: --server=HOST:PORT --deadline_ms=MS
+common flags: --server=HOST:PORT --deadline_ms=MS --token_file=PATH (or $MOED_TOKEN)
+  --tls_ca_file=PEM [--tls_cert_file=PEM --tls_key_file=PEM] [--tls_server_name=NAME]
 layer flags (create-layer, smoke, bench): --hidden --ffn --experts --top_k
   --score_function=softmax|sigmoid --pre_softmax --num_groups --group_topk --scaling_factor
   --expert_bias --aux_loss_coeff --z_loss_coeff --capacity_factor --align_size
@@ -89,6 +102,28 @@ absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags() {
   }
   ClientOptions options;
   options.default_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
+  options.token = absl::GetFlag(FLAGS_token);
+  if (options.token.empty() && !absl::GetFlag(FLAGS_token_file).empty()) {
+    std::ifstream in(absl::GetFlag(FLAGS_token_file));
+    if (!in) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--token_file: cannot read ", absl::GetFlag(FLAGS_token_file)));
+    }
+    std::getline(in, options.token);
+    options.token = std::string(absl::StripAsciiWhitespace(options.token));
+  }
+  if (options.token.empty()) {
+    const char* env = std::getenv("MOED_TOKEN");
+    if (env != nullptr) options.token = env;
+  }
+  options.tls_ca_file = absl::GetFlag(FLAGS_tls_ca_file);
+  if (options.tls_ca_file.empty()) {
+    const char* env = std::getenv("MOED_TLS_CA_FILE");
+    if (env != nullptr) options.tls_ca_file = env;
+  }
+  options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   return MoeClient::Connect(target, options);
 }
 
@@ -119,10 +154,10 @@ absl::Status CheckTokensFlag(int64_t hidden, DType dtype) {
   const int64_t limit = ClientOptions().max_message_bytes;
   const int64_t row_bytes = std::max<int64_t>(hidden, 1) * static_cast<int64_t>(DTypeSize(dtype));
   if (tokens > limit / row_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tokens=", tokens, ": a [", tokens, ", ", hidden, "] ", DTypeName(dtype),
-        " input needs more than the largest message (", limit, " bytes); at most ",
-        limit / row_bytes, " tokens per step"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokens=", tokens, ": a [", tokens, ", ", hidden, "] ", DTypeName(dtype),
+                     " input needs more than the largest message (", limit, " bytes); at most ",
+                     limit / row_bytes, " tokens per step"));
   }
   return absl::OkStatus();
 }

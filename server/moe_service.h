@@ -35,6 +35,7 @@
 #include "engine/dtype.h"
 #include "engine/tensor.h"
 #include "proto/moe.grpc.pb.h"
+#include "server/auth.h"
 #include "server/callback.h"
 #include "server/fifo_mutex.h"
 #include "server/checkpoint_root.h"
@@ -66,6 +67,9 @@ struct ServiceOptions {
   // Where SaveCheckpoint / LoadCheckpoint read and write (server/checkpoint_root.h); owned by
   // the caller, outlives the service. Null: the checkpoint RPCs are FAILED_PRECONDITION.
   CheckpointRoot* checkpoint_root = nullptr;
+  // Bearer tokens and roles of the public API (server/auth.h); owned by the caller. Null: no
+  // tokens file, every call is allowed.
+  const TokenAuthenticator* auth = nullptr;
 };
 
 class MoeServiceImpl final : public v1::MoeService::CallbackService {

@@ -1,7 +1,10 @@
 // MoeServiceImpl on gRPC's callback API: the entry point of every RPC. Calls that may wait
 // (a layer's turn, the workers) run their body on a HandlerPool thread (server/callback.h);
 // ListLayers, GetLayer and GetStatus only read the front end's books and answer inline.
+// Every call first checks the caller's role (server/auth.h; the table in server/README.md).
+#include "server/auth.h"
 #include "server/moe_service.h"
+#include "server/status_convert.h"
 
 namespace moe {
 
@@ -15,87 +18,116 @@ grpc::ServerUnaryReactor* FinishInline(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+// Checks the caller's role (server/auth.h) before the body is queued: a refused call never
+// takes a handler thread.
+template <typename Body>
+grpc::ServerUnaryReactor* RunAuthorized(grpc::CallbackServerContext* context,
+                                        const TokenAuthenticator* auth, Role role,
+                                        HandlerPool* pool, Body body) {
+  absl::Status allowed = Authorize(auth, *context, role);
+  if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
+  return RunUnary(context, pool, std::move(body));
+}
+
 }  // namespace
+
+// Inside a stream body (grpc::Status result).
+#define RETURN_IF_DENIED(role)                                                        \
+  if (absl::Status allowed = Authorize(options_.auth, *context, role); !allowed.ok()) \
+  return ToGrpcStatus(allowed)
 
 grpc::ServerUnaryReactor* MoeServiceImpl::CreateLayer(grpc::CallbackServerContext* context,
                                                       const v1::CreateLayerRequest* request,
                                                       v1::CreateLayerResponse* response) {
-  return RunUnary(context, &handlers_, [=] { return DoCreateLayer(context, request, response); });
+  return RunAuthorized(context, options_.auth, Role::kAdmin, &handlers_,
+                       [=] { return DoCreateLayer(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::DeleteLayer(grpc::CallbackServerContext* context,
                                                       const v1::DeleteLayerRequest* request,
                                                       v1::DeleteLayerResponse* response) {
-  return RunUnary(context, &handlers_, [=] { return DoDeleteLayer(context, request, response); });
+  return RunAuthorized(context, options_.auth, Role::kAdmin, &handlers_,
+                       [=] { return DoDeleteLayer(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::Forward(grpc::CallbackServerContext* context,
                                                   const v1::ForwardRequest* request,
                                                   v1::ForwardResponse* response) {
-  return RunUnary(context, &handlers_, [=] { return DoForward(context, request, response); });
+  const Role role = request->keep_for_backward() ? Role::kTrain : Role::kInfer;
+  return RunAuthorized(context, options_.auth, role, &handlers_,
+                       [=] { return DoForward(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::Backward(grpc::CallbackServerContext* context,
                                                    const v1::BackwardRequest* request,
                                                    v1::BackwardResponse* response) {
-  return RunUnary(context, &handlers_, [=] { return DoBackward(context, request, response); });
+  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_,
+                       [=] { return DoBackward(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::ReleaseStep(grpc::CallbackServerContext* context,
                                                       const v1::ReleaseStepRequest* request,
                                                       v1::ReleaseStepResponse* response) {
-  return RunUnary(context, &handlers_, [=] { return DoReleaseStep(context, request, response); });
+  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_,
+                       [=] { return DoReleaseStep(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::ZeroGradients(grpc::CallbackServerContext* context,
                                                         const v1::ZeroGradientsRequest* request,
                                                         v1::ZeroGradientsResponse* response) {
-  return RunUnary(context, &handlers_, [=] { return DoZeroGradients(context, request, response); });
+  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_,
+                       [=] { return DoZeroGradients(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::ApplyOptimizer(grpc::CallbackServerContext* context,
                                                          const v1::ApplyOptimizerRequest* request,
                                                          v1::ApplyOptimizerResponse* response) {
-  return RunUnary(context, &handlers_,
-                  [=] { return DoApplyOptimizer(context, request, response); });
+  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_,
+                       [=] { return DoApplyOptimizer(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::UpdateExpertBias(
     grpc::CallbackServerContext* context, const v1::UpdateExpertBiasRequest* request,
     v1::UpdateExpertBiasResponse* response) {
-  return RunUnary(context, &handlers_,
-                  [=] { return DoUpdateExpertBias(context, request, response); });
+  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_,
+                       [=] { return DoUpdateExpertBias(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::SaveCheckpoint(grpc::CallbackServerContext* context,
                                                          const v1::SaveCheckpointRequest* request,
                                                          v1::SaveCheckpointResponse* response) {
-  return RunUnary(context, &handlers_,
-                  [=] { return DoSaveCheckpoint(context, request, response); });
+  return RunAuthorized(context, options_.auth, Role::kAdmin, &handlers_,
+                       [=] { return DoSaveCheckpoint(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::LoadCheckpoint(grpc::CallbackServerContext* context,
                                                          const v1::LoadCheckpointRequest* request,
                                                          v1::LoadCheckpointResponse* response) {
-  return RunUnary(context, &handlers_,
-                  [=] { return DoLoadCheckpoint(context, request, response); });
+  return RunAuthorized(context, options_.auth, Role::kAdmin, &handlers_,
+                       [=] { return DoLoadCheckpoint(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::ListLayers(grpc::CallbackServerContext* context,
                                                      const v1::ListLayersRequest* request,
                                                      v1::ListLayersResponse* response) {
+  absl::Status allowed = Authorize(options_.auth, *context, Role::kRead);
+  if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
   return FinishInline(context, DoListLayers(context, request, response));
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::GetLayer(grpc::CallbackServerContext* context,
                                                    const v1::GetLayerRequest* request,
                                                    v1::GetLayerResponse* response) {
+  absl::Status allowed = Authorize(options_.auth, *context, Role::kRead);
+  if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
   return FinishInline(context, DoGetLayer(context, request, response));
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::GetStatus(grpc::CallbackServerContext* context,
                                                     const v1::GetStatusRequest* request,
                                                     v1::GetStatusResponse* response) {
+  absl::Status allowed = Authorize(options_.auth, *context, Role::kRead);
+  if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
   return FinishInline(context, DoGetStatus(context, request, response));
 }
 
@@ -103,6 +135,7 @@ grpc::ServerWriteReactor<v1::TensorChunk>* MoeServiceImpl::GetGradients(
     grpc::CallbackServerContext* context, const v1::GetGradientsRequest* request) {
   return StreamWriter<v1::TensorChunk>::Start(&handlers_,
                                               [=](StreamWriter<v1::TensorChunk>* writer) {
+                                                RETURN_IF_DENIED(Role::kTrain);
                                                 return DoGetGradients(context, request, writer);
                                               });
 }
@@ -111,6 +144,7 @@ grpc::ServerWriteReactor<v1::TensorChunk>* MoeServiceImpl::GetWeights(
     grpc::CallbackServerContext* context, const v1::GetWeightsRequest* request) {
   return StreamWriter<v1::TensorChunk>::Start(&handlers_,
                                               [=](StreamWriter<v1::TensorChunk>* writer) {
+                                                RETURN_IF_DENIED(Role::kRead);
                                                 return DoGetWeights(context, request, writer);
                                               });
 }
@@ -119,6 +153,7 @@ grpc::ServerReadReactor<v1::SetWeightsRequest>* MoeServiceImpl::SetWeights(
     grpc::CallbackServerContext* context, v1::SetWeightsResponse* response) {
   return StreamReader<v1::SetWeightsRequest>::Start(
       &handlers_, [=](StreamReader<v1::SetWeightsRequest>* reader) {
+        RETURN_IF_DENIED(Role::kAdmin);
         return DoSetWeights(context, reader, response);
       });
 }

@@ -26,12 +26,14 @@
 #include "absl/strings/str_cat.h"
 #include "engine/comm/memory_kv_store.h"
 #include "engine/file_util.h"
+#include "server/auth.h"
 #include "server/checkpoint_root.h"
 #include "server/coordinator_service.h"
 #include "server/device.h"
 #include "server/health.h"
 #include "server/metrics.h"
 #include "server/moe_service.h"
+#include "server/tls.h"
 #include "server/worker_launcher.h"
 #include "server/worker_pool.h"
 
@@ -52,6 +54,18 @@ ABSL_FLAG(bool, respawn_workers, true, "embedded mode: restart a worker that exi
 ABSL_FLAG(std::string, worker_log_dir, "",
           "embedded mode: append worker r's stdout and stderr to DIR/worker-<r>.log (created "
           "if missing; empty: the workers write to moed's stderr)");
+ABSL_FLAG(std::string, internal_listen, "127.0.0.1:0",
+          "host:port of the internal plane (moe.internal.Coordinator, which workers join "
+          "through: moe-worker --frontend); loopback by default, port 0 picks one (see "
+          "--internal_port_file)");
+ABSL_FLAG(std::string, internal_port_file, "", "write the bound internal port here once listening");
+ABSL_FLAG(std::string, tokens_file, "",
+          "bearer tokens and roles of the public API (server/auth.h; reloaded on SIGHUP). "
+          "Without it every call is allowed and moed serves loopback only");
+ABSL_FLAG(std::string, tls_cert_file, "", "public port: TLS certificate chain (PEM)");
+ABSL_FLAG(std::string, tls_key_file, "", "public port: TLS private key (PEM)");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "public port: require client certificates signed by this CA (mutual TLS)");
 ABSL_FLAG(std::string, state_dir, "",
           "folder of moed's own state (default $XDG_STATE_HOME/moed, else "
           "$HOME/.local/state/moed)");
@@ -108,6 +122,12 @@ absl::StatusOr<std::string> CheckpointRootPath() {
     }
   }
   return absl::StrCat(state, "/checkpoints");
+}
+
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  std::ofstream(path + ".tmp") << port << "\n";
+  std::rename((path + ".tmp").c_str(), path.c_str());
 }
 
 bool IsLoopback(const std::string& host) {
@@ -170,6 +190,33 @@ int Main() {
     return 2;
   }
 
+  const std::string listen = absl::GetFlag(FLAGS_listen);
+  std::unique_ptr<TokenAuthenticator> auth;
+  if (!absl::GetFlag(FLAGS_tokens_file).empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuthenticator>> loaded =
+        TokenAuthenticator::Load(absl::GetFlag(FLAGS_tokens_file));
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "moed: %s\n", loaded.status().ToString().c_str());
+      return 2;
+    }
+    auth = std::move(*loaded);
+  } else if (!IsLoopback(listen)) {
+    std::fprintf(stderr,
+                 "moed: --listen=%s reaches beyond loopback, but there is no --tokens_file: "
+                 "anyone who reaches the port could drive the service. Give a tokens file "
+                 "(docs/SECURITY.md) or listen on loopback\n",
+                 listen.c_str());
+    return 2;
+  }
+  const TlsFiles tls{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),
+                     absl::GetFlag(FLAGS_tls_client_ca_file)};
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      ServerCredentialsFromFiles(tls);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "moed: %s\n", credentials.status().ToString().c_str());
+    return 2;
+  }
+
   absl::StatusOr<std::string> root_path = CheckpointRootPath();
   absl::StatusOr<std::unique_ptr<CheckpointRoot>> checkpoint_root =
       root_path.ok() ? CheckpointRoot::Open(*root_path)
@@ -185,6 +232,7 @@ int Main() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);  // reloads --tokens_file
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   WorkerPoolOptions pool_options;
@@ -207,6 +255,7 @@ int Main() {
   service_options.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
   service_options.saved_step_ttl = absl::Seconds(absl::GetFlag(FLAGS_saved_step_ttl_s));
   service_options.checkpoint_root = checkpoint_root->get();
+  service_options.auth = auth.get();
   Metrics metrics;
   MoeServiceImpl service(service_options, &pool, &metrics);
   CoordinatorService coordinator(&pool, std::make_shared<MemoryKeyValueStore>());
@@ -229,20 +278,34 @@ int Main() {
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  // Two servers: the public API (health, reflection, MoeService; TLS and tokens) and the
+  // internal plane (the Coordinator workers join through), each on its own address. A port
+  // another process holds is an error at start, never shared (SO_REUSEPORT would let two
+  // moeds answer the same port at random).
+  grpc::ServerBuilder internal_builder;
+  int internal_port = 0;
+  const std::string internal_listen = absl::GetFlag(FLAGS_internal_listen);
+  internal_builder.AddListeningPort(internal_listen, grpc::InsecureServerCredentials(),
+                                    &internal_port);
+  internal_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  internal_builder.RegisterService(&coordinator);
+  std::unique_ptr<grpc::Server> internal_server = internal_builder.BuildAndStart();
+  if (internal_server == nullptr || internal_port == 0) {
+    std::fprintf(stderr, "moed: cannot listen on %s (--internal_listen; in use?)\n",
+                 internal_listen.c_str());
+    return 1;
+  }
   grpc::ServerBuilder builder;
   int port = 0;
-  const std::string listen = absl::GetFlag(FLAGS_listen);
-  builder.AddListeningPort(absl::StrCat(listen, ":", absl::GetFlag(FLAGS_port)),
-                           grpc::InsecureServerCredentials(), &port);
-  // A port another server holds is an error at start, never shared (SO_REUSEPORT would let
-  // two moeds answer the same port at random).
+  builder.AddListeningPort(absl::StrCat(listen, ":", absl::GetFlag(FLAGS_port)), *credentials,
+                           &port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
   builder.SetMaxSendMessageSize(static_cast<int>(max_message));
   builder.RegisterService(&service);
-  builder.RegisterService(&coordinator);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
+    internal_server->Shutdown();
     std::fprintf(stderr, "moed: cannot listen on %s:%d (in use by another process?)\n",
                  listen.c_str(), absl::GetFlag(FLAGS_port));
     return 1;
@@ -261,12 +324,15 @@ int Main() {
   // (their handlers use the pool), then the pool's threads.
   struct StopFirst {
     grpc::Server* server;
+    grpc::Server* internal_server;
     WorkerPool* pool;
     ~StopFirst() {
-      server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+      const auto deadline = std::chrono::system_clock::now() + std::chrono::seconds(2);
+      server->Shutdown(deadline);
+      internal_server->Shutdown(deadline);
       pool->Stop();
     }
-  } stop_first{server.get(), &pool};
+  } stop_first{server.get(), internal_server.get(), &pool};
 
   std::unique_ptr<MetricsHttpServer> http;
   if (absl::GetFlag(FLAGS_metrics_port) > 0) {
@@ -278,16 +344,18 @@ int Main() {
     }
     http = std::move(*started);
   }
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    const std::string path = absl::GetFlag(FLAGS_port_file);
-    std::ofstream(path + ".tmp") << port << "\n";
-    std::rename((path + ".tmp").c_str(), path.c_str());
-  }
-  if (!IsLoopback(listen)) {
+  // The internal port first: whoever waits for the public port file finds both.
+  WritePortFile(absl::GetFlag(FLAGS_internal_port_file), internal_port);
+  WritePortFile(absl::GetFlag(FLAGS_port_file), port);
+  std::fprintf(stderr, "moed: public API %s, %s; internal plane on %s (port %d)\n",
+               tls.enabled() ? (tls.client_ca.empty() ? "TLS" : "mutual TLS") : "plaintext",
+               auth ? absl::StrCat(auth->size(), " bearer token(s)").c_str()
+                    : "no tokens file: every local caller is admin",
+               internal_listen.c_str(), internal_port);
+  if (auth && !tls.enabled() && !IsLoopback(listen)) {
     std::fprintf(stderr,
-                 "moed: WARNING: listening on %s, beyond loopback, without authentication: "
-                 "anyone who reaches this port can drive the service (docs/SECURITY.md)\n",
-                 listen.c_str());
+                 "moed: WARNING: bearer tokens travel in plaintext beyond loopback; add "
+                 "--tls_cert_file/--tls_key_file (docs/SECURITY.md)\n");
   }
   std::fprintf(stderr, "moed: checkpoints under %s\n", (*checkpoint_root)->path().c_str());
   std::fprintf(stderr, "moed: listening on %s:%d, %s %d worker(s)%s\n", listen.c_str(), port,
@@ -297,8 +365,8 @@ int Main() {
   std::unique_ptr<WorkerLauncher> launcher;
   if (embedded) {
     launcher = std::make_unique<WorkerLauncher>(
-        worker_binary, absl::StrCat("127.0.0.1:", port), absl::GetFlag(FLAGS_device), world,
-        absl::GetFlag(FLAGS_respawn_workers), std::vector<std::string>{}, &pool,
+        worker_binary, absl::StrCat("127.0.0.1:", internal_port), absl::GetFlag(FLAGS_device),
+        world, absl::GetFlag(FLAGS_respawn_workers), std::vector<std::string>{}, &pool,
         absl::GetFlag(FLAGS_worker_log_dir));
     absl::Status started = launcher->Start();
     if (!started.ok()) {
@@ -308,7 +376,14 @@ int Main() {
   }
 
   int received = 0;
-  sigwait(&signals, &received);
+  while (sigwait(&signals, &received) == 0 && received == SIGHUP) {
+    if (!auth) continue;
+    absl::Status reloaded = auth->Reload();
+    std::fprintf(stderr, "moed: SIGHUP: %s\n",
+                 reloaded.ok()
+                     ? absl::StrCat("reloaded ", auth->size(), " token(s)").c_str()
+                     : absl::StrCat("kept the old tokens: ", reloaded.ToString()).c_str());
+  }
   std::fprintf(stderr, "moed: signal %d, shutting down\n", received);
   set_health(false);
   if (launcher) launcher->Stop();

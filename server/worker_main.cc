@@ -2,8 +2,8 @@
 // "" and "moe.internal.Worker": joined and set up; liveness "liveness": server/health.h), joins
 // the front end given by --frontend, then waits for the front end's Setup and per-layer calls.
 //
-//   moe-worker --frontend=10.0.0.5:50051 --device=cpu            # any free rank
-//   moe-worker --frontend=10.0.0.5:50051 --device=cpu --rank=1   # a restarted rank 1
+//   moe-worker --frontend=10.0.0.5:50053 --device=cpu            # any free rank
+//   moe-worker --frontend=10.0.0.5:50053 --device=cpu --rank=1   # a restarted rank 1
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -30,7 +30,8 @@
 #include "server/status_convert.h"
 #include "server/worker_service.h"
 
-ABSL_FLAG(std::string, frontend, "", "host:port of moed's gRPC port (required)");
+ABSL_FLAG(std::string, frontend, "",
+          "host:port of moed's internal plane (moed --internal_listen; required)");
 ABSL_FLAG(std::string, device, "cpu", "device this worker runs on: cpu");
 ABSL_FLAG(int, rank, -1, "rank to ask for (-1: any free rank)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",

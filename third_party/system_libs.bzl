@@ -30,6 +30,7 @@ _PKG_CONFIG_GROUPS = {
     "gtest": ["gtest", "gmock"],
     "gtest_main": ["gtest_main"],
     "openblas": ["openblas"],
+    "crypto": ["libcrypto"],
 }
 
 # Libraries without a .pc file: target name -> (linkopts, required header).

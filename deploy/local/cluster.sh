@@ -162,12 +162,13 @@ cmd_start() {
   if [ -f "${RUN_DIR}/pgid" ] && group_alive "$(cat "${RUN_DIR}/pgid")"; then
     die "a cluster is already running in ${RUN_DIR} (cluster.sh stop --run_dir=${RUN_DIR})"
   fi
-  rm -f "${RUN_DIR}"/*.log "${RUN_DIR}"/*.pid "${RUN_DIR}/address" "${RUN_DIR}/port"
+  rm -f "${RUN_DIR}"/*.log "${RUN_DIR}"/*.pid "${RUN_DIR}/address" "${RUN_DIR}/port" \
+    "${RUN_DIR}/internal_port"
 
   # moed writes the port it bound to `port` once it listens (also when --port is given).
   # Checkpoints are named inside ${RUN_DIR}/state/checkpoints (moed --checkpoint_root).
   local moed_cmd=("${MOED}" "--listen=127.0.0.1" "--port=${PORT:-0}" "--port_file=${RUN_DIR}/port"
-                  "--state_dir=${RUN_DIR}/state" "--device=${DEVICE}")
+                  "--internal_port_file=${RUN_DIR}/internal_port" "--state_dir=${RUN_DIR}/state" "--device=${DEVICE}")
   if [ "${MODE}" = embedded ]; then
     # moed appends each worker's output to worker-<rank>.log (a worker it restarts keeps its
     # history); with --device=cuda each worker picks GPU <rank> % visible GPUs itself.
@@ -181,7 +182,8 @@ cmd_start() {
   # Everything of this cluster runs under one supervisor shell started with setsid: it leads a
   # new process group (pgid = its pid) holding moed, the workers moed starts (embedded) or the
   # workers started here (join), so stop can find every process by that one id.
-  # Join-mode workers need moed's port: the supervisor waits for the port file first.
+  # Join-mode workers need moed's internal port (--internal_listen): the supervisor waits for
+  # the port file first (moed writes internal_port before port).
   local worker_cmds=() i device
   if [ "${MODE}" = join ]; then
     for i in $(seq 0 $(( WORKERS - 1 ))); do
@@ -198,7 +200,7 @@ cmd_start() {
       echo 'for _ in $(seq 1 600); do [ -s port ] && break; sleep 0.1; done'
       echo '[ -s port ] || exit 1'
       for i in "${!worker_cmds[@]}"; do
-        echo "${worker_cmds[${i}]} --frontend=127.0.0.1:\$(cat port) > worker-${i}.log 2>&1 &"
+        echo "${worker_cmds[${i}]} --frontend=127.0.0.1:\$(cat internal_port) > worker-${i}.log 2>&1 &"
         echo "echo \$! > worker-${i}.pid"
       done
     fi

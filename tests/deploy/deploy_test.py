@@ -120,7 +120,9 @@ class ComposeTest(unittest.TestCase):
                              path + ": --expect_workers must equal the number of workers")
             for name, svc in workers.items():
                 args = as_list(svc["command"])
-                self.assertEqual(flag_value(args, "frontend"), "moed:" + port, path + " " + name)
+                internal = flag_value(moed_args, "internal_listen").rsplit(":", 1)[1]
+                self.assertEqual(flag_value(args, "frontend"), "moed:" + internal,
+                                 path + " " + name)
                 self.assertEqual(flag_value(args, "advertise_host"), name, path + " " + name)
                 self.assertIn("moed", svc.get("depends_on", []), path + " " + name)
             for name, svc in services.items():
@@ -245,7 +247,8 @@ class KubernetesTest(unittest.TestCase):
             self.assertEqual(int(layout_map["data"]["workers"]), workers["spec"]["replicas"],
                              layout + ": front end must expect every worker replica")
             front_labels = front["spec"]["template"]["metadata"]["labels"]
-            front_port = int(flag_value(containers_of(front)[0]["args"], "port"))
+            front_port = int(flag_value(containers_of(front)[0]["args"],
+                                        "internal_listen").rsplit(":", 1)[1])
             host, port = flag_value(containers_of(workers)[0]["args"], "frontend").split(":")
             svc = services[host]
             self.assertEqual(svc["spec"]["selector"], front_labels, layout)

@@ -31,9 +31,11 @@ def binaries_from_argv(argv):
 
 class LocalCluster:
 
-    def __init__(self, moed, worker, workers=2, extra_flags=()):
+    def __init__(self, moed, worker, workers=2, extra_flags=(), client_kwargs=None):
+        """client_kwargs: Client arguments the health polling needs (TLS files, token)."""
         self.moed, self.worker, self.workers = moed, worker, workers
         self.extra_flags = list(extra_flags)
+        self.client_kwargs = dict(client_kwargs or {})
         self.process = None
         self.address = None
         self.dir = tempfile.mkdtemp(prefix="moed-test-")
@@ -62,7 +64,7 @@ class LocalCluster:
             time.sleep(0.05)
         with open(port_file) as f:
             self.address = "127.0.0.1:%d" % int(f.read())
-        with Client(self.address, timeout=5) as client:
+        with Client(self.address, timeout=5, **self.client_kwargs) as client:
             while True:
                 self._check_alive()
                 try:

@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
                                    "--port=0",
                                    "--listen=127.0.0.1",
                                    absl::StrCat("--port_file=", port_file),
+                                   absl::StrCat("--internal_port_file=", port_file, ".internal"),
                                    absl::StrCat("--checkpoint_root=", cluster->checkpoint_root_),
                                    options.embedded
                                        ? absl::StrCat("--workers=", options.workers)
@@ -115,11 +116,20 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
     absl::SleepFor(absl::Milliseconds(20));
   }
   cluster->address_ = absl::StrCat("127.0.0.1:", port);
+  // moed writes the internal port file before the public one.
+  int internal_port = 0;
+  if (!(std::ifstream(port_file + ".internal") >> internal_port) || internal_port <= 0) {
+    return absl::InternalError("moed wrote no --internal_port_file");
+  }
+  cluster->internal_address_ = absl::StrCat("127.0.0.1:", internal_port);
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(256 << 20);
   channel_args.SetMaxSendMessageSize(256 << 20);
-  cluster->channel_ = grpc::CreateCustomChannel(cluster->address_,
-                                                grpc::InsecureChannelCredentials(), channel_args);
+  if (!options.tls_server_name.empty())
+    channel_args.SetSslTargetNameOverride(options.tls_server_name);
+  cluster->channel_ = grpc::CreateCustomChannel(
+      cluster->address_,
+      options.credentials ? options.credentials : grpc::InsecureChannelCredentials(), channel_args);
   cluster->stub_ = v1::MoeService::NewStub(cluster->channel_);
   cluster->workers_.assign(options.embedded ? 0 : options.workers, -1);
   for (int r = 0; r < static_cast<int>(cluster->workers_.size()); ++r) {
@@ -133,7 +143,7 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
 }
 
 absl::StatusOr<pid_t> TestCluster::SpawnWorker(int rank) {
-  return Spawn({worker_path_, absl::StrCat("--frontend=", address_), "--device=cpu",
+  return Spawn({worker_path_, absl::StrCat("--frontend=", internal_address_), "--device=cpu",
                 absl::StrCat("--rank=", rank), "--listen=127.0.0.1:0", "--advertise_host=127.0.0.1",
                 "--rejoin_after_s=2", "--orphan_timeout_s=20"});
 }
@@ -192,6 +202,8 @@ absl::Status TestCluster::RestartWorker(int rank) {
 }
 
 bool TestCluster::MoedRunning() { return waitpid(moed_, nullptr, WNOHANG) == 0; }
+
+void TestCluster::NotifyMoed(int signal) { kill(moed_, signal); }
 
 int TestCluster::SignalMoed(int signal) {
   kill(moed_, signal);

@@ -32,6 +32,10 @@ struct ClusterOptions {
   bool embedded = false;
   // moed's --checkpoint_root; empty: a fresh folder in the test's temporary directory.
   std::string checkpoint_root;
+  // Credentials of the test's channel (stub(), health); null: plaintext. With TLS, the name
+  // the server certificate is checked against.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  std::string tls_server_name;
 };
 
 class TestCluster {
@@ -42,6 +46,8 @@ class TestCluster {
   v1::MoeService::Stub* stub() { return stub_.get(); }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
   std::string address() const { return address_; }
+  // moed's internal plane (--internal_listen): the Coordinator workers join through.
+  std::string internal_address() const { return internal_address_; }
   // moed's --checkpoint_root (absolute; created by moed at start).
   const std::string& checkpoint_root() const { return checkpoint_root_; }
 
@@ -59,6 +65,8 @@ class TestCluster {
   bool MoedRunning();
   // Sends `signal` to moed; with wait, reaps it and returns its exit status (-1 if signalled).
   int SignalMoed(int signal);
+  // Sends `signal` to moed and returns at once (SIGHUP: reload the tokens file).
+  void NotifyMoed(int signal);
   pid_t worker_pid(int rank) const { return workers_[rank]; }
 
  private:
@@ -68,6 +76,7 @@ class TestCluster {
   std::string moed_path_;
   std::string worker_path_;
   std::string address_;
+  std::string internal_address_;
   std::string checkpoint_root_;
   pid_t moed_ = -1;
   std::vector<pid_t> workers_;

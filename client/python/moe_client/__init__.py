@@ -14,7 +14,8 @@ The generated stubs (module `proto.moe_pb2`) must be importable: see client/pyth
 from moe_client.client import Client, ForwardResult, layer_config
 from moe_client.errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,
                                FailedPrecondition, Internal, InvalidArgument, MoeError, NotFound,
-                               ResourceExhausted, Unavailable, Unimplemented)
+                               PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable,
+                               Unimplemented)
 
 try:
     from moe_client.torch_layer import RemoteMoE

@@ -89,16 +89,36 @@ class Client:
     """A connection to moed. Thread-safe (a gRPC channel and stub are)."""
 
     def __init__(self, address=None, timeout=60.0, max_message_bytes=512 << 20,
-                 chunk_bytes=1 << 20, channel=None):
-        """address: host:port (default $MOED_SERVER, else localhost:50051). Insecure channel:
-        moed has no TLS yet (docs/DEPLOY.md). timeout: default deadline of every call, s."""
+                 chunk_bytes=1 << 20, channel=None, token=None, tls_ca_file=None,
+                 tls_cert_file=None, tls_key_file=None, tls_server_name=None):
+        """address: host:port (default $MOED_SERVER, else localhost:50051). timeout: default
+        deadline of every call, s. token: bearer token for moed --tokens_file (default
+        $MOED_TOKEN). tls_ca_file: PEM roots that signed moed's certificate (default
+        $MOED_TLS_CA_FILE); set, the channel is TLS, else plaintext. tls_cert_file and
+        tls_key_file: a client certificate for mutual TLS. tls_server_name: the name checked
+        against moed's certificate when it differs from the address's host."""
         self.address = address or os.environ.get("MOED_SERVER") or DEFAULT_ADDRESS
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
-        self._channel = channel or grpc.insecure_channel(self.address, options=[
-            ("grpc.max_send_message_length", max_message_bytes),
-            ("grpc.max_receive_message_length", max_message_bytes),
-        ])
+        token = token or os.environ.get("MOED_TOKEN")
+        self._metadata = (("authorization", "Bearer " + token),) if token else None
+        options = [("grpc.max_send_message_length", max_message_bytes),
+                   ("grpc.max_receive_message_length", max_message_bytes)]
+        tls_ca_file = tls_ca_file or os.environ.get("MOED_TLS_CA_FILE")
+        if channel is None and tls_ca_file:
+            def read(path):
+                with open(path, "rb") as f:
+                    return f.read()
+            if bool(tls_cert_file) != bool(tls_key_file):
+                raise ValueError("give both tls_cert_file and tls_key_file, or neither")
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=read(tls_ca_file),
+                private_key=read(tls_key_file) if tls_key_file else None,
+                certificate_chain=read(tls_cert_file) if tls_cert_file else None)
+            if tls_server_name:
+                options.append(("grpc.ssl_target_name_override", tls_server_name))
+            channel = grpc.secure_channel(self.address, credentials, options=options)
+        self._channel = channel or grpc.insecure_channel(self.address, options=options)
         self._stub = moe_pb2_grpc.MoeServiceStub(self._channel)
         self._health = self._channel.unary_unary(
             "/grpc.health.v1.Health/Check", request_serializer=_Health.encode,
@@ -117,13 +137,15 @@ class Client:
     def _call(self, rpc, request, timeout=None, wait_for_ready=None):
         try:
             return getattr(self._stub, rpc)(request, timeout=timeout or self.timeout,
-                                            wait_for_ready=wait_for_ready)
+                                            wait_for_ready=wait_for_ready,
+                                            metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e, rpc) from None
 
     def _stream(self, rpc, request, timeout=None):
         try:
-            return list(getattr(self._stub, rpc)(request, timeout=timeout or self.timeout))
+            return list(getattr(self._stub, rpc)(request, timeout=timeout or self.timeout,
+                                                 metadata=self._metadata))
         except grpc.RpcError as e:
             raise from_rpc_error(e, rpc) from None
 
@@ -225,7 +247,8 @@ class Client:
                     yield moe_pb2.SetWeightsRequest(layer=layer if first else "", chunk=chunk)
                     first = False
         try:
-            r = self._stub.SetWeights(requests(), timeout=timeout or self.timeout)
+            r = self._stub.SetWeights(requests(), timeout=timeout or self.timeout,
+                                      metadata=self._metadata)
         except grpc.RpcError as e:
             raise from_rpc_error(e, "SetWeights") from None
         return list(r.updated)

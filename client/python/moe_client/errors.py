@@ -74,6 +74,14 @@ class Unimplemented(MoeError):
     """The server does not implement this call (an older server?)."""
 
 
+class Unauthenticated(MoeError):
+    """No bearer token, or one the server does not know (moed --tokens_file)."""
+
+
+class PermissionDenied(MoeError):
+    """The token's role does not allow this call (read < infer < train < admin)."""
+
+
 _CLASS_OF_CODE = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
@@ -88,6 +96,8 @@ _CLASS_OF_CODE = {
     grpc.StatusCode.DATA_LOSS: DataLoss,
     grpc.StatusCode.INTERNAL: Internal,
     grpc.StatusCode.UNIMPLEMENTED: Unimplemented,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
+    grpc.StatusCode.PERMISSION_DENIED: PermissionDenied,
 }
 
 
