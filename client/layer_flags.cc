@@ -4,6 +4,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/dtype.h"
+#include "proto/config_convert.h"
 
 ABSL_FLAG(int64_t, hidden, 32, "Layer: H, the model width (last dimension of x).");
 ABSL_FLAG(int64_t, ffn, 64, "Layer: F, each expert's FFN width.");
@@ -100,16 +102,17 @@ std::string ActivationText(v1::Activation activation) {
 std::string DescribeLayerConfig(const v1::LayerConfig& c) {
   std::string out = absl::StrCat(
       "hidden=", c.hidden(), " ffn=", c.ffn(), " experts=", c.num_experts(),
-      " top_k=", c.has_top_k() ? c.top_k() : 1,
+      " top_k=", c.has_top_k() ? c.top_k() : kDefaultTopK,
       " score=", c.score_function() == v1::SCORE_FUNCTION_SIGMOID ? "sigmoid" : "softmax",
       " activation=", ActivationText(c.activation()),
-      c.has_gated() && !c.gated() ? " plain" : " gated",
-      " compute=", c.compute_dtype().empty() ? "FP32" : c.compute_dtype(), " seed=", c.init_seed());
+      (c.has_gated() ? c.gated() : kDefaultGated) ? " gated" : " plain",
+      " compute=", c.compute_dtype().empty() ? DTypeName(kDefaultComputeDType) : c.compute_dtype(),
+      " seed=", c.init_seed());
   if (c.pre_softmax()) absl::StrAppend(&out, " pre_softmax");
   if (c.num_groups() > 0) {
     absl::StrAppend(&out, " groups=", c.num_groups(), "/top", c.group_topk());
   }
-  if (c.has_scaling_factor() && c.scaling_factor() != 1.0) {
+  if (c.has_scaling_factor() && c.scaling_factor() != kDefaultScalingFactor) {
     absl::StrAppend(&out, " scaling=", c.scaling_factor());
   }
   if (c.use_expert_bias()) absl::StrAppend(&out, " expert_bias");

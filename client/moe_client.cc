@@ -13,6 +13,8 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "proto/status_convert.h"
+#include "proto/tensor_convert.h"
 
 namespace moe {
 namespace client {
@@ -79,11 +81,6 @@ const char* ServingStatusName(ServingStatus status) {
     default:
       return "UNKNOWN";
   }
-}
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  if (status.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
 absl::StatusOr<std::unique_ptr<MoeClient>> MoeClient::Connect(const std::string& target,
@@ -191,7 +188,7 @@ absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const
   v1::ForwardResponse response;
   MOED_UNARY_CALL(Forward, request, response, call);
   ForwardOutput output;
-  ASSIGN_OR_RETURN(output.out, TensorFromProto(response.out(), "ForwardResponse.out"));
+  ASSIGN_OR_RETURN(output.out, TensorFromProto("ForwardResponse.out", response.out()));
   output.aux_loss = response.aux_loss();
   output.z_loss = response.z_loss();
   output.tokens_per_expert.assign(response.tokens_per_expert().begin(),
@@ -213,7 +210,7 @@ absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t st
   if (d_z_loss.has_value()) request.set_d_z_loss(*d_z_loss);
   v1::BackwardResponse response;
   MOED_UNARY_CALL(Backward, request, response, call);
-  return TensorFromProto(response.d_x(), "BackwardResponse.d_x");
+  return TensorFromProto("BackwardResponse.d_x", response.d_x());
 }
 
 absl::StatusOr<bool> MoeClient::ReleaseStep(const std::string& layer, uint64_t step_id,
@@ -324,20 +321,18 @@ absl::StatusOr<std::vector<std::string>> MoeClient::SetWeights(
   std::unique_ptr<grpc::ClientWriter<v1::SetWeightsRequest>> writer =
       stub_->SetWeights(&context, &response);
   bool first = true;
-  bool stream_open = true;
   for (const NamedTensor& named : tensors) {
-    for (v1::TensorChunk& chunk : ChunkTensor(named.name, named.tensor, options_.chunk_bytes)) {
-      v1::SetWeightsRequest request;
-      if (first) request.set_layer(layer);
-      first = false;
-      *request.mutable_chunk() = std::move(chunk);
-      // A failed Write means the server ended the call; Finish() says why.
-      if (!writer->Write(request)) {
-        stream_open = false;
-        break;
-      }
-    }
-    if (!stream_open) break;
+    const absl::Status written =
+        ChunkTensor(named.name, named.tensor, options_.chunk_bytes, [&](v1::TensorChunk&& chunk) {
+          v1::SetWeightsRequest request;
+          if (first) request.set_layer(layer);
+          first = false;
+          *request.mutable_chunk() = std::move(chunk);
+          // A failed Write means the server ended the call; Finish() says why.
+          return writer->Write(request) ? absl::OkStatus()
+                                        : absl::UnavailableError("server ended the stream");
+        });
+    if (!written.ok()) break;
   }
   if (first) {  // no tensors: still name the layer so the server can answer for it
     v1::SetWeightsRequest request;

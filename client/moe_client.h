@@ -26,8 +26,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/tensor_proto.h"
 #include "engine/tensor.h"
+#include "proto/chunking.h"
 #include "proto/moe.grpc.pb.h"
 
 namespace grpc {
@@ -45,7 +45,7 @@ struct ClientOptions {
   // 4*T*H plus a little; the server has its own limit.
   int max_message_bytes = 512 << 20;
   // Chunk size for SetWeights and the size asked for in GetWeights / GetGradients.
-  int64_t chunk_bytes = 1 << 20;
+  int64_t chunk_bytes = kDefaultChunkBytes;
   // Bearer token sent with every call ("authorization: Bearer <token>"; moed --tokens_file).
   // Empty: none.
   std::string token;
@@ -79,9 +79,6 @@ struct ForwardOutput {
 // grpc.health.v1.HealthCheckResponse.ServingStatus.
 enum class ServingStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
 const char* ServingStatusName(ServingStatus status);  // "SERVING", ...
-
-// grpc::Status -> absl::Status with the same code and message (the codes match one to one).
-absl::Status FromGrpcStatus(const grpc::Status& status);
 
 class MoeClient {
  public:

@@ -16,13 +16,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "client/config_convert.h"
 #include "client/layer_flags.h"
 #include "client/moectl.h"
 #include "client/tensor_util.h"
 #include "engine/comm/local_communicator.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/moe_layer.h"
+#include "proto/config_convert.h"
 
 ABSL_FLAG(double, rtol, 0.0,
           "smoke: largest max relative error accepted (0 = 1e-4 for fp32, 3e-2 with bf16).");
@@ -170,7 +170,7 @@ int RunSmoke(const Args& args) {
   };
   absl::Cleanup delete_on_exit = delete_layer;
   // The config as the server applied it (defaults filled) drives the local reference.
-  auto config = EngineConfigFromProto(info->config());
+  auto config = ConfigFromProto(info->config());
   if (!config.ok()) return ReportError("smoke", config.status());
 
   const uint64_t seed = absl::GetFlag(FLAGS_input_seed);

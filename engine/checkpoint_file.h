@@ -31,11 +31,6 @@ namespace moe {
 
 inline constexpr uint32_t kTensorFileVersion = 1;
 
-struct NamedTensor {
-  std::string name;
-  Tensor tensor;
-};
-
 // CRC-32C (Castagnoli, reflected polynomial 0x82F63B78), as in iSCSI/ext4/LevelDB;
 // Crc32c("123456789") == 0xE3069283. Extend a running value by passing it as `crc`.
 uint32_t Crc32c(const void* data, size_t size, uint32_t crc = 0);

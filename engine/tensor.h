@@ -65,9 +65,13 @@ class Tensor {
   size_t num_bytes() const { return bytes_.size(); }
 
   template <typename T>
-  T* data() { return reinterpret_cast<T*>(bytes_.data()); }
+  T* data() {
+    return reinterpret_cast<T*>(bytes_.data());
+  }
   template <typename T>
-  const T* data() const { return reinterpret_cast<const T*>(bytes_.data()); }
+  const T* data() const {
+    return reinterpret_cast<const T*>(bytes_.data());
+  }
   void* raw() { return bytes_.data(); }
   const void* raw() const { return bytes_.data(); }
   absl::string_view bytes() const {
@@ -89,14 +93,20 @@ class Tensor {
   std::vector<uint8_t, DefaultInitAllocator<uint8_t>> bytes_;
 };
 
+// A tensor with the name a layer gives it ("gate", "wi", ...): checkpoint files, chunk streams.
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;
+};
+
 int64_t NumElements(const std::vector<int64_t>& shape);
 
 // Checks used at every edge that accepts tensors. Messages name `field`.
 absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& shape,
                         const std::vector<int64_t>& expected);
 // Fails unless shape is non-negative and byte_count == product(shape) * DTypeSize(dtype).
-absl::Status CheckByteCount(absl::string_view field, DType dtype,
-                            const std::vector<int64_t>& shape, size_t byte_count);
+absl::Status CheckByteCount(absl::string_view field, DType dtype, const std::vector<int64_t>& shape,
+                            size_t byte_count);
 
 }  // namespace moe
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/status_convert.h"
+#include "proto/status_convert.h"
 
 namespace moe {
 

@@ -2,7 +2,7 @@
 
 #include <chrono>
 
-#include "server/status_convert.h"
+#include "proto/status_convert.h"
 
 namespace moe {
 

@@ -9,8 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
-#include "server/proto_convert.h"
-#include "server/status_convert.h"
+#include "proto/config_convert.h"
+#include "proto/layer_info.h"
+#include "proto/status_convert.h"
 
 namespace moe {
 

@@ -246,8 +246,7 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
   // Whole-layer tensors gathered from the workers' shards.
   absl::Status GatherTensors(const WorkerSet& set, const Layer& layer, bool gradients,
                              const std::vector<std::string>& names,
-                             grpc::ServerContextBase* context,
-                             std::vector<std::pair<std::string, Tensor>>* out);
+                             grpc::ServerContextBase* context, std::vector<NamedTensor>* out);
   absl::Status ResolveNames(const Layer& layer, bool gradients,
                             const google::protobuf::RepeatedPtrField<std::string>& requested,
                             std::vector<std::string>* names) const;

@@ -2,9 +2,9 @@
 // (a layer's turn, the workers) run their body on a HandlerPool thread (server/callback.h);
 // ListLayers, GetLayer and GetStatus only read the front end's books and answer inline.
 // Every call first checks the caller's role (server/auth.h; the table in server/README.md).
+#include "proto/status_convert.h"
 #include "server/auth.h"
 #include "server/moe_service.h"
-#include "server/status_convert.h"
 
 namespace moe {
 

@@ -8,9 +8,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
+#include "proto/layer_info.h"
+#include "proto/status_convert.h"
+#include "proto/tensor_convert.h"
 #include "server/moe_service.h"
-#include "server/proto_convert.h"
-#include "server/status_convert.h"
 
 namespace moe {
 namespace {

@@ -14,10 +14,11 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
-#include "server/chunking.h"
+#include "proto/chunking.h"
+#include "proto/config_convert.h"
+#include "proto/layer_info.h"
+#include "proto/status_convert.h"
 #include "server/moe_service.h"
-#include "server/proto_convert.h"
-#include "server/status_convert.h"
 
 namespace moe {
 namespace {
@@ -91,10 +92,10 @@ absl::Status MoeServiceImpl::ResolveNames(
 absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& layer, bool gradients,
                                            const std::vector<std::string>& names,
                                            grpc::ServerContextBase* context,
-                                           std::vector<std::pair<std::string, Tensor>>* out) {
+                                           std::vector<NamedTensor>* out) {
   const auto by_name = LayoutByName(layer.config);
   const int ranks = set.size();
-  std::vector<std::vector<std::pair<std::string, Tensor>>> shards(ranks);
+  std::vector<std::vector<NamedTensor>> shards(ranks);
   RETURN_IF_ERROR(pool_->ForEachWorker(
       set, InternalDeadline(context, false),
       [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) -> absl::Status {
@@ -129,17 +130,17 @@ absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& la
     size_t offset = 0;
     for (int r = 0; r < (p.expert_sharded ? ranks : 1); ++r) {
       for (const auto& named : shards[r]) {
-        if (named.first != name) continue;
-        std::memcpy(static_cast<char*>(whole.raw()) + offset, named.second.raw(),
-                    named.second.num_bytes());
-        offset += named.second.num_bytes();
+        if (named.name != name) continue;
+        std::memcpy(static_cast<char*>(whole.raw()) + offset, named.tensor.raw(),
+                    named.tensor.num_bytes());
+        offset += named.tensor.num_bytes();
       }
     }
     if (offset != whole.num_bytes()) {
       return absl::InternalError(absl::StrCat("workers returned ", offset, " bytes of \"", name,
                                               "\", expected ", whole.num_bytes()));
     }
-    out->emplace_back(name, std::move(whole));
+    out->push_back({name, std::move(whole)});
   }
   return absl::OkStatus();
 }
@@ -147,16 +148,15 @@ absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& la
 namespace {
 
 // Streams gathered tensors to the client in chunks that fit the message limit.
-absl::Status StreamTensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
-                           int64_t max_chunk_bytes, int64_t max_message_bytes,
-                           StreamWriter<v1::TensorChunk>* writer) {
+absl::Status StreamTensors(const std::vector<NamedTensor>& tensors, int64_t max_chunk_bytes,
+                           int64_t max_message_bytes, StreamWriter<v1::TensorChunk>* writer) {
   if (max_chunk_bytes < 0) return absl::InvalidArgumentError("max_chunk_bytes: must be >= 0");
   if (max_chunk_bytes == 0) max_chunk_bytes = kDefaultChunkBytes;
   // Room for the chunk's name and shape next to the raw bytes.
   max_chunk_bytes = std::min<int64_t>(max_chunk_bytes, max_message_bytes - 4096);
   for (const auto& named : tensors) {
     RETURN_IF_ERROR(
-        ChunkTensor(named.first, named.second, max_chunk_bytes, [&](const v1::TensorChunk& chunk) {
+        ChunkTensor(named.name, named.tensor, max_chunk_bytes, [&](const v1::TensorChunk& chunk) {
           return writer->Write(chunk) ? absl::OkStatus()
                                       : absl::CancelledError("client stopped reading");
         }));
@@ -181,7 +181,7 @@ absl::Status MoeServiceImpl::ServeTensors(
   int64_t held = 0;
   absl::Cleanup release = [this, &held] { ReleaseStreamBytes(held); };
   RETURN_IF_ERROR(HoldStreamBytes(bytes, &held));
-  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::vector<NamedTensor> tensors;
   {
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     RETURN_IF_ERROR(GatherTensors(turn->set, turn->layer(), gradients, names, context, &tensors));
@@ -259,10 +259,10 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
     if (layer == nullptr) return absl::InvalidArgumentError("layer: empty stream");
     ASSIGN_OR_RETURN(auto tensors, assembler->Finish());
     for (const auto& named : tensors) {
-      for (int64_t i = 0; i < named.second.num_elements(); ++i) {
-        if (!std::isfinite(named.second.data<float>()[i])) {
+      for (int64_t i = 0; i < named.tensor.num_elements(); ++i) {
+        if (!std::isfinite(named.tensor.data<float>()[i])) {
           return absl::InvalidArgumentError(
-              absl::StrCat("chunk \"", named.first, "\": element ", i, " is not finite"));
+              absl::StrCat("chunk \"", named.name, "\": element ", i, " is not finite"));
         }
       }
     }
@@ -279,18 +279,18 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
           auto writer = stub->SetTensors(ctx, &empty);
           absl::Status written;
           for (const auto& named : tensors) {
-            const ParameterLayout& p = by_name.at(named.first);
-            Tensor shard = named.second;
+            const ParameterLayout& p = by_name.at(named.name);
+            Tensor shard = named.tensor;
             if (p.expert_sharded) {
               const int64_t per = p.shape[0] / ranks;
-              shard = named.second.SliceRows(r * per, (r + 1) * per);
+              shard = named.tensor.SliceRows(r * per, (r + 1) * per);
             }
-            written = ChunkTensor(
-                named.first, shard, kDefaultChunkBytes, [&](const v1::TensorChunk& chunk) {
+            written =
+                ChunkTensor(named.name, shard, kDefaultChunkBytes, [&](v1::TensorChunk&& chunk) {
                   internal::WorkerSetTensorsRequest call;
                   call.set_generation(turn->set.generation);
                   call.set_layer_id(turn->layer().id);
-                  *call.mutable_chunk() = chunk;
+                  *call.mutable_chunk() = std::move(chunk);
                   return writer->Write(call) ? absl::OkStatus()
                                              : absl::UnavailableError("worker stream closed");
                 });
@@ -301,7 +301,7 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
           return finished.ok() ? written : finished;
         },
         /*collective=*/false));
-    for (const auto& named : tensors) response->add_updated(named.first);
+    for (const auto& named : tensors) response->add_updated(named.name);
     return absl::OkStatus();
   };
   return Finish("SetWeights", start, run());

@@ -23,11 +23,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "proto/status_convert.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/device.h"
 #include "server/grpc_kv_store.h"
 #include "server/health.h"
-#include "server/status_convert.h"
 #include "server/worker_service.h"
 
 ABSL_FLAG(std::string, frontend, "",

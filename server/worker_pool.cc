@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/status_convert.h"
+#include "proto/status_convert.h"
 
 namespace moe {
 namespace {

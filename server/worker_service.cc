@@ -9,9 +9,10 @@
 #include "engine/checkpoint.h"
 #include "engine/config_agreement.h"
 #include "engine/status_macros.h"
-#include "server/chunking.h"
-#include "server/proto_convert.h"
-#include "server/status_convert.h"
+#include "proto/chunking.h"
+#include "proto/config_convert.h"
+#include "proto/status_convert.h"
+#include "proto/tensor_convert.h"
 
 namespace moe {
 namespace {
@@ -342,11 +343,11 @@ grpc::Status WorkerService::SetTensors(
     if (!status.ok()) return Grpc(status);
   }
   if (slot == nullptr) return grpc::Status::OK;
-  absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> tensors = assembler->Finish();
+  absl::StatusOr<std::vector<NamedTensor>> tensors = assembler->Finish();
   if (!tensors.ok()) return Grpc(tensors.status());
   absl::MutexLock lock(&slot->mu);
   for (const auto& named : *tensors) {
-    absl::Status status = slot->layer->SetParameter(named.first, named.second);
+    absl::Status status = slot->layer->SetParameter(named.name, named.tensor);
     if (!status.ok()) return Grpc(status);
   }
   UpdateMemory(slot.get());

@@ -1,6 +1,6 @@
 // moectl's layer flags (client/layer_flags.h): command lines parsed by absl into a
-// moe.v1.LayerConfig, the defaults, the errors for unknown names, and the engine conversion
-// of client/config_convert.h applied to the result.
+// moe.v1.LayerConfig, the defaults, the errors for unknown names, and the shared engine
+// conversion (proto/config_convert.h) applied to the result.
 #include "client/layer_flags.h"
 
 #include <string>
@@ -9,8 +9,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
-#include "client/config_convert.h"
 #include "gtest/gtest.h"
+#include "proto/config_convert.h"
 
 namespace moe {
 namespace client {
@@ -72,8 +72,8 @@ TEST_F(LayerFlagsTest, EveryFlagReachesItsField) {
   EXPECT_EQ(config->compute_dtype(), "BF16");
   EXPECT_EQ(config->init_seed(), 1234567890123u);
 
-  // And through the client's own conversion to the engine's config.
-  auto engine = EngineConfigFromProto(*config);
+  // And through the shared conversion to the engine's config.
+  auto engine = ConfigFromProto(*config);
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ(engine->num_experts, 256);
   EXPECT_EQ(engine->score_function, ScoreFunction::kSigmoid);
@@ -81,8 +81,7 @@ TEST_F(LayerFlagsTest, EveryFlagReachesItsField) {
   EXPECT_FALSE(engine->gated);
   EXPECT_EQ(engine->compute_dtype, DType::kBFloat16);
   EXPECT_EQ(engine->init_seed, 1234567890123u);
-  EXPECT_EQ(ConfigToString(*engine),
-            ConfigToString(*EngineConfigFromProto(ProtoFromEngineConfig(*engine))));
+  EXPECT_EQ(ConfigToString(*engine), ConfigToString(*ConfigFromProto(ConfigToProto(*engine))));
 }
 
 TEST_F(LayerFlagsTest, UnknownNamesAreInvalidArgumentNamingTheFlag) {
@@ -96,22 +95,6 @@ TEST_F(LayerFlagsTest, UnknownNamesAreInvalidArgumentNamingTheFlag) {
   }
 }
 
-TEST_F(LayerFlagsTest, ProtoDefaultsApplyForUnsetFields) {
-  v1::LayerConfig proto;  // nothing optional set
-  proto.set_hidden(8);
-  proto.set_ffn(16);
-  proto.set_num_experts(4);
-  auto engine = EngineConfigFromProto(proto);
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  EXPECT_EQ(engine->top_k, 1);
-  EXPECT_EQ(engine->scaling_factor, 1.0);
-  EXPECT_TRUE(engine->gated);
-  EXPECT_EQ(engine->compute_dtype, DType::kFloat32);
-  EXPECT_EQ(engine->activation, Activation::kSilu);
-  proto.set_compute_dtype("FP16");
-  EXPECT_EQ(EngineConfigFromProto(proto).status().code(), absl::StatusCode::kInvalidArgument);
-}
-
 TEST_F(LayerFlagsTest, DescriptionNamesTheShape) {
   Parse({"--hidden=48", "--experts=4", "--aux_loss_coeff=0.5"});
   const std::string text = DescribeLayerConfig(*LayerConfigFromFlags());
@@ -119,6 +102,24 @@ TEST_F(LayerFlagsTest, DescriptionNamesTheShape) {
   EXPECT_NE(text.find("experts=4"), std::string::npos) << text;
   EXPECT_NE(text.find("aux=0.5"), std::string::npos) << text;
   EXPECT_NE(text.find("activation=silu"), std::string::npos) << text;
+}
+
+// Unset optional fields are described with the defaults the server applies.
+TEST_F(LayerFlagsTest, DescriptionOfUnsetFieldsShowsTheDefaults) {
+  v1::LayerConfig config;
+  config.set_hidden(8);
+  config.set_ffn(16);
+  config.set_num_experts(4);
+  const std::string text = DescribeLayerConfig(config);
+  EXPECT_NE(text.find("top_k=1 "), std::string::npos) << text;
+  EXPECT_NE(text.find(" gated"), std::string::npos) << text;
+  EXPECT_NE(text.find("compute=FP32"), std::string::npos) << text;
+  EXPECT_EQ(text.find("scaling="), std::string::npos) << text;
+  config.set_gated(false);
+  config.set_scaling_factor(2);
+  const std::string plain = DescribeLayerConfig(config);
+  EXPECT_NE(plain.find(" plain"), std::string::npos) << plain;
+  EXPECT_NE(plain.find("scaling=2"), std::string::npos) << plain;
 }
 
 // A config from a newer server may carry an activation this build has no name for: the

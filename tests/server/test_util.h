@@ -13,9 +13,10 @@
 #include "engine/comm/local_communicator.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/moe_layer.h"
+#include "proto/chunking.h"
+#include "proto/config_convert.h"
 #include "proto/moe.grpc.pb.h"
-#include "server/chunking.h"
-#include "server/proto_convert.h"
+#include "proto/tensor_convert.h"
 
 namespace moe {
 

@@ -1,10 +1,8 @@
-#include "server/proto_convert.h"
+#include "proto/config_convert.h"
 
-#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "engine/status_macros.h"
 
 namespace moe {
 namespace {
@@ -15,38 +13,12 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
 
 }  // namespace
 
-absl::StatusOr<DType> CheckTensorProto(absl::string_view field, const v1::Tensor& proto) {
-  if (proto.datatype().empty()) return Invalid(absl::StrCat(field, ".datatype"), "required");
-  absl::StatusOr<DType> dtype = ParseDType(proto.datatype());
-  if (!dtype.ok()) {
-    return Invalid(absl::StrCat(field, ".datatype"),
-                   absl::StrCat("unknown datatype \"", proto.datatype(),
-                                "\" (FP32, BF16, FP64, INT32, INT64)"));
-  }
-  std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
-  RETURN_IF_ERROR(CheckByteCount(field, *dtype, shape, proto.raw_data().size()));
-  return *dtype;
-}
-
-absl::StatusOr<Tensor> TensorFromProto(absl::string_view field, const v1::Tensor& proto) {
-  ASSIGN_OR_RETURN(DType dtype, CheckTensorProto(field, proto));
-  std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
-  return Tensor::FromBytes(dtype, std::move(shape), proto.raw_data());
-}
-
-void TensorToProto(const Tensor& tensor, v1::Tensor* proto) {
-  proto->set_datatype(DTypeName(tensor.dtype()));
-  proto->clear_shape();
-  for (int64_t d : tensor.shape()) proto->add_shape(d);
-  proto->set_raw_data(tensor.bytes().data(), tensor.bytes().size());
-}
-
 absl::StatusOr<LayerConfig> ConfigFromProto(const v1::LayerConfig& p) {
   LayerConfig c;
   c.hidden = p.hidden();
   c.ffn = p.ffn();
   c.num_experts = p.num_experts();
-  c.top_k = p.has_top_k() ? p.top_k() : 1;
+  c.top_k = p.has_top_k() ? p.top_k() : kDefaultTopK;
   switch (p.score_function()) {
     case v1::SCORE_FUNCTION_UNSPECIFIED:
     case v1::SCORE_FUNCTION_SOFTMAX:
@@ -61,7 +33,7 @@ absl::StatusOr<LayerConfig> ConfigFromProto(const v1::LayerConfig& p) {
   c.pre_softmax = p.pre_softmax();
   c.num_groups = p.num_groups();
   c.group_topk = p.group_topk();
-  c.scaling_factor = p.has_scaling_factor() ? p.scaling_factor() : 1.0;
+  c.scaling_factor = p.has_scaling_factor() ? p.scaling_factor() : kDefaultScalingFactor;
   c.use_expert_bias = p.use_expert_bias();
   c.aux_loss_coeff = p.aux_loss_coeff();
   c.z_loss_coeff = p.z_loss_coeff();
@@ -84,9 +56,11 @@ absl::StatusOr<LayerConfig> ConfigFromProto(const v1::LayerConfig& p) {
     default:
       return Invalid("config.activation", absl::StrCat("unknown value ", p.activation()));
   }
-  c.gated = p.has_gated() ? p.gated() : true;
+  c.gated = p.has_gated() ? p.gated() : kDefaultGated;
   c.use_bias = p.use_bias();
-  if (p.compute_dtype().empty() || p.compute_dtype() == "FP32") {
+  if (p.compute_dtype().empty()) {
+    c.compute_dtype = kDefaultComputeDType;
+  } else if (p.compute_dtype() == "FP32") {
     c.compute_dtype = DType::kFloat32;
   } else if (p.compute_dtype() == "BF16") {
     c.compute_dtype = DType::kBFloat16;
@@ -170,47 +144,6 @@ absl::StatusOr<OptimizerConfig> OptimizerFromProto(const v1::SgdOptimizer* sgd,
     return o;
   }
   return Invalid("optimizer", "set exactly one of sgd, adamw");
-}
-
-absl::Status ValidateLayerName(absl::string_view field, absl::string_view name) {
-  if (name.empty()) return Invalid(field, "required");
-  if (name.size() > 128) return Invalid(field, "longer than 128 characters");
-  for (char ch : name) {
-    bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-              ch == '_' || ch == '.' || ch == '-';
-    if (!ok) return Invalid(field, "only [A-Za-z0-9_.-] allowed");
-  }
-  return absl::OkStatus();
-}
-
-v1::ExpertLoad ComputeLoad(const std::vector<int64_t>& counts) {
-  v1::ExpertLoad load;
-  int64_t total = 0;
-  for (size_t e = 0; e < counts.size(); ++e) {
-    load.add_tokens_per_expert(counts[e]);
-    if (counts[e] == 0) load.add_idle_experts(static_cast<int64_t>(e));
-    total += counts[e];
-  }
-  if (!counts.empty() && total > 0) {
-    load.set_min_tokens(*std::min_element(counts.begin(), counts.end()));
-    load.set_max_tokens(*std::max_element(counts.begin(), counts.end()));
-    load.set_mean_tokens(static_cast<double>(total) / static_cast<double>(counts.size()));
-  }
-  return load;
-}
-
-std::vector<ParameterLayout> LayerParameters(const LayerConfig& c) {
-  const int64_t up = UpWidth(c);
-  std::vector<ParameterLayout> out;
-  out.push_back({"gate", {c.hidden, c.num_experts}, false, true});
-  if (c.use_expert_bias) out.push_back({"expert_bias", {c.num_experts}, false, false});
-  out.push_back({"wi", {c.num_experts, c.hidden, up}, true, true});
-  out.push_back({"wo", {c.num_experts, c.ffn, c.hidden}, true, true});
-  if (c.use_bias) {
-    out.push_back({"wi_bias", {c.num_experts, up}, true, true});
-    out.push_back({"wo_bias", {c.num_experts, c.hidden}, true, true});
-  }
-  return out;
 }
 
 }  // namespace moe

@@ -1,4 +1,4 @@
-#include "server/status_convert.h"
+#include "proto/status_convert.h"
 
 #include <string>
 
