@@ -10,13 +10,10 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "cli/usage.h"
 #include "client/moectl.h"
 
 ABSL_FLAG(std::string, server, "",
@@ -190,15 +187,9 @@ std::string JsonString(absl::string_view s) {
 
 int main(int argc, char** argv) {
   using moe::client::cli::Args;
-  absl::FlagsUsageConfig usage_config;
   // --help lists the flags of every moectl source file, not only of this one.
-  usage_config.contains_help_flags = [](absl::string_view path) {
-    return absl::StrContains(path, "client/");
-  };
-  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage_config);
-  absl::SetProgramUsageMessage(kUsage);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> positional =
+      moe::cli::ParseCommandLine(argc, argv, {"moectl", kUsage, {"client/"}});
 
   const std::map<std::string, std::function<int(const Args&)>> commands = {
       {"health", moe::client::cli::RunHealth},
