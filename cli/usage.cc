@@ -49,6 +49,61 @@ bool IsHelpFlag(const char* arg) {
   return std::strcmp(arg, "--help") == 0 || std::strcmp(arg, "-help") == 0;
 }
 
+// Flags Abseil's parser handles itself (usage and flag-file flags).
+bool IsAbseilBuiltin(absl::string_view name) {
+  for (const char* builtin :
+       {"helpfull", "helpshort", "helppackage", "helpon", "helpmatch", "version", "only_check_args",
+        "flagfile", "fromenv", "tryfromenv", "undefok"}) {
+    if (name == builtin) return true;
+  }
+  return false;
+}
+
+[[noreturn]] void UsageErrorExit(const Program& program, absl::string_view message) {
+  std::fprintf(stderr, "%s: %s\n(see %s --help)\n", program.name.c_str(),
+               std::string(message).c_str(), program.name.c_str());
+  std::exit(2);
+}
+
+// Abseil exits 1 on an unknown flag or a bad value; those are usage errors (exit 2). Checks
+// what Abseil would refuse with the same rules ("--name=value", "--name value", "--bool",
+// "--nobool", one or two dashes) before it parses; a good value set here is set again by it.
+void CheckFlagsOrExit(int argc, char** argv, const Program& program) {
+  for (int i = 1; i < argc; ++i) {
+    // --undefok=a,b makes unknown flags legal: Abseil's own rules apply then.
+    if (absl::StrContains(argv[i], "-undefok")) return;
+  }
+  for (int i = 1; i < argc && std::strcmp(argv[i], "--") != 0; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg.size() < 2 || arg[0] != '-') continue;  // positional
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    const size_t eq = arg.find('=');
+    const absl::string_view name = arg.substr(0, eq);
+    if (IsAbseilBuiltin(name)) continue;
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && absl::StartsWith(name, "no") && eq == absl::string_view::npos) {
+      absl::CommandLineFlag* negated = absl::FindCommandLineFlag(name.substr(2));
+      if (negated != nullptr && negated->IsOfType<bool>()) continue;
+    }
+    if (flag == nullptr) UsageErrorExit(program, absl::StrCat("unknown flag --", name));
+    if (flag->IsRetired()) continue;
+    absl::string_view value;
+    if (eq != absl::string_view::npos) {
+      value = arg.substr(eq + 1);
+    } else if (flag->IsOfType<bool>()) {
+      continue;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    } else {
+      UsageErrorExit(program, absl::StrCat("--", name, " needs a value"));
+    }
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      UsageErrorExit(program, absl::StrCat("--", name, "=", value, ": ", error));
+    }
+  }
+}
+
 }  // namespace
 
 const char* Version() { return MOED_VERSION; }
@@ -91,6 +146,7 @@ std::vector<char*> ParseCommandLine(int argc, char** argv, const Program& progra
       std::exit(0);
     }
   }
+  CheckFlagsOrExit(argc, argv, program);
   return absl::ParseCommandLine(argc, argv);
 }
 

@@ -4,7 +4,8 @@
 // flags live in worker_main.cc, so it printed "No flags matched.") and exits 1. Here --help
 // prints the program's usage message and the flags defined under its source directories to
 // stdout and exits 0; --version prints "<program> <version>" (the VERSION file at the root)
-// and exits 0. Every other flag is Abseil's (--helpfull still lists all of them).
+// and exits 0; an unknown flag or a bad value is a usage error, exit 2 (Abseil: 1). Parsing
+// stays Abseil's (--helpfull, --flagfile work as usual).
 //
 //   int main(int argc, char** argv) {
 //     std::vector<char*> positional =
@@ -32,7 +33,8 @@ const char* Version();
 
 // absl::ParseCommandLine with the program's usage message and version set first. --help
 // (or -help) anywhere before a "--" prints the help and exits 0, before any other flag is
-// looked at; --version exits 0 after printing the version. Returns the positional arguments
+// looked at; --version exits 0 after printing the version; an unknown flag, a missing or bad
+// value prints "<name>: <what>" to stderr and exits 2. Returns the positional arguments
 // (argv[0] first).
 std::vector<char*> ParseCommandLine(int argc, char** argv, const Program& program);
 
