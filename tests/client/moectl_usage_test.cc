@@ -68,8 +68,7 @@ TEST(MoectlUsageTest, UnknownFlagOrBadValueIsAUsageError) {
 TEST(MoectlUsageTest, MissingInputFileIsALocalError) {
   // --input is read before any RPC; the answer must not look like the server's NOT_FOUND.
   std::string output;
-  EXPECT_EQ(RunMoectl("forward --server=127.0.0.1:1 --layer=l --input=/nonexistent/x.npy",
-                      &output),
+  EXPECT_EQ(RunMoectl("forward --server=127.0.0.1:1 --layer=l --input=/nonexistent/x.npy", &output),
             1)
       << output;
   EXPECT_THAT(output, ::testing::HasSubstr("moectl forward: --input: cannot open"));
