@@ -81,7 +81,9 @@ TEST(MoectlUsageTest, ServerWithoutPortUsesTheDefaultPort) {
   std::string output;
   const int code = RunMoectl("health --server=127.0.0.1 --deadline_ms=2000", &output);
   EXPECT_THAT(output, ::testing::Not(::testing::HasSubstr(":443")));
-  if (code != 0) EXPECT_THAT(output, ::testing::HasSubstr("127.0.0.1:50051"));
+  if (code != 0) {
+    EXPECT_THAT(output, ::testing::HasSubstr("127.0.0.1:50051"));
+  }
 }
 
 }  // namespace
