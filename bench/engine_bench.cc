@@ -4,7 +4,7 @@
 //   bazel run //bench:engine_bench -- --config=te_seed --tokens=2048 --dtype=bf16 --device=cpu
 //   bazel run //bench:engine_bench -- --tokens=512 --hidden=256 --ffn=512 --experts=8 --top_k=2
 //
-// A preset (--config) gives the shapes of SPEC.md "Reference test shapes"; any explicit flag
+// A preset (--config) gives the shapes of docs/SPEC.md "Reference test shapes"; any explicit flag
 // overrides its field. FLOP counts are the nominal expert-FFN work, 2*T*k*H*up + 2*T*k*F*H per
 // forward (up = 2F gated, F plain; 2*T*k*H*3F for gated), three times that for forward +
 // backward; the router, permutation and combine are timed but not counted.

@@ -1,11 +1,11 @@
 // The command-line flags that describe a layer (moectl create-layer, smoke, bench) and their
-// translation into a moe.v1.LayerConfig. Defaults are SPEC.md's tiny test layer
+// translation into a moe.v1.LayerConfig. Defaults are docs/SPEC.md's tiny test layer
 // (H=32, F=64, E=8, k=2, softmax, SwiGLU, fp32).
 //
 //   absl::ParseCommandLine(argc, argv);
 //   ASSIGN_OR_RETURN(moe::v1::LayerConfig config, moe::client::LayerConfigFromFlags());
 //
-// Only the syntax is checked here (names of enums and dtypes); the rules of SPEC.md are the
+// Only the syntax is checked here (names of enums and dtypes); the rules of docs/SPEC.md are the
 // server's to enforce, so a bad combination reaches it and comes back INVALID_ARGUMENT.
 #ifndef MOED_CLIENT_LAYER_FLAGS_H_
 #define MOED_CLIENT_LAYER_FLAGS_H_

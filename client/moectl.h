@@ -37,6 +37,12 @@ absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags();
 int ReportError(absl::string_view command, const absl::Status& status);
 // Prints "moectl <command>: <message>" and a hint to stderr; returns 2.
 int UsageError(absl::string_view command, absl::string_view message);
+// A failure on this machine (reading --input, writing --output): prints "moectl <command>:
+// <what>: <message>" without a gRPC code, so it cannot pass for the server's answer; returns 1.
+int LocalError(absl::string_view command, absl::string_view what, const absl::Status& status);
+// --server (or $MOED_SERVER) with moed's default port 50051 added when it names only a host
+// ("node1", "10.0.0.5", "[::1]", "::1"); targets with a port or a gRPC scheme stay as given.
+std::string TargetWithDefaultPort(const std::string& target);
 // --dtype as a DType (FP32 or BF16).
 absl::StatusOr<DType> InputDTypeFromFlag();
 // --tokens for a random [tokens, hidden] input of `dtype`: INVALID_ARGUMENT (a usage error)

@@ -10,13 +10,11 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "cli/usage.h"
 #include "client/moectl.h"
 
 ABSL_FLAG(std::string, server, "",
@@ -100,6 +98,7 @@ absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags() {
     const char* env = std::getenv("MOED_SERVER");
     target = env != nullptr && *env != '\0' ? env : "localhost:50051";
   }
+  target = TargetWithDefaultPort(target);
   ClientOptions options;
   options.default_deadline = absl::Milliseconds(absl::GetFlag(FLAGS_deadline_ms));
   options.token = absl::GetFlag(FLAGS_token);
@@ -132,6 +131,27 @@ int ReportError(absl::string_view command, const absl::Status& status) {
                absl::StatusCodeToString(status.code()).c_str(),
                std::string(status.message()).c_str());
   return 1;
+}
+
+int LocalError(absl::string_view command, absl::string_view what, const absl::Status& status) {
+  std::fprintf(stderr, "moectl %s: %s: %s\n", std::string(command).c_str(),
+               std::string(what).c_str(), std::string(status.message()).c_str());
+  return 1;
+}
+
+std::string TargetWithDefaultPort(const std::string& target) {
+  constexpr absl::string_view kPort = ":50051";  // moed's default --port
+  if (target.empty() || absl::StrContains(target, "://")) return target;
+  if (target[0] == '[') {
+    return absl::StrContains(target, "]:") ? target : absl::StrCat(target, kPort);
+  }
+  const size_t colons = std::count(target.begin(), target.end(), ':');
+  if (colons == 0) return absl::StrCat(target, kPort);  // "host"
+  if (colons == 1) return target;  // "host:port", or a gRPC scheme ("unix:path", "dns:host")
+  // Several colons: a bare IPv6 address, unless a scheme ("ipv6:[::1]:1", "dns:host:1").
+  const bool scheme = absl::StartsWith(target, "ipv4:") || absl::StartsWith(target, "ipv6:") ||
+                      absl::StartsWith(target, "dns:") || absl::StartsWith(target, "unix");
+  return scheme ? target : absl::StrCat("[", target, "]", kPort);
 }
 
 int UsageError(absl::string_view command, absl::string_view message) {
@@ -190,15 +210,9 @@ std::string JsonString(absl::string_view s) {
 
 int main(int argc, char** argv) {
   using moe::client::cli::Args;
-  absl::FlagsUsageConfig usage_config;
   // --help lists the flags of every moectl source file, not only of this one.
-  usage_config.contains_help_flags = [](absl::string_view path) {
-    return absl::StrContains(path, "client/");
-  };
-  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage_config);
-  absl::SetProgramUsageMessage(kUsage);
-  std::vector<char*> positional = absl::ParseCommandLine(argc, argv);
+  std::vector<char*> positional =
+      moe::cli::ParseCommandLine(argc, argv, {"moectl", kUsage, {"client/"}});
 
   const std::map<std::string, std::function<int(const Args&)>> commands = {
       {"health", moe::client::cli::RunHealth},

@@ -1,7 +1,7 @@
 // moectl smoke: one training step through the service, checked against the same step run
 // in-process on the local CPU engine (EP=1, engine/moe_layer.h).
 //
-// The service spreads the experts over its workers; the reference holds them all. SPEC.md
+// The service spreads the experts over its workers; the reference holds them all. docs/SPEC.md
 // guarantees the same initial weights for any number of ranks (compared bitwise here) and
 // EP=1 vs EP=R agreement up to floating-point reassociation, hence the tolerance on
 // everything computed.

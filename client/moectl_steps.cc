@@ -75,13 +75,13 @@ int RunForward(const Args& args) {
     if (!tokens_ok.ok()) return UsageError("forward", tokens_ok.message());
   }
   auto x = InputTensor(absl::GetFlag(FLAGS_input), hidden, absl::GetFlag(FLAGS_input_seed));
-  if (!x.ok()) return ReportError("forward", x.status());
+  if (!x.ok()) return LocalError("forward", "--input", x.status());
   auto result = (*client)->Forward(layer, *x, absl::GetFlag(FLAGS_keep_for_backward));
   if (!result.ok()) return ReportError("forward", result.status());
   const std::string output = absl::GetFlag(FLAGS_output);
   if (!output.empty()) {
     absl::Status written = WriteNpy(output, result->out);
-    if (!written.ok()) return ReportError("forward", written);
+    if (!written.ok()) return LocalError("forward", "--output", written);
   }
   std::printf(
       "{\"layer\": %s, \"tokens\": %lld, \"datatype\": \"%s\", \"out_shape\": \"%s\", "
@@ -121,13 +121,13 @@ int RunBackward(const Args& args) {
   // A random d_out uses the next seed after x's, so forward+backward with the same
   // --input_seed never reuse x as d_out.
   auto d_out = InputTensor(absl::GetFlag(FLAGS_d_out), hidden, absl::GetFlag(FLAGS_input_seed) + 1);
-  if (!d_out.ok()) return ReportError("backward", d_out.status());
+  if (!d_out.ok()) return LocalError("backward", "--d_out", d_out.status());
   auto d_x = (*client)->Backward(layer, step_id, *d_out, *d_aux, *d_z);
   if (!d_x.ok()) return ReportError("backward", d_x.status());
   const std::string output = absl::GetFlag(FLAGS_output);
   if (!output.empty()) {
     absl::Status written = WriteNpy(output, *d_x);
-    if (!written.ok()) return ReportError("backward", written);
+    if (!written.ok()) return LocalError("backward", "--output", written);
   }
   std::printf("{\"layer\": %s, \"step_id\": %llu, \"d_x_shape\": \"%s\", \"output\": %s}\n",
               JsonString(layer).c_str(), static_cast<unsigned long long>(step_id),

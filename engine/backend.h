@@ -87,7 +87,7 @@ struct GemmArgs {
   float beta = 0.0f;
 };
 
-// Router forward over this rank's tokens (SPEC.md Forward 1-6 without the collectives).
+// Router forward over this rank's tokens (docs/SPEC.md Forward 1-6 without the collectives).
 // Slot order: the k selected experts of a token in descending selection score, ties toward the
 // lower expert index. That order defines "slot j" everywhere (permute, combine, backward).
 struct RouterForwardArgs {
@@ -119,7 +119,7 @@ struct RouterBackwardArgs {
   float* d_logits = nullptr;             // out [T, E] (overwritten)
 };
 
-// Capacity and permutation plan (SPEC.md Forward 7-8).
+// Capacity and permutation plan (docs/SPEC.md Forward 7-8).
 struct RoutePlanArgs {
   int64_t tokens = 0;
   int64_t top_k = 0;

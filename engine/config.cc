@@ -91,7 +91,7 @@ absl::Status ValidateConfig(const LayerConfig& c, int ep_ranks) {
   if (c.use_expert_bias && c.score_function != ScoreFunction::kSigmoid) {
     return Invalid("use_expert_bias", "requires score_function=sigmoid");
   }
-  // Grouped top-k (SPEC.md Forward 3): both knobs set or both off.
+  // Grouped top-k (docs/SPEC.md Forward 3): both knobs set or both off.
   if (c.num_groups < 0) return Invalid("num_groups", "must be >= 0");
   if (c.group_topk < 0) return Invalid("group_topk", "must be >= 0");
   if ((c.num_groups > 0) != (c.group_topk > 0)) {

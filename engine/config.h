@@ -1,4 +1,4 @@
-// The configuration of one MoE layer: every knob of SPEC.md, with its defaults, and the
+// The configuration of one MoE layer: every knob of docs/SPEC.md, with its defaults, and the
 // validation rules. A config that passes Validate() is one the engine computes exactly.
 //
 //   LayerConfig config;
@@ -56,7 +56,7 @@ constexpr int64_t kMaxFfn = 262144;
 constexpr int64_t kMaxExperts = 65536;
 constexpr int64_t kMaxTopK = 1024;
 
-// Checks every rule of SPEC.md (positive sizes, k <= E, grouped top-k rules, expert bias only
+// Checks every rule of docs/SPEC.md (positive sizes, k <= E, grouped top-k rules, expert bias only
 // with sigmoid, E % ep_ranks == 0, ...). The error message names the field and the rule.
 absl::Status ValidateConfig(const LayerConfig& config, int ep_ranks);
 

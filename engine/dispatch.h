@@ -1,4 +1,4 @@
-// Expert-parallel dispatch and combine of permuted rows (SPEC.md Forward 9 and 11, Backward 2
+// Expert-parallel dispatch and combine of permuted rows (docs/SPEC.md Forward 9 and 11, Backward 2
 // and 4), written once against Backend + Communicator; at R = 1 it runs the same path through
 // the local communicator. Private to the engine.
 //

@@ -1,4 +1,4 @@
-// Deterministic, EP-independent parameter initialisation (SPEC.md "Initialisation").
+// Deterministic, EP-independent parameter initialisation (docs/SPEC.md "Initialisation").
 //
 // Element i of tensor n for expert e is a pure function of (seed, n, e, i): a counter-based
 // generator (splitmix64 hashing of the 4-tuple) feeds a Box-Muller normal, rejected outside

@@ -1,4 +1,4 @@
-// MoeLayer forward and backward (SPEC.md "Forward", "Backward"), written once against the
+// MoeLayer forward and backward (docs/SPEC.md "Forward", "Backward"), written once against the
 // Backend and Communicator seams. Host round trips per forward: one CopyToHost of the step
 // statistics (counts, loss partials), one of the all-gathered row counts A[R, E], and the
 // output itself; the backward has only the d_x copy. Every buffer a kernel or a collective
@@ -180,7 +180,7 @@ absl::StatusOr<ForwardResult> MoeLayerImpl::Forward(const Tensor& x,
   }
   const double tokens_here = static_cast<double>(T);
   RETURN_IF_ERROR(backend_->CopyFromHost(loss_partials + E + 1, &tokens_here, sizeof(double)));
-  // Only [E]-sized vectors and scalars cross ranks; logits never do (SPEC.md Forward 5).
+  // Only [E]-sized vectors and scalars cross ranks; logits never do (docs/SPEC.md Forward 5).
   RETURN_IF_ERROR(comm_->AllReduceSum(loss_partials, stats_doubles, DType::kFloat64));
   RETURN_IF_ERROR(comm_->AllReduceSum(expert_counts, E, DType::kInt32));
 

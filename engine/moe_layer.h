@@ -1,4 +1,4 @@
-// MoeLayer: one Mixture-of-Experts layer of SPEC.md on one rank of an expert-parallel group.
+// MoeLayer: one Mixture-of-Experts layer of docs/SPEC.md on one rank of an expert-parallel group.
 //
 // Rank r of R owns experts [r*El, (r+1)*El) (El = E / R) and their rows of every expert
 // tensor; the router (gate, expert_bias) is replicated. Forward and Backward are collective:
@@ -59,7 +59,7 @@ class StepContext {
 class MoeLayer {
  public:
   // Validates `config` for comm->size() ranks and initialises the parameters from
-  // config.init_seed (SPEC.md "Initialisation"); gradients start at zero. backend and comm
+  // config.init_seed (docs/SPEC.md "Initialisation"); gradients start at zero. backend and comm
   // must outlive the layer; comm->memory_space() must equal backend->memory_space().
   static absl::StatusOr<std::unique_ptr<MoeLayer>> Create(const LayerConfig& config,
                                                           Backend* backend, Communicator* comm);
@@ -100,8 +100,8 @@ class MoeLayer {
   virtual absl::StatusOr<Tensor> GetState(const std::string& name) const = 0;
   virtual absl::Status SetState(const std::string& name, const Tensor& value) = 0;
 
-  // Aux-loss-free balancing (SPEC.md Updates): b_e += rate * sign(mean(f) - f_e) over the global
-  // counts accumulated by forwards since the last update; then the counts restart at zero.
+  // Aux-loss-free balancing (docs/SPEC.md Updates): b_e += rate * sign(mean(f) - f_e) over the
+  // global counts accumulated by forwards since the last update; then the counts restart at zero.
   virtual absl::Status UpdateExpertBias(double rate) = 0;
   // Global (token, slot) pairs per expert accumulated since the last UpdateExpertBias.
   virtual std::vector<int64_t> accumulated_expert_counts() const = 0;

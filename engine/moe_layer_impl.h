@@ -103,10 +103,10 @@ class MoeLayerImpl : public MoeLayer {
   absl::StatusOr<Buffer> Upload(const void* host, size_t bytes);
   absl::StatusOr<Tensor> Download(const Buffer& buffer, DType dtype,
                                   const std::vector<int64_t>& shape) const;
-  // The FFN of the local experts on the expert layout (SPEC.md Forward 10).
+  // The FFN of the local experts on the expert layout (docs/SPEC.md Forward 10).
   absl::Status ExpertsForward(const DispatchPlan& plan, const void* x_expert, void* h, void* act,
                               void* y);
-  // SPEC.md Backward 3: accumulates the expert gradients and writes d_x_expert.
+  // docs/SPEC.md Backward 3: accumulates the expert gradients and writes d_x_expert.
   absl::Status ExpertsBackward(const SavedStep& s, const void* d_y, void* d_x_expert);
 
   const LayerConfig config_;

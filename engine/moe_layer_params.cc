@@ -1,4 +1,4 @@
-// MoeLayer creation, parameters, gradients, optimizer state and updates (SPEC.md
+// MoeLayer creation, parameters, gradients, optimizer state and updates (docs/SPEC.md
 // "Parameters", "Initialisation", "Updates").
 #include <cmath>
 #include <cstring>

@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "cli/usage.h"
 #include "engine/comm/memory_kv_store.h"
 #include "engine/file_util.h"
 #include "server/auth.h"
@@ -393,7 +393,14 @@ int Main() {
 }  // namespace
 }  // namespace moe
 
+constexpr char kUsage[] = R"(the front end: serves moe.v1.MoeService and runs the moe-workers.
+
+usage: moed [--workers=N | --expect_workers=N] [--device=cpu] [--port=50051] [flags]
+  moed --workers=2 --device=cpu     embedded: starts 2 moe-workers next to itself
+  moed --expect_workers=2           external: waits for 2 `moe-worker --frontend=HOST:50051`
+)";
+
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  moe::cli::ParseCommandLine(argc, argv, {"moed", kUsage, {"server/"}});
   return moe::Main();
 }

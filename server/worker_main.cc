@@ -17,13 +17,13 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "proto/status_convert.h"
+#include "cli/usage.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/device.h"
 #include "server/grpc_kv_store.h"
@@ -203,8 +203,14 @@ int Main() {
 }  // namespace
 }  // namespace moe
 
+constexpr char kUsage[] = R"(one worker per device: joins moed and runs its share of the experts.
+
+usage: moe-worker --frontend=HOST:PORT [--device=cpu] [--rank=R] [flags]
+  (moed --workers=N starts its workers itself; start them by hand for moed --expect_workers=N)
+)";
+
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  moe::cli::ParseCommandLine(argc, argv, {"moe-worker", kUsage, {"server/"}});
   // GPU devices: keep freed heap memory in the process. Every step allocates and frees the same
   // large host buffers (request/response bytes, x/out/d_out/d_x tensors). glibc serves blocks
   // over its mmap threshold with mmap and unmaps them on free, so each step page-faults (and the

@@ -1,4 +1,4 @@
-// Router forward and backward on the CPU (SPEC.md Forward 1-6, Backward 5).
+// Router forward and backward on the CPU (docs/SPEC.md Forward 1-6, Backward 5).
 //
 // Per-token work is independent and runs in parallel over token ranges, in double precision;
 // the cross-token sums (expert counts, aux partials, z-loss numerator) are then taken

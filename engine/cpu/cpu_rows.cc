@@ -1,5 +1,5 @@
-// Capacity plan, permutation, row gathers and the combine (SPEC.md Forward 7-8, 11, Backward 1)
-// on the CPU. Every output row/token is written by exactly one thread and every sum runs in a
+// Capacity plan, permutation, row gathers and the combine on the CPU (docs/SPEC.md Forward 7-8,
+// 11, Backward 1). Every output row/token is written by exactly one thread and every sum runs in a
 // fixed order (slot order for the combine), so results are bit-identical run to run.
 #include <algorithm>
 #include <cmath>

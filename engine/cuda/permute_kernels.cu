@@ -1,4 +1,4 @@
-// Capacity plan, permutation, row gathers and the fp32 combine (SPEC.md Forward 7-8, 11 and
+// Capacity plan, permutation, row gathers and the fp32 combine (docs/SPEC.md Forward 7-8, 11 and
 // Backward 1), all deterministic: integer atomics only, fixed-order float reductions.
 //
 // Permute is a stable counting sort of the (token, slot) pairs, enumerated i = t * k + j:

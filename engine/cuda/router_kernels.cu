@@ -1,4 +1,4 @@
-// Router kernels (SPEC.md Forward 1-6, Backward 5): one warp per token, fp32, deterministic.
+// Router kernels (docs/SPEC.md Forward 1-6, Backward 5): one warp per token, fp32, deterministic.
 //
 // Each warp keeps its token's selection scores in shared memory ([warps][E] floats, then
 // [warps][E] floats of group scores and [warps][E] ints of kept-group flags). Top-k is k rounds of a warp arg-max that
@@ -195,7 +195,7 @@ __global__ void LossFinalKernel(int blocks, int E, const double* partial, double
   }
 }
 
-// Backward through the routing weights (SPEC.md Backward 5). The Jacobian-vector products
+// Backward through the routing weights (docs/SPEC.md Backward 5). The Jacobian-vector products
 // g_i - sum_j g_j p_j are evaluated pairwise, sum_{j != i} p_j (g_i - g_j) (+ g_i times the
 // probability mass outside the sum), which is the same in exact arithmetic but keeps its
 // accuracy when one probability is ~1 and the others ~0: there the direct form cancels to

@@ -1,6 +1,7 @@
-// moectl's usage errors that must come before any allocation or RPC: an unbounded --tokens
-// is refused with exit code 2 and a message naming the flag (no server is needed; the
-// address given is never reached).
+// moectl's usage and local errors that must come before any allocation or RPC: an unbounded
+// --tokens, an unknown flag or a bad value is refused with exit code 2 and a message naming the
+// flag; a missing --input file is a local error. No server is needed (the address given is
+// never reached, or refuses the connection).
 //
 //   moectl_usage_test <path of moectl>
 #include <sys/wait.h>
@@ -48,6 +49,41 @@ TEST(MoectlUsageTest, HugeTokensIsAUsageError) {
                       &output),
             1)
       << output;
+}
+
+TEST(MoectlUsageTest, UnknownFlagOrBadValueIsAUsageError) {
+  std::string output;
+  EXPECT_EQ(RunMoectl("health --bogus", &output), 2) << output;
+  EXPECT_THAT(output, ::testing::HasSubstr("unknown flag --bogus"));
+  output.clear();
+  EXPECT_EQ(RunMoectl("smoke --tokens=abc", &output), 2) << output;
+  EXPECT_THAT(output, ::testing::HasSubstr("--tokens=abc"));
+  output.clear();
+  EXPECT_EQ(RunMoectl("smoke --tokens", &output), 2) << output;
+  EXPECT_THAT(output, ::testing::HasSubstr("--tokens needs a value"));
+  output.clear();
+  EXPECT_EQ(RunMoectl("create-layer --gated=maybe", &output), 2) << output;
+}
+
+TEST(MoectlUsageTest, MissingInputFileIsALocalError) {
+  // --input is read before any RPC; the answer must not look like the server's NOT_FOUND.
+  std::string output;
+  EXPECT_EQ(RunMoectl("forward --server=127.0.0.1:1 --layer=l --input=/nonexistent/x.npy", &output),
+            1)
+      << output;
+  EXPECT_THAT(output, ::testing::HasSubstr("moectl forward: --input: cannot open"));
+  EXPECT_THAT(output, ::testing::Not(::testing::HasSubstr("NOT_FOUND")));
+}
+
+TEST(MoectlUsageTest, ServerWithoutPortUsesTheDefaultPort) {
+  // Nothing should listen on 127.0.0.1:50051 here; if something does, health may even pass.
+  // Either way the port tried is 50051, never gRPC's https default 443.
+  std::string output;
+  const int code = RunMoectl("health --server=127.0.0.1 --deadline_ms=2000", &output);
+  EXPECT_THAT(output, ::testing::Not(::testing::HasSubstr(":443")));
+  if (code != 0) {
+    EXPECT_THAT(output, ::testing::HasSubstr("127.0.0.1:50051"));
+  }
 }
 
 }  // namespace

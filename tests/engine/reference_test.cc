@@ -1,6 +1,6 @@
 // The engine's CPU layer against the independent double-precision reference (tests/reference):
 // forward output, aux, z-loss, tokens_per_expert and every gradient, in fp32 and bf16, over
-// the router/FFN variants of SPEC.md, plus its edge cases (0 tokens, every token on one
+// the router/FFN variants of docs/SPEC.md, plus its edge cases (0 tokens, every token on one
 // expert, T = 37, align_size 16 vs 0, aux-only gradient under grouping).
 #include <algorithm>
 #include <cmath>
@@ -23,7 +23,7 @@ using moe::DType;
 using moe::LayerConfig;
 using moe::Tensor;
 
-// The TE VJP test shape of SPEC.md, with both losses on.
+// The TE VJP test shape of docs/SPEC.md, with both losses on.
 LayerConfig TinyConfig() {
   LayerConfig c = moe::TinyLayerConfig();
   c.aux_loss_coeff = 1e-2;

@@ -1,4 +1,4 @@
-// The router cases of SPEC.md "Reference test shapes": (T, E, k) in {(128,32,4), (2048,32,4),
+// The router cases of docs/SPEC.md "Reference test shapes": (T, E, k) in {(128,32,4), (2048,32,4),
 // (2048,128,8), (7168,128,4), (7168,32,8)} x group_topk {none, 4 of 8 groups} x scaling
 // {1, 1.2} x {softmax post, softmax pre, sigmoid, sigmoid + expert bias}. The selected set
 // must match the reference exactly: tokens_per_expert is compared exactly, and with a tiny H

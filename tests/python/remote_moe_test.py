@@ -1,7 +1,7 @@
 """RemoteMoE against a live 2-worker CPU cluster (moed + 2 moe-worker, Gloo between them).
 
 - Outputs, aux loss, z-loss, input gradients and the server's weight gradients equal a float64
-  PyTorch implementation of SPEC.md written below. The layer computes in fp32 (and x travels
+  PyTorch implementation of docs/SPEC.md written below. The layer computes in fp32 (and x travels
   as fp32), so the bound is rel. 1e-6 (norm-wise); measured: about 2-3e-7.
 - torch.autograd.gradcheck passes on a tiny layer with a finite-difference step suited to an
   fp32 server: eps=1e-3, atol=1e-4, rtol=1e-3 (the default eps=1e-6 drowns in fp32 rounding:
@@ -34,7 +34,7 @@ def tearDownModule():
 
 
 def reference_moe(x, w, cfg):
-    """SPEC.md forward in float64: softmax router with selection on the logits (pre_softmax
+    """docs/SPEC.md forward in float64: softmax router with selection on the logits (pre_softmax
     false), top-k, weights renormalised over the selected set and scaled, gated SiLU experts
     (wi = [wi_0 | wi_1]), combine; aux loss and z-loss over this step's T tokens."""
     ffn, experts, k = cfg["ffn"], cfg["num_experts"], cfg["top_k"]

@@ -1,4 +1,4 @@
-// The reference forward and backward (SPEC.md Forward 1, 5, 6, 10, 11 and Backward), dense and
+// The reference forward and backward (docs/SPEC.md Forward 1, 5, 6, 10, 11 and Backward), dense and
 // per token, in double precision. Routing lives in reference_router.cc.
 #include "tests/reference/reference_moe.h"
 

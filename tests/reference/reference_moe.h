@@ -1,6 +1,6 @@
-// An independent, naive, double-precision reference of the MoE layer of SPEC.md.
+// An independent, naive, double-precision reference of the MoE layer of docs/SPEC.md.
 //
-// Written from SPEC.md alone and sharing no code with engine/ (not even its config): the tests
+// Written from docs/SPEC.md alone and sharing no code with engine/ (not even its config): the tests
 // convert an engine LayerConfig into a RefConfig with a small adapter. Everything is dense and
 // per token: for each token, each of its selected experts' FFN is evaluated directly on that
 // token's row; there is no permutation, padding or communication, so align_size has no place
@@ -26,7 +26,7 @@ namespace moe_ref {
 enum class RefScore { kSoftmax, kSigmoid };
 enum class RefActivation { kSilu, kGelu, kRelu, kLinear };
 
-// The knobs of SPEC.md that change the maths (mirrors, does not include, the engine's config).
+// The knobs of docs/SPEC.md that change the maths (mirrors, does not include, the engine's config).
 struct RefConfig {
   int64_t hidden = 0;       // H
   int64_t ffn = 0;          // F
@@ -70,7 +70,7 @@ struct RefRouting {
   // Smallest non-zero gap at a decision boundary (k-th vs (k+1)-th selection score, the kept
   // groups vs the best dropped group, the last kept vs the first dropped pair of an expert over
   // capacity). A small value means fp32 and fp64 may decide differently; an exact tie (gap 0)
-  // is decided by the index rules of SPEC.md in both, so it is not counted.
+  // is decided by the index rules of docs/SPEC.md in both, so it is not counted.
   double min_selection_gap = 1e300;
   double min_capacity_gap = 1e300;
   bool SameDecisions(const RefRouting& other) const {
@@ -102,7 +102,7 @@ struct RefGradients {
   std::vector<double> d_wo_bias;  // [E, H]
 };
 
-// The routing of SPEC.md Forward 2-4 and 7 for the given logits.
+// The routing of docs/SPEC.md Forward 2-4 and 7 for the given logits.
 RefRouting RefRoute(const RefConfig& config, const RefParams& params,
                     const std::vector<double>& logits, int64_t tokens);
 

@@ -1,4 +1,4 @@
-// The reference router (SPEC.md Forward 2-4 and 7), in double precision, one token at a time.
+// The reference router (docs/SPEC.md Forward 2-4 and 7), in double precision, one token at a time.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

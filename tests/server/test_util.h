@@ -47,7 +47,7 @@ inline std::vector<float> TensorFloats(const Tensor& t) {
   return std::vector<float>(f.data<float>(), f.data<float>() + f.num_elements());
 }
 
-// The tiny reference shape of SPEC.md with both losses on.
+// The tiny reference shape of docs/SPEC.md with both losses on.
 inline v1::LayerConfig TinyConfig(uint64_t seed) {
   v1::LayerConfig c;
   c.set_hidden(32);
