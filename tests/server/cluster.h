@@ -50,6 +50,9 @@ class TestCluster {
   std::string internal_address() const { return internal_address_; }
   // moed's --checkpoint_root (absolute; created by moed at start).
   const std::string& checkpoint_root() const { return checkpoint_root_; }
+  // The cluster secret moed and the workers share (a file in the test's temporary directory,
+  // --cluster_secret_file); empty in embedded mode (moed generates its own).
+  const std::string& cluster_secret() const { return cluster_secret_; }
 
   // Polls grpc.health.v1 until SERVING or the timeout.
   absl::Status WaitServing(absl::Duration timeout);
@@ -78,6 +81,8 @@ class TestCluster {
   std::string address_;
   std::string internal_address_;
   std::string checkpoint_root_;
+  std::string cluster_secret_;
+  std::string cluster_secret_file_;
   pid_t moed_ = -1;
   std::vector<pid_t> workers_;
   std::shared_ptr<grpc::Channel> channel_;
