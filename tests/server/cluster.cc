@@ -72,6 +72,15 @@ absl::StatusOr<std::string> CheckHealth(const std::shared_ptr<grpc::Channel>& ch
 
 }  // namespace
 
+std::string TestClusterSecretFile() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  static int counter = 0;
+  const std::string path =
+      absl::StrCat(tmp ? tmp : "/tmp", "/cluster_secret_", getpid(), "_", counter++);
+  std::ofstream(path) << "0123456789abcdef0123456789abcdef-" << path.size() << "\n";
+  return path;
+}
+
 std::string RunfilePath(const std::string& path) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");

@@ -92,6 +92,10 @@ class TestCluster {
 // grpc.health.v1.Health/Check of `service` at `address` (moed or a moe-worker), as Health.
 absl::StatusOr<std::string> HealthOf(const std::string& address, const std::string& service);
 
+// A fresh cluster secret file in the test's temporary directory (for moed or moe-worker
+// processes a test starts itself: --cluster_secret_file=<it>).
+std::string TestClusterSecretFile();
+
 // Runfiles path of a binary of this workspace ("server/moed").
 std::string RunfilePath(const std::string& path);
 
