@@ -25,7 +25,8 @@
 # /tmp/moed-local/run.XXXXXX with /tmp/moed-local/<port> linking to it once the port is known)
 # holds moed.log, worker-<rank>.log, moed.pid, pgid (the process group of everything started),
 # port, address, cluster_secret (join mode, 0600), and supervisor.sh with the exact command
-# lines. /tmp/moed-local/last points at the most recent run directory, which is what stop and status use without --port/--run_dir.
+# lines. /tmp/moed-local/last points at the most recent run directory, which is what stop and
+# status use without --port/--run_dir.
 # moed listens on 127.0.0.1 only.
 #
 # Binaries: $MOED, $MOE_WORKER, $MOECTL (or --moed= --moe_worker= --moectl=), by default
