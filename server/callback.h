@@ -29,6 +29,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 
 namespace moe {
 
@@ -78,20 +79,35 @@ grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, Handler
 
 // One stream operation at a time, started on a pool thread and completed by gRPC on its own:
 // Run() starts it and waits for Done(ok). After a failed operation (the call is over) Run()
-// starts nothing and returns false.
+// starts nothing and returns false. With an idle timeout (CancelIfIdle), an operation not
+// done within it cancels the call (a client that stopped reading must not hold a handler
+// thread and the memory behind the stream forever); gRPC then fails the operation and Run()
+// returns false.
 class PendingOp {
  public:
+  void CancelIfIdle(absl::Duration timeout, grpc::ServerContextBase* context) {
+    absl::MutexLock lock(&mu_);
+    idle_timeout_ = timeout;
+    context_ = context;
+  }
   template <typename StartFn>
   bool Run(StartFn start) {
+    absl::Duration timeout;
     {
       absl::MutexLock lock(&mu_);
       if (over_) return false;
       pending_ = true;
+      timeout = idle_timeout_;
     }
     start();  // not under mu_: gRPC may complete it on another thread at once
     absl::MutexLock lock(&mu_);
-    mu_.Await(absl::Condition(
-        +[](bool* pending) { return !*pending; }, &pending_));
+    const absl::Condition done(
+        +[](bool* pending) { return !*pending; }, &pending_);
+    if (!mu_.AwaitWithTimeout(done, timeout)) {
+      context_->TryCancel();  // completes the operation (not ok) on gRPC's thread
+      mu_.Await(done);
+      over_ = true;
+    }
     return !over_;
   }
   void Done(bool ok) {
@@ -104,6 +120,8 @@ class PendingOp {
   absl::Mutex mu_;
   bool pending_ ABSL_GUARDED_BY(mu_) = false;
   bool over_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration idle_timeout_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
+  grpc::ServerContextBase* context_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 // Runs body(reactor) -> grpc::Status on the pool and finishes the reactor with it (or with
@@ -132,6 +150,11 @@ class StreamWriter final : public grpc::ServerWriteReactor<Message> {
   bool Write(const Message& message) {
     return write_.Run([&] { this->StartWrite(&message); });
   }
+  // From now on, a Write that the client has not taken within `timeout` cancels the call
+  // (`context` is the call's) and returns false.
+  void CancelIfIdle(absl::Duration timeout, grpc::ServerContextBase* context) {
+    write_.CancelIfIdle(timeout, context);
+  }
 
   void OnWriteDone(bool ok) override { write_.Done(ok); }
   void OnDone() override { delete this; }
@@ -154,6 +177,11 @@ class StreamReader final : public grpc::ServerReadReactor<Message> {
   // The next message of the stream; false at its end (or when the call is over).
   bool Read(Message* message) {
     return read_.Run([&] { this->StartRead(message); });
+  }
+  // From now on, a Read that the client does not serve within `timeout` cancels the call
+  // (`context` is the call's) and returns false.
+  void CancelIfIdle(absl::Duration timeout, grpc::ServerContextBase* context) {
+    read_.CancelIfIdle(timeout, context);
   }
 
   void OnReadDone(bool ok) override { read_.Done(ok); }

@@ -6,6 +6,41 @@
 #include "proto/status_convert.h"
 
 namespace moe {
+namespace {
+
+// Finishes the call at once with `status`.
+grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
+                                    const grpc::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* CoordinatorService::Join(grpc::CallbackServerContext* context,
+                                                   const internal::JoinRequest* request,
+                                                   internal::JoinResponse* response) {
+  grpc::Status denied = secret_.Check(*context);
+  if (!denied.ok()) return FinishNow(context, denied);
+  return RunUnary(context, &handlers_, [=] { return DoJoin(request, response); });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerContext* context,
+                                                       const internal::StoreSetRequest* request,
+                                                       internal::StoreSetResponse*) {
+  grpc::Status denied = secret_.Check(*context);
+  if (!denied.ok()) return FinishNow(context, denied);
+  return FinishNow(context, ToGrpcStatus(store_->Set(request->key(), request->value())));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerContext* context,
+                                                       const internal::StoreGetRequest* request,
+                                                       internal::StoreGetResponse* response) {
+  grpc::Status denied = secret_.Check(*context);
+  if (!denied.ok()) return FinishNow(context, denied);
+  return RunUnary(context, &handlers_, [=] { return DoStoreGet(context, request, response); });
+}
 
 grpc::Status CoordinatorService::DoJoin(const internal::JoinRequest* request,
                                         internal::JoinResponse* response) {
@@ -15,48 +50,17 @@ grpc::Status CoordinatorService::DoJoin(const internal::JoinRequest* request,
   return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerContext* context,
-                                                       const internal::StoreSetRequest* request,
-                                                       internal::StoreSetResponse*) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (request->key().empty()) {
-    reactor->Finish(ToGrpcStatus(absl::InvalidArgumentError("key: required")));
-  } else {
-    reactor->Finish(ToGrpcStatus(store_->Set(request->key(), request->value())));
-  }
-  return reactor;
-}
-
 grpc::Status CoordinatorService::DoStoreGet(grpc::ServerContextBase* context,
                                             const internal::StoreGetRequest* request,
                                             internal::StoreGetResponse* response) {
-  if (request->key().empty()) return ToGrpcStatus(absl::InvalidArgumentError("key: required"));
   absl::Duration timeout =
       absl::Milliseconds(std::clamp<int64_t>(request->timeout_ms(), 0, 600000));
   timeout = std::min(timeout, absl::FromChrono(context->deadline()) - absl::Now());
-  const absl::Time give_up = absl::Now() + timeout;
-  // Waits in slices so that a cancelled call (the worker gave up, or Server::Shutdown
-  // cancelled it) frees its pool thread within one slice instead of at its timeout.
-  constexpr absl::Duration kSlice = absl::Milliseconds(200);
-  while (true) {
-    const absl::Duration left = give_up - absl::Now();
-    absl::StatusOr<std::string> value = store_->Get(request->key(), std::min(left, kSlice));
-    if (value.ok()) {
-      response->set_value(*value);
-      return grpc::Status::OK;
-    }
-    if (value.status().code() != absl::StatusCode::kDeadlineExceeded) {
-      return ToGrpcStatus(value.status());
-    }
-    if (left <= kSlice) {
-      return ToGrpcStatus(absl::DeadlineExceededError(
-          absl::StrCat("key-value store: key '", request->key(), "' not set within ",
-                       absl::FormatDuration(timeout))));
-    }
-    if (context->IsCancelled()) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "StoreGet cancelled");
-    }
-  }
+  absl::StatusOr<std::string> value = store_->Get(request->key(), timeout, context->peer(),
+                                                  [context] { return context->IsCancelled(); });
+  if (!value.ok()) return ToGrpcStatus(value.status());
+  response->set_value(*std::move(value));
+  return grpc::Status::OK;
 }
 
 }  // namespace moe

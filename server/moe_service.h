@@ -37,8 +37,8 @@
 #include "proto/moe.grpc.pb.h"
 #include "server/auth.h"
 #include "server/callback.h"
-#include "server/fifo_mutex.h"
 #include "server/checkpoint_root.h"
+#include "server/fifo_mutex.h"
 #include "server/metrics.h"
 #include "server/worker_pool.h"
 
@@ -64,6 +64,10 @@ struct ServiceOptions {
   // released when the stream ends. A stream that would pass it while others hold something is
   // RESOURCE_EXHAUSTED; one alone is always served.
   int64_t max_stream_bytes = int64_t{16} << 30;
+  // A weight stream whose client has not taken the next message (GetWeights, GetGradients) or
+  // sent it (SetWeights) within this long is cancelled: its handler thread and the bytes it
+  // holds of max_stream_bytes are free again.
+  absl::Duration stream_idle_timeout = absl::Seconds(60);
   // Where SaveCheckpoint / LoadCheckpoint read and write (server/checkpoint_root.h); owned by
   // the caller, outlives the service. Null: the checkpoint RPCs are FAILED_PRECONDITION.
   CheckpointRoot* checkpoint_root = nullptr;

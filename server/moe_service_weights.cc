@@ -170,6 +170,8 @@ absl::Status MoeServiceImpl::ServeTensors(
     grpc::ServerContextBase* context, const std::string& layer, bool gradients,
     const google::protobuf::RepeatedPtrField<std::string>& requested, int64_t max_chunk_bytes,
     StreamWriter<v1::TensorChunk>* writer) {
+  // A client that stops reading is cancelled instead of holding the gathered copy for good.
+  writer->CancelIfIdle(options_.stream_idle_timeout, context);
   ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(layer));
   std::vector<std::string> names;
   RETURN_IF_ERROR(ResolveNames(*found, gradients, requested, &names));
@@ -211,6 +213,8 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
                                           StreamReader<v1::SetWeightsRequest>* reader,
                                           v1::SetWeightsResponse* response) {
   const absl::Time start = absl::Now();
+  // A client that stops sending is cancelled instead of holding what was assembled for good.
+  reader->CancelIfIdle(options_.stream_idle_timeout, context);
   auto run = [&]() -> absl::Status {
     // Read and validate the whole stream before any worker sees it.
     v1::SetWeightsRequest message;

@@ -3,8 +3,8 @@
 // moe.internal.Coordinator on one port, and Prometheus metrics on --metrics_port.
 //
 //   moed --workers=2 --device=cpu --port=50051            # embedded: starts 2 moe-workers
-//   moed --expect_workers=2 --port=50051                  # workers join on their own:
-//   moe-worker --frontend=HOST:50051 --device=cpu         #   (one per device)
+//   moed --expect_workers=2 --internal_listen=0.0.0.0:50053 --cluster_secret_file=S
+//   moe-worker --frontend=HOST:50053 --cluster_secret_file=S --device=cpu   # one per device
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -24,15 +24,16 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "cli/usage.h"
-#include "engine/comm/memory_kv_store.h"
 #include "engine/file_util.h"
 #include "server/auth.h"
 #include "server/checkpoint_root.h"
+#include "server/cluster_secret.h"
 #include "server/coordinator_service.h"
 #include "server/device.h"
 #include "server/health.h"
 #include "server/metrics.h"
 #include "server/moe_service.h"
+#include "server/rendezvous_store.h"
 #include "server/tls.h"
 #include "server/worker_launcher.h"
 #include "server/worker_pool.h"
@@ -73,6 +74,21 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "the only folder SaveCheckpoint/LoadCheckpoint use (created 0700; requests name "
           "paths inside it; default STATE_DIR/checkpoints). External workers must see it at the "
           "same path");
+ABSL_FLAG(std::string, cluster_secret_file, "",
+          "file holding the internal plane's shared secret (at least 32 printable characters, "
+          "e.g. openssl rand -hex 32; a mounted Kubernetes Secret). Required with "
+          "--expect_workers (the workers read the same file); embedded mode generates one and "
+          "hands it to its workers through an inherited file descriptor");
+ABSL_FLAG(int64_t, rendezvous_max_bytes, int64_t{64} << 20,
+          "rendezvous store (worker communicator bootstrap): keys + values held at once, bytes");
+ABSL_FLAG(int64_t, rendezvous_max_keys, 65536, "rendezvous store: keys held at once");
+ABSL_FLAG(int64_t, rendezvous_max_waiting, 256,
+          "rendezvous store: StoreGets waiting for a key at once (all callers)");
+ABSL_FLAG(int64_t, rendezvous_max_waiting_per_caller, 32,
+          "rendezvous store: StoreGets waiting for a key at once per caller (connection)");
+ABSL_FLAG(int64_t, stream_idle_timeout_s, 60,
+          "cancel a GetWeights/GetGradients/SetWeights stream whose client has not taken (or "
+          "sent) the next message for this many seconds, freeing what it holds");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus text metrics over HTTP on this port (0: off)");
 ABSL_FLAG(int64_t, max_saved_steps, 64, "per layer: steps kept for backward at once");
 ABSL_FLAG(int64_t, max_saved_bytes, int64_t{8} << 30,
@@ -172,7 +188,13 @@ int Main() {
            {"collective_timeout_ms", absl::GetFlag(FLAGS_collective_timeout_ms)},
            {"max_stream_bytes", absl::GetFlag(FLAGS_max_stream_bytes)},
            {"handler_threads", absl::GetFlag(FLAGS_handler_threads)},
-           {"setup_timeout_ms", absl::GetFlag(FLAGS_setup_timeout_ms)}}) {
+           {"setup_timeout_ms", absl::GetFlag(FLAGS_setup_timeout_ms)},
+           {"rendezvous_max_bytes", absl::GetFlag(FLAGS_rendezvous_max_bytes)},
+           {"rendezvous_max_keys", absl::GetFlag(FLAGS_rendezvous_max_keys)},
+           {"rendezvous_max_waiting", absl::GetFlag(FLAGS_rendezvous_max_waiting)},
+           {"rendezvous_max_waiting_per_caller",
+            absl::GetFlag(FLAGS_rendezvous_max_waiting_per_caller)},
+           {"stream_idle_timeout_s", absl::GetFlag(FLAGS_stream_idle_timeout_s)}}) {
     if (value <= 0) {
       std::fprintf(stderr, "moed: --%s must be > 0, got %lld\n", name,
                    static_cast<long long>(value));
@@ -187,6 +209,20 @@ int Main() {
   const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message < (1 << 16) || max_message > INT32_MAX) {
     std::fprintf(stderr, "moed: --max_message_bytes must be in [65536, 2^31)\n");
+    return 2;
+  }
+
+  const std::string secret_file = absl::GetFlag(FLAGS_cluster_secret_file);
+  if (!embedded && secret_file.empty()) {
+    std::fprintf(stderr,
+                 "moed: --expect_workers needs --cluster_secret_file=PATH (the same file for "
+                 "moed and every moe-worker; e.g. openssl rand -hex 32 > PATH; chmod 600 PATH)\n");
+    return 2;
+  }
+  absl::StatusOr<ClusterSecret> secret =
+      secret_file.empty() ? ClusterSecret::Generate() : ClusterSecret::FromFile(secret_file);
+  if (!secret.ok()) {
+    std::fprintf(stderr, "moed: --cluster_secret_file: %s\n", secret.status().ToString().c_str());
     return 2;
   }
 
@@ -242,7 +278,7 @@ int Main() {
   pool_options.dead_after = absl::Milliseconds(absl::GetFlag(FLAGS_worker_dead_after_ms));
   pool_options.setup_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_setup_timeout_ms));
   pool_options.collective_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
-  WorkerPool pool(pool_options);
+  WorkerPool pool(pool_options, *secret);
 
   ServiceOptions service_options;
   service_options.max_saved_steps = absl::GetFlag(FLAGS_max_saved_steps);
@@ -256,9 +292,19 @@ int Main() {
   service_options.saved_step_ttl = absl::Seconds(absl::GetFlag(FLAGS_saved_step_ttl_s));
   service_options.checkpoint_root = checkpoint_root->get();
   service_options.auth = auth.get();
+  service_options.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
   Metrics metrics;
   MoeServiceImpl service(service_options, &pool, &metrics);
-  CoordinatorService coordinator(&pool, std::make_shared<MemoryKeyValueStore>());
+  RendezvousLimits rendezvous_limits;
+  rendezvous_limits.max_bytes = absl::GetFlag(FLAGS_rendezvous_max_bytes);
+  rendezvous_limits.max_keys = absl::GetFlag(FLAGS_rendezvous_max_keys);
+  rendezvous_limits.max_waiting =
+      static_cast<int>(std::min<int64_t>(absl::GetFlag(FLAGS_rendezvous_max_waiting), 1 << 20));
+  rendezvous_limits.max_waiting_per_caller = static_cast<int>(
+      std::min<int64_t>(absl::GetFlag(FLAGS_rendezvous_max_waiting_per_caller), 1 << 20));
+  RendezvousStore rendezvous(rendezvous_limits);
+  pool.set_on_new_generation([&](int64_t g) { rendezvous.DropGenerationsBefore(g); });
+  CoordinatorService coordinator(&pool, &rendezvous, *secret);
   metrics.set_extra([&] {
     std::string out = absl::StrCat(
         "# HELP moed_serving 1 when every worker is up and the service answers steps.\n",
@@ -363,10 +409,17 @@ int Main() {
                http ? absl::StrCat(", metrics on :", http->port()).c_str() : "");
 
   std::unique_ptr<WorkerLauncher> launcher;
+  int secret_fd = -1;  // embedded workers inherit it; open until moed exits
   if (embedded) {
+    absl::StatusOr<int> memfd = secret->ToMemfd();
+    if (!memfd.ok()) {
+      std::fprintf(stderr, "moed: cluster secret: %s\n", memfd.status().ToString().c_str());
+      return 1;
+    }
+    secret_fd = *memfd;
     launcher = std::make_unique<WorkerLauncher>(
         worker_binary, absl::StrCat("127.0.0.1:", internal_port), absl::GetFlag(FLAGS_device),
-        world, absl::GetFlag(FLAGS_respawn_workers), std::vector<std::string>{}, &pool,
+        world, absl::GetFlag(FLAGS_respawn_workers), std::vector<std::string>{}, &pool, secret_fd,
         absl::GetFlag(FLAGS_worker_log_dir));
     absl::Status started = launcher->Start();
     if (!started.ok()) {

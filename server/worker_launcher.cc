@@ -37,7 +37,7 @@ absl::StatusOr<std::string> WorkerBinaryPath(const std::string& flag_value) {
 
 WorkerLauncher::WorkerLauncher(std::string binary, std::string frontend, std::string device,
                                int count, bool respawn, std::vector<std::string> extra_args,
-                               WorkerPool* pool, std::string log_dir)
+                               WorkerPool* pool, int secret_fd, std::string log_dir)
     : binary_(std::move(binary)),
       frontend_(std::move(frontend)),
       device_(std::move(device)),
@@ -45,6 +45,7 @@ WorkerLauncher::WorkerLauncher(std::string binary, std::string frontend, std::st
       respawn_(respawn),
       extra_args_(std::move(extra_args)),
       pool_(pool),
+      secret_fd_(secret_fd),
       log_dir_(std::move(log_dir)) {}
 
 WorkerLauncher::~WorkerLauncher() { Stop(); }
@@ -52,9 +53,9 @@ WorkerLauncher::~WorkerLauncher() { Stop(); }
 absl::StatusOr<pid_t> WorkerLauncher::Spawn(int rank) {
   // Local CPU workers share the host's cores: each gets its part (kernels and OpenBLAS).
   const int share = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / count_);
-  std::vector<std::string> args = {binary_, absl::StrCat("--frontend=", frontend_),
-                                   absl::StrCat("--device=", device_),
-                                   absl::StrCat("--rank=", rank)};
+  std::vector<std::string> args = {
+      binary_, absl::StrCat("--frontend=", frontend_), absl::StrCat("--device=", device_),
+      absl::StrCat("--rank=", rank), absl::StrCat("--cluster_secret_fd=", secret_fd_)};
   if (device_ == "cpu") args.push_back(absl::StrCat("--cpu_threads=", share));
   // The environment is built before fork: between fork and exec only async-signal-safe
   // calls are allowed (moed has other threads).
@@ -98,6 +99,9 @@ absl::StatusOr<pid_t> WorkerLauncher::Spawn(int rank) {
     if (log_fd >= 0 && (dup2(log_fd, STDOUT_FILENO) < 0 || dup2(log_fd, STDERR_FILENO) < 0)) {
       _exit(126);
     }
+    // The secret's memfd is close-on-exec in moed; this child alone keeps its copy. The
+    // worker reads it with pread (the offset is shared with moed and earlier workers).
+    if (fcntl(secret_fd_, F_SETFD, 0) != 0) _exit(125);
 
     execve(argv[0], argv.data(), envp.data());
     _exit(127);

@@ -2,7 +2,11 @@
 // exits (the pool marks it dead at once instead of waiting for missed pings) and, unless told
 // not to, starts a replacement that rejoins under the same rank.
 //
-//   WorkerLauncher launcher(WorkerBinaryPath(flag), "127.0.0.1:50051", "cpu", 2, &pool);
+// Each worker inherits the cluster secret through a copy of `secret_fd` (a memfd,
+// ClusterSecret::ToMemfd) whose number it gets as --cluster_secret_fd: the secret itself is
+// never on a command line or in a file.
+//
+//   WorkerLauncher launcher(WorkerBinaryPath(flag), "127.0.0.1:50051", "cpu", 2, ...);
 //   RETURN_IF_ERROR(launcher.Start());
 //   ...
 //   launcher.Stop();  // SIGTERM, then SIGKILL after a grace period
@@ -34,8 +38,9 @@ class WorkerLauncher {
  public:
   // log_dir: when set, worker r's stdout and stderr are appended to <log_dir>/worker-<r>.log
   // (a restarted worker continues its rank's file); otherwise they go to moed's own.
+  // secret_fd: close-on-exec; owned by the caller, open until Stop().
   WorkerLauncher(std::string binary, std::string frontend, std::string device, int count,
-                 bool respawn, std::vector<std::string> extra_args, WorkerPool* pool,
+                 bool respawn, std::vector<std::string> extra_args, WorkerPool* pool, int secret_fd,
                  std::string log_dir = "");
   ~WorkerLauncher();
 
@@ -53,6 +58,7 @@ class WorkerLauncher {
   const bool respawn_;
   const std::vector<std::string> extra_args_;
   WorkerPool* const pool_;
+  const int secret_fd_;
   const std::string log_dir_;
 
   absl::Mutex mu_;

@@ -2,8 +2,10 @@
 // "" and "moe.internal.Worker": joined and set up; liveness "liveness": server/health.h), joins
 // the front end given by --frontend, then waits for the front end's Setup and per-layer calls.
 //
-//   moe-worker --frontend=10.0.0.5:50053 --device=cpu            # any free rank
-//   moe-worker --frontend=10.0.0.5:50053 --device=cpu --rank=1   # a restarted rank 1
+// Every call to and from the front end carries the cluster secret (server/cluster_secret.h).
+//
+//   moe-worker --frontend=10.0.0.5:50053 --cluster_secret_file=/run/secrets/cluster_secret
+//   moe-worker --frontend=10.0.0.5:50053 --cluster_secret_file=S --rank=1   # a restarted rank 1
 #include <grpcpp/grpcpp.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -25,6 +27,8 @@
 #include "proto/status_convert.h"
 #include "cli/usage.h"
 #include "proto/worker.grpc.pb.h"
+#include "server/authenticated_worker.h"
+#include "server/cluster_secret.h"
 #include "server/device.h"
 #include "server/grpc_kv_store.h"
 #include "server/health.h"
@@ -32,6 +36,11 @@
 
 ABSL_FLAG(std::string, frontend, "",
           "host:port of moed's internal plane (moed --internal_listen; required)");
+ABSL_FLAG(std::string, cluster_secret_file, "",
+          "file holding the cluster secret the front end was given (moed "
+          "--cluster_secret_file); required unless --cluster_secret_fd");
+ABSL_FLAG(int, cluster_secret_fd, -1,
+          "embedded mode (set by moed): inherited file descriptor holding the cluster secret");
 ABSL_FLAG(std::string, device, "cpu", "device this worker runs on: cpu");
 ABSL_FLAG(int, rank, -1, "rank to ask for (-1: any free rank)");
 ABSL_FLAG(std::string, listen, "127.0.0.1:0",
@@ -75,13 +84,28 @@ int Main() {
     std::fprintf(stderr, "moe-worker: %s\n", device_ok.ToString().c_str());
     return 2;
   }
+  const int secret_fd = absl::GetFlag(FLAGS_cluster_secret_fd);
+  const std::string secret_file = absl::GetFlag(FLAGS_cluster_secret_file);
+  if ((secret_fd >= 0) == !secret_file.empty()) {
+    std::fprintf(stderr,
+                 "moe-worker: give the cluster secret with --cluster_secret_file=PATH (the file "
+                 "moed was given with its own --cluster_secret_file)\n");
+    return 2;
+  }
+  absl::StatusOr<ClusterSecret> secret =
+      secret_fd >= 0 ? ClusterSecret::FromFd(secret_fd) : ClusterSecret::FromFile(secret_file);
+  if (!secret.ok()) {
+    std::fprintf(stderr, "moe-worker: %s\n", secret.status().ToString().c_str());
+    return 2;
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(INT_MAX);
   args.SetMaxSendMessageSize(INT_MAX);
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(frontend, grpc::InsecureChannelCredentials(), args);
+  // Join and the rendezvous store's calls carry the secret.
+  std::shared_ptr<grpc::Channel> channel = secret->Channel(frontend, args);
   auto store = std::make_shared<GrpcKeyValueStore>(channel);
   WorkerService service(device, store, absl::GetFlag(FLAGS_cpu_threads));
+  AuthenticatedWorkerService authenticated(&service, *secret);
   // Readiness (server/health.h): set up, and pinged within --rejoin_after_s (5 s if 0).
   // Updated when a Setup begins or ends and by the watchdog below (pings stopping).
   const int rejoin_s = absl::GetFlag(FLAGS_rejoin_after_s);
@@ -106,7 +130,7 @@ int Main() {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port fails the start
   builder.SetMaxReceiveMessageSize(INT_MAX);
   builder.SetMaxSendMessageSize(INT_MAX);
-  builder.RegisterService(&service);
+  builder.RegisterService(&authenticated);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     std::fprintf(stderr, "moe-worker: cannot listen on %s\n", absl::GetFlag(FLAGS_listen).c_str());

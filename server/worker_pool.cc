@@ -16,20 +16,20 @@ bool IsTransport(absl::StatusCode code) {
          code == absl::StatusCode::kCancelled || code == absl::StatusCode::kAborted;
 }
 
-std::shared_ptr<internal::Worker::Stub> MakeStub(const std::string& address) {
+}  // namespace
+
+std::shared_ptr<internal::Worker::Stub> WorkerPool::MakeStub(const std::string& address) const {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(INT_MAX);
   args.SetMaxSendMessageSize(INT_MAX);
   // Reconnect quickly after a worker restarts on the same address.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return internal::Worker::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  return internal::Worker::NewStub(secret_.Channel(address, args));
 }
 
-}  // namespace
-
-WorkerPool::WorkerPool(WorkerPoolOptions options) : options_(std::move(options)) {
+WorkerPool::WorkerPool(WorkerPoolOptions options, ClusterSecret secret)
+    : options_(std::move(options)), secret_(std::move(secret)) {
   absl::MutexLock lock(&mu_);
   slots_.resize(options_.world_size);
   message_ = absl::StrCat("waiting for ", options_.world_size, " worker(s) to join");
@@ -52,49 +52,82 @@ void WorkerPool::Start() {
   setup_thread_ = std::thread([this] { SetupLoop(); });
 }
 
-absl::Status WorkerPool::QuickPing(internal::Worker::Stub* stub, absl::Duration timeout) const {
+absl::Status WorkerPool::QuickPing(internal::Worker::Stub* stub, absl::Duration timeout,
+                                   int64_t* pid) const {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   internal::PingRequest request;
   internal::PingResponse response;
-  return FromGrpcStatus(stub->Ping(&context, request, &response));
+  absl::Status status = FromGrpcStatus(stub->Ping(&context, request, &response));
+  if (pid != nullptr) *pid = response.pid();
+  return status;
+}
+
+bool WorkerPool::AnswersAs(internal::Worker::Stub* stub, int64_t pid) const {
+  int64_t answered = 0;
+  if (!QuickPing(stub, absl::Milliseconds(500), &answered).ok()) return false;
+  return pid == 0 || answered == pid;
 }
 
 absl::StatusOr<internal::JoinResponse> WorkerPool::Join(const internal::JoinRequest& request) {
   if (request.address().empty()) return absl::InvalidArgumentError("address: required");
   const int size = options_.world_size;
   int rank = request.requested_rank();
-  std::shared_ptr<internal::Worker::Stub> previous;
+  // The live workers that the join would displace: the rank's holder, and whoever holds the
+  // address (a live worker's address replayed from GetStatus must not take its place).
+  std::shared_ptr<internal::Worker::Stub> previous, holder;
+  int64_t previous_pid = 0, holder_pid = 0;
+  int holder_rank = -1;
   {
     absl::MutexLock lock(&mu_);
     if (rank >= size || rank < -1) {
       return absl::InvalidArgumentError(
           absl::StrCat("requested_rank: ", rank, " is outside [0, ", size, ") (or -1)"));
     }
+    for (int r = 0; r < size; ++r) {
+      if (slots_[r].alive && slots_[r].address == request.address()) {
+        holder = slots_[r].stub;
+        holder_pid = slots_[r].pid;
+        holder_rank = r;
+      }
+    }
     if (rank == -1) {
       for (int r = 0; r < size && rank == -1; ++r) {
-        if (!slots_[r].alive) rank = r;
+        if (!slots_[r].alive || r == holder_rank) rank = r;
       }
       if (rank == -1) {
         return absl::ResourceExhaustedError(
             absl::StrCat("all ", size, " ranks are held by live workers"));
       }
     }
-    // The same process joining again (it missed pings it never saw) replaces itself.
-    const bool same_process =
-        slots_[rank].address == request.address() && slots_[rank].pid == request.pid();
-    if (slots_[rank].alive && !same_process) previous = slots_[rank].stub;
+    if (slots_[rank].alive && rank != holder_rank) {
+      previous = slots_[rank].stub;
+      previous_pid = slots_[rank].pid;
+    }
   }
-  // A restarted worker may rejoin before its predecessor was found dead: evict the old one
-  // only if it does not answer.
-  if (previous != nullptr && QuickPing(previous.get(), absl::Milliseconds(500)).ok()) {
+  // A live worker answers a ping as the process that joined: then the join is refused. One
+  // that does not (gone, stalled, or another process now at its address: a restart) is
+  // replaced. The same process joining again while it still counts as alive (it missed pings
+  // that the front end meanwhile got through) is refused too and retries later.
+  if (holder != nullptr && AnswersAs(holder.get(), holder_pid)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "address ", request.address(), " is held by the live worker of rank ", holder_rank));
+  }
+  if (previous != nullptr && AnswersAs(previous.get(), previous_pid)) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is held by a live worker"));
   }
   std::shared_ptr<internal::Worker::Stub> stub = MakeStub(request.address());
   absl::MutexLock lock(&mu_);
   Slot& slot = slots_[rank];
-  if (slot.alive && previous != nullptr && slot.stub != previous) {
+  const std::shared_ptr<internal::Worker::Stub> expected = rank == holder_rank ? holder : previous;
+  if (slot.alive && slot.stub != expected) {
     return absl::AbortedError(absl::StrCat("rank ", rank, " was taken concurrently; retry"));
+  }
+  if (holder_rank >= 0 && holder_rank != rank && slots_[holder_rank].stub == holder &&
+      slots_[holder_rank].alive) {
+    slots_[holder_rank].alive = false;
+    slots_[holder_rank].error =
+        absl::StrCat("its address ", request.address(), " was joined again by rank ", rank);
   }
   slot.filled = true;
   slot.alive = true;
@@ -309,6 +342,7 @@ void WorkerPool::SetupLoop() {
       message_ = absl::StrCat("setting up generation ", generation);
       in_setup_ = true;
     }
+    if (on_new_generation_) on_new_generation_(generation);
     absl::Status status = RunSetup(generation, set);
     absl::MutexLock lock(&mu_);
     in_setup_ = false;

@@ -9,7 +9,10 @@
 // in-flight call is cancelled (callers see UNAVAILABLE), and the pool waits for a worker to
 // join that rank again; then a new generation starts.
 //
-//   WorkerPool pool(options, store);
+// Internal calls carry the cluster secret (server/cluster_secret.h): every stub's channel
+// adds it.
+//
+//   WorkerPool pool(options, secret);
 //   pool.set_on_setup([&](const WorkerSet& set) { return RecreateLayers(set); });
 //   pool.Start();
 //   ASSIGN_OR_RETURN(WorkerSet set, pool.Serving());
@@ -33,6 +36,7 @@
 #include "absl/time/time.h"
 #include "proto/moe.pb.h"
 #include "proto/worker.grpc.pb.h"
+#include "server/cluster_secret.h"
 
 namespace moe {
 
@@ -57,7 +61,7 @@ class WorkerPool {
   using WorkerFn =
       std::function<absl::Status(int rank, internal::Worker::Stub* stub, grpc::ClientContext*)>;
 
-  explicit WorkerPool(WorkerPoolOptions options);
+  WorkerPool(WorkerPoolOptions options, ClusterSecret secret);
   ~WorkerPool();  // Stop()
 
   // Cancels in-flight calls and joins the heartbeat and setup threads: after it, the pool
@@ -67,11 +71,16 @@ class WorkerPool {
 
   // Called on the setup thread after every worker's Setup succeeded, before serving.
   void set_on_setup(std::function<absl::Status(const WorkerSet&)> fn) { on_setup_ = fn; }
+  // Called on the setup thread (no lock held) when generation `g` starts forming, before its
+  // Setup calls: the rendezvous store drops the keys of earlier generations.
+  void set_on_new_generation(std::function<void(int64_t g)> fn) { on_new_generation_ = fn; }
   // Called with the new state whenever serving changes (health status).
   void set_on_serving_changed(std::function<void(bool)> fn) { on_serving_changed_ = fn; }
   void Start();
 
-  // Coordinator.Join: assigns a rank (see worker.proto JoinRequest).
+  // Coordinator.Join: assigns a rank (see worker.proto JoinRequest). FAILED_PRECONDITION when
+  // the rank asked for, or the address, is held by a live worker (one that answers a ping as
+  // the process that joined there): a replayed Join cannot displace a worker.
   absl::StatusOr<internal::JoinResponse> Join(const internal::JoinRequest& request);
 
   // The current generation's workers when serving; UNAVAILABLE saying why not otherwise.
@@ -120,10 +129,16 @@ class WorkerPool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void CancelInFlightLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A quick ping of one address; OK if it answered.
-  absl::Status QuickPing(internal::Worker::Stub* stub, absl::Duration timeout) const;
+  absl::Status QuickPing(internal::Worker::Stub* stub, absl::Duration timeout,
+                         int64_t* pid = nullptr) const;
+  // True when the worker behind `stub` answers a quick ping as process `pid` (0: any).
+  bool AnswersAs(internal::Worker::Stub* stub, int64_t pid) const;
+  std::shared_ptr<internal::Worker::Stub> MakeStub(const std::string& address) const;
 
   const WorkerPoolOptions options_;
+  const ClusterSecret secret_;
   std::function<absl::Status(const WorkerSet&)> on_setup_;
+  std::function<void(int64_t)> on_new_generation_;
   std::function<void(bool)> on_serving_changed_;
 
   mutable absl::Mutex mu_;

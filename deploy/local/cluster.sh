@@ -24,8 +24,9 @@
 # Files: the run directory (default /tmp/moed-local/<port> for a given --port, else a new
 # /tmp/moed-local/run.XXXXXX with /tmp/moed-local/<port> linking to it once the port is known)
 # holds moed.log, worker-<rank>.log, moed.pid, pgid (the process group of everything started),
-# port, address, and supervisor.sh with the exact command lines. /tmp/moed-local/last points at
-# the most recent run directory, which is what stop and status use without --port/--run_dir.
+# port, address, cluster_secret (join mode, 0600), and supervisor.sh with the exact command
+# lines. /tmp/moed-local/last points at the most recent run directory, which is what stop and
+# status use without --port/--run_dir.
 # moed listens on 127.0.0.1 only.
 #
 # Binaries: $MOED, $MOE_WORKER, $MOECTL (or --moed= --moe_worker= --moectl=), by default
@@ -175,7 +176,10 @@ cmd_start() {
     moed_cmd+=("--workers=${WORKERS}" "--worker_binary=${MOE_WORKER}"
                "--worker_log_dir=${RUN_DIR}")
   else
-    moed_cmd+=("--expect_workers=${WORKERS}")
+    # The internal plane's secret (moed and workers read the same 0600 file; embedded moed
+    # makes its own and hands it to its workers itself).
+    ( umask 077 && od -An -tx1 -N32 /dev/urandom | tr -d ' \n' > "${RUN_DIR}/cluster_secret" )
+    moed_cmd+=("--expect_workers=${WORKERS}" "--cluster_secret_file=${RUN_DIR}/cluster_secret")
   fi
   moed_cmd+=("${EXTRA_MOED_FLAGS[@]+"${EXTRA_MOED_FLAGS[@]}"}")
 
@@ -189,7 +193,8 @@ cmd_start() {
     for i in $(seq 0 $(( WORKERS - 1 ))); do
       device="${DEVICE}"
       [ "${DEVICE}" = cuda ] && device="cuda:${i}"
-      worker_cmds+=("$(printf '%q ' "${MOE_WORKER}" "--device=${device}" "--rank=${i}")")
+      worker_cmds+=("$(printf '%q ' "${MOE_WORKER}" "--device=${device}" "--rank=${i}" \
+                       "--cluster_secret_file=${RUN_DIR}/cluster_secret")")
     done
   fi
   {

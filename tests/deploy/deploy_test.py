@@ -128,7 +128,12 @@ class ComposeTest(unittest.TestCase):
             for name, svc in services.items():
                 self.assertIn("checkpoints:/checkpoints", svc.get("volumes", []),
                               path + " " + name + " lacks the checkpoint volume")
+                # The internal plane's secret: a Compose secret (a host file), never the image.
+                self.assertIn("cluster_secret", as_list(svc.get("secrets")), path + " " + name)
+                self.assertEqual(flag_value(as_list(svc["command"]), "cluster_secret_file"),
+                                 "/run/secrets/cluster_secret", path + " " + name)
             self.assertIn("checkpoints", doc.get("volumes", {}), path)
+            self.assertIn("file", doc["secrets"]["cluster_secret"], path)
 
     def test_worker_healthchecks_ask_the_worker(self):
         # A worker's own grpc.health.v1 ("" = joined and set up), on the port it listens on.
@@ -228,6 +233,12 @@ class KubernetesTest(unittest.TestCase):
                     self.assertIn("/checkpoints", mounts, where)
                     pvc = volumes[mounts["/checkpoints"]]["persistentVolumeClaim"]["claimName"]
                     self.assertIn(pvc, claims, where)
+                    # The internal plane's secret: a Kubernetes Secret mounted as a file.
+                    secret_file = flag_value(c["args"], "cluster_secret_file")
+                    self.assertTrue(secret_file, where + ": no --cluster_secret_file")
+                    secret_volume = volumes[mounts[secret_file.rsplit("/", 1)[0]]]
+                    self.assertEqual(secret_volume["secret"]["secretName"], "moed-cluster-secret",
+                                     where)
                     if w["kind"] == "StatefulSet":  # workers
                         self.assertEqual(c["resources"]["limits"]["nvidia.com/gpu"], 1, where)
                         self.assertEqual(flag_value(c["args"], "device"), "cuda:0", where)

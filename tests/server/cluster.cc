@@ -72,6 +72,15 @@ absl::StatusOr<std::string> CheckHealth(const std::shared_ptr<grpc::Channel>& ch
 
 }  // namespace
 
+std::string TestClusterSecretFile() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  static int counter = 0;
+  const std::string path =
+      absl::StrCat(tmp ? tmp : "/tmp", "/cluster_secret_", getpid(), "_", counter++);
+  std::ofstream(path) << "0123456789abcdef0123456789abcdef-" << path.size() << "\n";
+  return path;
+}
+
 std::string RunfilePath(const std::string& path) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");
@@ -88,6 +97,12 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
       absl::StrCat(tmp ? tmp : "/tmp", "/moed_port_", getpid(), "_", counter++);
   cluster->checkpoint_root_ =
       options.checkpoint_root.empty() ? port_file + ".checkpoints" : options.checkpoint_root;
+  if (!options.embedded) {
+    cluster->cluster_secret_ = absl::StrCat("test-cluster-secret-", getpid(), "-", counter,
+                                            "-0123456789abcdef0123456789abcdef");
+    cluster->cluster_secret_file_ = port_file + ".secret";
+    std::ofstream(cluster->cluster_secret_file_) << cluster->cluster_secret_ << "\n";
+  }
   std::vector<std::string> args = {cluster->moed_path_,
                                    "--port=0",
                                    "--listen=127.0.0.1",
@@ -101,6 +116,9 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
                                    "--worker_dead_after_ms=1500",
                                    "--collective_timeout_ms=5000",
                                    "--step_timeout_ms=20000"};
+  if (!options.embedded) {
+    args.push_back(absl::StrCat("--cluster_secret_file=", cluster->cluster_secret_file_));
+  }
   args.insert(args.end(), options.moed_flags.begin(), options.moed_flags.end());
   absl::StatusOr<pid_t> moed = Spawn(args);
   if (!moed.ok()) return moed.status();
@@ -145,7 +163,8 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
 absl::StatusOr<pid_t> TestCluster::SpawnWorker(int rank) {
   return Spawn({worker_path_, absl::StrCat("--frontend=", internal_address_), "--device=cpu",
                 absl::StrCat("--rank=", rank), "--listen=127.0.0.1:0", "--advertise_host=127.0.0.1",
-                "--rejoin_after_s=2", "--orphan_timeout_s=20"});
+                "--rejoin_after_s=2", "--orphan_timeout_s=20",
+                absl::StrCat("--cluster_secret_file=", cluster_secret_file_)});
 }
 
 TestCluster::~TestCluster() {

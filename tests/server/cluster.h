@@ -50,6 +50,9 @@ class TestCluster {
   std::string internal_address() const { return internal_address_; }
   // moed's --checkpoint_root (absolute; created by moed at start).
   const std::string& checkpoint_root() const { return checkpoint_root_; }
+  // The cluster secret moed and the workers share (a file in the test's temporary directory,
+  // --cluster_secret_file); empty in embedded mode (moed generates its own).
+  const std::string& cluster_secret() const { return cluster_secret_; }
 
   // Polls grpc.health.v1 until SERVING or the timeout.
   absl::Status WaitServing(absl::Duration timeout);
@@ -78,6 +81,8 @@ class TestCluster {
   std::string address_;
   std::string internal_address_;
   std::string checkpoint_root_;
+  std::string cluster_secret_;
+  std::string cluster_secret_file_;
   pid_t moed_ = -1;
   std::vector<pid_t> workers_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -86,6 +91,10 @@ class TestCluster {
 
 // grpc.health.v1.Health/Check of `service` at `address` (moed or a moe-worker), as Health.
 absl::StatusOr<std::string> HealthOf(const std::string& address, const std::string& service);
+
+// A fresh cluster secret file in the test's temporary directory (for moed or moe-worker
+// processes a test starts itself: --cluster_secret_file=<it>).
+std::string TestClusterSecretFile();
 
 // Runfiles path of a binary of this workspace ("server/moed").
 std::string RunfilePath(const std::string& path);

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
 
@@ -101,16 +102,33 @@ TEST(EmbeddedTest, StartsRespawnsAndStopsItsWorkers) {
 // with moed running on as if configured. It must refuse to start instead (exit 2).
 TEST(EmbeddedTest, RefusesNonPositiveTimingFlags) {
   const std::string moed = RunfilePath("server/moed");
+  const std::string secret = TestClusterSecretFile();  // so that only `flag` is wrong
   for (const char* flag :
        {"--heartbeat_ms=0", "--ping_timeout_ms=0", "--worker_dead_after_ms=0",
         "--step_timeout_ms=0", "--collective_timeout_ms=-1", "--setup_timeout_ms=0"}) {
     // --expect_workers: nothing is started; `timeout` ends a moed that does not refuse.
     const std::string command = absl::StrCat("timeout 5 ", moed, " --port=0 --listen=127.0.0.1 ",
-                                             "--expect_workers=1 ", flag, " 2>/dev/null");
+                                             "--expect_workers=1 --cluster_secret_file=", secret,
+                                             " ", flag, " 2>/dev/null");
     const int status = std::system(command.c_str());
     ASSERT_TRUE(WIFEXITED(status)) << flag;
     EXPECT_EQ(WEXITSTATUS(status), 2) << flag;
   }
+}
+
+// External workers need the cluster secret from a file moed shares with them: without
+// --cluster_secret_file, --expect_workers refuses to start (exit 2) and says what to give.
+TEST(EmbeddedTest, ExternalModeNeedsAClusterSecretFile) {
+  const std::string log = ::testing::TempDir() + "/no_secret.log";
+  const std::string command =
+      absl::StrCat("timeout 5 ", RunfilePath("server/moed"),
+                   " --port=0 --listen=127.0.0.1 --expect_workers=1 2>", log);
+  const int status = std::system(command.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2);
+  std::ifstream in(log);
+  const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(said.find("--cluster_secret_file"), std::string::npos) << said;
 }
 
 }  // namespace

@@ -81,8 +81,11 @@ TEST(HealthTest, WorkerNotReadyBeforeJoining) {
   const std::string address = absl::StrCat("127.0.0.1:", FreePort());
   const std::string frontend = absl::StrCat("127.0.0.1:", FreePort());  // nobody listens
   std::vector<std::string> args = {RunfilePath("server/moe-worker"),
-                                   absl::StrCat("--frontend=", frontend), "--device=cpu",
-                                   absl::StrCat("--listen=", address), "--join_timeout_s=30"};
+                                   absl::StrCat("--frontend=", frontend),
+                                   "--device=cpu",
+                                   absl::StrCat("--listen=", address),
+                                   "--join_timeout_s=30",
+                                   "--cluster_secret_file=" + TestClusterSecretFile()};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);

@@ -162,9 +162,10 @@ TEST_F(SecurityTest, ASecondMoedOnATakenPortFailsToStart) {
   const std::string address = cluster_->address();
   const std::string port = address.substr(address.rfind(':') + 1);
   const std::string log = ::testing::TempDir() + "/second_moed.log";
-  const std::string command = absl::StrCat(
-      "timeout 20 ", RunfilePath("server/moed"), " --listen=127.0.0.1 --port=", port,
-      " --expect_workers=1 --checkpoint_root=", ::testing::TempDir(), "/second_root 2>", log);
+  const std::string command =
+      absl::StrCat("timeout 20 ", RunfilePath("server/moed"), " --listen=127.0.0.1 --port=", port,
+                   " --expect_workers=1 --cluster_secret_file=", TestClusterSecretFile(),
+                   " --checkpoint_root=", ::testing::TempDir(), "/second_root 2>", log);
   const int status = std::system(command.c_str());
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 1) << "a second moed started on a taken port";
@@ -178,13 +179,14 @@ TEST(SecurityDefaultsTest, MoedListensOnLoopbackByDefault) {
   const std::string dir = ::testing::TempDir();
   const std::string port_file = dir + "/default_listen.port";
   std::remove(port_file.c_str());
+  const std::string secret_flag = "--cluster_secret_file=" + TestClusterSecretFile();
   const pid_t pid = fork();
   if (pid == 0) {
     const std::string moed = RunfilePath("server/moed");
     const std::string port_flag = "--port_file=" + port_file;
     const std::string root_flag = "--checkpoint_root=" + dir + "/default_listen_root";
     execl(moed.c_str(), moed.c_str(), "--port=0", port_flag.c_str(), root_flag.c_str(),
-          "--expect_workers=1", static_cast<char*>(nullptr));
+          "--expect_workers=1", secret_flag.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   int port = 0;

@@ -177,5 +177,43 @@ TEST_F(BigLayerTest, BusyHandlersRefuseCallsAtOnce) {
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
+// --stream_idle_timeout_s: a GetWeights stream whose client never reads is cancelled after the
+// timeout (the probe's 10 unread streams held ~390 MB each and every handler thread): its
+// handler thread and its bytes of --max_stream_bytes are free again, so a stream that would
+// not fit next to it and a Forward on the only handler thread are served.
+TEST_F(BigLayerTest, UnreadStreamsAreCancelled) {
+  Start({"--stream_idle_timeout_s=3", "--max_stream_bytes=67108864", "--handler_threads=1"});
+  grpc::ClientContext idle_ctx;
+  idle_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(600));
+  v1::GetWeightsRequest request;
+  request.set_layer("big");
+  request.add_names("wi");
+  request.set_max_chunk_bytes(65536);
+  auto idle = stub_->GetWeights(&idle_ctx, request);
+  v1::TensorChunk chunk;
+  ASSERT_TRUE(idle->Read(&chunk));  // moed has gathered wi (32 MiB); nobody reads on
+  int64_t idle_bytes = static_cast<int64_t>(chunk.raw_data().size());
+  grpc::Status s = Forward();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  // Within a generous bound after the timeout, the thread and the budget are free again.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  do {
+    absl::SleepFor(absl::Milliseconds(200));
+    s = Forward();
+  } while (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED && absl::Now() < give_up);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  grpc::ClientContext ctx;
+  auto all = Open(&ctx, {});  // 48 MiB: would not fit next to the idle stream's 32 MiB
+  int64_t bytes = 0;
+  s = Drain(all.get(), &bytes);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(bytes, kAllBytes);
+  // The idle stream itself ended cancelled, with fewer bytes than wi.
+  s = Drain(idle.get(), &idle_bytes);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::CANCELLED) << s.error_message();
+  EXPECT_LT(idle_bytes, kWiBytes);
+  EXPECT_EQ(cluster_->Health().value_or("error"), "SERVING");
+}
+
 }  // namespace
 }  // namespace moe

@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/cluster_secret.h"
 #include "server/metrics.h"
 #include "server/moe_service.h"
 #include "server/worker_pool.h"
@@ -20,7 +21,8 @@ class ValidationTest : public ::testing::Test {
   void SetUp() override {
     WorkerPoolOptions pool_options;
     pool_options.world_size = 2;
-    pool_ = std::make_unique<WorkerPool>(pool_options);  // never started: nobody joins
+    pool_ = std::make_unique<WorkerPool>(  // never started: nobody joins
+        pool_options, *ClusterSecret::Generate());
     service_ = std::make_unique<MoeServiceImpl>(ServiceOptions{}, pool_.get(), &metrics_);
     grpc::ServerBuilder builder;
     int port = 0;

@@ -1,0 +1,64 @@
+// moe.internal.Worker as moe-worker serves it: every RPC first checks the cluster secret
+// (server/cluster_secret.h), then runs the WorkerService's handler. A caller without the
+// secret reaches nothing (UNAUTHENTICATED / PERMISSION_DENIED): not Shutdown, not Setup, not
+// Ping. An RPC added to the proto but not here answers UNIMPLEMENTED, never unchecked
+// (tests/server/internal_plane_test.cc calls every method of the service's descriptor).
+//
+//   WorkerService service("cpu", store);
+//   AuthenticatedWorkerService authenticated(&service, secret);
+//   builder.RegisterService(&authenticated);
+#ifndef MOED_SERVER_AUTHENTICATED_WORKER_H_
+#define MOED_SERVER_AUTHENTICATED_WORKER_H_
+
+#include "proto/worker.grpc.pb.h"
+#include "server/cluster_secret.h"
+#include "server/worker_service.h"
+
+namespace moe {
+
+class AuthenticatedWorkerService final : public internal::Worker::Service {
+ public:
+  // `inner` outlives this service.
+  AuthenticatedWorkerService(WorkerService* inner, ClusterSecret secret)
+      : inner_(inner), secret_(std::move(secret)) {}
+
+  grpc::Status Setup(grpc::ServerContext*, const internal::SetupRequest*,
+                     internal::SetupResponse*) override;
+  grpc::Status CreateLayer(grpc::ServerContext*, const internal::WorkerCreateLayerRequest*,
+                           internal::WorkerCreateLayerResponse*) override;
+  grpc::Status DeleteLayer(grpc::ServerContext*, const internal::WorkerLayerRequest*,
+                           internal::WorkerEmpty*) override;
+  grpc::Status Forward(grpc::ServerContext*, const internal::WorkerForwardRequest*,
+                       internal::WorkerForwardResponse*) override;
+  grpc::Status Backward(grpc::ServerContext*, const internal::WorkerBackwardRequest*,
+                        internal::WorkerBackwardResponse*) override;
+  grpc::Status ReleaseStep(grpc::ServerContext*, const internal::WorkerReleaseStepRequest*,
+                           internal::WorkerEmpty*) override;
+  grpc::Status GetTensors(grpc::ServerContext*, const internal::WorkerGetTensorsRequest*,
+                          grpc::ServerWriter<v1::TensorChunk>*) override;
+  grpc::Status SetTensors(grpc::ServerContext*,
+                          grpc::ServerReader<internal::WorkerSetTensorsRequest>*,
+                          internal::WorkerEmpty*) override;
+  grpc::Status ZeroGradients(grpc::ServerContext*, const internal::WorkerLayerRequest*,
+                             internal::WorkerEmpty*) override;
+  grpc::Status ApplyOptimizer(grpc::ServerContext*, const internal::WorkerOptimizerRequest*,
+                              internal::WorkerEmpty*) override;
+  grpc::Status UpdateExpertBias(grpc::ServerContext*, const internal::WorkerExpertBiasRequest*,
+                                internal::WorkerExpertBiasResponse*) override;
+  grpc::Status SaveCheckpoint(grpc::ServerContext*, const internal::WorkerCheckpointRequest*,
+                              internal::WorkerEmpty*) override;
+  grpc::Status LoadCheckpoint(grpc::ServerContext*, const internal::WorkerCheckpointRequest*,
+                              internal::WorkerEmpty*) override;
+  grpc::Status Ping(grpc::ServerContext*, const internal::PingRequest*,
+                    internal::PingResponse*) override;
+  grpc::Status Shutdown(grpc::ServerContext*, const internal::WorkerEmpty*,
+                        internal::WorkerEmpty*) override;
+
+ private:
+  WorkerService* const inner_;
+  const ClusterSecret secret_;
+};
+
+}  // namespace moe
+
+#endif  // MOED_SERVER_AUTHENTICATED_WORKER_H_
