@@ -15,6 +15,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "proto/status_convert.h"
 #include "proto/tensor_convert.h"
+#include "server/phase_clock.h"
 
 namespace moe {
 namespace client {
@@ -181,14 +182,22 @@ absl::StatusOr<v1::LayerInfo> MoeClient::GetLayer(const std::string& name,
 
 absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const Tensor& x,
                                                  bool keep_for_backward, const CallOptions& call) {
+  PhaseClock clock(call.timing != nullptr);
   v1::ForwardRequest request;
   request.set_layer(layer);
   TensorToProto(x, request.mutable_x());
   request.set_keep_for_backward(keep_for_backward);
+  request.set_timing(clock.enabled());
+  const double encode_ms = clock.Lap();
   v1::ForwardResponse response;
   MOED_UNARY_CALL(Forward, request, response, call);
+  const double call_ms = clock.Lap();
   ForwardOutput output;
   ASSIGN_OR_RETURN(output.out, TensorFromProto("ForwardResponse.out", response.out()));
+  if (call.timing != nullptr) {
+    *call.timing =
+        StepTimes{encode_ms, call_ms, clock.Lap(), std::move(*response.mutable_timing())};
+  }
   output.aux_loss = response.aux_loss();
   output.z_loss = response.z_loss();
   output.tokens_per_expert.assign(response.tokens_per_expert().begin(),
@@ -202,15 +211,24 @@ absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t st
                                            const Tensor& d_out, std::optional<double> d_aux,
                                            std::optional<double> d_z_loss,
                                            const CallOptions& call) {
+  PhaseClock clock(call.timing != nullptr);
   v1::BackwardRequest request;
   request.set_layer(layer);
   request.set_step_id(step_id);
   TensorToProto(d_out, request.mutable_d_out());
   if (d_aux.has_value()) request.set_d_aux(*d_aux);
   if (d_z_loss.has_value()) request.set_d_z_loss(*d_z_loss);
+  request.set_timing(clock.enabled());
+  const double encode_ms = clock.Lap();
   v1::BackwardResponse response;
   MOED_UNARY_CALL(Backward, request, response, call);
-  return TensorFromProto("BackwardResponse.d_x", response.d_x());
+  const double call_ms = clock.Lap();
+  ASSIGN_OR_RETURN(Tensor d_x, TensorFromProto("BackwardResponse.d_x", response.d_x()));
+  if (call.timing != nullptr) {
+    *call.timing =
+        StepTimes{encode_ms, call_ms, clock.Lap(), std::move(*response.mutable_timing())};
+  }
+  return d_x;
 }
 
 absl::StatusOr<bool> MoeClient::ReleaseStep(const std::string& layer, uint64_t step_id,

@@ -59,12 +59,24 @@ struct ClientOptions {
   std::string tls_server_name;
 };
 
+// A step's per-phase times (CallOptions::timing): the client's own phases around the server's
+// StepTiming (proto/moe.proto says what each server phase covers).
+struct StepTimes {
+  double encode_ms = 0.0;  // host tensor -> request message
+  double call_ms = 0.0;    // the RPC: serialise, wire, moed (server.moed_ms), reply, parse
+  double decode_ms = 0.0;  // response message -> host tensor
+  v1::StepTiming server;
+};
+
 struct CallOptions {
   // Overrides ClientOptions::default_deadline when set.
   std::optional<absl::Duration> deadline;
   // Wait for the channel to become ready (up to the deadline) instead of failing fast with
   // UNAVAILABLE when the server is not up yet.
   bool wait_for_ready = false;
+  // Forward / Backward: when set, the server is asked for its StepTiming and this receives
+  // it with the client's phases.
+  StepTimes* timing = nullptr;
 };
 
 struct ForwardOutput {

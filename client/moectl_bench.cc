@@ -17,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "client/layer_flags.h"
 #include "client/moectl.h"
+#include "client/step_breakdown.h"
 #include "client/tensor_util.h"
 
 ABSL_FLAG(int64_t, steps, 20, "bench: timed steps of each kind.");
@@ -75,9 +76,11 @@ class ProgressBar {
   const bool enabled_;
 };
 
-// Runs `warmup` + `steps` calls of `step`, timing the last `steps`.
+// Runs `warmup` + `steps` calls of `step`, timing the last `steps`; record(latency_ms) after
+// each timed one.
 absl::StatusOr<Series> Measure(int64_t warmup, int64_t steps, const char* phase, bool show_progress,
-                               const std::function<absl::Status()>& step) {
+                               const std::function<absl::Status()>& step,
+                               const std::function<void(double)>& record) {
   ProgressBar bar(warmup + steps, show_progress);
   Series series;
   absl::Time start = absl::Now();
@@ -86,7 +89,10 @@ absl::StatusOr<Series> Measure(int64_t warmup, int64_t steps, const char* phase,
     const absl::Time t0 = absl::Now();
     absl::Status status = step();
     if (!status.ok()) return status;
-    if (i >= warmup) series.latency_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+    if (i >= warmup) {
+      series.latency_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+      record(series.latency_ms.back());
+    }
     bar.Update(i + 1, phase);
   }
   series.wall_s = absl::ToDoubleSeconds(absl::Now() - start);
@@ -138,19 +144,31 @@ int RunBench(const Args& args) {
   const Tensor d_out = RandomNormal(*dtype, {tokens, hidden}, seed + 1);
   MoeClient& c = **client;
 
-  auto forward = Measure(warmup, steps, "forward", show_progress, [&]() {
-    return c.Forward(name, x, /*keep_for_backward=*/false).status();
-  });
+  // Every step asks for its StepTiming (a few clock reads); Measure records the breakdown of
+  // the timed steps.
+  StepTimes fwd_times, bwd_times;
+  CallOptions fwd_call, bwd_call;
+  fwd_call.timing = &fwd_times;
+  bwd_call.timing = &bwd_times;
+  StepBreakdown forward_breakdown, training_breakdown;
+  auto forward = Measure(
+      warmup, steps, "forward", show_progress,
+      [&]() { return c.Forward(name, x, /*keep_for_backward=*/false, fwd_call).status(); },
+      [&](double ms) { forward_breakdown.Add(ms, {&fwd_times}); });
   absl::StatusOr<Series> training = absl::InternalError("not run");
   if (forward.ok()) {
-    training = Measure(warmup, steps, "forward+backward", show_progress, [&]() -> absl::Status {
-      auto fwd = c.Forward(name, x, /*keep_for_backward=*/true);
+    auto step = [&]() -> absl::Status {
+      auto fwd = c.Forward(name, x, /*keep_for_backward=*/true, fwd_call);
       if (!fwd.ok()) return fwd.status();
-      absl::Status backward = c.Backward(name, fwd->step_id, d_out).status();
+      absl::Status backward =
+          c.Backward(name, fwd->step_id, d_out, std::nullopt, std::nullopt, bwd_call).status();
       // A Backward that failed before reaching the workers leaves the step saved: free it,
       // or an existing layer keeps it until the server's --saved_step_ttl_s.
       if (!backward.ok()) c.ReleaseStep(name, fwd->step_id).IgnoreError();
       return backward;
+    };
+    training = Measure(warmup, steps, "forward+backward", show_progress, step, [&](double ms) {
+      training_breakdown.Add(ms, {&fwd_times, &bwd_times});
     });
   }
   // Gradients accumulated by the timed backwards are dropped so an existing layer is left as
@@ -165,11 +183,13 @@ int RunBench(const Args& args) {
 
   std::printf(
       "{\"server\": %s, \"layer\": %s, \"config\": %s, \"ep_ranks\": %d, \"tokens\": %lld, "
-      "\"datatype\": \"%s\", \"warmup\": %lld, \"forward\": %s, \"forward_backward\": %s}\n",
+      "\"datatype\": \"%s\", \"warmup\": %lld, \"forward\": %s, \"forward_backward\": %s, "
+      "\"breakdown\": {\"forward\": %s, \"forward_backward\": %s}}\n",
       JsonString(c.target()).c_str(), JsonString(name).c_str(),
       JsonString(DescribeLayerConfig(info->config())).c_str(), info->ep_ranks(),
       static_cast<long long>(tokens), DTypeName(*dtype), static_cast<long long>(warmup),
-      SeriesJson(*forward, tokens).c_str(), SeriesJson(*training, tokens).c_str());
+      SeriesJson(*forward, tokens).c_str(), SeriesJson(*training, tokens).c_str(),
+      forward_breakdown.Json().c_str(), training_breakdown.Json().c_str());
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include "proto/status_convert.h"
 #include "proto/tensor_convert.h"
 #include "server/moe_service.h"
+#include "server/phase_clock.h"
 
 namespace moe {
 namespace {
@@ -53,6 +54,22 @@ void SliceTensor(const v1::Tensor& whole, int64_t row_begin, int64_t row_end, si
                       (row_end - row_begin) * row_bytes);
 }
 
+// moed's phases and each worker's (the workers' own timing, with moed's round trip added).
+template <typename WorkerAnswer>
+void FillStepTiming(const PhaseClock& clock, double queue_ms, double fanout_ms, double gather_ms,
+                    const std::vector<double>& call_ms, const std::vector<WorkerAnswer>& answers,
+                    v1::StepTiming* timing) {
+  timing->set_moed_ms(clock.Total());
+  timing->set_queue_ms(queue_ms);
+  timing->set_fanout_ms(fanout_ms);
+  timing->set_gather_ms(gather_ms);
+  for (size_t r = 0; r < answers.size(); ++r) {
+    v1::WorkerStepTiming* worker = timing->add_workers();
+    *worker = answers[r].timing();
+    worker->set_call_ms(call_ms[r]);
+  }
+}
+
 }  // namespace
 
 grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
@@ -60,6 +77,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
                                        v1::ForwardResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
+    PhaseClock clock(request->timing());
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     if (!request->has_x()) return absl::InvalidArgumentError("x: required");
     ASSIGN_OR_RETURN(DType dtype, CheckActivation("x", request->x(), found->config.hidden));
@@ -89,19 +107,26 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
     const std::vector<int64_t> offsets = SplitRows(tokens, ranks);
     const uint64_t step_id = keep ? next_step_id_++ : 0;
+    const double queue_ms = clock.Lap();
 
     std::vector<internal::WorkerForwardResponse> answers(ranks);
+    std::vector<double> call_ms(ranks, 0.0);
     RETURN_IF_ERROR(pool_->ForEachWorker(
         turn->set, InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          PhaseClock call_clock(clock.enabled());
           internal::WorkerForwardRequest call;
           call.set_generation(turn->set.generation);
           call.set_layer_id(layer.id);
           call.set_step_id(step_id);
+          call.set_timing(clock.enabled());
           SliceTensor(request->x(), offsets[r], offsets[r + 1], row_bytes, call.mutable_x());
-          return FromGrpcStatus(stub->Forward(ctx, call, &answers[r]));
+          grpc::Status status = stub->Forward(ctx, call, &answers[r]);
+          call_ms[r] = call_clock.Total();
+          return FromGrpcStatus(status);
         },
         /*collective=*/true));
+    const double fanout_ms = clock.Lap();
 
     // Gather the output slices in rank order.
     v1::Tensor* out = response->mutable_out();
@@ -120,6 +145,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
       raw->append(slice.raw_data());
       saved_bytes += answers[r].saved_bytes();
     }
+    const double gather_ms = clock.Lap();
     const internal::WorkerForwardResponse& first = answers[0];
     response->set_aux_loss(first.aux_loss());
     response->set_z_loss(first.z_loss());
@@ -164,6 +190,10 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
       }
       response->set_step_id(step_id);
     }
+    if (clock.enabled()) {
+      FillStepTiming(clock, queue_ms, fanout_ms, gather_ms, call_ms, answers,
+                     response->mutable_timing());
+    }
     return absl::OkStatus();
   };
   return Finish("Forward", start, run());
@@ -174,6 +204,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
                                         v1::BackwardResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
+    PhaseClock clock(request->timing());
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     if (request->step_id() == 0) {
       return absl::FailedPreconditionError(
@@ -221,11 +252,15 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     const int ranks = turn->set.size();
     const std::vector<int64_t> offsets = SplitRows(step.tokens, ranks);
     const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
+    const double queue_ms = clock.Lap();
     std::vector<internal::WorkerBackwardResponse> answers(ranks);
+    std::vector<double> call_ms(ranks, 0.0);
     RETURN_IF_ERROR(pool_->ForEachWorker(
         turn->set, InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          PhaseClock call_clock(clock.enabled());
           internal::WorkerBackwardRequest call;
+          call.set_timing(clock.enabled());
           call.set_generation(turn->set.generation);
           call.set_layer_id(layer.id);
           call.set_step_id(request->step_id());
@@ -233,18 +268,26 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
           call.set_d_z_loss(d_z_loss);
           SliceTensor(request->d_out(), offsets[r], offsets[r + 1], row_bytes,
                       call.mutable_d_out());
-          return FromGrpcStatus(stub->Backward(ctx, call, &answers[r]));
+          grpc::Status status = stub->Backward(ctx, call, &answers[r]);
+          call_ms[r] = call_clock.Total();
+          return FromGrpcStatus(status);
         },
         /*collective=*/true));
+    const double fanout_ms = clock.Lap();
     v1::Tensor* d_x = response->mutable_d_x();
     d_x->set_datatype(DTypeName(step.dtype));
     d_x->add_shape(step.tokens);
     d_x->add_shape(layer.config.hidden);
-    for (int r = 0; r < ranks; ++r) d_x->mutable_raw_data()->append(answers[r].d_x().raw_data());
     const size_t want = step.tokens * layer.config.hidden * DTypeSize(step.dtype);
+    d_x->mutable_raw_data()->reserve(want);
+    for (int r = 0; r < ranks; ++r) d_x->mutable_raw_data()->append(answers[r].d_x().raw_data());
     if (d_x->raw_data().size() != want) {
       return absl::InternalError(
           absl::StrCat("workers returned ", d_x->raw_data().size(), " d_x bytes, expected ", want));
+    }
+    if (clock.enabled()) {
+      FillStepTiming(clock, queue_ms, fanout_ms, clock.Lap(), call_ms, answers,
+                     response->mutable_timing());
     }
     return absl::OkStatus();
   };

@@ -13,11 +13,23 @@
 #include "proto/config_convert.h"
 #include "proto/status_convert.h"
 #include "proto/tensor_convert.h"
+#include "server/phase_clock.h"
 
 namespace moe {
 namespace {
 
 grpc::Status Grpc(const absl::Status& s) { return ToGrpcStatus(s); }
+
+// The worker's phases of a step; the clock's next lap is the encode.
+void FillTiming(PhaseClock& clock, double decode_ms, double engine_ms, size_t bytes_in,
+                size_t bytes_out, v1::WorkerStepTiming* timing) {
+  timing->set_decode_ms(decode_ms);
+  timing->set_engine_ms(engine_ms);
+  timing->set_encode_ms(clock.Lap());
+  timing->set_handler_ms(clock.Total());
+  timing->set_bytes_in(static_cast<int64_t>(bytes_in));
+  timing->set_bytes_out(static_cast<int64_t>(bytes_out));
+}
 
 }  // namespace
 
@@ -252,11 +264,18 @@ grpc::Status WorkerService::Forward(grpc::ServerContext*,
                                     const internal::WorkerForwardRequest* request,
                                     internal::WorkerForwardResponse* response) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
+    PhaseClock clock(request->timing());
     ASSIGN_OR_RETURN(Tensor x, TensorFromProto("x", request->x()));
+    const double decode_ms = clock.Lap();
     std::unique_ptr<StepContext> saved;
     const bool keep = request->step_id() != 0;
     ASSIGN_OR_RETURN(ForwardResult result, s->layer->Forward(x, keep ? &saved : nullptr));
+    const double engine_ms = clock.Lap();
     TensorToProto(result.out, response->mutable_out());
+    if (clock.enabled()) {
+      FillTiming(clock, decode_ms, engine_ms, x.num_bytes(), result.out.num_bytes(),
+                 response->mutable_timing());
+    }
     response->set_aux_loss(result.aux_loss);
     response->set_z_loss(result.z_loss);
     for (int64_t c : result.tokens_per_expert) response->add_tokens_per_expert(c);
@@ -272,7 +291,9 @@ grpc::Status WorkerService::Backward(grpc::ServerContext*,
                                      const internal::WorkerBackwardRequest* request,
                                      internal::WorkerBackwardResponse* response) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
+    PhaseClock clock(request->timing());
     ASSIGN_OR_RETURN(Tensor d_out, TensorFromProto("d_out", request->d_out()));
+    const double decode_ms = clock.Lap();
     auto it = s->steps.find(request->step_id());
     if (it == s->steps.end()) {
       return absl::FailedPreconditionError(
@@ -285,7 +306,12 @@ grpc::Status WorkerService::Backward(grpc::ServerContext*,
         s->layer->Backward(*saved, d_out, request->d_aux(), request->d_z_loss());
     saved.reset();
     if (!d_x.ok()) return d_x.status();
+    const double engine_ms = clock.Lap();
     TensorToProto(*d_x, response->mutable_d_x());
+    if (clock.enabled()) {
+      FillTiming(clock, decode_ms, engine_ms, d_out.num_bytes(), d_x->num_bytes(),
+                 response->mutable_timing());
+    }
     return absl::OkStatus();
   });
 }
