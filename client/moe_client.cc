@@ -1,5 +1,6 @@
 #include "client/moe_client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iterator>
@@ -8,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "client/step_stream.h"
 #include "engine/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -15,6 +17,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "proto/status_convert.h"
 #include "proto/tensor_convert.h"
+#include "server/bulk_transport.h"
 #include "server/phase_clock.h"
 
 namespace moe {
@@ -91,8 +94,10 @@ absl::StatusOr<std::unique_ptr<MoeClient>> MoeClient::Connect(const std::string&
     return absl::InvalidArgumentError("default_deadline must be positive");
   }
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(options.max_message_bytes);
+  // Accepts what moed sends (each message at most its own --max_message_bytes).
+  args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(options.max_message_bytes);
+  SetBulkTransportArgs(&args);
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!options.tls_ca_file.empty() || !options.tls_cert_file.empty() ||
       !options.tls_key_file.empty()) {
@@ -131,6 +136,16 @@ MoeClient::MoeClient(std::string target, ClientOptions options,
       options_(options),
       channel_(std::move(channel)),
       stub_(v1::MoeService::NewStub(channel_)) {}
+
+bool MoeClient::NeedsStream(const Tensor& tensor) const {
+  return static_cast<int64_t>(tensor.num_bytes()) + kStepMessageHeadroom >
+         options_.max_message_bytes;
+}
+
+size_t MoeClient::PieceBytes() const {
+  return static_cast<size_t>(
+      std::max<int64_t>(options_.max_message_bytes - kStepMessageHeadroom, 4096));
+}
 
 void MoeClient::Prepare(const CallOptions& call, grpc::ClientContext* context) const {
   const absl::Duration timeout = call.deadline.value_or(options_.default_deadline);
@@ -185,12 +200,21 @@ absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const
   PhaseClock clock(call.timing != nullptr);
   v1::ForwardRequest request;
   request.set_layer(layer);
-  TensorToProto(x, request.mutable_x());
   request.set_keep_for_backward(keep_for_backward);
   request.set_timing(clock.enabled());
-  const double encode_ms = clock.Lap();
   v1::ForwardResponse response;
-  MOED_UNARY_CALL(Forward, request, response, call);
+  double encode_ms = 0.0;
+  if (NeedsStream(x)) {
+    grpc::ClientContext context;
+    Prepare(call, &context);
+    auto stream = stub_->ForwardStream(&context);
+    RETURN_IF_ERROR(StreamStep(stream.get(), std::move(request), &v1::ForwardRequest::mutable_x, x,
+                               &v1::ForwardResponse::mutable_out, PieceBytes(), &response));
+  } else {
+    TensorToProto(x, request.mutable_x());
+    encode_ms = clock.Lap();
+    MOED_UNARY_CALL(Forward, request, response, call);
+  }
   const double call_ms = clock.Lap();
   ForwardOutput output;
   ASSIGN_OR_RETURN(output.out, TensorFromProto("ForwardResponse.out", response.out()));
@@ -215,13 +239,23 @@ absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t st
   v1::BackwardRequest request;
   request.set_layer(layer);
   request.set_step_id(step_id);
-  TensorToProto(d_out, request.mutable_d_out());
   if (d_aux.has_value()) request.set_d_aux(*d_aux);
   if (d_z_loss.has_value()) request.set_d_z_loss(*d_z_loss);
   request.set_timing(clock.enabled());
-  const double encode_ms = clock.Lap();
   v1::BackwardResponse response;
-  MOED_UNARY_CALL(Backward, request, response, call);
+  double encode_ms = 0.0;
+  if (NeedsStream(d_out)) {
+    grpc::ClientContext context;
+    Prepare(call, &context);
+    auto stream = stub_->BackwardStream(&context);
+    RETURN_IF_ERROR(StreamStep(stream.get(), std::move(request),
+                               &v1::BackwardRequest::mutable_d_out, d_out,
+                               &v1::BackwardResponse::mutable_d_x, PieceBytes(), &response));
+  } else {
+    TensorToProto(d_out, request.mutable_d_out());
+    encode_ms = clock.Lap();
+    MOED_UNARY_CALL(Backward, request, response, call);
+  }
   const double call_ms = clock.Lap();
   ASSIGN_OR_RETURN(Tensor d_x, TensorFromProto("BackwardResponse.d_x", response.d_x()));
   if (call.timing != nullptr) {

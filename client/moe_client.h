@@ -41,9 +41,11 @@ namespace client {
 struct ClientOptions {
   // Deadline of every call that does not set its own.
   absl::Duration default_deadline = absl::Seconds(60);
-  // Largest message the client sends or accepts (bytes). Forward of T x H fp32 needs
-  // 4*T*H plus a little; the server has its own limit.
-  int max_message_bytes = 512 << 20;
+  // Largest message the client sends (bytes); keep it at or below moed's
+  // --max_message_bytes (both default to 256 MiB). Forward / Backward whose tensor (plus
+  // 64 KiB for the other fields) does not fit go through ForwardStream / BackwardStream in
+  // pieces of this size, so tensors of any size work. Answers of any size are accepted.
+  int max_message_bytes = 256 << 20;
   // Chunk size for SetWeights and the size asked for in GetWeights / GetGradients.
   int64_t chunk_bytes = kDefaultChunkBytes;
   // Bearer token sent with every call ("authorization: Bearer <token>"; moed --tokens_file).
@@ -161,6 +163,10 @@ class MoeClient {
 
  private:
   MoeClient(std::string target, ClientOptions options, std::shared_ptr<grpc::Channel> channel);
+  // Forward / Backward: whether `tensor` goes through the streaming call, in pieces of
+  // PieceBytes().
+  bool NeedsStream(const Tensor& tensor) const;
+  size_t PieceBytes() const;
   // Applies the deadline and wait-for-ready of `call` to a fresh context.
   void Prepare(const CallOptions& call, grpc::ClientContext* context) const;
   absl::StatusOr<std::vector<NamedTensor>> ReadChunks(

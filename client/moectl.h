@@ -46,8 +46,8 @@ std::string TargetWithDefaultPort(const std::string& target);
 // --dtype as a DType (FP32 or BF16).
 absl::StatusOr<DType> InputDTypeFromFlag();
 // --tokens for a random [tokens, hidden] input of `dtype`: INVALID_ARGUMENT (a usage error)
-// when negative, or when the tensor would not fit in one message (ClientOptions
-// max_message_bytes); checked before anything that large is allocated.
+// when negative, or when the input and output would not fit in this host's memory (larger
+// than one message is fine: streamed); checked before anything that large is allocated.
 absl::Status CheckTokensFlag(int64_t hidden, DType dtype);
 // A layer name for commands that create a temporary layer: --layer, or "<prefix>-<pid>".
 std::string LayerNameOr(absl::string_view prefix);

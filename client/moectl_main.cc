@@ -36,6 +36,9 @@ ABSL_FLAG(std::string, layer, "",
 ABSL_FLAG(int64_t, tokens, 32, "T: tokens of a random input (forward, backward, smoke, bench).");
 ABSL_FLAG(std::string, dtype, "fp32", "Datatype of random inputs: fp32|bf16.");
 ABSL_FLAG(uint64_t, input_seed, 1, "Seed of random inputs (x, d_out).");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
+          "Largest message sent, as moed's flag of the same name (keep it at or below moed's); "
+          "larger x / d_out go in pieces through ForwardStream / BackwardStream.");
 
 namespace {
 
@@ -123,6 +126,8 @@ absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags() {
   options.tls_cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls_key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  options.max_message_bytes = static_cast<int>(
+      std::clamp<int64_t>(absl::GetFlag(FLAGS_max_message_bytes), int64_t{1} << 16, INT32_MAX));
   return MoeClient::Connect(target, options);
 }
 
@@ -171,13 +176,15 @@ absl::StatusOr<DType> InputDTypeFromFlag() {
 absl::Status CheckTokensFlag(int64_t hidden, DType dtype) {
   const int64_t tokens = absl::GetFlag(FLAGS_tokens);
   if (tokens < 0) return absl::InvalidArgumentError("--tokens must be >= 0");
-  const int64_t limit = ClientOptions().max_message_bytes;
+  // Inputs larger than one message are streamed in pieces (MoeClient); what bounds a step
+  // is this host's memory, which must hold the input and the output.
   const int64_t row_bytes = std::max<int64_t>(hidden, 1) * static_cast<int64_t>(DTypeSize(dtype));
-  if (tokens > limit / row_bytes) {
+  const int64_t memory = static_cast<int64_t>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE);
+  if (memory > 0 && tokens > memory / 2 / row_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tokens=", tokens, ": a [", tokens, ", ", hidden, "] ", DTypeName(dtype),
-                     " input needs more than the largest message (", limit, " bytes); at most ",
-                     limit / row_bytes, " tokens per step"));
+                     " input and its output need more than this host's memory (", memory,
+                     " bytes); at most ", memory / 2 / row_bytes, " tokens per step"));
   }
   return absl::OkStatus();
 }

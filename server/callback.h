@@ -192,6 +192,36 @@ class StreamReader final : public grpc::ServerReadReactor<Message> {
   PendingOp read_;
 };
 
+// A bidirectional stream whose body reads and writes with blocking calls from a pool thread
+// (one operation of each kind at a time).
+template <typename Request, typename Response>
+class StreamReaderWriter final : public grpc::ServerBidiReactor<Request, Response> {
+ public:
+  // body(StreamReaderWriter*) -> grpc::Status runs on the pool; the call finishes with it.
+  template <typename Body>
+  static grpc::ServerBidiReactor<Request, Response>* Start(HandlerPool* pool, Body body) {
+    return FinishOnPool(pool, new StreamReaderWriter(), body);  // deletes itself in OnDone
+  }
+
+  // The next message; false at the end of the client's half (or when the call is over).
+  bool Read(Request* message) {
+    return read_.Run([&] { this->StartRead(message); });
+  }
+  // Sends one message and waits until gRPC has taken it; false once the call is over.
+  bool Write(const Response& message) {
+    return write_.Run([&] { this->StartWrite(&message); });
+  }
+
+  void OnReadDone(bool ok) override { read_.Done(ok); }
+  void OnWriteDone(bool ok) override { write_.Done(ok); }
+  void OnDone() override { delete this; }
+
+ private:
+  StreamReaderWriter() = default;
+  PendingOp read_;
+  PendingOp write_;
+};
+
 }  // namespace moe
 
 #endif  // MOED_SERVER_CALLBACK_H_

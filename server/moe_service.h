@@ -111,6 +111,10 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
                                      v1::BackwardResponse*) override;
   grpc::ServerUnaryReactor* ReleaseStep(grpc::CallbackServerContext*, const v1::ReleaseStepRequest*,
                                         v1::ReleaseStepResponse*) override;
+  grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardResponse>* ForwardStream(
+      grpc::CallbackServerContext*) override;
+  grpc::ServerBidiReactor<v1::BackwardRequest, v1::BackwardResponse>* BackwardStream(
+      grpc::CallbackServerContext*) override;
   grpc::ServerWriteReactor<v1::TensorChunk>* GetGradients(grpc::CallbackServerContext*,
                                                           const v1::GetGradientsRequest*) override;
   grpc::ServerUnaryReactor* ZeroGradients(grpc::CallbackServerContext*,
@@ -149,6 +153,12 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
                           v1::BackwardResponse*);
   grpc::Status DoReleaseStep(grpc::ServerContextBase*, const v1::ReleaseStepRequest*,
                              v1::ReleaseStepResponse*);
+  // moe_service_streams.cc: assemble the request's tensor, DoForward / DoBackward, answer in
+  // pieces.
+  grpc::Status DoForwardStream(grpc::ServerContextBase*,
+                               StreamReaderWriter<v1::ForwardRequest, v1::ForwardResponse>*);
+  grpc::Status DoBackwardStream(grpc::ServerContextBase*,
+                                StreamReaderWriter<v1::BackwardRequest, v1::BackwardResponse>*);
   grpc::Status DoGetGradients(grpc::ServerContextBase*, const v1::GetGradientsRequest*,
                               StreamWriter<v1::TensorChunk>*);
   grpc::Status DoZeroGradients(grpc::ServerContextBase*, const v1::ZeroGradientsRequest*,

@@ -72,6 +72,26 @@ grpc::ServerUnaryReactor* MoeServiceImpl::ReleaseStep(grpc::CallbackServerContex
                        [=] { return DoReleaseStep(context, request, response); });
 }
 
+grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardResponse>* MoeServiceImpl::ForwardStream(
+    grpc::CallbackServerContext* context) {
+  using Stream = StreamReaderWriter<v1::ForwardRequest, v1::ForwardResponse>;
+  // kInfer before a byte is read; kTrain as well once the first message asks to keep the
+  // step (DoForwardStream).
+  return Stream::Start(&handlers_, [=](Stream* stream) {
+    RETURN_IF_DENIED(Role::kInfer);
+    return DoForwardStream(context, stream);
+  });
+}
+
+grpc::ServerBidiReactor<v1::BackwardRequest, v1::BackwardResponse>* MoeServiceImpl::BackwardStream(
+    grpc::CallbackServerContext* context) {
+  using Stream = StreamReaderWriter<v1::BackwardRequest, v1::BackwardResponse>;
+  return Stream::Start(&handlers_, [=](Stream* stream) {
+    RETURN_IF_DENIED(Role::kTrain);
+    return DoBackwardStream(context, stream);
+  });
+}
+
 grpc::ServerUnaryReactor* MoeServiceImpl::ZeroGradients(grpc::CallbackServerContext* context,
                                                         const v1::ZeroGradientsRequest* request,
                                                         v1::ZeroGradientsResponse* response) {

@@ -54,6 +54,23 @@ void SliceTensor(const v1::Tensor& whole, int64_t row_begin, int64_t row_end, si
                       (row_end - row_begin) * row_bytes);
 }
 
+// Joins the workers' output slices in rank order into *out, moving the slices' strings out
+// of the answers: rank 0's bytes are adopted without a copy (with one worker, the whole output),
+// the others appended into room reserved once for `total` bytes.
+template <typename WorkerAnswer>
+void GatherRows(std::vector<WorkerAnswer>* answers, v1::Tensor* (WorkerAnswer::*tensor)(),
+                size_t total, std::string* out) {
+  if (answers->empty()) return;
+  *out = std::move(*((*answers)[0].*tensor)()->mutable_raw_data());
+  if (answers->size() == 1) return;
+  out->reserve(total);
+  for (size_t r = 1; r < answers->size(); ++r) {
+    std::string* slice = ((*answers)[r].*tensor)()->mutable_raw_data();
+    out->append(*slice);
+    std::string().swap(*slice);  // freed as soon as it is copied
+  }
+}
+
 // moed's phases and each worker's (the workers' own timing, with moed's round trip added).
 template <typename WorkerAnswer>
 void FillStepTiming(const PhaseClock& clock, double queue_ms, double fanout_ms, double gather_ms,
@@ -133,8 +150,6 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     out->set_datatype(DTypeName(dtype));
     out->add_shape(tokens);
     out->add_shape(layer.config.hidden);
-    std::string* raw = out->mutable_raw_data();
-    raw->reserve(tokens * row_bytes);
     int64_t saved_bytes = 0;
     for (int r = 0; r < ranks; ++r) {
       const v1::Tensor& slice = answers[r].out();
@@ -142,9 +157,10 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
         return absl::InternalError(
             absl::StrCat("worker ", r, " returned ", slice.raw_data().size(), " output bytes"));
       }
-      raw->append(slice.raw_data());
       saved_bytes += answers[r].saved_bytes();
     }
+    GatherRows(&answers, &internal::WorkerForwardResponse::mutable_out, tokens * row_bytes,
+               out->mutable_raw_data());
     const double gather_ms = clock.Lap();
     const internal::WorkerForwardResponse& first = answers[0];
     response->set_aux_loss(first.aux_loss());
@@ -279,8 +295,8 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     d_x->add_shape(step.tokens);
     d_x->add_shape(layer.config.hidden);
     const size_t want = step.tokens * layer.config.hidden * DTypeSize(step.dtype);
-    d_x->mutable_raw_data()->reserve(want);
-    for (int r = 0; r < ranks; ++r) d_x->mutable_raw_data()->append(answers[r].d_x().raw_data());
+    GatherRows(&answers, &internal::WorkerBackwardResponse::mutable_d_x, want,
+               d_x->mutable_raw_data());
     if (d_x->raw_data().size() != want) {
       return absl::InternalError(
           absl::StrCat("workers returned ", d_x->raw_data().size(), " d_x bytes, expected ", want));

@@ -26,6 +26,7 @@
 #include "cli/usage.h"
 #include "engine/file_util.h"
 #include "server/auth.h"
+#include "server/bulk_transport.h"
 #include "server/checkpoint_root.h"
 #include "server/cluster_secret.h"
 #include "server/coordinator_service.h"
@@ -348,6 +349,7 @@ int Main() {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
   builder.SetMaxSendMessageSize(static_cast<int>(max_message));
+  SetBulkTransportArgs(&builder);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -28,6 +28,7 @@
 #include "cli/usage.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/authenticated_worker.h"
+#include "server/bulk_transport.h"
 #include "server/cluster_secret.h"
 #include "server/device.h"
 #include "server/grpc_kv_store.h"
@@ -130,6 +131,7 @@ int Main() {
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port fails the start
   builder.SetMaxReceiveMessageSize(INT_MAX);
   builder.SetMaxSendMessageSize(INT_MAX);
+  SetBulkTransportArgs(&builder);
   builder.RegisterService(&authenticated);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/status_convert.h"
+#include "server/bulk_transport.h"
 
 namespace moe {
 namespace {
@@ -25,6 +26,7 @@ std::shared_ptr<internal::Worker::Stub> WorkerPool::MakeStub(const std::string& 
   // Reconnect quickly after a worker restarts on the same address.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  SetBulkTransportArgs(&args);
   return internal::Worker::NewStub(secret_.Channel(address, args));
 }
 

@@ -211,6 +211,47 @@ TEST_F(MoeClientTest, StepsReleaseAndDeadlines) {
   ASSERT_TRUE(client_->DeleteLayer("steps").ok());
 }
 
+// A client whose message limit is far below the tensors streams Forward and Backward in
+// pieces (ForwardStream / BackwardStream); the results are bit-identical to the unary calls.
+TEST_F(MoeClientTest, StepsLargerThanOneMessageAreStreamedBitIdentically) {
+  ClientOptions tiny_messages;
+  tiny_messages.max_message_bytes = 1 << 16;  // the lowest; pieces of 4 KiB
+  auto streaming = MoeClient::Connect(cluster_->address(), tiny_messages);
+  ASSERT_TRUE(streaming.ok());
+  ASSERT_TRUE(client_->CreateLayer("big", TinyConfig()).ok());
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    // 1001 x 32 fp32 = 128 KB: two messages' worth, split over the 2 workers unevenly.
+    const Tensor x = RandomNormal(dtype, {1001, 32}, 11);
+    const Tensor d_out = RandomNormal(dtype, {1001, 32}, 12);
+    auto unary = client_->Forward("big", x, /*keep_for_backward=*/true);
+    ASSERT_TRUE(unary.ok()) << unary.status();
+    StepTimes times;
+    CallOptions timed;
+    timed.timing = &times;
+    auto streamed = (*streaming)->Forward("big", x, /*keep_for_backward=*/true, timed);
+    ASSERT_TRUE(streamed.ok()) << streamed.status();
+    EXPECT_EQ(streamed->out.shape(), x.shape());
+    EXPECT_EQ(streamed->out.bytes(), unary->out.bytes());
+    EXPECT_EQ(streamed->aux_loss, unary->aux_loss);
+    EXPECT_EQ(streamed->tokens_per_expert, unary->tokens_per_expert);
+    EXPECT_EQ(times.server.workers_size(), 2);  // the timing asked for came back too
+    auto d_x_unary = client_->Backward("big", unary->step_id, d_out);
+    auto d_x_streamed = (*streaming)->Backward("big", streamed->step_id, d_out);
+    ASSERT_TRUE(d_x_unary.ok()) << d_x_unary.status();
+    ASSERT_TRUE(d_x_streamed.ok()) << d_x_streamed.status();
+    EXPECT_EQ(d_x_streamed->bytes(), d_x_unary->bytes());
+  }
+  // The streamed call validates like the unary one.
+  EXPECT_EQ(
+      (*streaming)->Forward("big", RandomNormal(DType::kFloat32, {600, 31}, 1)).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      (*streaming)->Forward("nope", RandomNormal(DType::kFloat32, {600, 32}, 1)).status().code(),
+      absl::StatusCode::kNotFound);
+  ASSERT_TRUE(client_->DeleteLayer("big").ok());
+}
+
 TEST_F(MoeClientTest, WeightsRoundTripThroughSmallChunks) {
   ASSERT_TRUE(client_->CreateLayer("weights", TinyConfig()).ok());
   auto weights = client_->GetWeights("weights");

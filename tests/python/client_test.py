@@ -85,6 +85,25 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             self.client.apply_optimizer("s")
 
+    def test_steps_larger_than_one_message_are_streamed(self):
+        # A client limited to 64 KiB messages sends x / d_out (128 KB) through ForwardStream /
+        # BackwardStream in pieces; the results equal the unary calls' bit for bit.
+        self.client.create_layer("big", hidden=32, ffn=16, num_experts=4, top_k=2, init_seed=3)
+        rng = np.random.default_rng(1)
+        x = rng.standard_normal((1001, 32)).astype(np.float32)
+        d_out = rng.standard_normal((1001, 32)).astype(np.float32)
+        with Client(CLUSTER.address, timeout=30, max_message_bytes=1 << 16) as tiny:
+            unary = self.client.forward("big", x, keep_for_backward=True)
+            streamed = tiny.forward("big", x, keep_for_backward=True)
+            self.assertEqual(streamed.out.tobytes(), unary.out.tobytes())
+            self.assertEqual(streamed.aux_loss, unary.aux_loss)
+            self.assertEqual(streamed.tokens_per_expert, unary.tokens_per_expert)
+            d_x_unary = self.client.backward("big", unary.step_id, d_out)
+            d_x_streamed = tiny.backward("big", streamed.step_id, d_out)
+            self.assertEqual(d_x_streamed.tobytes(), d_x_unary.tobytes())
+            with self.assertRaises(NotFound):
+                tiny.forward("nope", x)
+
     def test_expert_bias(self):
         self.client.create_layer("eb", hidden=8, ffn=16, num_experts=4, top_k=2,
                                  score_function="sigmoid", use_expert_bias=True)

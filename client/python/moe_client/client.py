@@ -85,10 +85,14 @@ class _Health:
         return _Health.STATUS_NAMES.get(value, str(value))
 
 
+# Room left in a step's message for the fields around its tensor (as the C++ client).
+_STEP_HEADROOM = 64 << 10
+
+
 class Client:
     """A connection to moed. Thread-safe (a gRPC channel and stub are)."""
 
-    def __init__(self, address=None, timeout=60.0, max_message_bytes=512 << 20,
+    def __init__(self, address=None, timeout=60.0, max_message_bytes=256 << 20,
                  chunk_bytes=1 << 20, channel=None, token=None, tls_ca_file=None,
                  tls_cert_file=None, tls_key_file=None, tls_server_name=None):
         """address: host:port (default $MOED_SERVER, else localhost:50051). timeout: default
@@ -96,14 +100,20 @@ class Client:
         $MOED_TOKEN). tls_ca_file: PEM roots that signed moed's certificate (default
         $MOED_TLS_CA_FILE); set, the channel is TLS, else plaintext. tls_cert_file and
         tls_key_file: a client certificate for mutual TLS. tls_server_name: the name checked
-        against moed's certificate when it differs from the address's host."""
+        against moed's certificate when it differs from the address's host. max_message_bytes:
+        largest message sent, at most moed's --max_message_bytes (both default to 256 MiB);
+        forward/backward whose tensor does not fit in one message go through
+        ForwardStream/BackwardStream in pieces, so tensors of any size work."""
         self.address = address or os.environ.get("MOED_SERVER") or DEFAULT_ADDRESS
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
+        self.max_message_bytes = max_message_bytes
         token = token or os.environ.get("MOED_TOKEN")
         self._metadata = (("authorization", "Bearer " + token),) if token else None
         options = [("grpc.max_send_message_length", max_message_bytes),
-                   ("grpc.max_receive_message_length", max_message_bytes)]
+                   ("grpc.max_receive_message_length", -1),  # moed's pieces fit its limit
+                   ("grpc.http2.max_frame_size", (16 << 20) - 1),  # server/bulk_transport.h
+                   ("grpc.http2.lookahead_bytes", 64 << 20)]
         tls_ca_file = tls_ca_file or os.environ.get("MOED_TLS_CA_FILE")
         if channel is None and tls_ca_file:
             def read(path):
@@ -149,6 +159,37 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc_error(e, rpc) from None
 
+    def _step(self, rpc, request, field, answer_field, timeout):
+        """Forward / Backward: unary when the request's tensor `field` fits in one message,
+        else the streaming call (proto/moe.proto: ForwardStream) with the tensor's raw_data
+        in pieces; the answer's `answer_field` raw_data pieces are joined."""
+        raw = getattr(request, field).raw_data
+        if len(raw) + _STEP_HEADROOM <= self.max_message_bytes:
+            return self._call(rpc, request, timeout)
+        piece = max(self.max_message_bytes - _STEP_HEADROOM, 4096)
+        getattr(request, field).raw_data = raw[:piece]
+        message_type = type(request)
+
+        def pieces():
+            yield request
+            for offset in range(piece, len(raw), piece):
+                more = message_type()
+                getattr(more, field).raw_data = raw[offset:offset + piece]
+                yield more
+
+        try:
+            answers = iter(getattr(self._stub, rpc + "Stream")(pieces(),
+                                                               timeout=timeout or self.timeout,
+                                                               metadata=self._metadata))
+            first = next(answers)
+            rest = [getattr(a, answer_field).raw_data for a in answers]
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, rpc) from None
+        if rest:
+            tensor = getattr(first, answer_field)
+            tensor.raw_data = b"".join([tensor.raw_data] + rest)
+        return first
+
     # ---- layers ----
     def create_layer(self, name, config=None, timeout=None, **fields):
         """Creates a layer from a LayerConfig or keyword fields; returns its LayerInfo."""
@@ -178,7 +219,7 @@ class Client:
         """
         request = moe_pb2.ForwardRequest(layer=layer, x=codec.to_proto(x, datatype),
                                          keep_for_backward=keep_for_backward)
-        r = self._call("Forward", request, timeout)
+        r = self._step("Forward", request, "x", "out", timeout)
         out = r.out if raw else codec.to_numpy(r.out)
         return ForwardResult(out, r.aux_loss, r.z_loss, list(r.tokens_per_expert), r.step_id,
                              r.load)
@@ -192,7 +233,7 @@ class Client:
             request.d_aux = float(d_aux)
         if d_z_loss is not None:
             request.d_z_loss = float(d_z_loss)
-        r = self._call("Backward", request, timeout)
+        r = self._step("Backward", request, "d_out", "d_x", timeout)
         return r.d_x if raw else codec.to_numpy(r.d_x)
 
     def release_step(self, layer, step_id, timeout=None):

@@ -1,0 +1,127 @@
+// MoeServiceImpl: ForwardStream and BackwardStream, Forward and Backward for tensors larger
+// than one message (proto/moe.proto). The request's tensor is assembled from its pieces, the
+// step runs exactly as the unary call (DoForward / DoBackward: same validation, same bytes to
+// the workers, so the results are bit-identical), and the answer's tensor goes back in pieces.
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+#include "proto/status_convert.h"
+#include "server/auth.h"
+#include "server/moe_service.h"
+
+namespace moe {
+namespace {
+
+// Room left in each message for the fields around a piece.
+constexpr int64_t kPieceHeadroom = int64_t{64} << 10;
+
+// The byte count `tensor`'s datatype and shape declare; INVALID_ARGUMENT naming `field` for an
+// unknown datatype or a negative or overflowing shape.
+absl::StatusOr<int64_t> DeclaredBytes(absl::string_view field, const v1::Tensor& tensor) {
+  absl::StatusOr<DType> dtype = ParseDType(tensor.datatype());
+  if (!dtype.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".datatype: unknown datatype \"", tensor.datatype(), "\""));
+  }
+  int64_t bytes = static_cast<int64_t>(DTypeSize(*dtype));
+  for (int64_t d : tensor.shape()) {
+    if (d < 0 || (d > 0 && bytes > INT64_MAX / d)) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".shape: invalid dimension ", d));
+    }
+    bytes *= d;
+  }
+  return bytes;
+}
+
+// Reads the request stream into *request: the first message whole (check_first(it) must
+// pass before more is read), then the pieces of the tensor `mutable_tensor` selects, appended
+// to its raw_data. `max_bytes` bounds the declared size (moed assembles the tensor in memory).
+template <typename Request, typename Response, typename CheckFirst>
+absl::Status ReadPieces(StreamReaderWriter<Request, Response>* stream,
+                        v1::Tensor* (Request::*mutable_tensor)(), absl::string_view field,
+                        int64_t max_bytes, CheckFirst check_first, Request* request) {
+  if (!stream->Read(request)) return absl::CancelledError("the stream ended before a request");
+  RETURN_IF_ERROR(check_first(*request));
+  v1::Tensor* tensor = (request->*mutable_tensor)();
+  ASSIGN_OR_RETURN(const int64_t want, DeclaredBytes(field, *tensor));
+  if (want > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        field, ": ", want, " bytes, more than one streamed step may hold in moed (limit ",
+        "--max_stream_bytes=", max_bytes, ")"));
+  }
+  std::string* raw = tensor->mutable_raw_data();
+  raw->reserve(want);
+  Request piece;
+  while (stream->Read(&piece)) {
+    const std::string& bytes = (piece.*mutable_tensor)()->raw_data();
+    if (static_cast<int64_t>(raw->size() + bytes.size()) > want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".raw_data: the pieces carry more than the ", want, " bytes its shape declares"));
+    }
+    raw->append(bytes);
+    piece.Clear();
+  }
+  // A short tensor is refused by the step's own validation, naming the field.
+  return absl::OkStatus();
+}
+
+// Sends *response with its tensor (`mutable_tensor`) split into pieces of at most
+// piece_bytes: the first message carries every field and the first piece.
+template <typename Request, typename Response>
+absl::Status WritePieces(StreamReaderWriter<Request, Response>* stream,
+                         v1::Tensor* (Response::*mutable_tensor)(), int64_t piece_bytes,
+                         Response* response) {
+  std::string all = std::move(*(response->*mutable_tensor)()->mutable_raw_data());
+  const size_t piece = static_cast<size_t>(std::max<int64_t>(piece_bytes, 1));
+  (response->*mutable_tensor)()->set_raw_data(all.data(), std::min(piece, all.size()));
+  if (!stream->Write(*response)) return absl::CancelledError("client stopped reading");
+  Response next;
+  for (size_t offset = piece; offset < all.size(); offset += piece) {
+    (next.*mutable_tensor)()->set_raw_data(all.data() + offset,
+                                           std::min(piece, all.size() - offset));
+    if (!stream->Write(next)) return absl::CancelledError("client stopped reading");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+grpc::Status MoeServiceImpl::DoForwardStream(
+    grpc::ServerContextBase* context,
+    StreamReaderWriter<v1::ForwardRequest, v1::ForwardResponse>* stream) {
+  v1::ForwardRequest request;
+  // Keeping the step for a Backward needs the train role (as the unary Forward).
+  auto may_keep = [&](const v1::ForwardRequest& first) {
+    return first.keep_for_backward() ? Authorize(options_.auth, *context, Role::kTrain)
+                                     : absl::OkStatus();
+  };
+  absl::Status read = ReadPieces(stream, &v1::ForwardRequest::mutable_x, "x",
+                                 options_.max_stream_bytes, may_keep, &request);
+  if (!read.ok()) return ToGrpcStatus(read);
+  v1::ForwardResponse response;
+  grpc::Status step = DoForward(context, &request, &response);
+  if (!step.ok()) return step;
+  request.Clear();  // x is no longer needed while the answer goes out
+  return ToGrpcStatus(WritePieces(stream, &v1::ForwardResponse::mutable_out,
+                                  options_.max_message_bytes - kPieceHeadroom, &response));
+}
+
+grpc::Status MoeServiceImpl::DoBackwardStream(
+    grpc::ServerContextBase* context,
+    StreamReaderWriter<v1::BackwardRequest, v1::BackwardResponse>* stream) {
+  v1::BackwardRequest request;
+  absl::Status read = ReadPieces(
+      stream, &v1::BackwardRequest::mutable_d_out, "d_out", options_.max_stream_bytes,
+      [](const v1::BackwardRequest&) { return absl::OkStatus(); }, &request);
+  if (!read.ok()) return ToGrpcStatus(read);
+  v1::BackwardResponse response;
+  grpc::Status step = DoBackward(context, &request, &response);
+  if (!step.ok()) return step;
+  request.Clear();
+  return ToGrpcStatus(WritePieces(stream, &v1::BackwardResponse::mutable_d_x,
+                                  options_.max_message_bytes - kPieceHeadroom, &response));
+}
+
+}  // namespace moe
