@@ -211,6 +211,12 @@ class StreamReaderWriter final : public grpc::ServerBidiReactor<Request, Respons
   bool Write(const Response& message) {
     return write_.Run([&] { this->StartWrite(&message); });
   }
+  // From now on, a Read or Write the client does not serve within `timeout` cancels the call
+  // (`context` is the call's) and returns false.
+  void CancelIfIdle(absl::Duration timeout, grpc::ServerContextBase* context) {
+    read_.CancelIfIdle(timeout, context);
+    write_.CancelIfIdle(timeout, context);
+  }
 
   void OnReadDone(bool ok) override { read_.Done(ok); }
   void OnWriteDone(bool ok) override { write_.Done(ok); }

@@ -91,6 +91,7 @@ absl::Status WritePieces(StreamReaderWriter<Request, Response>* stream,
 grpc::Status MoeServiceImpl::DoForwardStream(
     grpc::ServerContextBase* context,
     StreamReaderWriter<v1::ForwardRequest, v1::ForwardResponse>* stream) {
+  stream->CancelIfIdle(options_.stream_idle_timeout, context);
   v1::ForwardRequest request;
   // Keeping the step for a Backward needs the train role (as the unary Forward).
   auto may_keep = [&](const v1::ForwardRequest& first) {
@@ -111,6 +112,7 @@ grpc::Status MoeServiceImpl::DoForwardStream(
 grpc::Status MoeServiceImpl::DoBackwardStream(
     grpc::ServerContextBase* context,
     StreamReaderWriter<v1::BackwardRequest, v1::BackwardResponse>* stream) {
+  stream->CancelIfIdle(options_.stream_idle_timeout, context);
   v1::BackwardRequest request;
   absl::Status read = ReadPieces(
       stream, &v1::BackwardRequest::mutable_d_out, "d_out", options_.max_stream_bytes,
