@@ -213,20 +213,6 @@ int Main() {
     return 2;
   }
 
-  const std::string secret_file = absl::GetFlag(FLAGS_cluster_secret_file);
-  if (!embedded && secret_file.empty()) {
-    std::fprintf(stderr,
-                 "moed: --expect_workers needs --cluster_secret_file=PATH (the same file for "
-                 "moed and every moe-worker; e.g. openssl rand -hex 32 > PATH; chmod 600 PATH)\n");
-    return 2;
-  }
-  absl::StatusOr<ClusterSecret> secret =
-      secret_file.empty() ? ClusterSecret::Generate() : ClusterSecret::FromFile(secret_file);
-  if (!secret.ok()) {
-    std::fprintf(stderr, "moed: --cluster_secret_file: %s\n", secret.status().ToString().c_str());
-    return 2;
-  }
-
   const std::string listen = absl::GetFlag(FLAGS_listen);
   std::unique_ptr<TokenAuthenticator> auth;
   if (!absl::GetFlag(FLAGS_tokens_file).empty()) {
@@ -251,6 +237,20 @@ int Main() {
       ServerCredentialsFromFiles(tls);
   if (!credentials.ok()) {
     std::fprintf(stderr, "moed: %s\n", credentials.status().ToString().c_str());
+    return 2;
+  }
+
+  const std::string secret_file = absl::GetFlag(FLAGS_cluster_secret_file);
+  if (!embedded && secret_file.empty()) {
+    std::fprintf(stderr,
+                 "moed: --expect_workers needs --cluster_secret_file=PATH (the same file for "
+                 "moed and every moe-worker; e.g. openssl rand -hex 32 > PATH; chmod 600 PATH)\n");
+    return 2;
+  }
+  absl::StatusOr<ClusterSecret> secret =
+      secret_file.empty() ? ClusterSecret::Generate() : ClusterSecret::FromFile(secret_file);
+  if (!secret.ok()) {
+    std::fprintf(stderr, "moed: --cluster_secret_file: %s\n", secret.status().ToString().c_str());
     return 2;
   }
 

@@ -144,7 +144,7 @@ TEST_F(InternalPlaneTest, EveryWorkerRpcRefusesCallersWithoutTheSecret) {
 TEST_F(InternalPlaneTest, CoordinatorRefusesCallersWithoutTheSecret) {
   const v1::GetStatusResponse before = Status();
   auto stub = internal::Coordinator::NewStub(
-      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(cluster_->internal_address(), grpc::InsecureChannelCredentials()));
   for (const std::string secret : {std::string(), std::string(kWrongSecret)}) {
     const grpc::StatusCode expected =
         secret.empty() ? grpc::StatusCode::UNAUTHENTICATED : grpc::StatusCode::PERMISSION_DENIED;
@@ -175,7 +175,7 @@ TEST_F(InternalPlaneTest, CoordinatorRefusesCallersWithoutTheSecret) {
 TEST_F(InternalPlaneTest, JoinRefusesALiveWorkersAddress) {
   const v1::GetStatusResponse before = Status();
   auto stub = internal::Coordinator::NewStub(
-      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(cluster_->internal_address(), grpc::InsecureChannelCredentials()));
   for (int i = 0; i < 4; ++i) {
     for (int rank : {-1, 0, 1}) {
       const v1::WorkerStatus& victim = before.workers(i % 2);
@@ -197,7 +197,7 @@ TEST_F(InternalPlaneTest, JoinRefusesALiveWorkersAddress) {
 TEST_F(InternalPlaneTest, RendezvousStoreIsBounded) {
   const v1::GetStatusResponse before = Status();
   auto stub = internal::Coordinator::NewStub(
-      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+      grpc::CreateChannel(cluster_->internal_address(), grpc::InsecureChannelCredentials()));
   internal::StoreSetResponse set_response;
   internal::StoreSetRequest set;
   set.set_key("junk");
