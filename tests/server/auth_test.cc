@@ -133,8 +133,8 @@ TEST(AuthTest, NoTokensFileMeansLoopbackOnly) {
   for (const char* listen : {"0.0.0.0", "::"}) {
     const std::string command =
         absl::StrCat("timeout 10 ", moed, " --port=0 --listen=", listen,
-                     " --expect_workers=1 --checkpoint_root=", TempPath("noauth_root"), " 2>",
-                     TempPath("noauth.log"));
+                     " --expect_workers=1 --cluster_secret_file=", TestClusterSecretFile(),
+                     " --checkpoint_root=", TempPath("noauth_root"), " 2>", TempPath("noauth.log"));
     const int status = std::system(command.c_str());
     ASSERT_TRUE(WIFEXITED(status));
     EXPECT_EQ(WEXITSTATUS(status), 2) << listen;
@@ -144,8 +144,10 @@ TEST(AuthTest, NoTokensFileMeansLoopbackOnly) {
   // A malformed tokens file is refused at start, naming the line.
   { std::ofstream(TempPath("bad_tokens")) << "abc admin\n"; }
   const std::string command = absl::StrCat(
-      "timeout 10 ", moed, " --port=0 --expect_workers=1 --tokens_file=", TempPath("bad_tokens"),
-      " --checkpoint_root=", TempPath("noauth_root"), " 2>", TempPath("bad_tokens.log"));
+      "timeout 10 ", moed,
+      " --port=0 --expect_workers=1 --cluster_secret_file=", TestClusterSecretFile(),
+      " --tokens_file=", TempPath("bad_tokens"), " --checkpoint_root=", TempPath("noauth_root"),
+      " 2>", TempPath("bad_tokens.log"));
   const int status = std::system(command.c_str());
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 2);
