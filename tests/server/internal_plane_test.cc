@@ -145,7 +145,7 @@ TEST_F(InternalPlaneTest, CoordinatorRefusesCallersWithoutTheSecret) {
   const v1::GetStatusResponse before = Status();
   auto stub = internal::Coordinator::NewStub(
       grpc::CreateChannel(cluster_->internal_address(), grpc::InsecureChannelCredentials()));
-  for (const std::string secret : {std::string(), std::string(kWrongSecret)}) {
+  for (const std::string& secret : {std::string(), std::string(kWrongSecret)}) {
     const grpc::StatusCode expected =
         secret.empty() ? grpc::StatusCode::UNAUTHENTICATED : grpc::StatusCode::PERMISSION_DENIED;
     internal::JoinRequest join;
