@@ -83,7 +83,7 @@ TEST_F(SecurityTest, CheckpointPathsOutsideTheRootAreRefusedAndTouchNothing) {
   ASSERT_EQ(::stat("/dev/null", &null_before), 0);
   // The probe's targets: a folder with files, a password file, a symlink, deep new parents,
   // /dev/null itself, and the root's own parent by "..".
-  for (const std::string dir :
+  for (const std::string& dir :
        {(sandbox / "data").string(), (sandbox / "passwd").string(), (sandbox / "link").string(),
         (sandbox / "new" / "deep" / "parents").string(), std::string("/dev/null"),
         std::string("../escaped"), std::string("a/../../escaped")}) {
