@@ -20,15 +20,22 @@ MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics
       pool_(pool),
       metrics_(metrics),
       handlers_(options_.handler_threads) {
-  if (options_.saved_step_ttl <= absl::ZeroDuration()) return;
+  if (options_.allow_client_shm) {
+    shm_ = std::make_unique<SharedMemoryRegistry>(options_.shm_idle_timeout);
+  }
+  const bool expire_steps = options_.saved_step_ttl > absl::ZeroDuration();
+  if (!expire_steps && shm_ == nullptr) return;
   // A few rounds per TTL, at most one a second.
   const absl::Duration period =
-      std::max(absl::Milliseconds(10), std::min(absl::Seconds(1), options_.saved_step_ttl / 4));
-  housekeeping_ = std::thread([this, period] {
+      expire_steps ? std::max(absl::Milliseconds(10),
+                              std::min(absl::Seconds(1), options_.saved_step_ttl / 4))
+                   : absl::Seconds(1);
+  housekeeping_ = std::thread([this, period, expire_steps] {
     absl::MutexLock lock(&housekeeping_mu_);
     while (!housekeeping_mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
       housekeeping_mu_.Unlock();
-      ExpireSavedSteps();
+      if (expire_steps) ExpireSavedSteps();
+      if (shm_ != nullptr) HousekeepShm();
       housekeeping_mu_.Lock();
     }
   });

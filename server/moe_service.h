@@ -40,6 +40,8 @@
 #include "server/checkpoint_root.h"
 #include "server/fifo_mutex.h"
 #include "server/metrics.h"
+#include "server/shared_memory.h"
+#include "server/shm_step.h"
 #include "server/worker_pool.h"
 
 namespace moe {
@@ -74,6 +76,10 @@ struct ServiceOptions {
   // Bearer tokens and roles of the public API (server/auth.h); owned by the caller. Null: no
   // tokens file, every call is allowed.
   const TokenAuthenticator* auth = nullptr;
+  // Client shared-memory regions (RegisterSystemSharedMemory): refused (UNIMPLEMENTED) unless
+  // set. A region no step used for shm_idle_timeout is unregistered (zero: never).
+  bool allow_client_shm = false;
+  absl::Duration shm_idle_timeout = absl::Seconds(600);
 };
 
 class MoeServiceImpl final : public v1::MoeService::CallbackService {
@@ -138,6 +144,19 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
                                            v1::LoadCheckpointResponse*) override;
   grpc::ServerUnaryReactor* GetStatus(grpc::CallbackServerContext*, const v1::GetStatusRequest*,
                                       v1::GetStatusResponse*) override;
+  // Shared memory (moe_service_shm.cc).
+  grpc::ServerUnaryReactor* RegisterSystemSharedMemory(
+      grpc::CallbackServerContext*, const v1::RegisterSystemSharedMemoryRequest*,
+      v1::RegisterSystemSharedMemoryResponse*) override;
+  grpc::ServerUnaryReactor* SystemSharedMemoryStatus(
+      grpc::CallbackServerContext*, const v1::SystemSharedMemoryStatusRequest*,
+      v1::SystemSharedMemoryStatusResponse*) override;
+  grpc::ServerUnaryReactor* UnregisterSystemSharedMemory(
+      grpc::CallbackServerContext*, const v1::UnregisterSystemSharedMemoryRequest*,
+      v1::UnregisterSystemSharedMemoryResponse*) override;
+  grpc::ServerUnaryReactor* RegisterCudaSharedMemory(
+      grpc::CallbackServerContext*, const v1::RegisterCudaSharedMemoryRequest*,
+      v1::RegisterCudaSharedMemoryResponse*) override;
 
  private:
   grpc::Status DoCreateLayer(grpc::ServerContextBase*, const v1::CreateLayerRequest*,
@@ -178,6 +197,30 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
                                 v1::LoadCheckpointResponse*);
   grpc::Status DoGetStatus(grpc::ServerContextBase*, const v1::GetStatusRequest*,
                            v1::GetStatusResponse*);
+
+  // Shared memory (moe_service_shm.cc). UNIMPLEMENTED without allow_client_shm,
+  // PERMISSION_DENIED for a caller not on this host.
+  absl::Status CheckShmAllowed(grpc::ServerContextBase* context) const;
+  // The regions a step names, leased until the ShmStep is destroyed (empty if none).
+  absl::StatusOr<ShmStep> PrepareShm(grpc::ServerContextBase* context,
+                                     const v1::ForwardRequest& request, int64_t hidden);
+  absl::StatusOr<ShmStep> PrepareShm(grpc::ServerContextBase* context,
+                                     const v1::BackwardRequest& request, int64_t hidden);
+  grpc::Status DoRegisterSystemSharedMemory(grpc::ServerContextBase*,
+                                            const v1::RegisterSystemSharedMemoryRequest*,
+                                            v1::RegisterSystemSharedMemoryResponse*);
+  grpc::Status DoSystemSharedMemoryStatus(grpc::ServerContextBase*,
+                                          const v1::SystemSharedMemoryStatusRequest*,
+                                          v1::SystemSharedMemoryStatusResponse*);
+  grpc::Status DoUnregisterSystemSharedMemory(grpc::ServerContextBase*,
+                                              const v1::UnregisterSystemSharedMemoryRequest*,
+                                              v1::UnregisterSystemSharedMemoryResponse*);
+  absl::Status ShmStatus(grpc::ServerContextBase* context, const std::string& name,
+                         v1::SystemSharedMemoryStatusResponse* response);
+  // Tells the workers to unmap the regions no step uses any more (best effort).
+  void ForgetRetiredShm();
+  // Housekeeping: drops regions whose object is gone or that stayed idle, then forgets them.
+  void HousekeepShm();
 
   struct SavedStep {
     int64_t tokens = 0;
@@ -285,6 +328,9 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
   absl::Mutex setup_mu_;
   mutable absl::Mutex layers_mu_;
   std::map<std::string, std::shared_ptr<Layer>> layers_ ABSL_GUARDED_BY(layers_mu_);
+
+  // Set when options_.allow_client_shm.
+  std::unique_ptr<SharedMemoryRegistry> shm_;
 
   absl::Mutex stream_mu_;
   int64_t stream_bytes_ ABSL_GUARDED_BY(stream_mu_) = 0;  // held by open tensor streams

@@ -54,15 +54,21 @@ grpc::ServerUnaryReactor* MoeServiceImpl::Forward(grpc::CallbackServerContext* c
                                                   const v1::ForwardRequest* request,
                                                   v1::ForwardResponse* response) {
   const Role role = request->keep_for_backward() ? Role::kTrain : Role::kInfer;
-  return RunAuthorized(context, options_.auth, role, &handlers_,
-                       [=] { return DoForward(context, request, response); });
+  return RunAuthorized(context, options_.auth, role, &handlers_, [=] {
+    grpc::Status status = DoForward(context, request, response);
+    ForgetRetiredShm();  // a region unregistered while this step used it
+    return status;
+  });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::Backward(grpc::CallbackServerContext* context,
                                                    const v1::BackwardRequest* request,
                                                    v1::BackwardResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_,
-                       [=] { return DoBackward(context, request, response); });
+  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_, [=] {
+    grpc::Status status = DoBackward(context, request, response);
+    ForgetRetiredShm();  // a region unregistered while this step used it
+    return status;
+  });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::ReleaseStep(grpc::CallbackServerContext* context,
@@ -176,6 +182,38 @@ grpc::ServerReadReactor<v1::SetWeightsRequest>* MoeServiceImpl::SetWeights(
         RETURN_IF_DENIED(Role::kAdmin);
         return DoSetWeights(context, reader, response);
       });
+}
+
+grpc::ServerUnaryReactor* MoeServiceImpl::RegisterSystemSharedMemory(
+    grpc::CallbackServerContext* context, const v1::RegisterSystemSharedMemoryRequest* request,
+    v1::RegisterSystemSharedMemoryResponse* response) {
+  return RunAuthorized(context, options_.auth, Role::kInfer, &handlers_,
+                       [=] { return DoRegisterSystemSharedMemory(context, request, response); });
+}
+
+grpc::ServerUnaryReactor* MoeServiceImpl::SystemSharedMemoryStatus(
+    grpc::CallbackServerContext* context, const v1::SystemSharedMemoryStatusRequest* request,
+    v1::SystemSharedMemoryStatusResponse* response) {
+  return RunAuthorized(context, options_.auth, Role::kInfer, &handlers_,
+                       [=] { return DoSystemSharedMemoryStatus(context, request, response); });
+}
+
+grpc::ServerUnaryReactor* MoeServiceImpl::UnregisterSystemSharedMemory(
+    grpc::CallbackServerContext* context, const v1::UnregisterSystemSharedMemoryRequest* request,
+    v1::UnregisterSystemSharedMemoryResponse* response) {
+  return RunAuthorized(context, options_.auth, Role::kInfer, &handlers_,
+                       [=] { return DoUnregisterSystemSharedMemory(context, request, response); });
+}
+
+grpc::ServerUnaryReactor* MoeServiceImpl::RegisterCudaSharedMemory(
+    grpc::CallbackServerContext* context, const v1::RegisterCudaSharedMemoryRequest*,
+    v1::RegisterCudaSharedMemoryResponse*) {
+  absl::Status allowed = Authorize(options_.auth, *context, Role::kInfer);
+  return FinishInline(context,
+                      ToGrpcStatus(allowed.ok() ? absl::UnimplementedError(
+                                                      "CUDA shared memory is not implemented yet; "
+                                                      "use RegisterSystemSharedMemory")
+                                                : allowed));
 }
 
 }  // namespace moe

@@ -96,8 +96,14 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
   auto run = [&]() -> absl::Status {
     PhaseClock clock(request->timing());
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
-    if (!request->has_x()) return absl::InvalidArgumentError("x: required");
-    ASSIGN_OR_RETURN(DType dtype, CheckActivation("x", request->x(), found->config.hidden));
+    // x and/or out in a client's shared memory (moe_service_shm.cc); leased until we return.
+    ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, *request, found->config.hidden));
+    if (!request->has_x() && !shm.has_input()) return absl::InvalidArgumentError("x: required");
+    ASSIGN_OR_RETURN(DType dtype, shm.has_input()
+                                      ? shm.dtype()
+                                      : CheckActivation("x", request->x(), found->config.hidden));
+    const int64_t tokens = shm.has_input() ? shm.tokens() : request->x().shape(0);
+    RETURN_IF_ERROR(shm.CheckOutput(tokens, found->config.hidden, dtype));
     const bool keep = request->keep_for_backward();
     auto check_budget = [&](const Layer& layer) -> absl::Status {
       absl::MutexLock lock(&layer.mu);
@@ -120,7 +126,6 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     Layer& layer = turn->layer();
     if (keep) RETURN_IF_ERROR(check_budget(layer));
     const int ranks = turn->set.size();
-    const int64_t tokens = request->x().shape(0);
     const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
     const std::vector<int64_t> offsets = SplitRows(tokens, ranks);
     const uint64_t step_id = keep ? next_step_id_++ : 0;
@@ -137,7 +142,12 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
           call.set_layer_id(layer.id);
           call.set_step_id(step_id);
           call.set_timing(clock.enabled());
-          SliceTensor(request->x(), offsets[r], offsets[r + 1], row_bytes, call.mutable_x());
+          if (shm.has_input()) {
+            shm.SliceInput(offsets[r], offsets[r + 1], call.mutable_x(), call.mutable_x_shm());
+          } else {
+            SliceTensor(request->x(), offsets[r], offsets[r + 1], row_bytes, call.mutable_x());
+          }
+          if (shm.has_output()) shm.SliceOutput(offsets[r], offsets[r + 1], call.mutable_out_shm());
           grpc::Status status = stub->Forward(ctx, call, &answers[r]);
           call_ms[r] = call_clock.Total();
           return FromGrpcStatus(status);
@@ -153,14 +163,16 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     int64_t saved_bytes = 0;
     for (int r = 0; r < ranks; ++r) {
       const v1::Tensor& slice = answers[r].out();
-      if (slice.raw_data().size() != (offsets[r + 1] - offsets[r]) * row_bytes) {
+      if (slice.raw_data().size() !=
+          (shm.has_output() ? 0 : (offsets[r + 1] - offsets[r]) * row_bytes)) {
         return absl::InternalError(
             absl::StrCat("worker ", r, " returned ", slice.raw_data().size(), " output bytes"));
       }
       saved_bytes += answers[r].saved_bytes();
     }
-    GatherRows(&answers, &internal::WorkerForwardResponse::mutable_out, tokens * row_bytes,
-               out->mutable_raw_data());
+    // With out_shm the workers wrote out into the region: nothing to gather.
+    GatherRows(&answers, &internal::WorkerForwardResponse::mutable_out,
+               shm.has_output() ? 0 : tokens * row_bytes, out->mutable_raw_data());
     const double gather_ms = clock.Lap();
     const internal::WorkerForwardResponse& first = answers[0];
     response->set_aux_loss(first.aux_loss());
@@ -226,8 +238,15 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
       return absl::FailedPreconditionError(
           "step_id: 0 is not a step (Forward returns 0 without keep_for_backward)");
     }
-    if (!request->has_d_out()) return absl::InvalidArgumentError("d_out: required");
-    ASSIGN_OR_RETURN(DType dtype, CheckActivation("d_out", request->d_out(), found->config.hidden));
+    // d_out and/or d_x in a client's shared memory (moe_service_shm.cc).
+    ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, *request, found->config.hidden));
+    if (!request->has_d_out() && !shm.has_input()) {
+      return absl::InvalidArgumentError("d_out: required");
+    }
+    ASSIGN_OR_RETURN(DType dtype, shm.has_input() ? shm.dtype()
+                                                  : CheckActivation("d_out", request->d_out(),
+                                                                    found->config.hidden));
+    const int64_t d_out_tokens = shm.has_input() ? shm.tokens() : request->d_out().shape(0);
     const double d_aux = request->has_d_aux() ? request->d_aux() : 1.0;
     const double d_z_loss = request->has_d_z_loss() ? request->d_z_loss() : 1.0;
     if (!std::isfinite(d_aux)) return absl::InvalidArgumentError("d_aux: not finite");
@@ -255,11 +274,11 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
                          "re-formed, or a step of another layer)"
                    : std::string(" was never issued")));
       }
-      if (request->d_out().shape(0) != it->second.tokens) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("d_out.shape[0]: ", request->d_out().shape(0), " != the step's tokens ",
-                         it->second.tokens));
+      if (d_out_tokens != it->second.tokens) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "d_out.shape[0]: ", d_out_tokens, " != the step's tokens ", it->second.tokens));
       }
+      RETURN_IF_ERROR(shm.CheckOutput(it->second.tokens, layer.config.hidden, it->second.dtype));
       // The step is consumed by this Backward, whatever its outcome.
       step = it->second;
       layer.saved_bytes -= step.bytes;
@@ -282,8 +301,14 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
           call.set_step_id(request->step_id());
           call.set_d_aux(d_aux);
           call.set_d_z_loss(d_z_loss);
-          SliceTensor(request->d_out(), offsets[r], offsets[r + 1], row_bytes,
-                      call.mutable_d_out());
+          if (shm.has_input()) {
+            shm.SliceInput(offsets[r], offsets[r + 1], call.mutable_d_out(),
+                           call.mutable_d_out_shm());
+          } else {
+            SliceTensor(request->d_out(), offsets[r], offsets[r + 1], row_bytes,
+                        call.mutable_d_out());
+          }
+          if (shm.has_output()) shm.SliceOutput(offsets[r], offsets[r + 1], call.mutable_d_x_shm());
           grpc::Status status = stub->Backward(ctx, call, &answers[r]);
           call_ms[r] = call_clock.Total();
           return FromGrpcStatus(status);
@@ -294,7 +319,9 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     d_x->set_datatype(DTypeName(step.dtype));
     d_x->add_shape(step.tokens);
     d_x->add_shape(layer.config.hidden);
-    const size_t want = step.tokens * layer.config.hidden * DTypeSize(step.dtype);
+    // With d_x_shm the workers wrote d_x into the region: nothing to gather.
+    const size_t want =
+        shm.has_output() ? 0 : step.tokens * layer.config.hidden * DTypeSize(step.dtype);
     GatherRows(&answers, &internal::WorkerBackwardResponse::mutable_d_x, want,
                d_x->mutable_raw_data());
     if (d_x->raw_data().size() != want) {

@@ -115,6 +115,13 @@ ABSL_FLAG(int64_t, handler_threads, 1024,
 ABSL_FLAG(int64_t, max_stream_bytes, int64_t{16} << 30,
           "whole-layer tensors that open GetWeights/GetGradients/SetWeights streams (all "
           "clients) may hold in moed at once (bytes); one stream alone is always served");
+ABSL_FLAG(bool, allow_client_shm, false,
+          "let clients on this host register POSIX shared-memory regions and name Forward / "
+          "Backward tensors in them (RegisterSystemSharedMemory); off: those calls are "
+          "UNIMPLEMENTED");
+ABSL_FLAG(int64_t, shm_idle_timeout_s, 600,
+          "unregister a client shared-memory region that no step used for this many seconds "
+          "(a client that died; 0: never)");
 
 namespace moe {
 namespace {
@@ -201,6 +208,10 @@ int Main() {
                    static_cast<long long>(value));
       return 2;
     }
+  }
+  if (absl::GetFlag(FLAGS_shm_idle_timeout_s) < 0) {
+    std::fprintf(stderr, "moed: --shm_idle_timeout_s must be >= 0 (0: never)\n");
+    return 2;
   }
   if (absl::GetFlag(FLAGS_saved_step_ttl_s) < 0) {
     std::fprintf(stderr, "moed: --saved_step_ttl_s must be >= 0 (0: never), got %lld\n",
@@ -294,6 +305,8 @@ int Main() {
   service_options.checkpoint_root = checkpoint_root->get();
   service_options.auth = auth.get();
   service_options.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
+  service_options.allow_client_shm = absl::GetFlag(FLAGS_allow_client_shm);
+  service_options.shm_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_shm_idle_timeout_s));
   Metrics metrics;
   MoeServiceImpl service(service_options, &pool, &metrics);
   RendezvousLimits rendezvous_limits;

@@ -265,13 +265,19 @@ grpc::Status WorkerService::Forward(grpc::ServerContext*,
                                     internal::WorkerForwardResponse* response) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     PhaseClock clock(request->timing());
-    ASSIGN_OR_RETURN(Tensor x, TensorFromProto("x", request->x()));
+    // From the client's shared-memory region (worker_shm.h), or the message.
+    ASSIGN_OR_RETURN(Tensor x, request->has_x_shm() ? shm_.Read("x", request->x(), request->x_shm())
+                                                    : TensorFromProto("x", request->x()));
     const double decode_ms = clock.Lap();
     std::unique_ptr<StepContext> saved;
     const bool keep = request->step_id() != 0;
     ASSIGN_OR_RETURN(ForwardResult result, s->layer->Forward(x, keep ? &saved : nullptr));
     const double engine_ms = clock.Lap();
-    TensorToProto(result.out, response->mutable_out());
+    if (request->has_out_shm()) {
+      RETURN_IF_ERROR(shm_.Write(result.out, request->out_shm(), response->mutable_out()));
+    } else {
+      TensorToProto(result.out, response->mutable_out());
+    }
     if (clock.enabled()) {
       FillTiming(clock, decode_ms, engine_ms, x.num_bytes(), result.out.num_bytes(),
                  response->mutable_timing());
@@ -292,7 +298,9 @@ grpc::Status WorkerService::Backward(grpc::ServerContext*,
                                      internal::WorkerBackwardResponse* response) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     PhaseClock clock(request->timing());
-    ASSIGN_OR_RETURN(Tensor d_out, TensorFromProto("d_out", request->d_out()));
+    ASSIGN_OR_RETURN(Tensor d_out, request->has_d_out_shm()
+                                       ? shm_.Read("d_out", request->d_out(), request->d_out_shm())
+                                       : TensorFromProto("d_out", request->d_out()));
     const double decode_ms = clock.Lap();
     auto it = s->steps.find(request->step_id());
     if (it == s->steps.end()) {
@@ -307,7 +315,11 @@ grpc::Status WorkerService::Backward(grpc::ServerContext*,
     saved.reset();
     if (!d_x.ok()) return d_x.status();
     const double engine_ms = clock.Lap();
-    TensorToProto(*d_x, response->mutable_d_x());
+    if (request->has_d_x_shm()) {
+      RETURN_IF_ERROR(shm_.Write(*d_x, request->d_x_shm(), response->mutable_d_x()));
+    } else {
+      TensorToProto(*d_x, response->mutable_d_x());
+    }
     if (clock.enabled()) {
       FillTiming(clock, decode_ms, engine_ms, d_out.num_bytes(), d_x->num_bytes(),
                  response->mutable_timing());
@@ -431,6 +443,7 @@ grpc::Status WorkerService::LoadCheckpoint(grpc::ServerContext*,
 
 grpc::Status WorkerService::Ping(grpc::ServerContext*, const internal::PingRequest*,
                                  internal::PingResponse* response) {
+  shm_.DropIdle(absl::Now());
   absl::MutexLock lock(&mu_);
   last_ping_ = absl::Now();
   response->set_rank(rank_);
@@ -459,6 +472,13 @@ grpc::Status WorkerService::Shutdown(grpc::ServerContext*, const internal::Worke
   // Two Shutdown calls may race: absl::Notification allows one Notify only.
   absl::MutexLock lock(&mu_);
   if (!shutdown_.HasBeenNotified()) shutdown_.Notify();
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::ForgetSharedMemory(grpc::ServerContext*,
+                                               const internal::ForgetSharedMemoryRequest* request,
+                                               internal::WorkerEmpty*) {
+  shm_.Forget({request->region_ids().begin(), request->region_ids().end()});
   return grpc::Status::OK;
 }
 

@@ -36,6 +36,7 @@
 #include "engine/moe_layer.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/device.h"
+#include "server/worker_shm.h"
 
 namespace moe {
 
@@ -92,6 +93,8 @@ class WorkerService final : public internal::Worker::Service {
                     internal::PingResponse*) override;
   grpc::Status Shutdown(grpc::ServerContext*, const internal::WorkerEmpty*,
                         internal::WorkerEmpty*) override;
+  grpc::Status ForgetSharedMemory(grpc::ServerContext*, const internal::ForgetSharedMemoryRequest*,
+                                  internal::WorkerEmpty*) override;
 
  private:
   struct LayerSlot {
@@ -120,6 +123,7 @@ class WorkerService final : public internal::Worker::Service {
   const std::shared_ptr<KeyValueStore> store_;
   const int cpu_threads_;
   absl::Notification shutdown_;
+  WorkerShmMappings shm_;  // client shared-memory regions (thread-safe)
   std::function<void()> on_ready_changed_;
 
   mutable absl::Mutex mu_;  // guards the membership state and the layer map below

@@ -1,0 +1,133 @@
+// MoeServiceImpl: client shared-memory regions (proto/moe.proto, "Shared memory"). The RPCs
+// keep the book (server/shared_memory.h); Forward and Backward call PrepareShm to lease the
+// regions a step names and cut them into worker slices (server/shm_step.h); the workers map
+// the regions themselves (server/worker_shm.h) and are told to unmap a region once no step
+// uses it (ForgetRetiredShm).
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/status_macros.h"
+#include "server/moe_service.h"
+#include "server/status_convert.h"
+
+namespace moe {
+
+absl::Status MoeServiceImpl::CheckShmAllowed(grpc::ServerContextBase* context) const {
+  if (shm_ == nullptr) {
+    return absl::UnimplementedError(
+        "client shared memory is off: start moed with --allow_client_shm");
+  }
+  if (!IsLocalPeer(context->peer())) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "shared memory is only for callers on moed's host; this call came from ", context->peer()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(grpc::ServerContextBase* context,
+                                                   const v1::ForwardRequest& request,
+                                                   int64_t hidden) {
+  ShmStep shm;
+  if (!request.has_x_shm() && !request.has_out_shm()) return shm;
+  RETURN_IF_ERROR(CheckShmAllowed(context));
+  if (request.has_x_shm()) {
+    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("x_shm.region", request.x_shm().region()));
+    RETURN_IF_ERROR(shm.SetInput("x_shm", request.x_shm(), hidden, std::move(lease)));
+  }
+  if (request.has_out_shm()) {
+    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("out_shm.region", request.out_shm().region()));
+    RETURN_IF_ERROR(shm.SetOutput("out_shm", request.out_shm(), std::move(lease)));
+  }
+  return shm;
+}
+
+absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(grpc::ServerContextBase* context,
+                                                   const v1::BackwardRequest& request,
+                                                   int64_t hidden) {
+  ShmStep shm;
+  if (!request.has_d_out_shm() && !request.has_d_x_shm()) return shm;
+  RETURN_IF_ERROR(CheckShmAllowed(context));
+  if (request.has_d_out_shm()) {
+    ASSIGN_OR_RETURN(ShmLease lease,
+                     shm_->Acquire("d_out_shm.region", request.d_out_shm().region()));
+    RETURN_IF_ERROR(shm.SetInput("d_out_shm", request.d_out_shm(), hidden, std::move(lease)));
+  }
+  if (request.has_d_x_shm()) {
+    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("d_x_shm.region", request.d_x_shm().region()));
+    RETURN_IF_ERROR(shm.SetOutput("d_x_shm", request.d_x_shm(), std::move(lease)));
+  }
+  return shm;
+}
+
+void MoeServiceImpl::ForgetRetiredShm() {
+  if (shm_ == nullptr) return;
+  std::vector<uint64_t> ids = shm_->TakeRetired();
+  if (ids.empty()) return;
+  // Workers that are down now drop their mappings themselves once unused (worker_shm.h).
+  absl::StatusOr<WorkerSet> set = pool_->Serving();
+  if (!set.ok()) return;
+  internal::ForgetSharedMemoryRequest call;
+  for (uint64_t id : ids) call.add_region_ids(id);
+  pool_
+      ->ForEachWorker(
+          *set, absl::Now() + options_.step_timeout,
+          [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+            internal::WorkerEmpty empty;
+            return FromGrpcStatus(stub->ForgetSharedMemory(ctx, call, &empty));
+          },
+          /*collective=*/false)
+      .IgnoreError();
+}
+
+void MoeServiceImpl::HousekeepShm() {
+  shm_->DropStale(absl::Now());
+  ForgetRetiredShm();
+}
+
+grpc::Status MoeServiceImpl::DoRegisterSystemSharedMemory(
+    grpc::ServerContextBase* context, const v1::RegisterSystemSharedMemoryRequest* request,
+    v1::RegisterSystemSharedMemoryResponse*) {
+  const absl::Time start = absl::Now();
+  absl::Status status = CheckShmAllowed(context);
+  if (status.ok()) {
+    status =
+        shm_->Register(request->name(), request->key(), request->offset(), request->byte_size());
+  }
+  return Finish("RegisterSystemSharedMemory", start, status);
+}
+
+absl::Status MoeServiceImpl::ShmStatus(grpc::ServerContextBase* context, const std::string& name,
+                                       v1::SystemSharedMemoryStatusResponse* response) {
+  RETURN_IF_ERROR(CheckShmAllowed(context));
+  ASSIGN_OR_RETURN(std::vector<ShmRegionStatus> regions, shm_->Status(name));
+  for (const ShmRegionStatus& r : regions) {
+    auto* out = response->add_regions();
+    out->set_name(r.region.name);
+    out->set_key(r.region.key);
+    out->set_offset(r.region.offset);
+    out->set_byte_size(r.region.byte_size);
+    out->set_steps_in_flight(r.steps_in_flight);
+  }
+  return absl::OkStatus();
+}
+
+grpc::Status MoeServiceImpl::DoSystemSharedMemoryStatus(
+    grpc::ServerContextBase* context, const v1::SystemSharedMemoryStatusRequest* request,
+    v1::SystemSharedMemoryStatusResponse* response) {
+  const absl::Time start = absl::Now();
+  absl::Status status = ShmStatus(context, request->name(), response);
+  ForgetRetiredShm();  // Status drops stale regions
+  return Finish("SystemSharedMemoryStatus", start, status);
+}
+
+grpc::Status MoeServiceImpl::DoUnregisterSystemSharedMemory(
+    grpc::ServerContextBase* context, const v1::UnregisterSystemSharedMemoryRequest* request,
+    v1::UnregisterSystemSharedMemoryResponse*) {
+  const absl::Time start = absl::Now();
+  absl::Status status = CheckShmAllowed(context);
+  if (status.ok()) status = shm_->Unregister(request->name());
+  ForgetRetiredShm();
+  return Finish("UnregisterSystemSharedMemory", start, status);
+}
+
+}  // namespace moe

@@ -1,0 +1,121 @@
+// moed's book of client shared-memory regions (RegisterSystemSharedMemory, proto/moe.proto):
+// names -> (POSIX shm key, offset, byte size, the object's identity), with a reference count
+// of the steps using each region. moed never maps a region; the workers do
+// (server/worker_shm.h), and forget a region once its id is retired here.
+//
+// Lifetime of a region: Register -> Acquire/release by steps -> Unregister (or DropStale) takes
+// it off the book at once; its id is retired (TakeRetired) when the last step that acquired
+// it has released it, so a worker is told to unmap it only when no step can still use it.
+//
+//   SharedMemoryRegistry registry(absl::Seconds(600));
+//   RETURN_IF_ERROR(registry.Register("in", "/my_shm", 0, 1 << 20));
+//   ASSIGN_OR_RETURN(ShmLease lease, registry.Acquire("x_shm.region", "in"));
+//   ... lease->key, lease->id ...
+//   lease = {};                                   // the step ended
+//   for (uint64_t id : registry.TakeRetired()) ...  // tell the workers to unmap
+#ifndef MOED_SERVER_SHARED_MEMORY_H_
+#define MOED_SERVER_SHARED_MEMORY_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace moe {
+
+// A registered region: bytes [offset, offset + byte_size) of the shm object `key`, which was
+// the object (device, inode) when it was registered.
+struct ShmRegion {
+  std::string name;
+  std::string key;
+  int64_t offset = 0;
+  int64_t byte_size = 0;
+  uint64_t id = 0;  // unique for the registry's lifetime
+  uint64_t device = 0;
+  uint64_t inode = 0;
+};
+
+struct ShmRegionStatus {
+  ShmRegion region;
+  int64_t steps_in_flight = 0;
+};
+
+class SharedMemoryRegistry;
+
+// A step's use of a region (move-only): the region stays mapped on the workers until every
+// lease of it is gone, also when it was unregistered meanwhile.
+class ShmLease {
+ public:
+  ShmLease() = default;
+  ShmLease(ShmLease&& other) noexcept { *this = std::move(other); }
+  ShmLease& operator=(ShmLease&& other) noexcept;
+  ~ShmLease() { Release(); }
+  const ShmRegion* operator->() const { return region_.get(); }
+  const ShmRegion& operator*() const { return *region_; }
+  explicit operator bool() const { return region_ != nullptr; }
+
+ private:
+  friend class SharedMemoryRegistry;
+  void Release();
+  SharedMemoryRegistry* registry_ = nullptr;
+  std::shared_ptr<const ShmRegion> region_;
+};
+
+// The peer string of a gRPC call is on this host: "unix:...", "ipv4:127.x.x.x:port",
+// "ipv6:[::1]:port" or an IPv4-mapped loopback "ipv6:[::ffff:127.x.x.x]:port".
+bool IsLocalPeer(absl::string_view peer);
+
+// Thread-safe.
+class SharedMemoryRegistry {
+ public:
+  // idle_timeout: a region no step has used for this long is dropped by DropStale (zero:
+  // never).
+  explicit SharedMemoryRegistry(absl::Duration idle_timeout) : idle_timeout_(idle_timeout) {}
+
+  // Checks the name, key and range, opens the object (read-write) to check that it exists and
+  // is large enough, and records its identity. Codes as RegisterSystemSharedMemoryRequest.
+  absl::Status Register(const std::string& name, const std::string& key, int64_t offset,
+                        int64_t byte_size);
+  // Takes `name` (empty: every region) off the book; NOT_FOUND if not registered.
+  absl::Status Unregister(const std::string& name);
+  // `name` (empty: all, by name); NOT_FOUND if not registered. Drops stale regions first.
+  absl::StatusOr<std::vector<ShmRegionStatus>> Status(const std::string& name);
+  // For a step: NOT_FOUND (naming `field`) when not registered, or when its object was
+  // unlinked or replaced (then the region is dropped).
+  absl::StatusOr<ShmLease> Acquire(absl::string_view field, const std::string& name);
+  // Drops regions whose object is gone or replaced, and regions idle past idle_timeout.
+  void DropStale(absl::Time now);
+  // Ids of dropped regions that no step uses any more (each returned once).
+  std::vector<uint64_t> TakeRetired();
+
+ private:
+  friend class ShmLease;
+  struct Entry {
+    std::shared_ptr<const ShmRegion> region;
+    int64_t in_flight = 0;
+    bool dropped = false;
+    absl::Time last_used;
+  };
+  void Release(const ShmRegion& region);
+  // Removes the entry from by_name_; its id retires now or when its last lease is released.
+  void DropLocked(const std::string& name, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const absl::Duration idle_timeout_;
+  absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, uint64_t> by_name_ ABSL_GUARDED_BY(mu_);  // name -> id
+  std::map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);        // registered or leased
+  std::vector<uint64_t> retired_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace moe
+
+#endif  // MOED_SERVER_SHARED_MEMORY_H_
