@@ -90,6 +90,21 @@ struct ForwardOutput {
   v1::ExpertLoad load;
 };
 
+// A tensor in a registered shared-memory region (moe.v1.SharedMemoryTensor; the byte size
+// follows from dtype and shape).
+struct ShmTensorRef {
+  std::string region;
+  int64_t offset = 0;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+};
+// Where the server writes an output (moe.v1.SharedMemoryOutput).
+struct ShmOutputRef {
+  std::string region;
+  int64_t offset = 0;
+  int64_t byte_size = 0;  // at least the output's size
+};
+
 // grpc.health.v1.HealthCheckResponse.ServingStatus.
 enum class ServingStatus { kUnknown = 0, kServing = 1, kNotServing = 2, kServiceUnknown = 3 };
 const char* ServingStatusName(ServingStatus status);  // "SERVING", ...
@@ -122,6 +137,24 @@ class MoeClient {
   // True if the step was held and is now released.
   absl::StatusOr<bool> ReleaseStep(const std::string& layer, uint64_t step_id,
                                    const CallOptions& call = {});
+
+  // ---- shared memory (same host; moed --allow_client_shm; client/shared_memory.h) ----
+  absl::Status RegisterSystemSharedMemory(const std::string& name, const std::string& key,
+                                          int64_t offset, int64_t byte_size,
+                                          const CallOptions& call = {});
+  // name empty: every region.
+  absl::StatusOr<v1::SystemSharedMemoryStatusResponse> SystemSharedMemoryStatus(
+      const std::string& name = "", const CallOptions& call = {});
+  absl::Status UnregisterSystemSharedMemory(const std::string& name, const CallOptions& call = {});
+  // Forward / Backward reading x / d_out from a region and writing out / d_x into one:
+  // ForwardOutput::out stays empty (its bytes are in the region).
+  absl::StatusOr<ForwardOutput> ForwardShm(const std::string& layer, const ShmTensorRef& x,
+                                           const ShmOutputRef& out, bool keep_for_backward = false,
+                                           const CallOptions& call = {});
+  absl::Status BackwardShm(const std::string& layer, uint64_t step_id, const ShmTensorRef& d_out,
+                           const ShmOutputRef& d_x, std::optional<double> d_aux = std::nullopt,
+                           std::optional<double> d_z_loss = std::nullopt,
+                           const CallOptions& call = {});
 
   // ---- training ----
   // Whole-layer fp32 gradients; names empty = every parameter with a gradient.

@@ -7,21 +7,29 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/layer_flags.h"
 #include "client/moectl.h"
+#include "client/shared_memory.h"
 #include "client/step_breakdown.h"
 #include "client/tensor_util.h"
+#include "engine/status_macros.h"
 
 ABSL_FLAG(int64_t, steps, 20, "bench: timed steps of each kind.");
 ABSL_FLAG(int64_t, warmup, 2, "bench: untimed steps of each kind first.");
+ABSL_FLAG(bool, shm, false,
+          "bench: also time the shared-memory path (x, out, d_out, d_x in a POSIX shm region; "
+          "moed on this host with --allow_client_shm) and check its results are bit-identical "
+          "to the gRPC path's");
 ABSL_FLAG(std::string, progress, "auto", "bench: progress bar on stderr: auto (if a tty)|on|off.");
 
 namespace moe {
@@ -99,6 +107,57 @@ absl::StatusOr<Series> Measure(int64_t warmup, int64_t steps, const char* phase,
   return series;
 }
 
+// The shared-memory path: one region holds [x | out | d_out | d_x]; out and d_x of the first
+// step are compared bitwise with the gRPC path's. Returns the "shm" JSON object.
+absl::StatusOr<std::string> BenchShm(MoeClient& c, const std::string& layer, const Tensor& x,
+                                     const Tensor& d_out, int64_t warmup, int64_t steps,
+                                     bool show_progress) {
+  const int64_t bytes = static_cast<int64_t>(x.num_bytes());
+  const std::string key = absl::StrCat("/moectl-bench-", getpid());
+  const std::string region = absl::StrCat("moectl-bench-", getpid());
+  ASSIGN_OR_RETURN(auto shm, SharedMemoryRegion::Create(key, std::max<int64_t>(1, 4 * bytes)));
+  if (bytes > 0) {
+    std::memcpy(shm->data(), x.raw(), bytes);
+    std::memcpy(shm->data() + 2 * bytes, d_out.raw(), bytes);
+  }
+  RETURN_IF_ERROR(c.RegisterSystemSharedMemory(region, key, 0, shm->size()));
+  const ShmTensorRef x_ref{region, 0, x.dtype(), x.shape()};
+  const ShmOutputRef out_ref{region, bytes, bytes};
+  const ShmTensorRef d_out_ref{region, 2 * bytes, d_out.dtype(), d_out.shape()};
+  const ShmOutputRef d_x_ref{region, 3 * bytes, bytes};
+  auto run = [&]() -> absl::StatusOr<std::string> {
+    // Bit-identical to the gRPC path (the server is deterministic).
+    ASSIGN_OR_RETURN(ForwardOutput grpc_fwd, c.Forward(layer, x, /*keep_for_backward=*/true));
+    ASSIGN_OR_RETURN(Tensor grpc_d_x, c.Backward(layer, grpc_fwd.step_id, d_out));
+    ASSIGN_OR_RETURN(ForwardOutput fwd, c.ForwardShm(layer, x_ref, out_ref, true));
+    RETURN_IF_ERROR(c.BackwardShm(layer, fwd.step_id, d_out_ref, d_x_ref));
+    const bool identical = grpc_fwd.out.bytes() == absl::string_view(shm->data() + bytes, bytes) &&
+                           grpc_d_x.bytes() == absl::string_view(shm->data() + 3 * bytes, bytes);
+    ASSIGN_OR_RETURN(
+        Series forward,
+        Measure(
+            warmup, steps, "shm forward", show_progress,
+            [&]() { return c.ForwardShm(layer, x_ref, out_ref).status(); }, [](double) {}));
+    ASSIGN_OR_RETURN(
+        Series training,
+        Measure(
+            warmup, steps, "shm forward+backward", show_progress,
+            [&]() -> absl::Status {
+              ASSIGN_OR_RETURN(ForwardOutput f, c.ForwardShm(layer, x_ref, out_ref, true));
+              absl::Status backward = c.BackwardShm(layer, f.step_id, d_out_ref, d_x_ref);
+              if (!backward.ok()) c.ReleaseStep(layer, f.step_id).IgnoreError();
+              return backward;
+            },
+            [](double) {}));
+    return absl::StrFormat("{\"identical_to_grpc\": %s, \"forward\": %s, \"forward_backward\": %s}",
+                           identical ? "true" : "false", SeriesJson(forward, x.dim(0)),
+                           SeriesJson(training, x.dim(0)));
+  };
+  absl::StatusOr<std::string> json = run();
+  c.UnregisterSystemSharedMemory(region).IgnoreError();
+  return json;
+}
+
 }  // namespace
 
 int RunBench(const Args& args) {
@@ -171,6 +230,10 @@ int RunBench(const Args& args) {
       training_breakdown.Add(ms, {&fwd_times, &bwd_times});
     });
   }
+  absl::StatusOr<std::string> shm_json = std::string();
+  if (absl::GetFlag(FLAGS_shm) && forward.ok() && training.ok()) {
+    shm_json = BenchShm(c, name, x, d_out, warmup, steps, show_progress);
+  }
   // Gradients accumulated by the timed backwards are dropped so an existing layer is left as
   // it was found, apart from its counters.
   if (temporary) {
@@ -180,16 +243,18 @@ int RunBench(const Args& args) {
   }
   if (!forward.ok()) return ReportError("bench", forward.status());
   if (!training.ok()) return ReportError("bench", training.status());
+  if (!shm_json.ok()) return ReportError("bench", shm_json.status());
 
   std::printf(
       "{\"server\": %s, \"layer\": %s, \"config\": %s, \"ep_ranks\": %d, \"tokens\": %lld, "
       "\"datatype\": \"%s\", \"warmup\": %lld, \"forward\": %s, \"forward_backward\": %s, "
-      "\"breakdown\": {\"forward\": %s, \"forward_backward\": %s}}\n",
+      "\"breakdown\": {\"forward\": %s, \"forward_backward\": %s}%s}\n",
       JsonString(c.target()).c_str(), JsonString(name).c_str(),
       JsonString(DescribeLayerConfig(info->config())).c_str(), info->ep_ranks(),
       static_cast<long long>(tokens), DTypeName(*dtype), static_cast<long long>(warmup),
       SeriesJson(*forward, tokens).c_str(), SeriesJson(*training, tokens).c_str(),
-      forward_breakdown.Json().c_str(), training_breakdown.Json().c_str());
+      forward_breakdown.Json().c_str(), training_breakdown.Json().c_str(),
+      shm_json->empty() ? "" : absl::StrCat(", \"shm\": ", *shm_json).c_str());
   return 0;
 }
 

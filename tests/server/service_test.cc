@@ -573,5 +573,44 @@ TEST(SavedStepTtlTest, AbandonedStepsExpire) {
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
+// Without --allow_client_shm every shared-memory call, and a step naming a region, is
+// UNIMPLEMENTED (shm_test covers the feature itself).
+TEST_F(ClusterTest, SharedMemoryIsOffWithoutTheFlag) {
+  grpc::ClientContext rctx;
+  v1::RegisterSystemSharedMemoryRequest reg;
+  reg.set_name("r");
+  reg.set_key("/anything");
+  reg.set_byte_size(16);
+  v1::RegisterSystemSharedMemoryResponse reg_response;
+  grpc::Status s = stub()->RegisterSystemSharedMemory(&rctx, reg, &reg_response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("--allow_client_shm"));
+  grpc::ClientContext sctx;
+  v1::SystemSharedMemoryStatusResponse status;
+  EXPECT_EQ(stub()->SystemSharedMemoryStatus(&sctx, {}, &status).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  grpc::ClientContext uctx;
+  v1::UnregisterSystemSharedMemoryResponse unreg;
+  EXPECT_EQ(stub()->UnregisterSystemSharedMemory(&uctx, {}, &unreg).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  ASSERT_TRUE(Create("shm-off", TinyConfig(1)).ok());
+  grpc::ClientContext fctx;
+  v1::ForwardRequest fwd;
+  fwd.set_layer("shm-off");
+  fwd.mutable_x_shm()->set_region("r");
+  v1::ForwardResponse fwd_response;
+  EXPECT_EQ(stub()->Forward(&fctx, fwd, &fwd_response).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  grpc::ClientContext bctx;
+  v1::BackwardRequest bwd;
+  bwd.set_layer("shm-off");
+  bwd.set_step_id(1);
+  *bwd.mutable_d_out() = FloatsToProto({1, 32}, RandomFloats(32, 1));
+  bwd.mutable_d_x_shm()->set_region("r");
+  v1::BackwardResponse bwd_response;
+  EXPECT_EQ(stub()->Backward(&bctx, bwd, &bwd_response).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+}
+
 }  // namespace
 }  // namespace moe

@@ -7,6 +7,7 @@
 
 Modules: client (Client, one method per RPC), errors (MoeError and one subclass per gRPC
 code), codec (numpy/torch <-> wire tensors, fp32 and bf16), torch_layer (RemoteMoE),
+shared_memory (SharedMemoryRegion: zero-copy steps on moed's host),
 jax_layer (remote_moe, a jax.custom_vjp wrapper; UNTESTED, JAX is not on the build machine).
 The generated stubs (module `proto.moe_pb2`) must be importable: see client/python/README.md.
 """
@@ -26,4 +27,5 @@ __all__ = [
     "Client", "ForwardResult", "layer_config", "RemoteMoE", "MoeError", "InvalidArgument",
     "NotFound", "AlreadyExists", "FailedPrecondition", "ResourceExhausted", "Unavailable",
     "DeadlineExceeded", "Cancelled", "Aborted", "DataLoss", "Internal", "Unimplemented",
+    "PermissionDenied",
 ]

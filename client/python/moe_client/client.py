@@ -236,6 +236,44 @@ class Client:
         r = self._step("Backward", request, "d_out", "d_x", timeout)
         return r.d_x if raw else codec.to_numpy(r.d_x)
 
+    # ---- shared memory (moed on this host with --allow_client_shm; shared_memory.py) ----
+    def register_system_shared_memory(self, name, key, offset, byte_size, timeout=None):
+        self._call("RegisterSystemSharedMemory", moe_pb2.RegisterSystemSharedMemoryRequest(
+            name=name, key=key, offset=offset, byte_size=byte_size), timeout)
+
+    def system_shared_memory_status(self, name="", timeout=None):
+        """[RegionStatus] of `name` (empty: all regions)."""
+        return list(self._call("SystemSharedMemoryStatus",
+                               moe_pb2.SystemSharedMemoryStatusRequest(name=name),
+                               timeout).regions)
+
+    def unregister_system_shared_memory(self, name="", timeout=None):
+        """Unregisters `name` (empty: every region)."""
+        self._call("UnregisterSystemSharedMemory",
+                   moe_pb2.UnregisterSystemSharedMemoryRequest(name=name), timeout)
+
+    def forward_shm(self, layer, x, out=None, keep_for_backward=False, timeout=None):
+        """Forward with x a moe_pb2.SharedMemoryTensor and out (optional) a
+        moe_pb2.SharedMemoryOutput; returns the ForwardResponse (out has no bytes when the
+        workers wrote it into the region)."""
+        request = moe_pb2.ForwardRequest(layer=layer, x_shm=x, keep_for_backward=keep_for_backward)
+        if out is not None:
+            request.out_shm.CopyFrom(out)
+        return self._call("Forward", request, timeout)
+
+    def backward_shm(self, layer, step_id, d_out, d_x=None, d_aux=None, d_z_loss=None,
+                     timeout=None):
+        """Backward with d_out a SharedMemoryTensor and d_x (optional) a SharedMemoryOutput;
+        returns the BackwardResponse."""
+        request = moe_pb2.BackwardRequest(layer=layer, step_id=step_id, d_out_shm=d_out)
+        if d_x is not None:
+            request.d_x_shm.CopyFrom(d_x)
+        if d_aux is not None:
+            request.d_aux = float(d_aux)
+        if d_z_loss is not None:
+            request.d_z_loss = float(d_z_loss)
+        return self._call("Backward", request, timeout)
+
     def release_step(self, layer, step_id, timeout=None):
         """Frees a step kept for backward; True if it was held. Idempotent."""
         return self._call("ReleaseStep", moe_pb2.ReleaseStepRequest(layer=layer,

@@ -71,7 +71,8 @@ class Internal(MoeError):
 
 
 class Unimplemented(MoeError):
-    """The server does not implement this call (an older server?)."""
+    """The server does not implement this call (an older server?), or has it switched off
+    (shared memory without moed --allow_client_shm)."""
 
 
 class Unauthenticated(MoeError):
@@ -79,7 +80,8 @@ class Unauthenticated(MoeError):
 
 
 class PermissionDenied(MoeError):
-    """The token's role does not allow this call (read < infer < train < admin)."""
+    """The token's role does not allow this call (read < infer < train < admin), or shared
+    memory from a caller not on moed's host."""
 
 
 _CLASS_OF_CODE = {

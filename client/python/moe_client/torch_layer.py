@@ -34,11 +34,13 @@ Contract:
 import logging
 import weakref
 
+import numpy as np
 import torch
 
 from moe_client import codec
 from moe_client.client import Client
 from moe_client.errors import AlreadyExists
+from moe_client.shared_memory import ShmStepper
 
 _log = logging.getLogger("moe_client")
 
@@ -83,11 +85,30 @@ def _loss_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _to_wire(t, datatype):
+    """t as a C-contiguous host numpy array of the wire type (BF16 as uint16 bit patterns)."""
+    t = t.detach().to(device="cpu", dtype=torch.bfloat16 if datatype == "BF16"
+                      else torch.float32).contiguous()
+    return t.view(torch.int16).numpy().view(np.uint16) if datatype == "BF16" else t.numpy()
+
+
+def _from_wire(array, datatype):
+    if datatype == "BF16":
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
 def _run_forward(module, x2d, keep):
     """Forward RPC; returns (out tensor in x's dtype, aux, z, step_id)."""
-    r = module.client.forward(module.name, x2d, keep_for_backward=keep,
-                              datatype=_wire_datatype(x2d.dtype), raw=True)
-    out = codec.to_torch(r.out).to(device=x2d.device, dtype=x2d.dtype)
+    datatype = _wire_datatype(x2d.dtype)
+    if module._shm is not None:  # x and out through shared memory
+        r, out = module._shm.forward(module.name, _to_wire(x2d, datatype), datatype, keep)
+        out = _from_wire(out, datatype)
+    else:
+        r = module.client.forward(module.name, x2d, keep_for_backward=keep, datatype=datatype,
+                                  raw=True)
+        out = codec.to_torch(r.out)
+    out = out.to(device=x2d.device, dtype=x2d.dtype)
     module.last_tokens_per_expert = r.tokens_per_expert
     return out, r.aux_loss, r.z_loss, r.step_id
 
@@ -117,19 +138,24 @@ class _RemoteMoEFunction(torch.autograd.Function):
             _, _, _, step_id = _run_forward(module, x2d, keep=True)
             step = _Step(module.client, module.name, step_id)
             step.consume()
-        d_x = module.client.backward(
-            module.name, step.step_id, d_out.to(x2d.dtype if x2d.dtype == torch.bfloat16
-                                                else torch.float32),
-            d_aux=float(d_aux), d_z_loss=float(d_z), datatype=_wire_datatype(x2d.dtype),
-            raw=True)
-        return codec.to_torch(d_x).to(device=x2d.device, dtype=x2d.dtype), None, None
+        datatype = _wire_datatype(x2d.dtype)
+        d_out = d_out.to(x2d.dtype if x2d.dtype == torch.bfloat16 else torch.float32)
+        if module._shm is not None:
+            d_x = _from_wire(module._shm.backward(module.name, step.step_id,
+                                                  _to_wire(d_out, datatype), datatype,
+                                                  float(d_aux), float(d_z)), datatype)
+        else:
+            d_x = codec.to_torch(module.client.backward(
+                module.name, step.step_id, d_out, d_aux=float(d_aux), d_z_loss=float(d_z),
+                datatype=datatype, raw=True))
+        return d_x.to(device=x2d.device, dtype=x2d.dtype), None, None
 
 
 class RemoteMoE(torch.nn.Module):
     """A moed MoE layer used like a local module (see the module docstring)."""
 
     def __init__(self, client, name, create="if_missing", config=None, optimizer=None,
-                 **config_fields):
+                 shared_memory=False, **config_fields):
         """client: a Client or an address. name: the layer's name on the server.
 
         create: True creates the layer (ALREADY_EXISTS if it exists), False attaches to an
@@ -138,6 +164,10 @@ class RemoteMoE(torch.nn.Module):
         config / config_fields: moe_pb2.LayerConfig or its fields (hidden, ffn, num_experts,
         top_k, score_function="softmax", activation="silu", aux_loss_coeff, ...).
         optimizer: default for step(), e.g. {"adamw": {"lr": 1e-3}}.
+        shared_memory: pass x, out, d_out and d_x through a POSIX shared-memory region
+        (moe_client.shared_memory) instead of the socket when the server can use it: moed on
+        this host with --allow_client_shm. Otherwise (another host, the flag off) the module
+        uses gRPC as usual; `module.uses_shared_memory` says which.
         """
         super().__init__()
         self.client = client if isinstance(client, Client) else Client(client)
@@ -158,6 +188,14 @@ class RemoteMoE(torch.nn.Module):
         else:
             self.info = self._attach(config)
         self.hidden = self.info.config.hidden
+        self._shm = ShmStepper.create(self.client) if shared_memory else None
+        if shared_memory and self._shm is None:
+            _log.info("moe_client: %s: the server cannot use this host's shared memory; "
+                      "using gRPC", self.name)
+
+    @property
+    def uses_shared_memory(self):
+        return self._shm is not None
 
     def _attach(self, config):
         info = self.client.get_layer(self.name)
