@@ -1,0 +1,85 @@
+// moed's book of client shared-memory regions (server/shared_memory.h) without a cluster:
+// which peers count as local, and when a region's id is retired (unmapped on the workers).
+#include "server/shared_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace moe {
+namespace {
+
+TEST(IsLocalPeerTest, LoopbackAndUnixOnly) {
+  EXPECT_TRUE(IsLocalPeer("ipv4:127.0.0.1:5000"));
+  EXPECT_TRUE(IsLocalPeer("ipv4:127.1.2.3:5000"));
+  EXPECT_TRUE(IsLocalPeer("ipv6:[::1]:5000"));
+  EXPECT_TRUE(IsLocalPeer("ipv6:[::ffff:127.0.0.1]:5000"));
+  EXPECT_TRUE(IsLocalPeer("unix:/tmp/moed.sock"));
+  EXPECT_FALSE(IsLocalPeer("ipv4:10.0.0.7:5000"));
+  EXPECT_FALSE(IsLocalPeer("ipv4:128.0.0.1:5000"));
+  EXPECT_FALSE(IsLocalPeer("ipv6:[::ffff:10.0.0.1]:5000"));
+  EXPECT_FALSE(IsLocalPeer("ipv6:[2001:db8::1]:5000"));
+  EXPECT_FALSE(IsLocalPeer(""));
+}
+
+class RegistryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    key_ = absl::StrCat("/moed-registry-test-", getpid());
+    const int fd = shm_open(key_.c_str(), O_RDWR | O_CREAT | O_TRUNC, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 4096), 0);
+    close(fd);
+  }
+  void TearDown() override { shm_unlink(key_.c_str()); }
+  std::string key_;
+};
+
+TEST_F(RegistryTest, UnregisterInUseRetiresWhenTheLastLeaseGoes) {
+  SharedMemoryRegistry registry(absl::ZeroDuration());
+  ASSERT_TRUE(registry.Register("r", key_, 0, 4096).ok());
+  absl::StatusOr<ShmLease> a = registry.Acquire("x", "r");
+  absl::StatusOr<ShmLease> b = registry.Acquire("out", "r");
+  ASSERT_TRUE(a.ok() && b.ok());
+  const uint64_t id = (*a)->id;
+  EXPECT_EQ(registry.Status("r")->at(0).steps_in_flight, 2);
+  ASSERT_TRUE(registry.Unregister("r").ok());
+  EXPECT_EQ(registry.Acquire("x", "r").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(registry.TakeRetired().empty());  // still in use
+  *a = ShmLease();
+  EXPECT_TRUE(registry.TakeRetired().empty());
+  *b = ShmLease();
+  EXPECT_EQ(registry.TakeRetired(), std::vector<uint64_t>{id});
+  EXPECT_TRUE(registry.TakeRetired().empty());  // once
+  // The name is free again, under a new id.
+  ASSERT_TRUE(registry.Register("r", key_, 0, 16).ok());
+  EXPECT_NE(registry.Acquire("x", "r").value()->id, id);
+}
+
+TEST_F(RegistryTest, UnlinkedObjectIsDropped) {
+  SharedMemoryRegistry registry(absl::ZeroDuration());
+  ASSERT_TRUE(registry.Register("r", key_, 0, 4096).ok());
+  shm_unlink(key_.c_str());
+  registry.DropStale(absl::Now());
+  EXPECT_EQ(registry.Status("r").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.TakeRetired().size(), 1u);
+}
+
+TEST_F(RegistryTest, IdleRegionIsDroppedButNotWhileInUse) {
+  SharedMemoryRegistry registry(absl::Seconds(10));
+  ASSERT_TRUE(registry.Register("r", key_, 0, 4096).ok());
+  absl::StatusOr<ShmLease> lease = registry.Acquire("x", "r");
+  registry.DropStale(absl::Now() + absl::Hours(1));  // in use: kept
+  EXPECT_TRUE(registry.Status("r").ok());
+  *lease = ShmLease();
+  registry.DropStale(absl::Now() + absl::Seconds(5));
+  EXPECT_TRUE(registry.Status("r").ok());
+  registry.DropStale(absl::Now() + absl::Hours(1));
+  EXPECT_EQ(registry.Status("r").status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace moe
