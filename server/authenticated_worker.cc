@@ -107,4 +107,11 @@ grpc::Status AuthenticatedWorkerService::Shutdown(grpc::ServerContext* context,
   return denied.ok() ? inner_->Shutdown(context, request, response) : denied;
 }
 
+grpc::Status AuthenticatedWorkerService::ForgetSharedMemory(
+    grpc::ServerContext* context, const internal::ForgetSharedMemoryRequest* request,
+    internal::WorkerEmpty* response) {
+  grpc::Status denied = secret_.Check(*context);
+  return denied.ok() ? inner_->ForgetSharedMemory(context, request, response) : denied;
+}
+
 }  // namespace moe

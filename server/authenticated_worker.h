@@ -53,6 +53,8 @@ class AuthenticatedWorkerService final : public internal::Worker::Service {
                     internal::PingResponse*) override;
   grpc::Status Shutdown(grpc::ServerContext*, const internal::WorkerEmpty*,
                         internal::WorkerEmpty*) override;
+  grpc::Status ForgetSharedMemory(grpc::ServerContext*, const internal::ForgetSharedMemoryRequest*,
+                                  internal::WorkerEmpty*) override;
 
  private:
   WorkerService* const inner_;

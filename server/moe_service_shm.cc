@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
+#include "proto/status_convert.h"
 #include "server/moe_service.h"
-#include "server/status_convert.h"
 
 namespace moe {
 

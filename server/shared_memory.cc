@@ -12,7 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "server/proto_convert.h"
+#include "proto/layer_info.h"
 
 namespace moe {
 namespace {
