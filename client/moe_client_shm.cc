@@ -4,6 +4,7 @@
 
 #include "client/moe_client.h"
 #include "engine/status_macros.h"
+#include "proto/status_convert.h"
 
 namespace moe {
 namespace client {
