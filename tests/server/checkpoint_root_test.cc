@@ -16,6 +16,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "tests/server/fs_snapshot.h"
 
 namespace moe {
 namespace {
@@ -24,23 +25,6 @@ namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
 // Every file under `dir` with its contents (directories as "<dir>"; links as "-> target").
-std::map<std::string, std::string> Snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> out;
-  if (!fs::exists(fs::symlink_status(dir))) return out;
-  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator();
-       ++it) {
-    const fs::path& p = it->path();
-    if (fs::is_symlink(fs::symlink_status(p))) {
-      out[p.string()] = "-> " + fs::read_symlink(p).string();
-    } else if (fs::is_directory(p)) {
-      out[p.string()] = "<dir>";
-    } else {
-      std::ifstream in(p);
-      out[p.string()] = std::string(std::istreambuf_iterator<char>(in), {});
-    }
-  }
-  return out;
-}
 
 void WriteFile(const fs::path& path, const std::string& text) {
   fs::create_directories(path.parent_path());
@@ -60,9 +44,11 @@ class CheckpointRootTest : public ::testing::Test {
     auto opened = CheckpointRoot::Open((base_ / "root").string());
     ASSERT_TRUE(opened.ok()) << opened.status();
     root_ = std::move(*opened);
-    outside_before_ = Snapshot(outside_);
+    outside_before_ = SnapshotTree(outside_);
   }
-  void TearDown() override { EXPECT_EQ(Snapshot(outside_), outside_before_) << "outside changed"; }
+  void TearDown() override {
+    EXPECT_EQ(SnapshotTree(outside_), outside_before_) << "outside changed";
+  }
 
   // A save with a fake worker: one file in the staging directory.
   absl::Status Save(const std::string& name, const std::string& contents) {
@@ -130,13 +116,13 @@ TEST_F(CheckpointRootTest, NeverReplacesWhatMoedDidNotWrite) {
   const fs::path root = root_->path();
   WriteFile(root / "plain" / "notes.txt", "mine");
   WriteFile(root / "file", "a file");
-  const auto before = Snapshot(root / "plain");
+  const auto before = SnapshotTree(root / "plain");
   for (const char* name : {"plain", "file"}) {
     EXPECT_EQ(Save(name, "x").code(), absl::StatusCode::kFailedPrecondition) << name;
     EXPECT_EQ(root_->ResolveForLoad(name).status().code(), absl::StatusCode::kFailedPrecondition)
         << name;
   }
-  EXPECT_EQ(Snapshot(root / "plain"), before);
+  EXPECT_EQ(SnapshotTree(root / "plain"), before);
   std::ifstream in(root / "file");
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "a file");
 }

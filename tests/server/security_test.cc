@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/cluster_fixture.h"
+#include "tests/server/fs_snapshot.h"
 
 namespace moe {
 namespace {
@@ -26,23 +27,6 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::map<std::string, std::string> Snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> out;
-  for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator();
-       ++it) {
-    const fs::path& p = it->path();
-    if (fs::is_symlink(fs::symlink_status(p))) {
-      out[p.string()] = "-> " + fs::read_symlink(p).string();
-    } else if (fs::is_directory(p)) {
-      out[p.string()] = "<dir>";
-    } else {
-      std::ifstream in(p);
-      out[p.string()] = std::string(std::istreambuf_iterator<char>(in), {});
-    }
-  }
-  return out;
-}
 
 class SecurityTest : public ClusterTest {
  protected:
@@ -78,7 +62,7 @@ class SecurityTest : public ClusterTest {
 TEST_F(SecurityTest, CheckpointPathsOutsideTheRootAreRefusedAndTouchNothing) {
   ASSERT_TRUE(Create("sec", TinyConfig(1)).ok());
   const fs::path sandbox = MakeSandbox("sandbox_abs");
-  const auto before = Snapshot(sandbox);
+  const auto before = SnapshotTree(sandbox);
   struct stat null_before;
   ASSERT_EQ(::stat("/dev/null", &null_before), 0);
   // The probe's targets: a folder with files, a password file, a symlink, deep new parents,
@@ -94,7 +78,7 @@ TEST_F(SecurityTest, CheckpointPathsOutsideTheRootAreRefusedAndTouchNothing) {
     s = Load("sec", dir);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << dir;
   }
-  EXPECT_EQ(Snapshot(sandbox), before);
+  EXPECT_EQ(SnapshotTree(sandbox), before);
   EXPECT_FALSE(fs::exists(sandbox / "new"));
   EXPECT_FALSE(fs::exists(fs::path(cluster_->checkpoint_root()).parent_path() / "escaped"));
   struct stat null_after;
@@ -122,7 +106,7 @@ TEST_F(SecurityTest, LinksInsideTheRootAreNotFollowed) {
   const fs::path root = cluster_->checkpoint_root();
   fs::create_directory_symlink(sandbox / "data", root / "to-data");
   fs::create_directory_symlink(sandbox, root / "to-sandbox");
-  const auto before = Snapshot(sandbox);
+  const auto before = SnapshotTree(sandbox);
   for (const char* dir : {"to-data", "to-sandbox/data", "to-sandbox/fresh"}) {
     grpc::Status s = Save("links", dir);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
@@ -130,7 +114,7 @@ TEST_F(SecurityTest, LinksInsideTheRootAreNotFollowed) {
     EXPECT_THAT(s.error_message(), HasSubstr("symbolic link")) << dir;
     EXPECT_EQ(Load("links", dir).error_code(), grpc::StatusCode::INVALID_ARGUMENT) << dir;
   }
-  EXPECT_EQ(Snapshot(sandbox), before);
+  EXPECT_EQ(SnapshotTree(sandbox), before);
   EXPECT_EQ(fs::read_symlink(root / "to-data"), sandbox / "data");
   EXPECT_EQ(*cluster_->Health(), "SERVING");
 }
@@ -141,14 +125,14 @@ TEST_F(SecurityTest, OnlyCheckpointsMoedWroteAreReplaced) {
   fs::create_directories(root / "mine");
   std::ofstream(root / "mine" / "notes.txt") << "not a checkpoint";
   std::ofstream(root / "plain-file") << "a file";
-  const auto before = Snapshot(root / "mine");
+  const auto before = SnapshotTree(root / "mine");
   for (const char* dir : {"mine", "plain-file"}) {
     grpc::Status s = Save("own", dir);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION)
         << dir << ": " << s.error_message();
     EXPECT_EQ(Load("own", dir).error_code(), grpc::StatusCode::FAILED_PRECONDITION) << dir;
   }
-  EXPECT_EQ(Snapshot(root / "mine"), before);
+  EXPECT_EQ(SnapshotTree(root / "mine"), before);
   // A checkpoint moed wrote is replaced; a missing one is NOT_FOUND.
   ASSERT_TRUE(Save("own", "own/ckpt").ok());
   ASSERT_TRUE(Save("own", "own/ckpt").ok());
