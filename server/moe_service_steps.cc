@@ -13,6 +13,7 @@
 #include "proto/tensor_convert.h"
 #include "server/moe_service.h"
 #include "server/phase_clock.h"
+#include "server/worker_call.h"
 
 namespace moe {
 namespace {
@@ -45,13 +46,18 @@ absl::StatusOr<DType> CheckActivation(absl::string_view field, const v1::Tensor&
   return dtype;
 }
 
-void SliceTensor(const v1::Tensor& whole, int64_t row_begin, int64_t row_end, size_t row_bytes,
-                 v1::Tensor* slice) {
-  slice->set_datatype(whole.datatype());
-  slice->add_shape(row_end - row_begin);
-  slice->add_shape(whole.shape(1));
-  slice->set_raw_data(whole.raw_data().data() + row_begin * row_bytes,
-                      (row_end - row_begin) * row_bytes);
+// Worker request `head` plus rows [row_begin, row_end) of `whole` as its field `tensor_field`,
+// encoded around `whole`'s bytes without copying them (server/worker_call.h).
+grpc::ByteBuffer EncodeRows(const google::protobuf::MessageLite& head, int tensor_field,
+                            const v1::Tensor& whole, int64_t row_begin, int64_t row_end,
+                            size_t row_bytes, BorrowedBytes* borrowed) {
+  v1::Tensor slice_head;
+  slice_head.set_datatype(whole.datatype());
+  slice_head.add_shape(row_end - row_begin);
+  slice_head.add_shape(whole.shape(1));
+  const absl::string_view rows(whole.raw_data().data() + row_begin * row_bytes,
+                               (row_end - row_begin) * row_bytes);
+  return EncodeWithTensor(head, tensor_field, slice_head, rows, borrowed);
 }
 
 // Joins the workers' output slices in rank order into *out, moving the slices' strings out
@@ -133,24 +139,29 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
 
     std::vector<internal::WorkerForwardResponse> answers(ranks);
     std::vector<double> call_ms(ranks, 0.0);
+    BorrowedBytes borrowed;  // slices of request->x()
     RETURN_IF_ERROR(pool_->ForEachWorker(
         turn->set, InternalDeadline(context, true),
-        [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+        [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
           PhaseClock call_clock(clock.enabled());
           internal::WorkerForwardRequest call;
           call.set_generation(turn->set.generation);
           call.set_layer_id(layer.id);
           call.set_step_id(step_id);
           call.set_timing(clock.enabled());
-          if (shm.has_input()) {
-            shm.SliceInput(offsets[r], offsets[r + 1], call.mutable_x(), call.mutable_x_shm());
-          } else {
-            SliceTensor(request->x(), offsets[r], offsets[r + 1], row_bytes, call.mutable_x());
-          }
           if (shm.has_output()) shm.SliceOutput(offsets[r], offsets[r + 1], call.mutable_out_shm());
-          grpc::Status status = stub->Forward(ctx, call, &answers[r]);
+          grpc::ByteBuffer wire;
+          if (shm.has_input()) {  // no tensor bytes in the call
+            shm.SliceInput(offsets[r], offsets[r + 1], call.mutable_x(), call.mutable_x_shm());
+            wire = EncodeMessage(call);
+          } else {
+            wire = EncodeRows(call, internal::WorkerForwardRequest::kXFieldNumber, request->x(),
+                              offsets[r], offsets[r + 1], row_bytes, &borrowed);
+          }
+          absl::Status status =
+              CallWorker(turn->set.channels[r], ctx, kWorkerForwardMethod, wire, &answers[r]);
           call_ms[r] = call_clock.Total();
-          return FromGrpcStatus(status);
+          return status;
         },
         /*collective=*/true));
     const double fanout_ms = clock.Lap();
@@ -290,9 +301,10 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     const double queue_ms = clock.Lap();
     std::vector<internal::WorkerBackwardResponse> answers(ranks);
     std::vector<double> call_ms(ranks, 0.0);
+    BorrowedBytes borrowed;  // slices of request->d_out()
     RETURN_IF_ERROR(pool_->ForEachWorker(
         turn->set, InternalDeadline(context, true),
-        [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+        [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
           PhaseClock call_clock(clock.enabled());
           internal::WorkerBackwardRequest call;
           call.set_timing(clock.enabled());
@@ -301,17 +313,20 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
           call.set_step_id(request->step_id());
           call.set_d_aux(d_aux);
           call.set_d_z_loss(d_z_loss);
-          if (shm.has_input()) {
+          if (shm.has_output()) shm.SliceOutput(offsets[r], offsets[r + 1], call.mutable_d_x_shm());
+          grpc::ByteBuffer wire;
+          if (shm.has_input()) {  // no tensor bytes in the call
             shm.SliceInput(offsets[r], offsets[r + 1], call.mutable_d_out(),
                            call.mutable_d_out_shm());
+            wire = EncodeMessage(call);
           } else {
-            SliceTensor(request->d_out(), offsets[r], offsets[r + 1], row_bytes,
-                        call.mutable_d_out());
+            wire = EncodeRows(call, internal::WorkerBackwardRequest::kDOutFieldNumber,
+                              request->d_out(), offsets[r], offsets[r + 1], row_bytes, &borrowed);
           }
-          if (shm.has_output()) shm.SliceOutput(offsets[r], offsets[r + 1], call.mutable_d_x_shm());
-          grpc::Status status = stub->Backward(ctx, call, &answers[r]);
+          absl::Status status =
+              CallWorker(turn->set.channels[r], ctx, kWorkerBackwardMethod, wire, &answers[r]);
           call_ms[r] = call_clock.Total();
-          return FromGrpcStatus(status);
+          return status;
         },
         /*collective=*/true));
     const double fanout_ms = clock.Lap();

@@ -19,7 +19,7 @@ bool IsTransport(absl::StatusCode code) {
 
 }  // namespace
 
-std::shared_ptr<internal::Worker::Stub> WorkerPool::MakeStub(const std::string& address) const {
+std::shared_ptr<grpc::Channel> WorkerPool::MakeChannel(const std::string& address) const {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(INT_MAX);
   args.SetMaxSendMessageSize(INT_MAX);
@@ -27,7 +27,7 @@ std::shared_ptr<internal::Worker::Stub> WorkerPool::MakeStub(const std::string& 
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   SetBulkTransportArgs(&args);
-  return internal::Worker::NewStub(secret_.Channel(address, args));
+  return secret_.Channel(address, args);
 }
 
 WorkerPool::WorkerPool(WorkerPoolOptions options, ClusterSecret secret)
@@ -118,7 +118,8 @@ absl::StatusOr<internal::JoinResponse> WorkerPool::Join(const internal::JoinRequ
   if (previous != nullptr && AnswersAs(previous.get(), previous_pid)) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", rank, " is held by a live worker"));
   }
-  std::shared_ptr<internal::Worker::Stub> stub = MakeStub(request.address());
+  std::shared_ptr<grpc::Channel> channel = MakeChannel(request.address());
+  std::shared_ptr<internal::Worker::Stub> stub = internal::Worker::NewStub(channel);
   absl::MutexLock lock(&mu_);
   Slot& slot = slots_[rank];
   const std::shared_ptr<internal::Worker::Stub> expected = rank == holder_rank ? holder : previous;
@@ -136,6 +137,7 @@ absl::StatusOr<internal::JoinResponse> WorkerPool::Join(const internal::JoinRequ
   slot.address = request.address();
   slot.device = request.device();
   slot.pid = request.pid();
+  slot.channel = std::move(channel);
   slot.stub = std::move(stub);
   slot.last_seen = absl::Now();
   slot.error.clear();
@@ -155,7 +157,10 @@ absl::StatusOr<WorkerSet> WorkerPool::Serving() const {
   if (!serving_) return absl::UnavailableError(absl::StrCat("not serving: ", message_));
   WorkerSet set;
   set.generation = generation_;
-  for (const Slot& slot : slots_) set.stubs.push_back(slot.stub);
+  for (const Slot& slot : slots_) {
+    set.stubs.push_back(slot.stub);
+    set.channels.push_back(slot.channel);
+  }
   return set;
 }
 
@@ -340,7 +345,10 @@ void WorkerPool::SetupLoop() {
       need_setup_ = false;
       generation = ++generation_;
       set.generation = generation;
-      for (const Slot& slot : slots_) set.stubs.push_back(slot.stub);
+      for (const Slot& slot : slots_) {
+        set.stubs.push_back(slot.stub);
+        set.channels.push_back(slot.channel);
+      }
       message_ = absl::StrCat("setting up generation ", generation);
       in_setup_ = true;
     }

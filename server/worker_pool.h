@@ -53,6 +53,8 @@ struct WorkerPoolOptions {
 struct WorkerSet {
   int64_t generation = 0;
   std::vector<std::shared_ptr<internal::Worker::Stub>> stubs;
+  // The stubs' channels, for the step calls that send borrowed bytes (server/worker_call.h).
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
   int size() const { return static_cast<int>(stubs.size()); }
 };
 
@@ -115,7 +117,8 @@ class WorkerPool {
     std::string address;
     std::string device;
     int64_t pid = 0;
-    std::shared_ptr<internal::Worker::Stub> stub;
+    std::shared_ptr<grpc::Channel> channel;
+    std::shared_ptr<internal::Worker::Stub> stub;  // on `channel`
     absl::Time last_seen;
     std::string error;
     int64_t memory_bytes = 0;
@@ -133,7 +136,7 @@ class WorkerPool {
                          int64_t* pid = nullptr) const;
   // True when the worker behind `stub` answers a quick ping as process `pid` (0: any).
   bool AnswersAs(internal::Worker::Stub* stub, int64_t pid) const;
-  std::shared_ptr<internal::Worker::Stub> MakeStub(const std::string& address) const;
+  std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) const;
 
   const WorkerPoolOptions options_;
   const ClusterSecret secret_;
