@@ -1,6 +1,97 @@
 #include "server/authenticated_worker.h"
 
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include <utility>
+
+#include "server/worker_call.h"
+
 namespace moe {
+namespace {
+
+// The index of `method` in moe.internal.Worker, as the generated service numbers its methods.
+int MethodIndex(const char* method) {
+  return internal::WorkerForwardRequest::descriptor()
+      ->file()
+      ->FindServiceByName("Worker")
+      ->FindMethodByName(method)
+      ->index();
+}
+
+// Reads the one request of a unary call served as a stream and parses it.
+grpc::Status ReadRequest(grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
+                         google::protobuf::MessageLite* request) {
+  grpc::ByteBuffer wire;
+  if (!stream->Read(&wire)) return grpc::Status(grpc::StatusCode::CANCELLED, "no request");
+  grpc::ProtoBufferReader reader(&wire);
+  if (!request->ParseFromZeroCopyStream(&reader)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request does not parse");
+  }
+  return grpc::Status::OK;
+}
+
+// Sends `head` (the response without its tensor field) with field `tensor_field` = `tensor`,
+// whose bytes are handed to gRPC, not copied; or `head` as it is when `has_tensor` (the
+// output went to shared memory).
+grpc::Status WriteAnswer(grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
+                         const google::protobuf::MessageLite& head, bool has_tensor,
+                         int tensor_field, Tensor tensor) {
+  grpc::ByteBuffer answer;
+  if (has_tensor) {
+    answer = EncodeMessage(head);
+  } else {
+    v1::Tensor tensor_head;
+    tensor_head.set_datatype(DTypeName(tensor.dtype()));
+    for (int64_t d : tensor.shape()) tensor_head.add_shape(d);
+    answer = EncodeWithTensor(head, tensor_field, tensor_head, TakeTensorBytes(std::move(tensor)));
+  }
+  if (!stream->Write(answer)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the front end left");
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+AuthenticatedWorkerService::AuthenticatedWorkerService(WorkerService* inner, ClusterSecret secret)
+    : inner_(inner), secret_(std::move(secret)) {
+  MarkMethodStreamed(MethodIndex("Forward"),
+                     new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                         [this](grpc::ServerContext* context, BytesStream* stream) {
+                           return ForwardBytes(context, stream);
+                         }));
+  MarkMethodStreamed(MethodIndex("Backward"),
+                     new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                         [this](grpc::ServerContext* context, BytesStream* stream) {
+                           return BackwardBytes(context, stream);
+                         }));
+}
+
+grpc::Status AuthenticatedWorkerService::ForwardBytes(grpc::ServerContext* context,
+                                                      BytesStream* stream) {
+  grpc::Status status = secret_.Check(*context);
+  internal::WorkerForwardRequest request;
+  if (status.ok()) status = ReadRequest(stream, &request);
+  internal::WorkerForwardResponse response;
+  Tensor out;
+  if (status.ok()) status = inner_->Forward(context, &request, &response, &out);
+  if (!status.ok()) return status;
+  return WriteAnswer(stream, response, response.has_out(),
+                     internal::WorkerForwardResponse::kOutFieldNumber, std::move(out));
+}
+
+grpc::Status AuthenticatedWorkerService::BackwardBytes(grpc::ServerContext* context,
+                                                       BytesStream* stream) {
+  grpc::Status status = secret_.Check(*context);
+  internal::WorkerBackwardRequest request;
+  if (status.ok()) status = ReadRequest(stream, &request);
+  internal::WorkerBackwardResponse response;
+  Tensor d_x;
+  if (status.ok()) status = inner_->Backward(context, &request, &response, &d_x);
+  if (!status.ok()) return status;
+  return WriteAnswer(stream, response, response.has_d_x(),
+                     internal::WorkerBackwardResponse::kDXFieldNumber, std::move(d_x));
+}
 
 grpc::Status AuthenticatedWorkerService::Setup(grpc::ServerContext* context,
                                                const internal::SetupRequest* request,

@@ -19,8 +19,9 @@ namespace moe {
 class AuthenticatedWorkerService final : public internal::Worker::Service {
  public:
   // `inner` outlives this service.
-  AuthenticatedWorkerService(WorkerService* inner, ClusterSecret secret)
-      : inner_(inner), secret_(std::move(secret)) {}
+  // Forward and Backward are served by ForwardBytes/BackwardBytes (same thread model, same
+  // checks) so that the output tensor is sent without a copy.
+  AuthenticatedWorkerService(WorkerService* inner, ClusterSecret secret);
 
   grpc::Status Setup(grpc::ServerContext*, const internal::SetupRequest*,
                      internal::SetupResponse*) override;
@@ -57,6 +58,12 @@ class AuthenticatedWorkerService final : public internal::Worker::Service {
                                   internal::WorkerEmpty*) override;
 
  private:
+  using BytesStream = grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
+  // Forward/Backward on the raw request bytes: parse, run, answer with the response's fields
+  // in a header slice and the output tensor's own bytes (server/worker_call.h).
+  grpc::Status ForwardBytes(grpc::ServerContext* context, BytesStream* stream);
+  grpc::Status BackwardBytes(grpc::ServerContext* context, BytesStream* stream);
+
   WorkerService* const inner_;
   const ClusterSecret secret_;
 };

@@ -57,7 +57,7 @@ grpc::ByteBuffer EncodeRows(const google::protobuf::MessageLite& head, int tenso
   slice_head.add_shape(whole.shape(1));
   const absl::string_view rows(whole.raw_data().data() + row_begin * row_bytes,
                                (row_end - row_begin) * row_bytes);
-  return EncodeWithTensor(head, tensor_field, slice_head, rows, borrowed);
+  return EncodeWithTensor(head, tensor_field, slice_head, borrowed->Borrow(rows));
 }
 
 // Joins the workers' output slices in rank order into *out, moving the slices' strings out

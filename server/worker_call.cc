@@ -4,6 +4,7 @@
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -46,9 +47,16 @@ void BorrowedBytes::Release(void* self) {
   --borrowed->outstanding_;
 }
 
+grpc::Slice TakeTensorBytes(Tensor tensor) {
+  Tensor* owned = new Tensor(std::move(tensor));
+  const absl::string_view bytes = owned->bytes();
+  return grpc::Slice(
+      const_cast<char*>(bytes.data()), bytes.size(),
+      +[](void* tensor) { delete static_cast<Tensor*>(tensor); }, owned);
+}
+
 grpc::ByteBuffer EncodeWithTensor(const google::protobuf::MessageLite& head, int tensor_field,
-                                  const v1::Tensor& tensor_head, absl::string_view bytes,
-                                  BorrowedBytes* borrowed) {
+                                  const v1::Tensor& tensor_head, grpc::Slice bytes) {
   // Field order on the wire does not matter to a protobuf parser; the tensor goes last so
   // that its raw_data, last inside it, ends the message.
   const std::string tensor_fields = tensor_head.SerializeAsString();
@@ -66,8 +74,8 @@ grpc::ByteBuffer EncodeWithTensor(const google::protobuf::MessageLite& head, int
     AppendTag(kRawDataField, &out);
     out.WriteVarint64(bytes.size());
   }  // `out` trims `header` to what was written when it goes
-  grpc::Slice slices[2] = {grpc::Slice(header), borrowed->Borrow(bytes)};
-  return grpc::ByteBuffer(slices, bytes.empty() ? 1 : 2);
+  grpc::Slice slices[2] = {grpc::Slice(header), std::move(bytes)};
+  return grpc::ByteBuffer(slices, slices[1].size() == 0 ? 1 : 2);
 }
 
 grpc::ByteBuffer EncodeMessage(const google::protobuf::MessageLite& message) {

@@ -6,12 +6,14 @@
 //     datatype and shape, raw_data's tag and length ][ the rank's rows of the client's bytes ]
 //
 // which is exactly the protobuf encoding of the request (a parser cannot tell the
-// difference), so the worker side is unchanged. The second slice points into the client's
-// request: moed copies no tensor byte to send it (gRPC's own serialization would copy it
-// twice: once into the sliced Tensor, once into the wire buffer).
+// difference). The second slice points into the client's request: moed copies no tensor byte
+// to send it (gRPC's own serialization would copy it twice: once into the sliced Tensor,
+// once into the wire buffer). The worker answers the same way around its output tensor
+// (TakeTensorBytes; server/authenticated_worker.cc).
 //
 //   BorrowedBytes borrowed;  // declared before the calls; waits for gRPC to let go
-//   grpc::ByteBuffer wire = EncodeWithTensor(head, /*tensor_field=*/4, x_head, rows, &borrowed);
+//   grpc::ByteBuffer wire = EncodeWithTensor(head, /*tensor_field=*/4, x_head,
+//                                            borrowed.Borrow(rows));
 //   RETURN_IF_ERROR(CallWorker(channel, ctx, kWorkerForwardMethod, wire, &answer));
 #ifndef MOED_SERVER_WORKER_CALL_H_
 #define MOED_SERVER_WORKER_CALL_H_
@@ -24,6 +26,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/tensor.h"
 #include "google/protobuf/message_lite.h"
 #include "proto/moe.pb.h"
 
@@ -53,11 +56,15 @@ class BorrowedBytes {
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
+// A slice that owns `tensor` and points at its bytes (not copied): the tensor is freed when
+// gRPC releases the slice. How a worker answers with its output.
+grpc::Slice TakeTensorBytes(Tensor tensor);
+
 // The encoding of `head` with field `tensor_field` (a moe.v1.Tensor, absent from `head`) set
-// to `tensor_head` (datatype and shape, no raw_data) plus raw_data = `bytes`, borrowed.
+// to `tensor_head` (datatype and shape, no raw_data) plus raw_data = the bytes of `bytes`
+// (from BorrowedBytes::Borrow or TakeTensorBytes), which the buffer references.
 grpc::ByteBuffer EncodeWithTensor(const google::protobuf::MessageLite& head, int tensor_field,
-                                  const v1::Tensor& tensor_head, absl::string_view bytes,
-                                  BorrowedBytes* borrowed);
+                                  const v1::Tensor& tensor_head, grpc::Slice bytes);
 
 // `message` encoded into one slice (a call without tensor bytes, e.g. shared-memory steps).
 grpc::ByteBuffer EncodeMessage(const google::protobuf::MessageLite& message);

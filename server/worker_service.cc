@@ -260,9 +260,18 @@ grpc::Status WorkerService::OnLayer(int64_t generation, uint64_t layer_id,
   return Grpc(status);
 }
 
-grpc::Status WorkerService::Forward(grpc::ServerContext*,
+grpc::Status WorkerService::Forward(grpc::ServerContext* context,
                                     const internal::WorkerForwardRequest* request,
                                     internal::WorkerForwardResponse* response) {
+  Tensor out;
+  grpc::Status status = Forward(context, request, response, &out);
+  if (status.ok() && !response->has_out()) TensorToProto(out, response->mutable_out());
+  return status;
+}
+
+grpc::Status WorkerService::Forward(grpc::ServerContext*,
+                                    const internal::WorkerForwardRequest* request,
+                                    internal::WorkerForwardResponse* response, Tensor* out) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     PhaseClock clock(request->timing());
     // From the client's shared-memory region (worker_shm.h), or the message.
@@ -273,15 +282,16 @@ grpc::Status WorkerService::Forward(grpc::ServerContext*,
     const bool keep = request->step_id() != 0;
     ASSIGN_OR_RETURN(ForwardResult result, s->layer->Forward(x, keep ? &saved : nullptr));
     const double engine_ms = clock.Lap();
-    if (request->has_out_shm()) {
+    // Into the client's shared-memory region (worker_shm.h; the response's out then holds its
+    // datatype and shape), or handed to the caller, who sends its bytes.
+    const bool to_shm = request->has_out_shm();
+    if (to_shm)
       RETURN_IF_ERROR(shm_.Write(result.out, request->out_shm(), response->mutable_out()));
-    } else {
-      TensorToProto(result.out, response->mutable_out());
-    }
     if (clock.enabled()) {
       FillTiming(clock, decode_ms, engine_ms, x.num_bytes(), result.out.num_bytes(),
                  response->mutable_timing());
     }
+    if (!to_shm) *out = std::move(result.out);
     response->set_aux_loss(result.aux_loss);
     response->set_z_loss(result.z_loss);
     for (int64_t c : result.tokens_per_expert) response->add_tokens_per_expert(c);
@@ -293,9 +303,18 @@ grpc::Status WorkerService::Forward(grpc::ServerContext*,
   });
 }
 
-grpc::Status WorkerService::Backward(grpc::ServerContext*,
+grpc::Status WorkerService::Backward(grpc::ServerContext* context,
                                      const internal::WorkerBackwardRequest* request,
                                      internal::WorkerBackwardResponse* response) {
+  Tensor d_x;
+  grpc::Status status = Backward(context, request, response, &d_x);
+  if (status.ok() && !response->has_d_x()) TensorToProto(d_x, response->mutable_d_x());
+  return status;
+}
+
+grpc::Status WorkerService::Backward(grpc::ServerContext*,
+                                     const internal::WorkerBackwardRequest* request,
+                                     internal::WorkerBackwardResponse* response, Tensor* d_x_out) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     PhaseClock clock(request->timing());
     ASSIGN_OR_RETURN(Tensor d_out, request->has_d_out_shm()
@@ -315,15 +334,13 @@ grpc::Status WorkerService::Backward(grpc::ServerContext*,
     saved.reset();
     if (!d_x.ok()) return d_x.status();
     const double engine_ms = clock.Lap();
-    if (request->has_d_x_shm()) {
-      RETURN_IF_ERROR(shm_.Write(*d_x, request->d_x_shm(), response->mutable_d_x()));
-    } else {
-      TensorToProto(*d_x, response->mutable_d_x());
-    }
+    const bool to_shm = request->has_d_x_shm();  // as in Forward
+    if (to_shm) RETURN_IF_ERROR(shm_.Write(*d_x, request->d_x_shm(), response->mutable_d_x()));
     if (clock.enabled()) {
       FillTiming(clock, decode_ms, engine_ms, d_out.num_bytes(), d_x->num_bytes(),
                  response->mutable_timing());
     }
+    if (!to_shm) *d_x_out = std::move(*d_x);
     return absl::OkStatus();
   });
 }

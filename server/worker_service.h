@@ -72,6 +72,15 @@ class WorkerService final : public internal::Worker::Service {
                        internal::WorkerForwardResponse*) override;
   grpc::Status Backward(grpc::ServerContext*, const internal::WorkerBackwardRequest*,
                         internal::WorkerBackwardResponse*) override;
+  // The same, with the output tensor (out, d_x) handed back in *tensor instead of copied into
+  // the response (every other field filled): the caller sends its bytes without a copy
+  // (server/authenticated_worker.cc). When the request named a shared-memory region for the
+  // output, the output went there, the response's tensor field is set (datatype and shape)
+  // and *tensor is left empty.
+  grpc::Status Forward(grpc::ServerContext*, const internal::WorkerForwardRequest*,
+                       internal::WorkerForwardResponse*, Tensor* out);
+  grpc::Status Backward(grpc::ServerContext*, const internal::WorkerBackwardRequest*,
+                        internal::WorkerBackwardResponse*, Tensor* d_x);
   grpc::Status ReleaseStep(grpc::ServerContext*, const internal::WorkerReleaseStepRequest*,
                            internal::WorkerEmpty*) override;
   grpc::Status GetTensors(grpc::ServerContext*, const internal::WorkerGetTensorsRequest*,

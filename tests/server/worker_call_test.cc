@@ -41,7 +41,7 @@ TEST(WorkerCall, EncodingParsesAsTheGeneratedOne) {
 
     BorrowedBytes borrowed;
     const grpc::ByteBuffer wire = EncodeWithTensor(
-        head, internal::WorkerForwardRequest::kXFieldNumber, x_head, data, &borrowed);
+        head, internal::WorkerForwardRequest::kXFieldNumber, x_head, borrowed.Borrow(data));
     // Same message (the fields' order on the wire differs: the tensor goes last).
     const internal::WorkerForwardRequest parsed = Parse(wire);
     EXPECT_TRUE(parsed.SerializeAsString() == want.SerializeAsString()) << rows << " rows";
@@ -57,7 +57,7 @@ TEST(WorkerCall, TensorBytesAreBorrowedNotCopied) {
   x_head.set_datatype("FP32");
   x_head.add_shape(1 << 18);
   const grpc::ByteBuffer wire = EncodeWithTensor(
-      head, internal::WorkerForwardRequest::kXFieldNumber, x_head, data, &borrowed);
+      head, internal::WorkerForwardRequest::kXFieldNumber, x_head, borrowed.Borrow(data));
   std::vector<grpc::Slice> slices;
   ASSERT_TRUE(wire.Dump(&slices).ok());
   ASSERT_EQ(slices.size(), 2u);
