@@ -147,6 +147,15 @@ size_t MoeClient::PieceBytes() const {
       std::max<int64_t>(options_.max_message_bytes - kStepMessageHeadroom, 4096));
 }
 
+void MoeClient::TakeForwardResults(v1::ForwardResponse* response, ForwardOutput* output) {
+  output->aux_loss = response->aux_loss();
+  output->z_loss = response->z_loss();
+  output->tokens_per_expert.assign(response->tokens_per_expert().begin(),
+                                   response->tokens_per_expert().end());
+  output->step_id = response->step_id();
+  output->load = std::move(*response->mutable_load());
+}
+
 void MoeClient::Prepare(const CallOptions& call, grpc::ClientContext* context) const {
   const absl::Duration timeout = call.deadline.value_or(options_.default_deadline);
   context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -222,12 +231,7 @@ absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const
     *call.timing =
         StepTimes{encode_ms, call_ms, clock.Lap(), std::move(*response.mutable_timing())};
   }
-  output.aux_loss = response.aux_loss();
-  output.z_loss = response.z_loss();
-  output.tokens_per_expert.assign(response.tokens_per_expert().begin(),
-                                  response.tokens_per_expert().end());
-  output.step_id = response.step_id();
-  output.load = std::move(*response.mutable_load());
+  TakeForwardResults(&response, &output);
   return output;
 }
 

@@ -202,6 +202,8 @@ class MoeClient {
   size_t PieceBytes() const;
   // Applies the deadline and wait-for-ready of `call` to a fresh context.
   void Prepare(const CallOptions& call, grpc::ClientContext* context) const;
+  // Everything of a ForwardResponse but `out` (the gRPC and shared-memory paths share it).
+  static void TakeForwardResults(v1::ForwardResponse* response, ForwardOutput* output);
   absl::StatusOr<std::vector<NamedTensor>> ReadChunks(
       grpc::ClientReaderInterface<v1::TensorChunk>* reader, grpc::ClientContext* context);
   // GetWeights / GetGradients: a Request for `layer` and `names`, the stream open(context,

@@ -77,12 +77,7 @@ absl::StatusOr<ForwardOutput> MoeClient::ForwardShm(const std::string& layer, co
   v1::ForwardResponse response;
   MOED_SHM_CALL(Forward, request, response, call);
   ForwardOutput output;  // out stays empty: its bytes are in the region
-  output.aux_loss = response.aux_loss();
-  output.z_loss = response.z_loss();
-  output.tokens_per_expert.assign(response.tokens_per_expert().begin(),
-                                  response.tokens_per_expert().end());
-  output.step_id = response.step_id();
-  output.load = std::move(*response.mutable_load());
+  TakeForwardResults(&response, &output);
   return output;
 }
 

@@ -8,19 +8,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/proto/iota_tensor.h"
 
 namespace moe {
 namespace {
 
 using ::testing::HasSubstr;
-
-Tensor Iota(DType dtype, std::vector<int64_t> shape) {
-  Tensor t = Tensor::Zeros(dtype, std::move(shape));
-  for (size_t i = 0; i < t.num_bytes(); ++i) {
-    t.data<uint8_t>()[i] = static_cast<uint8_t>(i * 13 + 1);
-  }
-  return t;
-}
 
 std::vector<v1::TensorChunk> Chunks(const std::string& name, const Tensor& t,
                                     int64_t max_chunk_bytes) {
@@ -34,8 +27,8 @@ std::vector<v1::TensorChunk> Chunks(const std::string& name, const Tensor& t,
 }
 
 TEST(ChunkTensorTest, SplitsIntoWholeElements) {
-  const Tensor a = Iota(DType::kFloat32, {5, 7});  // 140 bytes
-  auto chunks = Chunks("a", a, 48);                // 12 elements per chunk -> 12, 12, 11
+  const Tensor a = IotaTensor(DType::kFloat32, {5, 7});  // 140 bytes
+  auto chunks = Chunks("a", a, 48);                      // 12 elements per chunk -> 12, 12, 11
   ASSERT_EQ(chunks.size(), 3u);
   EXPECT_EQ(chunks[1].element_offset(), 12);
   EXPECT_EQ(chunks[2].raw_data().size(), 44u);
@@ -45,13 +38,13 @@ TEST(ChunkTensorTest, SplitsIntoWholeElements) {
     EXPECT_THAT(c.shape(), ::testing::ElementsAre(5, 7));  // the whole tensor's shape
   }
   // Smaller than one element: one element per chunk.
-  EXPECT_EQ(Chunks("c", Iota(DType::kInt64, {2}), 3).size(), 2u);
+  EXPECT_EQ(Chunks("c", IotaTensor(DType::kInt64, {2}), 3).size(), 2u);
   // Without elements: one empty chunk.
-  auto empty = Chunks("b", Iota(DType::kFloat32, {0, 3}), 48);
+  auto empty = Chunks("b", IotaTensor(DType::kFloat32, {0, 3}), 48);
   ASSERT_EQ(empty.size(), 1u);
   EXPECT_TRUE(empty[0].raw_data().empty());
   // 0 (a request that leaves it unset) means kDefaultChunkBytes.
-  const Tensor big = Iota(DType::kFloat32, {kDefaultChunkBytes / 4 + 1});
+  const Tensor big = IotaTensor(DType::kFloat32, {kDefaultChunkBytes / 4 + 1});
   auto defaulted = Chunks("big", big, 0);
   ASSERT_EQ(defaulted.size(), 2u);
   EXPECT_EQ(static_cast<int64_t>(defaulted[0].raw_data().size()), kDefaultChunkBytes);
@@ -59,7 +52,7 @@ TEST(ChunkTensorTest, SplitsIntoWholeElements) {
 
 TEST(ChunkTensorTest, StopsAtTheFirstEmitError) {
   int calls = 0;
-  absl::Status s = ChunkTensor("a", Iota(DType::kFloat32, {16}), 4, [&](v1::TensorChunk&&) {
+  absl::Status s = ChunkTensor("a", IotaTensor(DType::kFloat32, {16}), 4, [&](v1::TensorChunk&&) {
     return ++calls == 2 ? absl::CancelledError("reader gone") : absl::OkStatus();
   });
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
@@ -67,9 +60,9 @@ TEST(ChunkTensorTest, StopsAtTheFirstEmitError) {
 }
 
 TEST(ChunkAssemblerTest, ReassemblesAnyTensorsInArrivalOrder) {
-  const Tensor a = Iota(DType::kFloat32, {5, 7});
-  const Tensor b = Iota(DType::kFloat32, {0, 3});
-  const Tensor c = Iota(DType::kInt64, {2});
+  const Tensor a = IotaTensor(DType::kFloat32, {5, 7});
+  const Tensor b = IotaTensor(DType::kFloat32, {0, 3});
+  const Tensor c = IotaTensor(DType::kInt64, {2});
   ChunkAssembler assembler;
   for (const auto& list : {Chunks("a", a, 48), Chunks("b", b, 48), Chunks("c", c, 3)}) {
     for (const auto& chunk : list) ASSERT_TRUE(assembler.Add(chunk).ok());
@@ -85,8 +78,8 @@ TEST(ChunkAssemblerTest, ReassemblesAnyTensorsInArrivalOrder) {
 }
 
 TEST(ChunkAssemblerTest, ReassemblesExpectedTensorsAlsoInterleaved) {
-  const Tensor wi = Iota(DType::kFloat32, {5, 3});
-  const Tensor gate = Iota(DType::kFloat32, {4});
+  const Tensor wi = IotaTensor(DType::kFloat32, {5, 3});
+  const Tensor gate = IotaTensor(DType::kFloat32, {4});
   auto wi_chunks = Chunks("wi", wi, 16);  // 4 elements per chunk
   auto gate_chunks = Chunks("gate", gate, 8);
   ASSERT_EQ(wi_chunks.size(), 4u);
@@ -107,7 +100,7 @@ TEST(ChunkAssemblerTest, ReassemblesExpectedTensorsAlsoInterleaved) {
 
 // Errors common to both kinds of assembler, checked on each.
 TEST(ChunkAssemblerTest, RejectsBrokenStreams) {
-  const Tensor t = Iota(DType::kFloat32, {4, 4});
+  const Tensor t = IotaTensor(DType::kFloat32, {4, 4});
   auto chunks = Chunks("a", t, 16);  // 4 chunks
   ASSERT_EQ(chunks.size(), 4u);
   const auto make = [](bool expected) {
@@ -168,7 +161,7 @@ TEST(ChunkAssemblerTest, RejectsBrokenStreams) {
 }
 
 TEST(ChunkAssemblerTest, ExpectedTensorsOnly) {
-  auto chunks = Chunks("gate", Iota(DType::kFloat32, {4}), 8);
+  auto chunks = Chunks("gate", IotaTensor(DType::kFloat32, {4}), 8);
   {
     ChunkAssembler a({{"wo", ExpectedTensor{DType::kFloat32, {4}}}});
     absl::Status s = a.Add(chunks[0]);

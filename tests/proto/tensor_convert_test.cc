@@ -7,19 +7,12 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/proto/iota_tensor.h"
 
 namespace moe {
 namespace {
 
 using ::testing::HasSubstr;
-
-Tensor Iota(DType dtype, std::vector<int64_t> shape) {
-  Tensor t = Tensor::Zeros(dtype, std::move(shape));
-  for (size_t i = 0; i < t.num_bytes(); ++i) {
-    t.data<uint8_t>()[i] = static_cast<uint8_t>(i * 13 + 1);
-  }
-  return t;
-}
 
 v1::Tensor ToProto(const Tensor& t) {
   v1::Tensor proto;
@@ -30,7 +23,7 @@ v1::Tensor ToProto(const Tensor& t) {
 TEST(TensorConvertTest, RoundTripsEveryDatatype) {
   for (DType dtype :
        {DType::kFloat32, DType::kBFloat16, DType::kFloat64, DType::kInt32, DType::kInt64}) {
-    const Tensor t = Iota(dtype, {3, 4});
+    const Tensor t = IotaTensor(dtype, {3, 4});
     const v1::Tensor proto = ToProto(t);
     EXPECT_EQ(proto.datatype(), DTypeName(dtype));
     EXPECT_EQ(proto.raw_data().size(), t.num_bytes());
@@ -50,8 +43,8 @@ TEST(TensorConvertTest, WireNamesAreKServeNames) {
 }
 
 TEST(TensorConvertTest, ToProtoReplacesAnEarlierShape) {
-  v1::Tensor proto = ToProto(Iota(DType::kFloat32, {2, 2, 2}));
-  TensorToProto(Iota(DType::kFloat32, {3}), &proto);
+  v1::Tensor proto = ToProto(IotaTensor(DType::kFloat32, {2, 2, 2}));
+  TensorToProto(IotaTensor(DType::kFloat32, {3}), &proto);
   EXPECT_THAT(proto.shape(), ::testing::ElementsAre(3));
 }
 
@@ -75,7 +68,7 @@ TEST(TensorConvertTest, ErrorsAreInvalidArgumentNamingTheField) {
   EXPECT_THAT(s.message(), HasSubstr("d_out"));
   EXPECT_EQ(CheckTensorProto("d_out", proto).status().code(), absl::StatusCode::kInvalidArgument);
 
-  proto = ToProto(Iota(DType::kFloat32, {2, 2}));
+  proto = ToProto(IotaTensor(DType::kFloat32, {2, 2}));
   proto.set_shape(0, -2);
   proto.set_shape(1, -2);  // the product is positive: the sign of each dimension counts
   EXPECT_EQ(TensorFromProto("x", proto).status().code(), absl::StatusCode::kInvalidArgument);
