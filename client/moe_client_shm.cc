@@ -5,6 +5,7 @@
 #include "client/moe_client.h"
 #include "engine/status_macros.h"
 #include "proto/status_convert.h"
+#include "server/phase_clock.h"
 
 namespace moe {
 namespace client {
@@ -74,8 +75,13 @@ absl::StatusOr<ForwardOutput> MoeClient::ForwardShm(const std::string& layer, co
   ToProto(x, request.mutable_x_shm());
   ToProto(out, request.mutable_out_shm());
   request.set_keep_for_backward(keep_for_backward);
+  PhaseClock clock(call.timing != nullptr);  // no encode or decode: the bytes are in the region
+  request.set_timing(clock.enabled());
   v1::ForwardResponse response;
   MOED_SHM_CALL(Forward, request, response, call);
+  if (call.timing != nullptr) {
+    *call.timing = StepTimes{0.0, clock.Lap(), 0.0, std::move(*response.mutable_timing())};
+  }
   ForwardOutput output;  // out stays empty: its bytes are in the region
   TakeForwardResults(&response, &output);
   return output;
@@ -92,8 +98,13 @@ absl::Status MoeClient::BackwardShm(const std::string& layer, uint64_t step_id,
   ToProto(d_x, request.mutable_d_x_shm());
   if (d_aux.has_value()) request.set_d_aux(*d_aux);
   if (d_z_loss.has_value()) request.set_d_z_loss(*d_z_loss);
+  PhaseClock clock(call.timing != nullptr);
+  request.set_timing(clock.enabled());
   v1::BackwardResponse response;
   MOED_SHM_CALL(Backward, request, response, call);
+  if (call.timing != nullptr) {
+    *call.timing = StepTimes{0.0, clock.Lap(), 0.0, std::move(*response.mutable_timing())};
+  }
   return absl::OkStatus();
 }
 

@@ -133,25 +133,37 @@ absl::StatusOr<std::string> BenchShm(MoeClient& c, const std::string& layer, con
     RETURN_IF_ERROR(c.BackwardShm(layer, fwd.step_id, d_out_ref, d_x_ref));
     const bool identical = grpc_fwd.out.bytes() == absl::string_view(shm->data() + bytes, bytes) &&
                            grpc_d_x.bytes() == absl::string_view(shm->data() + 3 * bytes, bytes);
+    // The same per-phase breakdown as the gRPC path's (encode and decode are 0: no bytes in
+    // the messages).
+    StepTimes fwd_times, bwd_times;
+    CallOptions fwd_call, bwd_call;
+    fwd_call.timing = &fwd_times;
+    bwd_call.timing = &bwd_times;
+    StepBreakdown forward_breakdown, training_breakdown;
     ASSIGN_OR_RETURN(
         Series forward,
         Measure(
             warmup, steps, "shm forward", show_progress,
-            [&]() { return c.ForwardShm(layer, x_ref, out_ref).status(); }, [](double) {}));
+            [&]() { return c.ForwardShm(layer, x_ref, out_ref, false, fwd_call).status(); },
+            [&](double ms) { forward_breakdown.Add(ms, {&fwd_times}); }));
     ASSIGN_OR_RETURN(
         Series training,
         Measure(
             warmup, steps, "shm forward+backward", show_progress,
             [&]() -> absl::Status {
-              ASSIGN_OR_RETURN(ForwardOutput f, c.ForwardShm(layer, x_ref, out_ref, true));
-              absl::Status backward = c.BackwardShm(layer, f.step_id, d_out_ref, d_x_ref);
+              ASSIGN_OR_RETURN(ForwardOutput f,
+                               c.ForwardShm(layer, x_ref, out_ref, true, fwd_call));
+              absl::Status backward = c.BackwardShm(layer, f.step_id, d_out_ref, d_x_ref,
+                                                    std::nullopt, std::nullopt, bwd_call);
               if (!backward.ok()) c.ReleaseStep(layer, f.step_id).IgnoreError();
               return backward;
             },
-            [](double) {}));
-    return absl::StrFormat("{\"identical_to_grpc\": %s, \"forward\": %s, \"forward_backward\": %s}",
-                           identical ? "true" : "false", SeriesJson(forward, x.dim(0)),
-                           SeriesJson(training, x.dim(0)));
+            [&](double ms) { training_breakdown.Add(ms, {&fwd_times, &bwd_times}); }));
+    return absl::StrFormat(
+        "{\"identical_to_grpc\": %s, \"forward\": %s, \"forward_backward\": %s, "
+        "\"breakdown\": {\"forward\": %s, \"forward_backward\": %s}}",
+        identical ? "true" : "false", SeriesJson(forward, x.dim(0)), SeriesJson(training, x.dim(0)),
+        forward_breakdown.Json(), training_breakdown.Json());
   };
   absl::StatusOr<std::string> json = run();
   c.UnregisterSystemSharedMemory(region).IgnoreError();

@@ -112,12 +112,14 @@ absl::Status MoeLayerImpl::ExpertsForward(const DispatchPlan& plan, const void* 
 }
 
 absl::StatusOr<ForwardResult> MoeLayerImpl::Forward(const Tensor& x,
-                                                    std::unique_ptr<StepContext>* saved) {
+                                                    std::unique_ptr<StepContext>* saved,
+                                                    Tensor* out_into) {
   const LayerConfig& c = config_;
   RETURN_IF_ERROR(CheckActivations("x", x, c.hidden));
   const int64_t T = x.dim(0), H = c.hidden, E = c.num_experts, K = c.top_k;
   const int64_t F = c.ffn, up = UpWidth(c);
   const DType cd = c.compute_dtype, xt = x.dtype();
+  RETURN_IF_ERROR(CheckOutputDestination("out", out_into, xt, {T, H}));
   const size_t cs = DTypeSize(cd);
   auto s = std::make_unique<SavedStep>();
   s->layer = this;
@@ -282,7 +284,7 @@ absl::StatusOr<ForwardResult> MoeLayerImpl::Forward(const Tensor& x,
   RETURN_IF_ERROR(backend_->CombineRows(s->y_local.data(), cd, s->pair_row.as<int32_t>(),
                                         s->topk_weight.as<float>(), T, K, H, out.data(), xt));
   ForwardResult result;
-  ASSIGN_OR_RETURN(result.out, Download(out, xt, {T, H}));
+  ASSIGN_OR_RETURN(result.out, DownloadInto(out, xt, {T, H}, out_into));
 
   // Losses over the global token count.
   const double Tg = s->global_tokens;
@@ -382,7 +384,7 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
 }
 
 absl::StatusOr<Tensor> MoeLayerImpl::Backward(StepContext& context, const Tensor& d_out,
-                                              double d_aux, double d_z_loss) {
+                                              double d_aux, double d_z_loss, Tensor* d_x_into) {
   SavedStep* s = dynamic_cast<SavedStep*>(&context);
   if (s == nullptr || s->layer != this) {
     return absl::InvalidArgumentError("Backward: the step context belongs to another layer");
@@ -404,6 +406,7 @@ absl::StatusOr<Tensor> MoeLayerImpl::Backward(StepContext& context, const Tensor
   if (!std::isfinite(d_aux) || !std::isfinite(d_z_loss)) {
     return absl::InvalidArgumentError("Backward: d_aux and d_z_loss must be finite");
   }
+  RETURN_IF_ERROR(CheckOutputDestination("d_x", d_x_into, s->x_type, {T, H}));
   s->used = true;
   const DispatchPlan& plan = s->plan;
 
@@ -508,12 +511,12 @@ absl::StatusOr<Tensor> MoeLayerImpl::Backward(StepContext& context, const Tensor
 
   Tensor result;
   if (s->x_type == DType::kFloat32) {
-    ASSIGN_OR_RETURN(result, Download(d_x, DType::kFloat32, {T, H}));
+    ASSIGN_OR_RETURN(result, DownloadInto(d_x, DType::kFloat32, {T, H}, d_x_into));
   } else {
     ASSIGN_OR_RETURN(Buffer d_x_cast, backend_->Allocate(T * H * DTypeSize(s->x_type)));
     RETURN_IF_ERROR(
         backend_->Convert(d_x.data(), DType::kFloat32, d_x_cast.data(), s->x_type, T * H));
-    ASSIGN_OR_RETURN(result, Download(d_x_cast, s->x_type, {T, H}));
+    ASSIGN_OR_RETURN(result, DownloadInto(d_x_cast, s->x_type, {T, H}, d_x_into));
   }
   // The saved activations are no longer needed.
   *s = SavedStep{};

@@ -70,12 +70,24 @@ class MoeLayer {
   virtual int64_t local_experts() const = 0;  // El
 
   // x: [T, H], FP32 or BF16. With `saved` non-null, keeps what Backward needs there.
+  absl::StatusOr<ForwardResult> Forward(const Tensor& x, std::unique_ptr<StepContext>* saved) {
+    return Forward(x, saved, nullptr);
+  }
+  // The same, writing the output into `out` when it is non-null: a tensor of x's dtype and
+  // shape, typically a Tensor::View of a caller's buffer (shared memory, pinned staging), so
+  // the output skips a host copy. result.out is then a copy of *out (a view if out is one).
   virtual absl::StatusOr<ForwardResult> Forward(const Tensor& x,
-                                                std::unique_ptr<StepContext>* saved) = 0;
+                                                std::unique_ptr<StepContext>* saved,
+                                                Tensor* out) = 0;
   // d_out: [T, H] (FP32 or BF16). Accumulates every parameter gradient; returns d_x in x's
   // dtype. A context may be used for one backward only (FAILED_PRECONDITION afterwards).
+  absl::StatusOr<Tensor> Backward(StepContext& saved, const Tensor& d_out, double d_aux,
+                                  double d_z_loss) {
+    return Backward(saved, d_out, d_aux, d_z_loss, nullptr);
+  }
+  // The same, writing d_x into `d_x` when it is non-null (x's dtype and shape), as in Forward.
   virtual absl::StatusOr<Tensor> Backward(StepContext& saved, const Tensor& d_out, double d_aux,
-                                          double d_z_loss) = 0;
+                                          double d_z_loss, Tensor* d_x) = 0;
 
   // Parameters, this rank's shard as host fp32 tensors:
   //   "gate" [H, E], "expert_bias" [E] (use_expert_bias), "wi" [El, H, up], "wo" [El, F, H],

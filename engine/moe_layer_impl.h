@@ -62,6 +62,10 @@ struct SavedStep : public StepContext {
   }
 };
 
+// OK when `into` is null or has this dtype and shape; INVALID_ARGUMENT naming `field` else.
+absl::Status CheckOutputDestination(absl::string_view field, const Tensor* into, DType dtype,
+                                    const std::vector<int64_t>& shape);
+
 class MoeLayerImpl : public MoeLayer {
  public:
   MoeLayerImpl(const LayerConfig& config, Backend* backend, Communicator* comm);
@@ -71,10 +75,12 @@ class MoeLayerImpl : public MoeLayer {
   int64_t first_expert() const override { return first_expert_; }
   int64_t local_experts() const override { return local_experts_; }
 
-  absl::StatusOr<ForwardResult> Forward(const Tensor& x,
-                                        std::unique_ptr<StepContext>* saved) override;
+  using MoeLayer::Backward;
+  using MoeLayer::Forward;
+  absl::StatusOr<ForwardResult> Forward(const Tensor& x, std::unique_ptr<StepContext>* saved,
+                                        Tensor* out) override;
   absl::StatusOr<Tensor> Backward(StepContext& saved, const Tensor& d_out, double d_aux,
-                                  double d_z_loss) override;
+                                  double d_z_loss, Tensor* d_x) override;
 
   std::vector<std::string> ParameterNames() const override;
   absl::StatusOr<Tensor> GetParameter(const std::string& name) const override;
@@ -103,6 +109,10 @@ class MoeLayerImpl : public MoeLayer {
   absl::StatusOr<Buffer> Upload(const void* host, size_t bytes);
   absl::StatusOr<Tensor> Download(const Buffer& buffer, DType dtype,
                                   const std::vector<int64_t>& shape) const;
+  // Into `into` when non-null (its dtype and shape must be these; INVALID_ARGUMENT otherwise),
+  // returning a copy of *into; else a new tensor.
+  absl::StatusOr<Tensor> DownloadInto(const Buffer& buffer, DType dtype,
+                                      const std::vector<int64_t>& shape, Tensor* into) const;
   // The FFN of the local experts on the expert layout (docs/SPEC.md Forward 10).
   absl::Status ExpertsForward(const DispatchPlan& plan, const void* x_expert, void* h, void* act,
                               void* y);

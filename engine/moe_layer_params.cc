@@ -143,6 +143,28 @@ absl::StatusOr<Tensor> MoeLayerImpl::Download(const Buffer& buffer, DType dtype,
   return t;
 }
 
+absl::Status CheckOutputDestination(absl::string_view field, const Tensor* into, DType dtype,
+                                    const std::vector<int64_t>& shape) {
+  if (into == nullptr || (into->dtype() == dtype && into->shape() == shape)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": the destination is ", DTypeName(into->dtype()), " ", into->ShapeString(),
+      ", the output is ", DTypeName(dtype), " [", absl::StrJoin(shape, ", "), "]"));
+}
+
+absl::StatusOr<Tensor> MoeLayerImpl::DownloadInto(const Buffer& buffer, DType dtype,
+                                                  const std::vector<int64_t>& shape,
+                                                  Tensor* into) const {
+  if (into == nullptr) return Download(buffer, dtype, shape);
+  RETURN_IF_ERROR(CheckOutputDestination("output", into, dtype, shape));
+  if (into->num_bytes() > buffer.size()) {
+    return absl::InternalError("Download: buffer smaller than the tensor");
+  }
+  RETURN_IF_ERROR(backend_->CopyToHost(into->raw(), buffer.data(), into->num_bytes()));
+  return *into;
+}
+
 std::vector<std::string> MoeLayerImpl::ParameterNames() const {
   std::vector<std::string> names;
   for (const LayerParam& p : params_) names.push_back(p.name);

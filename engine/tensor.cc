@@ -41,6 +41,17 @@ absl::StatusOr<Tensor> Tensor::FromBytes(DType dtype, std::vector<int64_t> shape
   return t;
 }
 
+Tensor Tensor::View(DType dtype, std::vector<int64_t> shape, void* data) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.view_bytes_ = static_cast<size_t>(NumElements(t.shape_)) * DTypeSize(dtype);
+  // A view of nothing is an empty owning tensor: raw() of either is never dereferenced.
+  if (t.view_bytes_ > 0) t.view_ = static_cast<uint8_t*>(data);
+  if (t.view_ == nullptr) t.view_bytes_ = 0;
+  return t;
+}
+
 Tensor Tensor::FromFloats(std::vector<int64_t> shape, const std::vector<float>& values) {
   Tensor t = Uninitialized(DType::kFloat32, std::move(shape));
   if (!t.bytes_.empty()) std::memcpy(t.bytes_.data(), values.data(), t.bytes_.size());
@@ -63,7 +74,7 @@ float Tensor::GetFloat(int64_t i) const {
 }
 
 Tensor Tensor::ConvertTo(DType dtype) const {
-  if (dtype == dtype_) return *this;
+  if (dtype == dtype_) return *this;  // a view stays a view
   Tensor out = Zeros(dtype, shape_);
   const int64_t n = num_elements();
   for (int64_t i = 0; i < n; ++i) {
@@ -89,9 +100,10 @@ Tensor Tensor::SliceRows(int64_t begin, int64_t end) const {
   std::vector<int64_t> shape = shape_;
   shape[0] = end - begin;
   Tensor out = Uninitialized(dtype_, shape);  // every byte copied below
-  const size_t row_bytes = shape_[0] == 0 ? 0 : bytes_.size() / shape_[0];
+  const size_t row_bytes = shape_[0] == 0 ? 0 : num_bytes() / shape_[0];
   if (!out.bytes_.empty()) {
-    std::memcpy(out.bytes_.data(), bytes_.data() + begin * row_bytes, out.bytes_.size());
+    std::memcpy(out.bytes_.data(), static_cast<const uint8_t*>(raw()) + begin * row_bytes,
+                out.bytes_.size());
   }
   return out;
 }

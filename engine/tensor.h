@@ -5,6 +5,11 @@
 //   Tensor y = x.ConvertTo(DType::kBFloat16);
 //
 // Tensors here live in host memory; device memory belongs to a Backend (engine/backend.h).
+//
+// A view (Tensor::View) is a tensor over bytes it does not own, e.g. a client's shared-memory
+// region or a pinned buffer: the caller keeps those bytes alive while the view (or any copy of
+// it) is used. Copying a view copies the pointer, as copying an absl::string_view does;
+// ConvertTo to another dtype and SliceRows always return tensors that own their bytes.
 #ifndef MOED_ENGINE_TENSOR_H_
 #define MOED_ENGINE_TENSOR_H_
 
@@ -55,6 +60,8 @@ class Tensor {
   // Copies `bytes`; fails when its size is not shape-product * DTypeSize(dtype).
   static absl::StatusOr<Tensor> FromBytes(DType dtype, std::vector<int64_t> shape,
                                           absl::string_view bytes);
+  // A view of `data` (product(shape) * DTypeSize(dtype) bytes; not copied, not owned).
+  static Tensor View(DType dtype, std::vector<int64_t> shape, void* data);
   static Tensor FromFloats(std::vector<int64_t> shape, const std::vector<float>& values);
 
   DType dtype() const { return dtype_; }
@@ -62,20 +69,21 @@ class Tensor {
   int64_t dim(int i) const { return shape_[i]; }
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t num_elements() const;
-  size_t num_bytes() const { return bytes_.size(); }
+  size_t num_bytes() const { return view_ != nullptr ? view_bytes_ : bytes_.size(); }
+  bool is_view() const { return view_ != nullptr; }
 
   template <typename T>
   T* data() {
-    return reinterpret_cast<T*>(bytes_.data());
+    return reinterpret_cast<T*>(raw());
   }
   template <typename T>
   const T* data() const {
-    return reinterpret_cast<const T*>(bytes_.data());
+    return reinterpret_cast<const T*>(raw());
   }
-  void* raw() { return bytes_.data(); }
-  const void* raw() const { return bytes_.data(); }
+  void* raw() { return view_ != nullptr ? static_cast<void*>(view_) : bytes_.data(); }
+  const void* raw() const { return view_ != nullptr ? static_cast<const void*>(view_) : bytes_.data(); }
   absl::string_view bytes() const {
-    return absl::string_view(reinterpret_cast<const char*>(bytes_.data()), bytes_.size());
+    return absl::string_view(static_cast<const char*>(raw()), num_bytes());
   }
 
   // Element i as float (FP32, BF16, FP64 only).
@@ -90,7 +98,9 @@ class Tensor {
  private:
   DType dtype_ = DType::kFloat32;
   std::vector<int64_t> shape_;
-  std::vector<uint8_t, DefaultInitAllocator<uint8_t>> bytes_;
+  std::vector<uint8_t, DefaultInitAllocator<uint8_t>> bytes_;  // empty for a view
+  uint8_t* view_ = nullptr;  // a view's bytes (not owned), else null
+  size_t view_bytes_ = 0;
 };
 
 // A tensor with the name a layer gives it ("gate", "wi", ...): checkpoint files, chunk streams.

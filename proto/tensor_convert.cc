@@ -32,10 +32,15 @@ absl::StatusOr<Tensor> TensorFromProto(absl::string_view field, const v1::Tensor
   return Tensor::FromBytes(dtype, std::move(shape), proto.raw_data());
 }
 
-void TensorToProto(const Tensor& tensor, v1::Tensor* proto) {
+void SetTensorMeta(const Tensor& tensor, v1::Tensor* proto) {
   proto->set_datatype(DTypeName(tensor.dtype()));
   proto->clear_shape();
   for (int64_t d : tensor.shape()) proto->add_shape(d);
+  proto->clear_raw_data();
+}
+
+void TensorToProto(const Tensor& tensor, v1::Tensor* proto) {
+  SetTensorMeta(tensor, proto);
   proto->set_raw_data(tensor.bytes().data(), tensor.bytes().size());
 }
 

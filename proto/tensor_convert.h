@@ -23,6 +23,9 @@ absl::StatusOr<DType> CheckTensorProto(absl::string_view field, const v1::Tensor
 // CheckTensorProto, then copies the bytes.
 absl::StatusOr<Tensor> TensorFromProto(absl::string_view field, const v1::Tensor& proto);
 void TensorToProto(const Tensor& tensor, v1::Tensor* proto);
+// Datatype and shape only (no raw_data): for a tensor whose bytes travel elsewhere (shared
+// memory).
+void SetTensorMeta(const Tensor& tensor, v1::Tensor* proto);
 
 }  // namespace moe
 

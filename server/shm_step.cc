@@ -87,6 +87,7 @@ absl::Status ShmStep::CheckOutput(int64_t tokens, int64_t hidden, DType dtype) {
   if (!output_) return absl::OkStatus();
   const int64_t element = static_cast<int64_t>(DTypeSize(dtype));
   output_row_bytes_ = hidden * element;
+  output_dtype_ = dtype;
   if (output_offset_ % element != 0) {
     return Invalid(output_field_, absl::StrCat(".offset: ", output_offset_,
                                                " is not a multiple of the element size ", element));
@@ -129,6 +130,7 @@ void ShmStep::SliceOutput(int64_t row_begin, int64_t row_end,
                           internal::WorkerShmSlice* slice) const {
   Fill(*output_, output_offset_ + row_begin * output_row_bytes_,
        (row_end - row_begin) * output_row_bytes_, slice);
+  slice->set_datatype(DTypeName(output_dtype_));
 }
 
 }  // namespace moe

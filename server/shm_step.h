@@ -64,6 +64,7 @@ class ShmStep {
   int64_t output_offset_ = 0;
   int64_t output_capacity_ = 0;
   int64_t output_row_bytes_ = 0;
+  DType output_dtype_ = DType::kFloat32;  // set by CheckOutput
 };
 
 }  // namespace moe

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/checkpoint.h"
 #include "engine/config_agreement.h"
@@ -42,7 +43,10 @@ WorkerService::LayerSlot::~LayerSlot() {
 
 WorkerService::WorkerService(std::string device, std::shared_ptr<KeyValueStore> store,
                              int cpu_threads)
-    : device_(std::move(device)), store_(std::move(store)), cpu_threads_(cpu_threads) {}
+    : device_(std::move(device)),
+      store_(std::move(store)),
+      cpu_threads_(cpu_threads),
+      shm_(/*pin_for_cuda=*/absl::StartsWith(device_, "cuda")) {}
 
 WorkerService::~WorkerService() = default;
 
@@ -274,19 +278,29 @@ grpc::Status WorkerService::Forward(grpc::ServerContext*,
                                     internal::WorkerForwardResponse* response, Tensor* out) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     PhaseClock clock(request->timing());
-    // From the client's shared-memory region (worker_shm.h), or the message.
-    ASSIGN_OR_RETURN(Tensor x, request->has_x_shm() ? shm_.Read("x", request->x(), request->x_shm())
-                                                    : TensorFromProto("x", request->x()));
+    // From the client's shared-memory region (a view: the engine reads it in place; see
+    // worker_shm.h), or the message.
+    ShmTensor x_shm;
+    if (request->has_x_shm()) {
+      ASSIGN_OR_RETURN(x_shm, shm_.Input("x", request->x(), request->x_shm()));
+    } else {
+      ASSIGN_OR_RETURN(x_shm.tensor, TensorFromProto("x", request->x()));
+    }
+    const Tensor& x = x_shm.tensor;
+    // Into the client's region (the engine writes it in place; the response's out then holds
+    // its datatype and shape only), or handed to the caller, who sends its bytes.
+    const bool to_shm = request->has_out_shm();
+    ShmTensor out_shm;
+    if (to_shm) {
+      ASSIGN_OR_RETURN(out_shm, shm_.Output("out", x.shape(), request->out_shm()));
+    }
     const double decode_ms = clock.Lap();
     std::unique_ptr<StepContext> saved;
     const bool keep = request->step_id() != 0;
-    ASSIGN_OR_RETURN(ForwardResult result, s->layer->Forward(x, keep ? &saved : nullptr));
+    ASSIGN_OR_RETURN(ForwardResult result, s->layer->Forward(x, keep ? &saved : nullptr,
+                                                             to_shm ? &out_shm.tensor : nullptr));
     const double engine_ms = clock.Lap();
-    // Into the client's shared-memory region (worker_shm.h; the response's out then holds its
-    // datatype and shape), or handed to the caller, who sends its bytes.
-    const bool to_shm = request->has_out_shm();
-    if (to_shm)
-      RETURN_IF_ERROR(shm_.Write(result.out, request->out_shm(), response->mutable_out()));
+    if (to_shm) SetTensorMeta(result.out, response->mutable_out());
     if (clock.enabled()) {
       FillTiming(clock, decode_ms, engine_ms, x.num_bytes(), result.out.num_bytes(),
                  response->mutable_timing());
@@ -317,9 +331,18 @@ grpc::Status WorkerService::Backward(grpc::ServerContext*,
                                      internal::WorkerBackwardResponse* response, Tensor* d_x_out) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     PhaseClock clock(request->timing());
-    ASSIGN_OR_RETURN(Tensor d_out, request->has_d_out_shm()
-                                       ? shm_.Read("d_out", request->d_out(), request->d_out_shm())
-                                       : TensorFromProto("d_out", request->d_out()));
+    ShmTensor d_out_shm;  // as in Forward
+    if (request->has_d_out_shm()) {
+      ASSIGN_OR_RETURN(d_out_shm, shm_.Input("d_out", request->d_out(), request->d_out_shm()));
+    } else {
+      ASSIGN_OR_RETURN(d_out_shm.tensor, TensorFromProto("d_out", request->d_out()));
+    }
+    const Tensor& d_out = d_out_shm.tensor;
+    const bool to_shm = request->has_d_x_shm();
+    ShmTensor d_x_shm;  // d_x: the forward's x's dtype (the slice's), d_out's shape
+    if (to_shm) {
+      ASSIGN_OR_RETURN(d_x_shm, shm_.Output("d_x", d_out.shape(), request->d_x_shm()));
+    }
     const double decode_ms = clock.Lap();
     auto it = s->steps.find(request->step_id());
     if (it == s->steps.end()) {
@@ -329,13 +352,13 @@ grpc::Status WorkerService::Backward(grpc::ServerContext*,
     // One backward per step: the context is freed whatever the outcome.
     std::unique_ptr<StepContext> saved = std::move(it->second);
     s->steps.erase(it);
-    absl::StatusOr<Tensor> d_x =
-        s->layer->Backward(*saved, d_out, request->d_aux(), request->d_z_loss());
+    absl::StatusOr<Tensor> d_x = s->layer->Backward(*saved, d_out, request->d_aux(),
+                                                    request->d_z_loss(),
+                                                    to_shm ? &d_x_shm.tensor : nullptr);
     saved.reset();
     if (!d_x.ok()) return d_x.status();
     const double engine_ms = clock.Lap();
-    const bool to_shm = request->has_d_x_shm();  // as in Forward
-    if (to_shm) RETURN_IF_ERROR(shm_.Write(*d_x, request->d_x_shm(), response->mutable_d_x()));
+    if (to_shm) SetTensorMeta(*d_x, response->mutable_d_x());
     if (clock.enabled()) {
       FillTiming(clock, decode_ms, engine_ms, d_out.num_bytes(), d_x->num_bytes(),
                  response->mutable_timing());

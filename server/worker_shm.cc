@@ -5,11 +5,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "engine/cuda/cuda_optional.h"
 #include "engine/status_macros.h"
 
 namespace moe {
@@ -21,7 +25,15 @@ struct WorkerShmMappings::Mapping {
   char* region = nullptr;
   int64_t region_bytes = 0;
   int fd = -1;  // kept open: the size is checked again before every access
+  bool pinned = false;  // page-locked for the GPU (unpinned before munmap)
   ~Mapping() {
+    if (pinned) {
+      absl::Status status = OptionalUnpinHostMemory(base);
+      if (!status.ok()) {
+        std::fprintf(stderr, "moe-worker: shared memory: unpinning a region: %s\n",
+                     status.ToString().c_str());
+      }
+    }
     if (base != nullptr) munmap(base, length);
     if (fd >= 0) close(fd);
   }
@@ -72,6 +84,19 @@ absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::M
     made->base = base;
     made->region = static_cast<char*>(base) + (slice.region_offset() - start);
     made->region_bytes = slice.region_byte_size();
+    if (pin_for_cuda_) {
+      // Once per mapping (cudaHostRegister costs ~ms per 100 MB): every later step's copies
+      // between the region and the GPU then skip the staging buffers.
+      absl::Status pinned = OptionalPinHostMemory(base, made->length);
+      made->pinned = pinned.ok();
+      static std::atomic<bool> warned{false};
+      if (!pinned.ok() && !warned.exchange(true)) {
+        std::fprintf(stderr,
+                     "moe-worker: shared memory: cannot page-lock region \"%s\" for the GPU "
+                     "(copies are staged instead): %s\n",
+                     slice.key().c_str(), pinned.ToString().c_str());
+      }
+    }
     absl::MutexLock lock(&mu_);
     auto [it, inserted] = mappings_.emplace(slice.region_id(), made);
     mapping = it->second;  // another call may have mapped it meanwhile: use that one
@@ -87,32 +112,33 @@ absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::M
   return mapping;
 }
 
-absl::StatusOr<Tensor> WorkerShmMappings::Read(absl::string_view field, const v1::Tensor& meta,
-                                               const internal::WorkerShmSlice& slice) {
+absl::StatusOr<ShmTensor> WorkerShmMappings::Input(absl::string_view field,
+                                                   const v1::Tensor& meta,
+                                                   const internal::WorkerShmSlice& slice) {
   ASSIGN_OR_RETURN(DType dtype, ParseDType(meta.datatype()));
   std::vector<int64_t> shape(meta.shape().begin(), meta.shape().end());
   RETURN_IF_ERROR(CheckByteCount(field, dtype, shape, static_cast<size_t>(slice.byte_size())));
   char* bytes = nullptr;
   ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping, Map(field, slice, &bytes));
-  Tensor tensor = Tensor::Uninitialized(dtype, std::move(shape));
-  if (tensor.num_bytes() > 0) std::memcpy(tensor.raw(), bytes, tensor.num_bytes());
-  return tensor;
+  return ShmTensor{Tensor::View(dtype, std::move(shape), bytes), std::move(mapping)};
 }
 
-absl::Status WorkerShmMappings::Write(const Tensor& tensor, const internal::WorkerShmSlice& slice,
-                                      v1::Tensor* meta) {
-  if (static_cast<int64_t>(tensor.num_bytes()) != slice.byte_size()) {
-    return absl::InternalError(absl::StrCat("output slice holds ", slice.byte_size(),
-                                            " bytes, the output has ", tensor.num_bytes()));
+absl::StatusOr<ShmTensor> WorkerShmMappings::Output(absl::string_view field,
+                                                    const std::vector<int64_t>& shape,
+                                                    const internal::WorkerShmSlice& slice) {
+  absl::StatusOr<DType> dtype = ParseDType(slice.datatype());
+  if (!dtype.ok()) {
+    return absl::InternalError(absl::StrCat(field, ": the output slice names no datatype (\"",
+                                            slice.datatype(), "\")"));
+  }
+  if (!CheckByteCount(field, *dtype, shape, static_cast<size_t>(slice.byte_size())).ok()) {
+    return absl::InternalError(absl::StrCat(field, ": the output slice holds ", slice.byte_size(),
+                                            " bytes, not a ", DTypeName(*dtype), " [",
+                                            absl::StrJoin(shape, ", "), "]"));
   }
   char* bytes = nullptr;
-  ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping, Map("output", slice, &bytes));
-  if (tensor.num_bytes() > 0) std::memcpy(bytes, tensor.raw(), tensor.num_bytes());
-  meta->set_datatype(DTypeName(tensor.dtype()));
-  meta->clear_shape();
-  for (int64_t d : tensor.shape()) meta->add_shape(d);
-  meta->clear_raw_data();
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::shared_ptr<Mapping> mapping, Map(field, slice, &bytes));
+  return ShmTensor{Tensor::View(*dtype, shape, bytes), std::move(mapping)};
 }
 
 void WorkerShmMappings::Forget(const std::vector<uint64_t>& region_ids) {

@@ -1,14 +1,17 @@
 // A worker's mappings of client shared-memory regions (moe.v1 RegisterSystemSharedMemory):
-// reads its slice of a step's input straight from a region and writes its slice of the
-// output straight into one, so tensor bytes skip moed and the sockets.
+// the engine reads its slice of a step's input straight from a region and writes its slice of
+// the output straight into one (Tensor views, no host copy), so tensor bytes skip moed, the
+// sockets and the worker's own buffers. On a CUDA worker each mapping is also page-locked
+// (cudaHostRegister) so host<->device copies run from and to it at PCIe speed.
 //
 // Each region is mapped once (MAP_SHARED, read-write) and cached under moed's region id. A
-// step holds its mapping through a shared_ptr, so Forget (moed: no step uses the region any
+// step holds its mapping through ShmTensor::hold, so Forget (moed: no step uses the region any
 // more) or DropIdle unmaps it only after steps still using it are done.
 //
-//   WorkerShmMappings shm;
-//   ASSIGN_OR_RETURN(Tensor x, shm.Read("x", request.x(), request.x_shm()));
-//   RETURN_IF_ERROR(shm.Write(out, request.out_shm(), response->mutable_out()));
+//   WorkerShmMappings shm(/*pin_for_cuda=*/false);
+//   ASSIGN_OR_RETURN(ShmTensor x, shm.Input("x", request.x(), request.x_shm()));
+//   ASSIGN_OR_RETURN(ShmTensor out, shm.Output("out", dtype, shape, request.out_shm()));
+//   layer->Forward(x.tensor, &saved, &out.tensor);      // writes into the region
 //   shm.Forget({id});            // ForgetSharedMemory
 //   shm.DropIdle(absl::Now());   // on every ping
 #ifndef MOED_SERVER_WORKER_SHM_H_
@@ -29,22 +32,32 @@
 
 namespace moe {
 
+// A view of a slice of a mapped region, and the mapping it needs kept alive.
+struct ShmTensor {
+  Tensor tensor;                     // Tensor::View into the region
+  std::shared_ptr<const void> hold;  // keeps the mapping while the view is used
+};
+
 class WorkerShmMappings {
  public:
   // A mapping no step used for idle_unmap is unmapped by DropIdle (a lost Forget, a moed
-  // that died).
-  explicit WorkerShmMappings(absl::Duration idle_unmap = absl::Seconds(60))
-      : idle_unmap_(idle_unmap) {}
+  // that died). With pin_for_cuda, mappings are page-locked for the GPU (a failure to pin is
+  // logged once and the copies go through the backend's staging instead).
+  explicit WorkerShmMappings(bool pin_for_cuda = false,
+                             absl::Duration idle_unmap = absl::Seconds(60))
+      : pin_for_cuda_(pin_for_cuda), idle_unmap_(idle_unmap) {}
   ~WorkerShmMappings();
 
-  // A host tensor with meta's datatype and shape whose bytes are copied from `slice`.
-  // INVALID_ARGUMENT when the byte count does not match; FAILED_PRECONDITION when the object
-  // under the key is not the one moed registered (another host, replaced) or too short.
-  absl::StatusOr<Tensor> Read(absl::string_view field, const v1::Tensor& meta,
-                              const internal::WorkerShmSlice& slice);
-  // Copies `tensor` into `slice` (byte_size must match) and sets meta's datatype and shape
-  // (no raw_data).
-  absl::Status Write(const Tensor& tensor, const internal::WorkerShmSlice& slice, v1::Tensor* meta);
+  // A view of `slice` as a tensor with meta's datatype and shape. INVALID_ARGUMENT when the
+  // byte count does not match or the slice lies outside its region; FAILED_PRECONDITION when
+  // the object under the key is not the one moed registered (another host, replaced) or too
+  // short.
+  absl::StatusOr<ShmTensor> Input(absl::string_view field, const v1::Tensor& meta,
+                                  const internal::WorkerShmSlice& slice);
+  // A view of `slice` for an output of the slice's datatype and `shape` (INTERNAL when the
+  // sizes differ: moed computed the slice from the same shape and datatype).
+  absl::StatusOr<ShmTensor> Output(absl::string_view field, const std::vector<int64_t>& shape,
+                                   const internal::WorkerShmSlice& slice);
   void Forget(const std::vector<uint64_t>& region_ids);
   void DropIdle(absl::Time now);
   int mapped() const;
@@ -55,6 +68,7 @@ class WorkerShmMappings {
   absl::StatusOr<std::shared_ptr<Mapping>> Map(absl::string_view field,
                                                const internal::WorkerShmSlice& slice, char** bytes);
 
+  const bool pin_for_cuda_;
   const absl::Duration idle_unmap_;
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<Mapping>> mappings_ ABSL_GUARDED_BY(mu_);

@@ -24,6 +24,18 @@ int CudaDeviceCount() {
   return count;
 }
 
+absl::Status PinHostMemory(void* host, size_t bytes) {
+  if (host == nullptr || bytes == 0) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaHostRegister(host, bytes, cudaHostRegisterPortable));
+  return absl::OkStatus();
+}
+
+absl::Status UnpinHostMemory(void* host) {
+  if (host == nullptr) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaHostUnregister(host));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
   ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> backend, cuda::CudaBackend::Create(device));
   return std::unique_ptr<Backend>(std::move(backend));

@@ -12,6 +12,7 @@
 #ifndef MOED_ENGINE_CUDA_CUDA_BACKEND_H_
 #define MOED_ENGINE_CUDA_CUDA_BACKEND_H_
 
+#include <cstddef>
 #include <memory>
 
 #include "absl/status/statusor.h"
@@ -24,6 +25,13 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
 
 // Number of visible CUDA devices (0 when none or no driver).
 int CudaDeviceCount();
+
+// Page-locks [host, host + bytes) for every device of the process (cudaHostRegister,
+// portable), so copies from and to it run at PCIe speed without staging; for long-lived
+// buffers such as a client's shared-memory region. UnpinHostMemory must be called with the same
+// `host` before the memory is unmapped or freed.
+absl::Status PinHostMemory(void* host, size_t bytes);
+absl::Status UnpinHostMemory(void* host);
 
 }  // namespace moe
 

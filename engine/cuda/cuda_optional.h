@@ -9,6 +9,7 @@
 #ifndef MOED_ENGINE_CUDA_CUDA_OPTIONAL_H_
 #define MOED_ENGINE_CUDA_CUDA_OPTIONAL_H_
 
+#include <cstddef>
 #include <memory>
 #include <string>
 
@@ -24,6 +25,9 @@ bool CudaBuilt();
 // Visible CUDA devices (0 without CUDA, driver or GPU).
 int VisibleCudaDevices();
 absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int device);
+// See PinHostMemory / UnpinHostMemory in cuda_backend.h (UNIMPLEMENTED without CUDA).
+absl::Status OptionalPinHostMemory(void* host, size_t bytes);
+absl::Status OptionalUnpinHostMemory(void* host);
 // See MakeNcclCommunicator: `stream` is the backend's (Backend::stream()).
 absl::StatusOr<std::unique_ptr<Communicator>> MakeOptionalNcclCommunicator(
     std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size, int device,

@@ -13,6 +13,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int device) {
   return MakeCudaBackend(device);
 }
 
+absl::Status OptionalPinHostMemory(void* host, size_t bytes) { return PinHostMemory(host, bytes); }
+
+absl::Status OptionalUnpinHostMemory(void* host) { return UnpinHostMemory(host); }
+
 absl::StatusOr<std::unique_ptr<Communicator>> MakeOptionalNcclCommunicator(
     std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size, int device,
     void* stream, const CommOptions& options) {

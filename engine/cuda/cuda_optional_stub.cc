@@ -11,6 +11,14 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int) {
   return absl::UnimplementedError("this binary was built without CUDA");
 }
 
+absl::Status OptionalPinHostMemory(void*, size_t) {
+  return absl::UnimplementedError("this binary was built without CUDA");
+}
+
+absl::Status OptionalUnpinHostMemory(void*) {
+  return absl::UnimplementedError("this binary was built without CUDA");
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> MakeOptionalNcclCommunicator(
     std::shared_ptr<KeyValueStore>, const std::string&, int, int, int, void*, const CommOptions&) {
   return absl::UnimplementedError("this binary was built without CUDA (no NCCL)");

@@ -89,6 +89,39 @@ TEST(MoeLayerSmokeTest, TinyForwardBackwardIsBitIdentical) {
   EXPECT_GT(gate_grad_norm, 0.0);
 }
 
+// Forward and Backward into a caller's buffer (Tensor::View: shared memory, pinned staging)
+// write the same bits as into their own tensors; a destination of the wrong shape or dtype is
+// refused before the step does anything (the backward's context stays usable).
+TEST(MoeLayerSmokeTest, OutputsIntoCallerBuffersAreBitIdentical) {
+  const LayerConfig c = Tiny();
+  const Tensor x = Input(24, c.hidden, 5), d_out = Input(24, c.hidden, 6);
+  const Step plain = RunStep(c, x, d_out);
+
+  auto backend = MakeCpuBackend();
+  auto comm = MakeLocalCommunicator();
+  auto layer = MoeLayer::Create(c, backend.get(), comm.get());
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  std::vector<float> out_bytes(24 * c.hidden, -1.0f), d_x_bytes(24 * c.hidden, -1.0f);
+  Tensor out = Tensor::View(DType::kFloat32, {24, c.hidden}, out_bytes.data());
+  Tensor wrong = Tensor::View(DType::kFloat32, {23, c.hidden}, out_bytes.data());
+  std::unique_ptr<StepContext> saved;
+  EXPECT_EQ((*layer)->Forward(x, &saved, &wrong).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto fwd = (*layer)->Forward(x, &saved, &out);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  EXPECT_EQ(fwd->out.raw(), out_bytes.data());
+  EXPECT_EQ(fwd->out.bytes(), plain.fwd.out.bytes());
+
+  Tensor d_x_bf16 = Tensor::Uninitialized(DType::kBFloat16, {24, c.hidden});
+  EXPECT_EQ((*layer)->Backward(*saved, d_out, 1.0, 1.0, &d_x_bf16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor d_x = Tensor::View(DType::kFloat32, {24, c.hidden}, d_x_bytes.data());
+  auto back = (*layer)->Backward(*saved, d_out, 1.0, 1.0, &d_x);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->raw(), d_x_bytes.data());
+  EXPECT_EQ(back->bytes(), plain.d_x.bytes());
+}
+
 TEST(MoeLayerSmokeTest, Bf16AndEveryFeatureRuns) {
   LayerConfig c = Tiny();
   c.compute_dtype = DType::kBFloat16;

@@ -67,6 +67,28 @@ TEST(TensorTest, UninitializedHasTheShapeAndIsWritable) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(z.data<float>()[i], 0.0f);
 }
 
+TEST(TensorTest, ViewReadsAndWritesTheCallersBytesAndCopiesStayViews) {
+  std::vector<float> storage = {1, 2, 3, 4, 5, 6};
+  Tensor v = Tensor::View(DType::kFloat32, {3, 2}, storage.data());
+  EXPECT_TRUE(v.is_view());
+  EXPECT_EQ(v.raw(), storage.data());
+  EXPECT_EQ(v.num_bytes(), 24u);
+  EXPECT_EQ(v.GetFloat(5), 6.0f);
+  v.data<float>()[0] = 9.0f;
+  EXPECT_EQ(storage[0], 9.0f);
+  Tensor copy = v;  // a view of the same bytes, as with absl::string_view
+  EXPECT_EQ(copy.raw(), storage.data());
+  Tensor rows = v.SliceRows(1, 3);  // owns its bytes
+  EXPECT_FALSE(rows.is_view());
+  EXPECT_EQ(rows.data<float>()[0], 3.0f);
+  Tensor bf16 = v.ConvertTo(DType::kBFloat16);
+  EXPECT_FALSE(bf16.is_view());
+  EXPECT_EQ(bf16.GetFloat(1), 2.0f);
+  EXPECT_EQ(v.bytes(), absl::string_view(reinterpret_cast<const char*>(storage.data()), 24));
+  Tensor empty = Tensor::View(DType::kFloat32, {0, 2}, nullptr);
+  EXPECT_EQ(empty.num_bytes(), 0u);
+}
+
 // An empty tensor from no values: memcpy was called with null pointers (undefined behaviour,
 // reported by UBSan in the EP tests' T = 0 slices).
 TEST(TensorTest, FromFloatsOfAnEmptyShape) {
