@@ -13,6 +13,8 @@ PACKAGES=(
   libabsl-dev libgtest-dev libgmock-dev libgloo-dev libopenblas-dev
   # TLS and token hashes (libcrypto); openssl makes the tests' throwaway certificates
   libssl-dev openssl
+  # Prometheus metrics (registry, histograms, the pull exposer)
+  prometheus-cpp-dev
   # Python client and its tests (Debian's /usr/bin/python3)
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-yaml
   # deployment checks

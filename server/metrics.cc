@@ -1,170 +1,252 @@
 #include "server/metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <poll.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
+#include "CivetServer.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
 
 namespace moe {
 namespace {
 
-// Label values: escape backslash, quote and newline (Prometheus text format).
-std::string Escape(const std::string& value) {
-  std::string out;
-  for (char ch : value) {
-    if (ch == '\\' || ch == '"') out += '\\';
-    if (ch == '\n') {
-      out += "\\n";
-      continue;
-    }
-    out += ch;
-  }
-  return out;
+// Seconds, from 100 us (a small step's moed phases on a GPU host) to a minute (a large
+// checkpoint or a CPU step of a big layer): measured latencies are in docs/PERFORMANCE.md.
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+      0.1,    0.25,    0.5,    1.0,   2.5,    5.0,   10.0, 30.0,  60.0};
+  return *buckets;
 }
 
 }  // namespace
 
+// The registry, with the snapshot gauges refreshed first on every collection (scrape).
+class Metrics::Refreshing : public prometheus::Collectable {
+ public:
+  explicit Refreshing(const Metrics* metrics) : metrics_(metrics) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    metrics_->RefreshGauges();
+    return metrics_->registry_->Collect();
+  }
+
+ private:
+  const Metrics* metrics_;
+};
+
+Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  prometheus::Registry& r = *registry_;
+  requests_ = &prometheus::BuildCounter()
+                   .Name("moed_requests_total")
+                   .Help("Public RPCs answered, by method and gRPC status code.")
+                   .Register(r);
+  request_seconds_ = &prometheus::BuildHistogram()
+                          .Name("moed_request_duration_seconds")
+                          .Help("Latency of public RPCs in moed (receipt to answer), by method.")
+                          .Register(r);
+  phase_seconds_ = &prometheus::BuildHistogram()
+                        .Name("moed_step_phase_seconds")
+                        .Help("Forward/Backward phases in moed by layer: queue (waiting for the "
+                              "layer's turn), workers (their calls), gather.")
+                        .Register(r);
+  payload_bytes_ = &prometheus::BuildCounter()
+                        .Name("moed_payload_bytes_total")
+                        .Help("Tensor bytes of steps, by call and direction (in: x / d_out; "
+                              "out: out / d_x), through messages or shared memory.")
+                        .Register(r);
+  tokens_ = &prometheus::BuildCounter()
+                 .Name("moed_tokens_total")
+                 .Help("Tokens processed by Forward, by layer.")
+                 .Register(r);
+  expert_tokens_ = &prometheus::BuildCounter()
+                        .Name("moed_expert_tokens_total")
+                        .Help("(token, slot) pairs routed to each expert, by layer.")
+                        .Register(r);
+  saved_steps_total_ = &prometheus::BuildCounter()
+                            .Name("moed_saved_steps_total")
+                            .Help("Saved steps (Forward with keep_for_backward) by event: "
+                                  "created, used (by a Backward), released, expired.")
+                            .Register(r);
+  reformations_ = &prometheus::BuildCounter()
+                       .Name("moed_reformations_total")
+                       .Help("Times the worker cluster was formed (a new generation).")
+                       .Register(r)
+                       .Add({});
+  serving_ = &prometheus::BuildGauge()
+                  .Name("moed_serving")
+                  .Help("1 when every worker is up and the service answers steps.")
+                  .Register(r);
+  generation_ = &prometheus::BuildGauge()
+                     .Name("moed_generation")
+                     .Help("The worker cluster's current generation.")
+                     .Register(r);
+  worker_alive_ = &prometheus::BuildGauge()
+                       .Name("moed_worker_alive")
+                       .Help("1 per live worker rank.")
+                       .Register(r);
+  worker_memory_ = &prometheus::BuildGauge()
+                        .Name("moed_worker_memory_bytes")
+                        .Help("Backend (device or host) memory of each worker.")
+                        .Register(r);
+  saved_steps_ = &prometheus::BuildGauge()
+                      .Name("moed_saved_steps")
+                      .Help("Steps kept for backward, by layer.")
+                      .Register(r);
+  saved_bytes_ = &prometheus::BuildGauge()
+                      .Name("moed_saved_bytes")
+                      .Help("Worker memory held by saved steps, by layer.")
+                      .Register(r);
+  collectable_ = std::make_shared<Refreshing>(this);
+}
+
+Metrics::~Metrics() = default;
+
 void Metrics::CountRequest(const std::string& method, int grpc_code, double seconds) {
+  requests_->Add({{"method", method}, {"code", absl::StrCat(grpc_code)}}).Increment();
+  request_seconds_->Add({{"method", method}}, LatencyBuckets()).Observe(seconds);
+}
+
+void Metrics::ObserveStep(const std::string& layer, const std::string& call, double queue_s,
+                          double workers_s, double gather_s) {
+  const std::pair<const char*, double> phases[] = {
+      {"queue", queue_s}, {"workers", workers_s}, {"gather", gather_s}};
   absl::MutexLock lock(&mu_);
-  ++requests_[{method, grpc_code}];
-  Latency& latency = latency_[method];
-  latency.sum += seconds;
-  ++latency.count;
+  for (const auto& [phase, seconds] : phases) {
+    prometheus::Histogram& h =
+        phase_seconds_->Add({{"layer", layer}, {"call", call}, {"phase", phase}}, LatencyBuckets());
+    h.Observe(seconds);
+    std::vector<prometheus::Histogram*>& mine = layer_histograms_[layer];
+    if (std::find(mine.begin(), mine.end(), &h) == mine.end()) mine.push_back(&h);
+  }
+}
+
+void Metrics::CountPayload(const std::string& call, int64_t bytes_in, int64_t bytes_out) {
+  payload_bytes_->Add({{"call", call}, {"direction", "in"}}).Increment(static_cast<double>(bytes_in));
+  payload_bytes_->Add({{"call", call}, {"direction", "out"}})
+      .Increment(static_cast<double>(bytes_out));
 }
 
 void Metrics::CountTokens(const std::string& layer, int64_t tokens,
                           const std::vector<int64_t>& tokens_per_expert) {
   absl::MutexLock lock(&mu_);
-  tokens_[layer] += tokens;
-  std::vector<int64_t>& experts = expert_tokens_[layer];
-  if (experts.size() < tokens_per_expert.size()) experts.resize(tokens_per_expert.size(), 0);
-  for (size_t e = 0; e < tokens_per_expert.size(); ++e) experts[e] += tokens_per_expert[e];
+  std::vector<prometheus::Counter*>& mine = layer_counters_[layer];
+  auto remember = [&mine](prometheus::Counter& c) -> prometheus::Counter& {
+    if (std::find(mine.begin(), mine.end(), &c) == mine.end()) mine.push_back(&c);
+    return c;
+  };
+  remember(tokens_->Add({{"layer", layer}})).Increment(static_cast<double>(tokens));
+  for (size_t e = 0; e < tokens_per_expert.size(); ++e) {
+    remember(expert_tokens_->Add({{"layer", layer}, {"expert", absl::StrCat(e)}}))
+        .Increment(static_cast<double>(tokens_per_expert[e]));
+  }
 }
+
+void Metrics::CountSavedSteps(const std::string& event, int64_t n) {
+  if (n > 0) saved_steps_total_->Add({{"event", event}}).Increment(static_cast<double>(n));
+}
+
+void Metrics::CountReformation() { reformations_->Increment(); }
 
 void Metrics::DropLayer(const std::string& layer) {
   absl::MutexLock lock(&mu_);
-  tokens_.erase(layer);
-  expert_tokens_.erase(layer);
+  auto counters = layer_counters_.find(layer);
+  if (counters != layer_counters_.end()) {
+    for (prometheus::Counter* c : counters->second) {
+      tokens_->Remove(c);  // a no-op in the family that does not hold c
+      expert_tokens_->Remove(c);
+    }
+    layer_counters_.erase(counters);
+  }
+  auto histograms = layer_histograms_.find(layer);
+  if (histograms != layer_histograms_.end()) {
+    for (prometheus::Histogram* h : histograms->second) phase_seconds_->Remove(h);
+    layer_histograms_.erase(histograms);
+  }
+}
+
+void Metrics::set_snapshot(std::function<MetricsSnapshot()> snapshot) {
+  absl::MutexLock lock(&mu_);
+  snapshot_ = std::move(snapshot);
+}
+
+void Metrics::RefreshGauges() const {
+  std::function<MetricsSnapshot()> snapshot;
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot = snapshot_;
+  }
+  if (!snapshot) return;
+  const MetricsSnapshot now = snapshot();  // outside mu_: it takes the service's locks
+  absl::MutexLock lock(&mu_);
+  std::map<std::pair<prometheus::Family<prometheus::Gauge>*, std::string>, prometheus::Gauge*>
+      seen;
+  auto set = [&](prometheus::Family<prometheus::Gauge>* family, const prometheus::Labels& labels,
+                 const std::string& key, double value) {
+    prometheus::Gauge& g = family->Add(labels);
+    g.Set(value);
+    seen[{family, key}] = &g;
+  };
+  set(serving_, {}, "", now.serving ? 1 : 0);
+  set(generation_, {}, "", static_cast<double>(now.generation));
+  for (const MetricsSnapshot::Worker& w : now.workers) {
+    const std::string rank = absl::StrCat(w.rank);
+    set(worker_alive_, {{"rank", rank}}, rank, w.alive ? 1 : 0);
+    set(worker_memory_, {{"rank", rank}}, rank, static_cast<double>(w.memory_bytes));
+  }
+  for (const MetricsSnapshot::Layer& l : now.layers) {
+    set(saved_steps_, {{"layer", l.name}}, l.name, static_cast<double>(l.saved_steps));
+    set(saved_bytes_, {{"layer", l.name}}, l.name, static_cast<double>(l.saved_bytes));
+  }
+  // A worker rank or layer gone since the last scrape leaves the exposition.
+  for (const auto& [key, gauge] : gauges_) {
+    if (seen.find(key) == seen.end()) key.first->Remove(gauge);
+  }
+  gauges_ = std::move(seen);
 }
 
 std::string Metrics::Render() const {
-  std::string out;
-  {
-    absl::MutexLock lock(&mu_);
-    out += "# HELP moed_requests_total Public RPCs answered, by method and gRPC status code.\n";
-    out += "# TYPE moed_requests_total counter\n";
-    for (const auto& kv : requests_) {
-      absl::StrAppend(&out, "moed_requests_total{method=\"", Escape(kv.first.first), "\",code=\"",
-                      kv.first.second, "\"} ", kv.second, "\n");
-    }
-    out += "# HELP moed_request_seconds Latency of public RPCs.\n";
-    out += "# TYPE moed_request_seconds summary\n";
-    for (const auto& kv : latency_) {
-      absl::StrAppend(&out, "moed_request_seconds_sum{method=\"", Escape(kv.first), "\"} ",
-                      kv.second.sum, "\n", "moed_request_seconds_count{method=\"", Escape(kv.first),
-                      "\"} ", kv.second.count, "\n");
-    }
-    out += "# HELP moed_tokens_total Tokens processed by Forward, by layer.\n";
-    out += "# TYPE moed_tokens_total counter\n";
-    for (const auto& kv : tokens_) {
-      absl::StrAppend(&out, "moed_tokens_total{layer=\"", Escape(kv.first), "\"} ", kv.second,
-                      "\n");
-    }
-    out += "# HELP moed_expert_tokens_total (token, slot) pairs routed to each expert.\n";
-    out += "# TYPE moed_expert_tokens_total counter\n";
-    for (const auto& kv : expert_tokens_) {
-      for (size_t e = 0; e < kv.second.size(); ++e) {
-        absl::StrAppend(&out, "moed_expert_tokens_total{layer=\"", Escape(kv.first), "\",expert=\"",
-                        e, "\"} ", kv.second[e], "\n");
-      }
-    }
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, collectable_->Collect());
+  return out.str();
+}
+
+absl::StatusOr<std::unique_ptr<MetricsExposer>> MetricsExposer::Start(const std::string& listen,
+                                                                      const Metrics* metrics) {
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    // Two threads: one slow or stalled scraper does not block the others.
+    static CivetCallbacks* callbacks = [] {
+      auto* cb = new CivetCallbacks();
+      cb->log_message = [](const struct mg_connection*, const char* message) {
+        std::fprintf(stderr, "moed: metrics server: %s\n", message);
+        return 1;
+      };
+      return cb;
+    }();
+    exposer = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2, callbacks);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics_listen=", listen, ": cannot listen: ", e.what()));
   }
-  if (extra_) out += extra_();
-  return out;
-}
-
-absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
-    int port, std::function<std::string()> render) {
-  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError(absl::StrCat("metrics socket: ", strerror(errno)));
-  int one = 1;
-  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || listen(fd, 16) != 0) {
-    const std::string error = strerror(errno);
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("metrics port ", port, ": ", error));
+  exposer->RegisterCollectable(metrics->collectable());
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  if (ports.empty()) {
+    return absl::UnavailableError(absl::StrCat("--metrics_listen=", listen, ": no listening port"));
   }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  return std::unique_ptr<MetricsHttpServer>(
-      new MetricsHttpServer(fd, ntohs(addr.sin_port), std::move(render)));
+  return std::unique_ptr<MetricsExposer>(new MetricsExposer(std::move(exposer), ports[0]));
 }
 
-MetricsHttpServer::MetricsHttpServer(int fd, int port, std::function<std::string()> render)
-    : fd_(fd), port_(port), render_(std::move(render)) {
-  thread_ = std::thread([this] { Serve(); });
-}
+MetricsExposer::MetricsExposer(std::unique_ptr<prometheus::Exposer> exposer, int port)
+    : exposer_(std::move(exposer)), port_(port) {}
 
-MetricsHttpServer::~MetricsHttpServer() {
-  stopping_ = true;
-  thread_.join();
-  close(fd_);
-}
-
-void MetricsHttpServer::Serve() {
-  while (!stopping_) {
-    pollfd p{fd_, POLLIN, 0};
-    if (poll(&p, 1, 200) <= 0) continue;
-    int client = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (client < 0) continue;
-    // Read the request head (bounded; a slow client gets 1 s in all, not per read, and 1 s
-    // per send below: one client must not hold the only serving thread).
-    timeval send_timeout{1, 0};
-    setsockopt(client, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
-    const absl::Time head_deadline = absl::Now() + absl::Seconds(1);
-    char buffer[4096];
-    std::string request;
-    pollfd c{client, POLLIN, 0};
-    int wait_ms;
-    while (request.find("\r\n\r\n") == std::string::npos && request.size() < 65536 &&
-           (wait_ms = static_cast<int>(absl::ToInt64Milliseconds(head_deadline - absl::Now()))) >
-               0 &&
-           poll(&c, 1, wait_ms) > 0) {
-      ssize_t n = read(client, buffer, sizeof(buffer));
-      if (n <= 0) break;
-      request.append(buffer, static_cast<size_t>(n));
-    }
-    std::string body, status = "200 OK";
-    if (request.compare(0, 4, "GET ") == 0) {
-      body = render_();
-    } else {
-      status = "405 Method Not Allowed";
-      body = "only GET\n";
-    }
-    const std::string response =
-        absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: text/plain; version=0.0.4\r\n",
-                     "Content-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
-    size_t sent = 0;
-    while (sent < response.size()) {
-      ssize_t n = send(client, response.data() + sent, response.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) break;
-      sent += static_cast<size_t>(n);
-    }
-    close(client);
-  }
-}
+MetricsExposer::~MetricsExposer() = default;
 
 }  // namespace moe

@@ -1,23 +1,23 @@
-// Prometheus text-format metrics of the front end, and a tiny HTTP/1.0 responder that serves
-// them on GET (any path) from its own thread.
+// The front end's Prometheus metrics, kept in a prometheus-cpp registry and served by
+// prometheus-cpp's pull exposer (civetweb) on --metrics_listen. docs/METRICS.md is the
+// reference of every series (name, type, labels, meaning).
 //
 //   Metrics metrics;
 //   metrics.CountRequest("Forward", grpc::StatusCode::OK, 0.004);
-//   ASSIGN_OR_RETURN(auto http, MetricsHttpServer::Start(9090, [&] { return metrics.Render(); }));
+//   metrics.set_snapshot([&] { return MetricsSnapshot{...}; });   // gauges, read per scrape
+//   ASSIGN_OR_RETURN(auto exposer, MetricsExposer::Start("127.0.0.1:9090", &metrics));
 //
-// Exposed: moed_requests_total{method,code}, moed_request_seconds_{sum,count}{method},
-// moed_tokens_total{layer}, moed_expert_tokens_total{layer,expert}, plus whatever the
-// `extra` callback appends (worker and layer gauges).
+// Counters and histograms are updated by the service as calls finish; gauges (serving, workers,
+// saved steps) come from the snapshot callback, called once per scrape. Everything here is
+// thread-safe (prometheus-cpp's metrics are atomic; the series maps are guarded by mu_).
 #ifndef MOED_SERVER_METRICS_H_
 #define MOED_SERVER_METRICS_H_
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -25,48 +25,117 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
+namespace prometheus {
+class Collectable;
+class Counter;
+class Exposer;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
 namespace moe {
+
+// The values of the gauges at one scrape.
+struct MetricsSnapshot {
+  bool serving = false;
+  int64_t generation = 0;
+  struct Worker {
+    int rank = 0;
+    bool alive = false;
+    int64_t memory_bytes = 0;
+  };
+  std::vector<Worker> workers;
+  struct Layer {
+    std::string name;
+    int64_t saved_steps = 0;
+    int64_t saved_bytes = 0;
+  };
+  std::vector<Layer> layers;
+};
 
 class Metrics {
  public:
+  Metrics();
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // A public RPC answered: moed_requests_total{method,code} and
+  // moed_request_duration_seconds{method}.
   void CountRequest(const std::string& method, int grpc_code, double seconds);
+  // A step's moed phases (seconds): moed_step_phase_seconds{layer,call,phase} for phase =
+  // queue (waiting for the layer's turn), workers (the fan-out: the workers' calls), gather.
+  void ObserveStep(const std::string& layer, const std::string& call, double queue_s,
+                   double workers_s, double gather_s);
+  // Tensor bytes of a step: moed_payload_bytes_total{call,direction="in"|"out"}.
+  void CountPayload(const std::string& call, int64_t bytes_in, int64_t bytes_out);
   void CountTokens(const std::string& layer, int64_t tokens,
                    const std::vector<int64_t>& tokens_per_expert);
+  // Saved steps by what happened to them: moed_saved_steps_total{event=created|used|
+  // released|expired}.
+  void CountSavedSteps(const std::string& event, int64_t n);
+  // The cluster re-formed (a new generation): moed_reformations_total.
+  void CountReformation();
   // Drops every series of `layer` (DeleteLayer): a name created again starts from zero.
   void DropLayer(const std::string& layer);
-  void set_extra(std::function<std::string()> extra) { extra_ = std::move(extra); }
+
+  void set_snapshot(std::function<MetricsSnapshot()> snapshot);
+
+  // The text exposition format of everything above (what a scrape returns).
   std::string Render() const;
+  // What the exposer serves: the registry, with the gauges refreshed per collection.
+  std::shared_ptr<prometheus::Collectable> collectable() const { return collectable_; }
 
  private:
-  struct Latency {
-    double sum = 0;
-    int64_t count = 0;
-  };
+  class Refreshing;
+  void RefreshGauges() const;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> collectable_;
+  prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Histogram>* request_seconds_;
+  prometheus::Family<prometheus::Histogram>* phase_seconds_;
+  prometheus::Family<prometheus::Counter>* payload_bytes_;
+  prometheus::Family<prometheus::Counter>* tokens_;
+  prometheus::Family<prometheus::Counter>* expert_tokens_;
+  prometheus::Family<prometheus::Counter>* saved_steps_total_;
+  prometheus::Counter* reformations_;
+  prometheus::Family<prometheus::Gauge>* serving_;
+  prometheus::Family<prometheus::Gauge>* generation_;
+  prometheus::Family<prometheus::Gauge>* worker_alive_;
+  prometheus::Family<prometheus::Gauge>* worker_memory_;
+  prometheus::Family<prometheus::Gauge>* saved_steps_;
+  prometheus::Family<prometheus::Gauge>* saved_bytes_;
+
   mutable absl::Mutex mu_;
-  std::map<std::pair<std::string, int>, int64_t> requests_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, Latency> latency_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, int64_t> tokens_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::vector<int64_t>> expert_tokens_ ABSL_GUARDED_BY(mu_);
-  std::function<std::string()> extra_;
+  std::function<MetricsSnapshot()> snapshot_ ABSL_GUARDED_BY(mu_);
+  // Per-layer series, so DropLayer can remove them.
+  std::map<std::string, std::vector<prometheus::Counter*>> layer_counters_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<prometheus::Histogram*>> layer_histograms_
+      ABSL_GUARDED_BY(mu_);
+  // Gauges set at the last refresh (removed when their worker or layer is gone).
+  mutable std::map<std::pair<prometheus::Family<prometheus::Gauge>*, std::string>,
+                   prometheus::Gauge*>
+      gauges_ ABSL_GUARDED_BY(mu_);
 };
 
-class MetricsHttpServer {
+// prometheus-cpp's HTTP exposer serving a Metrics on /metrics.
+class MetricsExposer {
  public:
-  // Listens on 0.0.0.0:port (0 picks a free port, see port()).
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      int port, std::function<std::string()> render);
-  ~MetricsHttpServer();
+  // listen: "host:port" (an explicit port: civetweb cannot pick a free one). UNAVAILABLE when it
+  // cannot bind (port in use: an error, never shared).
+  static absl::StatusOr<std::unique_ptr<MetricsExposer>> Start(const std::string& listen,
+                                                               const Metrics* metrics);
+  ~MetricsExposer();
   int port() const { return port_; }
 
  private:
-  MetricsHttpServer(int fd, int port, std::function<std::string()> render);
-  void Serve();
-
-  int fd_;
+  MetricsExposer(std::unique_ptr<prometheus::Exposer> exposer, int port);
+  std::unique_ptr<prometheus::Exposer> exposer_;
   int port_;
-  std::function<std::string()> render_;
-  std::atomic<bool> stopping_{false};
-  std::thread thread_;
 };
 
 }  // namespace moe

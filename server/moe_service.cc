@@ -440,27 +440,21 @@ void MoeServiceImpl::ExpireSavedSteps() {
     if (ids.empty()) continue;
     std::fprintf(stderr, "moed: layer %s: %zu saved step(s) expired (--saved_step_ttl_s)\n",
                  layer->name.c_str(), ids.size());
+    if (metrics_ != nullptr) metrics_->CountSavedSteps("expired", static_cast<int64_t>(ids.size()));
     absl::StatusOr<WorkerSet> set = pool_->Serving();
     if (set.ok()) ReleaseOnWorkers(*set, *layer, ids);
   }
 }
 
-std::string MoeServiceImpl::RenderLayerMetrics() const {
-  std::string out =
-      "# HELP moed_saved_steps Steps kept for backward, by layer.\n"
-      "# TYPE moed_saved_steps gauge\n";
-  std::string bytes =
-      "# HELP moed_saved_bytes Worker memory held by saved steps, by layer.\n"
-      "# TYPE moed_saved_bytes gauge\n";
+std::vector<MetricsSnapshot::Layer> MoeServiceImpl::LayerMetrics() const {
+  std::vector<MetricsSnapshot::Layer> layers;
   absl::MutexLock lock(&layers_mu_);
   for (const auto& kv : layers_) {
     absl::MutexLock layer_lock(&kv.second->mu);
-    absl::StrAppend(&out, "moed_saved_steps{layer=\"", kv.first, "\"} ", kv.second->saved.size(),
-                    "\n");
-    absl::StrAppend(&bytes, "moed_saved_bytes{layer=\"", kv.first, "\"} ", kv.second->saved_bytes,
-                    "\n");
+    layers.push_back({kv.first, static_cast<int64_t>(kv.second->saved.size()),
+                      kv.second->saved_bytes});
   }
-  return out + bytes;
+  return layers;
 }
 
 }  // namespace moe

@@ -94,8 +94,8 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
   // steps and accumulated load are dropped either way. Instances the workers still hold of
   // layers deleted meanwhile are dropped.
   absl::Status RecreateLayers(const WorkerSet& set);
-  // Prometheus gauges of layers (appended to Metrics::Render).
-  std::string RenderLayerMetrics() const;
+  // The layers' gauges for a metrics scrape (MetricsSnapshot).
+  std::vector<MetricsSnapshot::Layer> LayerMetrics() const;
   // Releases the saved steps older than saved_step_ttl (the housekeeping thread calls it).
   // A layer whose turn is busy for long, or a re-formation in progress, is left for the
   // next round.

@@ -100,7 +100,8 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
                                        v1::ForwardResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
-    PhaseClock clock(request->timing());
+    // moed's own phases are always timed (metrics); the workers' only when the caller asks.
+    PhaseClock clock(request->timing() || metrics_ != nullptr);
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     // x and/or out in a client's shared memory (moe_service_shm.cc); leased until we return.
     ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, *request, found->config.hidden));
@@ -148,7 +149,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
           call.set_generation(turn->set.generation);
           call.set_layer_id(layer.id);
           call.set_step_id(step_id);
-          call.set_timing(clock.enabled());
+          call.set_timing(request->timing());
           if (shm.has_output()) shm.SliceOutput(offsets[r], offsets[r + 1], call.mutable_out_shm());
           grpc::ByteBuffer wire;
           if (shm.has_input()) {  // no tensor bytes in the call
@@ -202,7 +203,13 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
         layer.saved_bytes += saved_bytes;
       }
     }
-    if (metrics_ != nullptr) metrics_->CountTokens(layer.name, tokens, counts);
+    if (metrics_ != nullptr) {
+      metrics_->CountTokens(layer.name, tokens, counts);
+      metrics_->ObserveStep(layer.name, "Forward", queue_ms / 1e3, fanout_ms / 1e3, gather_ms / 1e3);
+      const int64_t bytes = tokens * static_cast<int64_t>(row_bytes);
+      metrics_->CountPayload("Forward", bytes, bytes);
+      if (keep) metrics_->CountSavedSteps("created", 1);
+    }
     if (keep) {
       // A client that left cannot use the step; a step over the byte budget is refused.
       absl::Status refuse;
@@ -229,7 +236,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
       }
       response->set_step_id(step_id);
     }
-    if (clock.enabled()) {
+    if (request->timing()) {
       FillStepTiming(clock, queue_ms, fanout_ms, gather_ms, call_ms, answers,
                      response->mutable_timing());
     }
@@ -243,7 +250,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
                                         v1::BackwardResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
-    PhaseClock clock(request->timing());
+    PhaseClock clock(request->timing() || metrics_ != nullptr);  // as in Forward
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     if (request->step_id() == 0) {
       return absl::FailedPreconditionError(
@@ -307,7 +314,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
         [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
           PhaseClock call_clock(clock.enabled());
           internal::WorkerBackwardRequest call;
-          call.set_timing(clock.enabled());
+          call.set_timing(request->timing());
           call.set_generation(turn->set.generation);
           call.set_layer_id(layer.id);
           call.set_step_id(request->step_id());
@@ -343,8 +350,17 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
       return absl::InternalError(
           absl::StrCat("workers returned ", d_x->raw_data().size(), " d_x bytes, expected ", want));
     }
-    if (clock.enabled()) {
-      FillStepTiming(clock, queue_ms, fanout_ms, clock.Lap(), call_ms, answers,
+    const double gather_ms = clock.Lap();
+    if (metrics_ != nullptr) {
+      metrics_->ObserveStep(layer.name, "Backward", queue_ms / 1e3, fanout_ms / 1e3,
+                            gather_ms / 1e3);
+      const int64_t bytes = step.tokens * static_cast<int64_t>(row_bytes);
+      metrics_->CountPayload("Backward", bytes,
+                             step.tokens * layer.config.hidden * DTypeSize(step.dtype));
+      metrics_->CountSavedSteps("used", 1);
+    }
+    if (request->timing()) {
+      FillStepTiming(clock, queue_ms, fanout_ms, gather_ms, call_ms, answers,
                      response->mutable_timing());
     }
     return absl::OkStatus();
@@ -370,6 +386,7 @@ grpc::Status MoeServiceImpl::DoReleaseStep(grpc::ServerContextBase* context,
       layer.saved.erase(it);
     }
     response->set_released(true);
+    if (metrics_ != nullptr) metrics_->CountSavedSteps("released", 1);
     if (turn->set.size() > 0) ReleaseOnWorkers(turn->set, layer, {request->step_id()});
     return absl::OkStatus();
   };

@@ -1,6 +1,6 @@
 // moed: the front end. Serves moe.v1.MoeService, grpc.health.v1.Health (readiness "" and
 // "moe.v1.MoeService", liveness "liveness": server/health.h), server reflection and
-// moe.internal.Coordinator on one port, and Prometheus metrics on --metrics_port.
+// moe.internal.Coordinator on one port, and Prometheus metrics on --metrics_listen.
 //
 //   moed --workers=2 --device=cpu --port=50051            # embedded: starts 2 moe-workers
 //   moed --expect_workers=2 --internal_listen=0.0.0.0:50053 --cluster_secret_file=S
@@ -90,7 +90,10 @@ ABSL_FLAG(int64_t, rendezvous_max_waiting_per_caller, 32,
 ABSL_FLAG(int64_t, stream_idle_timeout_s, 60,
           "cancel a GetWeights/GetGradients/SetWeights stream whose client has not taken (or "
           "sent) the next message for this many seconds, freeing what it holds");
-ABSL_FLAG(int, metrics_port, 0, "Prometheus text metrics over HTTP on this port (0: off)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "serve Prometheus metrics over HTTP on this host:port at /metrics (e.g. "
+          "127.0.0.1:9090; empty: off). Metrics say nothing secret but "
+          "name layers: bind beyond loopback only where the scraper needs it");
 ABSL_FLAG(int64_t, max_saved_steps, 64, "per layer: steps kept for backward at once");
 ABSL_FLAG(int64_t, max_saved_bytes, int64_t{8} << 30,
           "per layer: worker memory (bytes, all workers) held by saved steps");
@@ -317,23 +320,20 @@ int Main() {
   rendezvous_limits.max_waiting_per_caller = static_cast<int>(
       std::min<int64_t>(absl::GetFlag(FLAGS_rendezvous_max_waiting_per_caller), 1 << 20));
   RendezvousStore rendezvous(rendezvous_limits);
-  pool.set_on_new_generation([&](int64_t g) { rendezvous.DropGenerationsBefore(g); });
+  pool.set_on_new_generation([&](int64_t g) {
+    rendezvous.DropGenerationsBefore(g);
+    metrics.CountReformation();
+  });
   CoordinatorService coordinator(&pool, &rendezvous, *secret);
-  metrics.set_extra([&] {
-    std::string out = absl::StrCat(
-        "# HELP moed_serving 1 when every worker is up and the service answers steps.\n",
-        "# TYPE moed_serving gauge\nmoed_serving ", pool.serving() ? 1 : 0, "\n",
-        "# HELP moed_worker_alive 1 per live worker rank.\n# TYPE moed_worker_alive gauge\n");
-    std::string memory =
-        "# HELP moed_worker_memory_bytes Backend memory of each worker.\n"
-        "# TYPE moed_worker_memory_bytes gauge\n";
+  metrics.set_snapshot([&] {
+    MetricsSnapshot now;
+    now.serving = pool.serving();
+    now.generation = pool.generation();
     for (const v1::WorkerStatus& w : pool.WorkerStatuses()) {
-      absl::StrAppend(&out, "moed_worker_alive{rank=\"", w.rank(), "\"} ", w.alive() ? 1 : 0, "\n");
-      absl::StrAppend(&memory, "moed_worker_memory_bytes{rank=\"", w.rank(), "\"} ",
-                      w.memory_bytes(), "\n");
+      now.workers.push_back({w.rank(), w.alive(), w.memory_bytes()});
     }
-    return out + memory + service.RenderLayerMetrics() +
-           absl::StrCat("# TYPE moed_generation gauge\nmoed_generation ", pool.generation(), "\n");
+    now.layers = service.LayerMetrics();
+    return now;
   });
 
   grpc::EnableDefaultHealthCheckService(true);
@@ -395,10 +395,10 @@ int Main() {
     }
   } stop_first{server.get(), internal_server.get(), &pool};
 
-  std::unique_ptr<MetricsHttpServer> http;
-  if (absl::GetFlag(FLAGS_metrics_port) > 0) {
-    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> started = MetricsHttpServer::Start(
-        absl::GetFlag(FLAGS_metrics_port), [&] { return metrics.Render(); });
+  std::unique_ptr<MetricsExposer> http;
+  if (!absl::GetFlag(FLAGS_metrics_listen).empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsExposer>> started =
+        MetricsExposer::Start(absl::GetFlag(FLAGS_metrics_listen), &metrics);
     if (!started.ok()) {
       std::fprintf(stderr, "moed: %s\n", started.status().ToString().c_str());
       return 1;
@@ -421,7 +421,7 @@ int Main() {
   std::fprintf(stderr, "moed: checkpoints under %s\n", (*checkpoint_root)->path().c_str());
   std::fprintf(stderr, "moed: listening on %s:%d, %s %d worker(s)%s\n", listen.c_str(), port,
                embedded ? "starting" : "expecting", world,
-               http ? absl::StrCat(", metrics on :", http->port()).c_str() : "");
+               http ? absl::StrCat(", metrics on port ", http->port(), " (/metrics)").c_str() : "");
 
   std::unique_ptr<WorkerLauncher> launcher;
   int secret_fd = -1;  // embedded workers inherit it; open until moed exits

@@ -31,11 +31,13 @@ _PKG_CONFIG_GROUPS = {
     "gtest_main": ["gtest_main"],
     "openblas": ["openblas"],
     "crypto": ["libcrypto"],
+    "prometheus": ["prometheus-cpp-pull", "prometheus-cpp-core"],
 }
 
 # Libraries without a .pc file: target name -> (linkopts, required header).
 _MANUAL = {
     "gloo": (["-lgloo", "-lpthread"], "/usr/include/gloo/config.h"),
+    "civetweb": (["-lcivetweb-cpp", "-lcivetweb"], "/usr/include/CivetServer.h"),
     "grpc_reflection": (["-lgrpc++_reflection"], "/usr/include/grpcpp/ext/proto_server_reflection_plugin.h"),
 }
 

@@ -40,7 +40,7 @@ class ClusterTest : public ::testing::Test {
     options.workers = 2;
     // --max_layer_bytes: fuzzed configs must not make the workers allocate gigabytes.
     options.moed_flags = {"--max_saved_steps=3", "--max_layer_bytes=268435456",
-                          absl::StrCat("--metrics_port=", metrics_port_)};
+                          absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_)};
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = cluster->release();

@@ -476,7 +476,7 @@ TEST_F(ClusterTest, DeleteLayerDropsItsMetrics) {
       Forward("metrics_drop", FloatsToProto({5, 32}, RandomFloats(5 * 32, 1)), false, &fwd).ok());
   std::string reply = ScrapeMetrics(metrics_port_);
   EXPECT_THAT(reply, HasSubstr("moed_tokens_total{layer=\"metrics_drop\"} 5\n"));
-  EXPECT_THAT(reply, HasSubstr("moed_expert_tokens_total{layer=\"metrics_drop\",expert=\"0\"}"));
+  EXPECT_THAT(reply, HasSubstr("moed_expert_tokens_total{expert=\"0\",layer=\"metrics_drop\"}"));
   {
     grpc::ClientContext ctx;
     v1::DeleteLayerRequest request;
@@ -492,6 +492,59 @@ TEST_F(ClusterTest, DeleteLayerDropsItsMetrics) {
       Forward("metrics_drop", FloatsToProto({3, 32}, RandomFloats(3 * 32, 2)), false, &fwd).ok());
   reply = ScrapeMetrics(metrics_port_);
   EXPECT_THAT(reply, HasSubstr("moed_tokens_total{layer=\"metrics_drop\"} 3\n"));
+}
+
+// The value of one series in a scrape ("name{labels}"), 0 when absent.
+double Sample(const std::string& scrape, const std::string& series) {
+  const std::string key = "\n" + series + " ";
+  const size_t at = scrape.find(key);
+  if (at == std::string::npos) return 0.0;
+  return std::strtod(scrape.c_str() + at + key.size(), nullptr);
+}
+
+// issue 18: a forward and backward move the request histograms, moed's phase histograms and the
+// payload bytes by exactly their amounts; a refused request is counted under its code.
+TEST_F(ClusterTest, HistogramsAndErrorCountersMoveByTheStep) {
+  ASSERT_TRUE(Create("metrics_step", TinyConfig(/*seed=*/22)).ok());
+  const std::string before = ScrapeMetrics(metrics_port_);
+  ASSERT_THAT(before, HasSubstr("200 OK"));
+  v1::ForwardResponse fwd;
+  ASSERT_TRUE(
+      Forward("metrics_step", FloatsToProto({6, 32}, RandomFloats(6 * 32, 3)), true, &fwd).ok());
+  {
+    grpc::ClientContext ctx;
+    v1::BackwardRequest request;
+    request.set_layer("metrics_step");
+    request.set_step_id(fwd.step_id());
+    *request.mutable_d_out() = FloatsToProto({6, 32}, RandomFloats(6 * 32, 4));
+    v1::BackwardResponse response;
+    ASSERT_TRUE(stub()->Backward(&ctx, request, &response).ok());
+  }
+  v1::ForwardResponse refused;  // 5 columns for a hidden size of 32: INVALID_ARGUMENT (3)
+  EXPECT_FALSE(
+      Forward("metrics_step", FloatsToProto({2, 5}, RandomFloats(10, 5)), false, &refused).ok());
+  const std::string after = ScrapeMetrics(metrics_port_);
+  auto delta = [&](const std::string& series) { return Sample(after, series) - Sample(before, series); };
+  EXPECT_EQ(delta("moed_request_duration_seconds_count{method=\"Backward\"}"), 1);
+  EXPECT_EQ(delta("moed_request_duration_seconds_count{method=\"Forward\"}"), 2);
+  EXPECT_GT(delta("moed_request_duration_seconds_sum{method=\"Backward\"}"), 0);
+  EXPECT_EQ(delta("moed_requests_total{code=\"3\",method=\"Forward\"}"), 1);
+  EXPECT_EQ(delta("moed_requests_total{code=\"0\",method=\"Forward\"}"), 1);
+  for (const char* call : {"Forward", "Backward"}) {
+    for (const char* phase : {"queue", "workers", "gather"}) {
+      const std::string series = absl::StrCat("moed_step_phase_seconds_count{call=\"", call,
+                                              "\",layer=\"metrics_step\",phase=\"", phase, "\"}");
+      EXPECT_EQ(Sample(after, series), 1) << series;
+    }
+  }
+  // 6 tokens x 32 fp32 in and out, each way.
+  EXPECT_EQ(delta("moed_payload_bytes_total{call=\"Forward\",direction=\"in\"}"), 6 * 32 * 4);
+  EXPECT_EQ(delta("moed_payload_bytes_total{call=\"Backward\",direction=\"out\"}"), 6 * 32 * 4);
+  EXPECT_EQ(delta("moed_saved_steps_total{event=\"created\"}"), 1);
+  EXPECT_EQ(delta("moed_saved_steps_total{event=\"used\"}"), 1);
+  EXPECT_EQ(Sample(after, "moed_saved_steps{layer=\"metrics_step\"}"), 0);
+  // Buckets are cumulative and end at +Inf with the count.
+  EXPECT_THAT(after, HasSubstr("moed_request_duration_seconds_bucket{method=\"Backward\",le=\"+Inf\"}"));
 }
 
 }  // namespace
