@@ -15,6 +15,8 @@ PACKAGES=(
   libssl-dev openssl
   # Prometheus metrics (registry, histograms, the pull exposer)
   prometheus-cpp-dev
+  # moectl's JSON output
+  nlohmann-json3-dev
   # Python client and its tests (Debian's /usr/bin/python3)
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-yaml
   # deployment checks

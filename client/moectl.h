@@ -51,8 +51,6 @@ absl::StatusOr<DType> InputDTypeFromFlag();
 absl::Status CheckTokensFlag(int64_t hidden, DType dtype);
 // A layer name for commands that create a temporary layer: --layer, or "<prefix>-<pid>".
 std::string LayerNameOr(absl::string_view prefix);
-// Quotes and escapes a string for JSON output.
-std::string JsonString(absl::string_view s);
 
 int RunHealth(const Args& args);
 int RunStatus(const Args& args);

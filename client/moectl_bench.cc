@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/layer_flags.h"
+#include "client/json_output.h"
 #include "client/moectl.h"
 #include "client/shared_memory.h"
 #include "client/step_breakdown.h"
@@ -50,19 +51,23 @@ double Percentile(std::vector<double> values, double p) {
   return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
 
-std::string SeriesJson(const Series& s, int64_t tokens) {
+Json SeriesJson(const Series& s, int64_t tokens) {
   const double n = static_cast<double>(s.latency_ms.size());
   const double mean =
       n > 0 ? std::accumulate(s.latency_ms.begin(), s.latency_ms.end(), 0.0) / n : 0.0;
   const double steps_per_s = s.wall_s > 0 ? n / s.wall_s : 0.0;
-  return absl::StrFormat(
-      "{\"steps\": %d, \"steps_per_s\": %.3f, \"tokens_per_s\": %.1f, \"latency_ms\": "
-      "{\"mean\": %.3f, \"p50\": %.3f, \"p90\": %.3f, \"p99\": %.3f, \"min\": %.3f, "
-      "\"max\": %.3f}}",
-      static_cast<int>(n), steps_per_s, steps_per_s * tokens, mean, Percentile(s.latency_ms, 50),
-      Percentile(s.latency_ms, 90), Percentile(s.latency_ms, 99),
-      n > 0 ? *std::min_element(s.latency_ms.begin(), s.latency_ms.end()) : 0.0,
-      n > 0 ? *std::max_element(s.latency_ms.begin(), s.latency_ms.end()) : 0.0);
+  Json out;
+  out["steps"] = static_cast<int64_t>(n);
+  out["steps_per_s"] = Round3(steps_per_s);
+  out["tokens_per_s"] = std::round(steps_per_s * tokens * 10.0) / 10.0;
+  out["latency_ms"] = {
+      {"mean", Round3(mean)},
+      {"p50", Round3(Percentile(s.latency_ms, 50))},
+      {"p90", Round3(Percentile(s.latency_ms, 90))},
+      {"p99", Round3(Percentile(s.latency_ms, 99))},
+      {"min", Round3(n > 0 ? *std::min_element(s.latency_ms.begin(), s.latency_ms.end()) : 0.0)},
+      {"max", Round3(n > 0 ? *std::max_element(s.latency_ms.begin(), s.latency_ms.end()) : 0.0)}};
+  return out;
 }
 
 class ProgressBar {
@@ -109,7 +114,7 @@ absl::StatusOr<Series> Measure(int64_t warmup, int64_t steps, const char* phase,
 
 // The shared-memory path: one region holds [x | out | d_out | d_x]; out and d_x of the first
 // step are compared bitwise with the gRPC path's. Returns the "shm" JSON object.
-absl::StatusOr<std::string> BenchShm(MoeClient& c, const std::string& layer, const Tensor& x,
+absl::StatusOr<Json> BenchShm(MoeClient& c, const std::string& layer, const Tensor& x,
                                      const Tensor& d_out, int64_t warmup, int64_t steps,
                                      bool show_progress) {
   const int64_t bytes = static_cast<int64_t>(x.num_bytes());
@@ -125,7 +130,7 @@ absl::StatusOr<std::string> BenchShm(MoeClient& c, const std::string& layer, con
   const ShmOutputRef out_ref{region, bytes, bytes};
   const ShmTensorRef d_out_ref{region, 2 * bytes, d_out.dtype(), d_out.shape()};
   const ShmOutputRef d_x_ref{region, 3 * bytes, bytes};
-  auto run = [&]() -> absl::StatusOr<std::string> {
+  auto run = [&]() -> absl::StatusOr<Json> {
     // Bit-identical to the gRPC path (the server is deterministic).
     ASSIGN_OR_RETURN(ForwardOutput grpc_fwd, c.Forward(layer, x, /*keep_for_backward=*/true));
     ASSIGN_OR_RETURN(Tensor grpc_d_x, c.Backward(layer, grpc_fwd.step_id, d_out));
@@ -159,13 +164,15 @@ absl::StatusOr<std::string> BenchShm(MoeClient& c, const std::string& layer, con
               return backward;
             },
             [&](double ms) { training_breakdown.Add(ms, {&fwd_times, &bwd_times}); }));
-    return absl::StrFormat(
-        "{\"identical_to_grpc\": %s, \"forward\": %s, \"forward_backward\": %s, "
-        "\"breakdown\": {\"forward\": %s, \"forward_backward\": %s}}",
-        identical ? "true" : "false", SeriesJson(forward, x.dim(0)), SeriesJson(training, x.dim(0)),
-        forward_breakdown.Json(), training_breakdown.Json());
+    Json out;
+    out["identical_to_grpc"] = identical;
+    out["forward"] = SeriesJson(forward, x.dim(0));
+    out["forward_backward"] = SeriesJson(training, x.dim(0));
+    out["breakdown"]["forward"] = forward_breakdown.ToJson();
+    out["breakdown"]["forward_backward"] = training_breakdown.ToJson();
+    return out;
   };
-  absl::StatusOr<std::string> json = run();
+  absl::StatusOr<Json> json = run();
   c.UnregisterSystemSharedMemory(region).IgnoreError();
   return json;
 }
@@ -242,7 +249,7 @@ int RunBench(const Args& args) {
       training_breakdown.Add(ms, {&fwd_times, &bwd_times});
     });
   }
-  absl::StatusOr<std::string> shm_json = std::string();
+  absl::StatusOr<Json> shm_json = Json();
   if (absl::GetFlag(FLAGS_shm) && forward.ok() && training.ok()) {
     shm_json = BenchShm(c, name, x, d_out, warmup, steps, show_progress);
   }
@@ -257,16 +264,20 @@ int RunBench(const Args& args) {
   if (!training.ok()) return ReportError("bench", training.status());
   if (!shm_json.ok()) return ReportError("bench", shm_json.status());
 
-  std::printf(
-      "{\"server\": %s, \"layer\": %s, \"config\": %s, \"ep_ranks\": %d, \"tokens\": %lld, "
-      "\"datatype\": \"%s\", \"warmup\": %lld, \"forward\": %s, \"forward_backward\": %s, "
-      "\"breakdown\": {\"forward\": %s, \"forward_backward\": %s}%s}\n",
-      JsonString(c.target()).c_str(), JsonString(name).c_str(),
-      JsonString(DescribeLayerConfig(info->config())).c_str(), info->ep_ranks(),
-      static_cast<long long>(tokens), DTypeName(*dtype), static_cast<long long>(warmup),
-      SeriesJson(*forward, tokens).c_str(), SeriesJson(*training, tokens).c_str(),
-      forward_breakdown.Json().c_str(), training_breakdown.Json().c_str(),
-      shm_json->empty() ? "" : absl::StrCat(", \"shm\": ", *shm_json).c_str());
+  Json out;
+  out["server"] = c.target();
+  out["layer"] = name;
+  out["config"] = DescribeLayerConfig(info->config());
+  out["ep_ranks"] = info->ep_ranks();
+  out["tokens"] = tokens;
+  out["datatype"] = DTypeName(*dtype);
+  out["warmup"] = warmup;
+  out["forward"] = SeriesJson(*forward, tokens);
+  out["forward_backward"] = SeriesJson(*training, tokens);
+  out["breakdown"]["forward"] = forward_breakdown.ToJson();
+  out["breakdown"]["forward_backward"] = training_breakdown.ToJson();
+  if (!shm_json->is_null()) out["shm"] = *std::move(shm_json);
+  PrintJson(out);
   return 0;
 }
 

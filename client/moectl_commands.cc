@@ -7,8 +7,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "client/layer_flags.h"
+#include "client/json_output.h"
 #include "client/moectl.h"
-#include "google/protobuf/util/json_util.h"
 
 ABSL_FLAG(int64_t, wait_ms, 0,
           "health: keep checking until SERVING or this many milliseconds have passed.");
@@ -30,15 +30,6 @@ namespace client {
 namespace cli {
 namespace {
 
-std::string ToJson(const google::protobuf::Message& message) {
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.always_print_primitive_fields = true;
-  options.preserve_proto_field_names = true;
-  std::string out;
-  if (!google::protobuf::util::MessageToJsonString(message, &out, options).ok()) return "{}";
-  return out;
-}
 
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
@@ -84,7 +75,7 @@ int RunStatus(const Args& args) {
   auto status = (*client)->GetStatus();
   if (!status.ok()) return ReportError("status", status.status());
   if (absl::GetFlag(FLAGS_json)) {
-    std::printf("%s\n", ToJson(*status).c_str());
+    PrintJson(ProtoToJson(*status), /*indent=*/2);
     return 0;
   }
   std::printf("server: %s\nserving: %s  generation: %lld\nworkers: %d\n",
@@ -114,7 +105,7 @@ int RunCreateLayer(const Args& args) {
   if (!client.ok()) return ReportError("create-layer", client.status());
   auto info = (*client)->CreateLayer(name, *config);
   if (!info.ok()) return ReportError("create-layer", info.status());
-  std::printf("%s\n", ToJson(*info).c_str());
+  PrintJson(ProtoToJson(*info), /*indent=*/2);
   return 0;
 }
 
@@ -151,7 +142,7 @@ int RunGetLayer(const Args& args) {
   if (!client.ok()) return ReportError("get-layer", client.status());
   auto info = (*client)->GetLayer(name);
   if (!info.ok()) return ReportError("get-layer", info.status());
-  std::printf("%s\n", ToJson(*info).c_str());
+  PrintJson(ProtoToJson(*info), /*indent=*/2);
   return 0;
 }
 

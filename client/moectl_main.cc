@@ -194,23 +194,6 @@ std::string LayerNameOr(absl::string_view prefix) {
   return layer.empty() ? absl::StrCat(prefix, "-", getpid()) : layer;
 }
 
-std::string JsonString(absl::string_view s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buffer[8];
-      std::snprintf(buffer, sizeof(buffer), "\\u%04x", c);
-      out += buffer;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 }  // namespace cli
 }  // namespace client
 }  // namespace moe

@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "client/layer_flags.h"
+#include "client/json_output.h"
 #include "client/moectl.h"
 #include "client/tensor_util.h"
 #include "engine/comm/local_communicator.h"
@@ -201,22 +202,26 @@ int RunSmoke(const Args& args) {
     worst = std::max(worst, c.error);
   }
   if (absl::GetFlag(FLAGS_json)) {
-    std::string items;
+    Json items = Json::array();
     for (const Check& c : *checks) {
-      absl::StrAppendFormat(&items,
-                            "%s{\"name\": %s, \"max_rel_error\": %.3g, \"tolerance\": "
-                            "%.3g, \"pass\": %s}",
-                            items.empty() ? "" : ", ", JsonString(c.name), c.error, c.tolerance,
-                            c.pass() ? "true" : "false");
+      items.push_back({{"name", c.name},
+                       {"max_rel_error", c.error},
+                       {"tolerance", c.tolerance},
+                       {"pass", c.pass()}});
     }
-    std::printf(
-        "{\"verdict\": \"%s\", \"server\": %s, \"layer\": %s, \"ep_ranks\": %d, \"config\": %s, "
-        "\"tokens\": %lld, \"datatype\": \"%s\", \"aux_loss\": %.9g, \"z_loss\": %.9g, "
-        "\"max_rel_error\": %.3g, \"checks\": [%s]}\n",
-        pass ? "PASS" : "FAIL", JsonString((*client)->target()).c_str(), JsonString(name).c_str(),
-        info->ep_ranks(), JsonString(DescribeLayerConfig(info->config())).c_str(),
-        static_cast<long long>(tokens), DTypeName(*dtype), remote->aux_loss, remote->z_loss, worst,
-        items.c_str());
+    Json out;
+    out["verdict"] = pass ? "PASS" : "FAIL";
+    out["server"] = (*client)->target();
+    out["layer"] = name;
+    out["ep_ranks"] = info->ep_ranks();
+    out["config"] = DescribeLayerConfig(info->config());
+    out["tokens"] = tokens;
+    out["datatype"] = DTypeName(*dtype);
+    out["aux_loss"] = remote->aux_loss;
+    out["z_loss"] = remote->z_loss;
+    out["max_rel_error"] = worst;
+    out["checks"] = std::move(items);
+    PrintJson(out);
   } else {
     std::printf("moectl smoke: server %s, layer %s over %d workers\n", (*client)->target().c_str(),
                 name.c_str(), info->ep_ranks());

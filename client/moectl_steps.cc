@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/json_output.h"
 #include "client/moectl.h"
 #include "client/npy.h"
 #include "client/tensor_util.h"
@@ -83,14 +84,17 @@ int RunForward(const Args& args) {
     absl::Status written = WriteNpy(output, result->out);
     if (!written.ok()) return LocalError("forward", "--output", written);
   }
-  std::printf(
-      "{\"layer\": %s, \"tokens\": %lld, \"datatype\": \"%s\", \"out_shape\": \"%s\", "
-      "\"aux_loss\": %.9g, \"z_loss\": %.9g, \"step_id\": %llu, \"tokens_per_expert\": [%s], "
-      "\"output\": %s}\n",
-      JsonString(layer).c_str(), static_cast<long long>(x->rank() > 0 ? x->dim(0) : 0),
-      DTypeName(x->dtype()), result->out.ShapeString().c_str(), result->aux_loss, result->z_loss,
-      static_cast<unsigned long long>(result->step_id),
-      absl::StrJoin(result->tokens_per_expert, ", ").c_str(), JsonString(output).c_str());
+  Json out;
+  out["layer"] = layer;
+  out["tokens"] = x->rank() > 0 ? x->dim(0) : 0;
+  out["datatype"] = DTypeName(x->dtype());
+  out["out_shape"] = result->out.ShapeString();
+  out["aux_loss"] = result->aux_loss;
+  out["z_loss"] = result->z_loss;
+  out["step_id"] = result->step_id;
+  out["tokens_per_expert"] = result->tokens_per_expert;
+  out["output"] = output;
+  PrintJson(out);
   return 0;
 }
 
@@ -129,9 +133,10 @@ int RunBackward(const Args& args) {
     absl::Status written = WriteNpy(output, *d_x);
     if (!written.ok()) return LocalError("backward", "--output", written);
   }
-  std::printf("{\"layer\": %s, \"step_id\": %llu, \"d_x_shape\": \"%s\", \"output\": %s}\n",
-              JsonString(layer).c_str(), static_cast<unsigned long long>(step_id),
-              d_x->ShapeString().c_str(), JsonString(output).c_str());
+  PrintJson(Json{{"layer", layer},
+                 {"step_id", step_id},
+                 {"d_x_shape", d_x->ShapeString()},
+                 {"output", output}});
   return 0;
 }
 

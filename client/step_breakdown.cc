@@ -54,49 +54,47 @@ void StepBreakdown::Add(double latency_ms, const std::vector<const StepTimes*>& 
   samples_.push_back(std::move(sample));
 }
 
-std::string StepBreakdown::Json() const {
+Json StepBreakdown::ToJson() const {
   auto median = [&](const std::function<double(const Sample&)>& field) {
     std::vector<double> v;
     for (const Sample& s : samples_) v.push_back(field(s));
-    return Median(v);
+    return Round3(Median(v));
   };
   const double latency = median([](const Sample& s) { return s.latency_ms; });
   const double engine = median([](const Sample& s) { return s.engine_ms; });
   const double bytes = median([](const Sample& s) { return s.payload_bytes; });
   const double transport_ms = latency - engine;
-  std::string workers;
+  Json workers = Json::array();
   const int ranks = samples_.empty() ? 0 : samples_[0].sum.server.workers_size();
   for (int r = 0; r < ranks; ++r) {
     auto w = [r](const Sample& s) -> const v1::WorkerStepTiming& {
       return s.sum.server.workers(std::min(r, s.sum.server.workers_size() - 1));
     };
-    absl::StrAppend(
-        &workers, r > 0 ? ", " : "",
-        absl::StrFormat(
-            "{\"call_ms\": %.3f, \"handler_ms\": %.3f, \"decode_ms\": %.3f, \"engine_ms\": %.3f, "
-            "\"encode_ms\": %.3f}",
-            median([&](const Sample& s) { return w(s).call_ms(); }),
-            median([&](const Sample& s) { return w(s).handler_ms(); }),
-            median([&](const Sample& s) { return w(s).decode_ms(); }),
-            median([&](const Sample& s) { return w(s).engine_ms(); }),
-            median([&](const Sample& s) { return w(s).encode_ms(); })));
+    Json worker;
+    worker["call_ms"] = median([&](const Sample& s) { return w(s).call_ms(); });
+    worker["handler_ms"] = median([&](const Sample& s) { return w(s).handler_ms(); });
+    worker["decode_ms"] = median([&](const Sample& s) { return w(s).decode_ms(); });
+    worker["engine_ms"] = median([&](const Sample& s) { return w(s).engine_ms(); });
+    worker["encode_ms"] = median([&](const Sample& s) { return w(s).encode_ms(); });
+    workers.push_back(std::move(worker));
   }
-  return absl::StrFormat(
-      "{\"latency_ms\": %.3f, \"client\": {\"encode_ms\": %.3f, \"call_ms\": %.3f, "
-      "\"decode_ms\": %.3f}, \"moed\": {\"moed_ms\": %.3f, \"queue_ms\": %.3f, \"fanout_ms\": "
-      "%.3f, "
-      "\"gather_ms\": %.3f}, \"wire_and_reply_ms\": %.3f, \"workers\": [%s], \"engine_ms\": %.3f, "
-      "\"service_over_engine\": %.3f, \"payload_bytes\": %.0f, \"payload_gb_per_s\": %.3f}",
-      latency, median([](const Sample& s) { return s.sum.encode_ms; }),
-      median([](const Sample& s) { return s.sum.call_ms; }),
-      median([](const Sample& s) { return s.sum.decode_ms; }),
-      median([](const Sample& s) { return s.sum.server.moed_ms(); }),
-      median([](const Sample& s) { return s.sum.server.queue_ms(); }),
-      median([](const Sample& s) { return s.sum.server.fanout_ms(); }),
-      median([](const Sample& s) { return s.sum.server.gather_ms(); }),
-      median([](const Sample& s) { return s.sum.call_ms - s.sum.server.moed_ms(); }), workers,
-      engine, engine > 0 ? latency / engine : 0.0, bytes,
-      transport_ms > 0 ? bytes / transport_ms / 1e6 : 0.0);
+  Json out;
+  out["latency_ms"] = latency;
+  out["client"]["encode_ms"] = median([](const Sample& s) { return s.sum.encode_ms; });
+  out["client"]["call_ms"] = median([](const Sample& s) { return s.sum.call_ms; });
+  out["client"]["decode_ms"] = median([](const Sample& s) { return s.sum.decode_ms; });
+  out["moed"]["moed_ms"] = median([](const Sample& s) { return s.sum.server.moed_ms(); });
+  out["moed"]["queue_ms"] = median([](const Sample& s) { return s.sum.server.queue_ms(); });
+  out["moed"]["fanout_ms"] = median([](const Sample& s) { return s.sum.server.fanout_ms(); });
+  out["moed"]["gather_ms"] = median([](const Sample& s) { return s.sum.server.gather_ms(); });
+  out["wire_and_reply_ms"] =
+      median([](const Sample& s) { return s.sum.call_ms - s.sum.server.moed_ms(); });
+  out["workers"] = std::move(workers);
+  out["engine_ms"] = engine;
+  out["service_over_engine"] = Round3(engine > 0 ? latency / engine : 0.0);
+  out["payload_bytes"] = static_cast<int64_t>(bytes);
+  out["payload_gb_per_s"] = Round3(transport_ms > 0 ? bytes / transport_ms / 1e6 : 0.0);
+  return out;
 }
 
 }  // namespace client

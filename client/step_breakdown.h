@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "client/json_output.h"
 #include "client/moe_client.h"
 
 namespace moe {
@@ -24,12 +25,12 @@ class StepBreakdown {
   // (one for a forward, two for forward + backward; the phases are summed over them).
   void Add(double latency_ms, const std::vector<const StepTimes*>& calls);
 
-  // {"latency_ms", "client": {encode, call, decode}, "moed": {moed, queue, fanout, gather},
+  // ToJson: {"latency_ms", "client": {encode, call, decode}, "moed": {moed, queue, fanout, gather},
   //  "wire_and_reply_ms", "workers": [{call, handler, decode, engine, encode}...],
   //  "engine_ms", "service_over_engine", "payload_bytes", "payload_gb_per_s"}: medians over
   // the steps. engine_ms is the slowest worker's engine time; payload_gb_per_s is the bytes
   // in and out (x / d_out and out / d_x) over (latency - engine_ms).
-  std::string Json() const;
+  Json ToJson() const;
 
  private:
   struct Sample {

@@ -31,6 +31,7 @@ _PKG_CONFIG_GROUPS = {
     "gtest_main": ["gtest_main"],
     "openblas": ["openblas"],
     "crypto": ["libcrypto"],
+    "nlohmann_json": ["nlohmann_json"],
     "prometheus": ["prometheus-cpp-pull", "prometheus-cpp-core"],
 }
 

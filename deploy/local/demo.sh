@@ -66,7 +66,7 @@ echo "${BENCH_JSON}" | tee "${RUN_DIR}/bench.json"
 
 # Numbers out of bench's one-line JSON: "steps_per_s" and "p50"/"p99" appear first for
 # forward, then for forward_backward.
-field() { echo "${BENCH_JSON}" | grep -o "\"$1\": [0-9.e+-]*" | sed -n "$2p" | awk '{print $2}'; }
+field() { echo "${BENCH_JSON}" | grep -o "\"$1\": *[0-9.e+-]*" | sed -n "$2p" | sed 's/.*: *//'; }
 
 section "summary"
 echo "cluster   ${ADDRESS}: moed + ${WORKERS} CPU workers (logs in ${RUN_DIR})"
