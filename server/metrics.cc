@@ -62,6 +62,17 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                         .Help("Tensor bytes of steps, by call and direction (in: x / d_out; "
                               "out: out / d_x), through messages or shared memory.")
                         .Register(r);
+  worker_phase_seconds_ = &prometheus::BuildHistogram()
+                               .Name("moed_worker_phase_seconds")
+                               .Help("Each worker's part of a step, by rank, call and phase: "
+                                     "call (moed's round trip to it), handler, decode, engine "
+                                     "(the layer's step on the device, collectives included), "
+                                     "encode.")
+                               .Register(r);
+  worker_payload_bytes_ = &prometheus::BuildCounter()
+                               .Name("moed_worker_payload_bytes_total")
+                               .Help("Tensor bytes of each worker's slices, by rank and direction.")
+                               .Register(r);
   tokens_ = &prometheus::BuildCounter()
                  .Name("moed_tokens_total")
                  .Help("Tokens processed by Forward, by layer.")
@@ -126,6 +137,24 @@ void Metrics::ObserveStep(const std::string& layer, const std::string& call, dou
     std::vector<prometheus::Histogram*>& mine = layer_histograms_[layer];
     if (std::find(mine.begin(), mine.end(), &h) == mine.end()) mine.push_back(&h);
   }
+}
+
+void Metrics::ObserveWorker(int rank, const std::string& call, double call_s,
+                            const v1::WorkerStepTiming& timing) {
+  const std::string r = absl::StrCat(rank);
+  const std::pair<const char*, double> phases[] = {{"call", call_s},
+                                                   {"handler", timing.handler_ms() / 1e3},
+                                                   {"decode", timing.decode_ms() / 1e3},
+                                                   {"engine", timing.engine_ms() / 1e3},
+                                                   {"encode", timing.encode_ms() / 1e3}};
+  for (const auto& [phase, seconds] : phases) {
+    worker_phase_seconds_->Add({{"rank", r}, {"call", call}, {"phase", phase}}, LatencyBuckets())
+        .Observe(seconds);
+  }
+  worker_payload_bytes_->Add({{"rank", r}, {"direction", "in"}})
+      .Increment(static_cast<double>(timing.bytes_in()));
+  worker_payload_bytes_->Add({{"rank", r}, {"direction", "out"}})
+      .Increment(static_cast<double>(timing.bytes_out()));
 }
 
 void Metrics::CountPayload(const std::string& call, int64_t bytes_in, int64_t bytes_out) {

@@ -24,6 +24,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "proto/moe.pb.h"
 
 namespace prometheus {
 class Collectable;
@@ -70,6 +71,11 @@ class Metrics {
   // queue (waiting for the layer's turn), workers (the fan-out: the workers' calls), gather.
   void ObserveStep(const std::string& layer, const std::string& call, double queue_s,
                    double workers_s, double gather_s);
+  // One worker's part of a step, from its StepTiming (proto/moe.proto WorkerStepTiming):
+  // moed_worker_phase_seconds{rank,call,phase} for phase = call (moed's round trip), handler,
+  // decode, engine, encode; moed_worker_payload_bytes_total{rank,direction}.
+  void ObserveWorker(int rank, const std::string& call, double call_s,
+                     const v1::WorkerStepTiming& timing);
   // Tensor bytes of a step: moed_payload_bytes_total{call,direction="in"|"out"}.
   void CountPayload(const std::string& call, int64_t bytes_in, int64_t bytes_out);
   void CountTokens(const std::string& layer, int64_t tokens,
@@ -99,6 +105,8 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* request_seconds_;
   prometheus::Family<prometheus::Histogram>* phase_seconds_;
   prometheus::Family<prometheus::Counter>* payload_bytes_;
+  prometheus::Family<prometheus::Histogram>* worker_phase_seconds_;
+  prometheus::Family<prometheus::Counter>* worker_payload_bytes_;
   prometheus::Family<prometheus::Counter>* tokens_;
   prometheus::Family<prometheus::Counter>* expert_tokens_;
   prometheus::Family<prometheus::Counter>* saved_steps_total_;

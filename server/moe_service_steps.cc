@@ -149,7 +149,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
           call.set_generation(turn->set.generation);
           call.set_layer_id(layer.id);
           call.set_step_id(step_id);
-          call.set_timing(request->timing());
+          call.set_timing(clock.enabled());  // metrics too: per-worker phases
           if (shm.has_output()) shm.SliceOutput(offsets[r], offsets[r + 1], call.mutable_out_shm());
           grpc::ByteBuffer wire;
           if (shm.has_input()) {  // no tensor bytes in the call
@@ -206,6 +206,9 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     if (metrics_ != nullptr) {
       metrics_->CountTokens(layer.name, tokens, counts);
       metrics_->ObserveStep(layer.name, "Forward", queue_ms / 1e3, fanout_ms / 1e3, gather_ms / 1e3);
+      for (int r = 0; r < ranks; ++r) {
+        metrics_->ObserveWorker(r, "Forward", call_ms[r] / 1e3, answers[r].timing());
+      }
       const int64_t bytes = tokens * static_cast<int64_t>(row_bytes);
       metrics_->CountPayload("Forward", bytes, bytes);
       if (keep) metrics_->CountSavedSteps("created", 1);
@@ -314,7 +317,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
         [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
           PhaseClock call_clock(clock.enabled());
           internal::WorkerBackwardRequest call;
-          call.set_timing(request->timing());
+          call.set_timing(clock.enabled());  // metrics too: per-worker phases
           call.set_generation(turn->set.generation);
           call.set_layer_id(layer.id);
           call.set_step_id(request->step_id());
@@ -354,6 +357,9 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     if (metrics_ != nullptr) {
       metrics_->ObserveStep(layer.name, "Backward", queue_ms / 1e3, fanout_ms / 1e3,
                             gather_ms / 1e3);
+      for (int r = 0; r < ranks; ++r) {
+        metrics_->ObserveWorker(r, "Backward", call_ms[r] / 1e3, answers[r].timing());
+      }
       const int64_t bytes = step.tokens * static_cast<int64_t>(row_bytes);
       metrics_->CountPayload("Backward", bytes,
                              step.tokens * layer.config.hidden * DTypeSize(step.dtype));

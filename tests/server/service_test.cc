@@ -537,6 +537,19 @@ TEST_F(ClusterTest, HistogramsAndErrorCountersMoveByTheStep) {
       EXPECT_EQ(Sample(after, series), 1) << series;
     }
   }
+  for (const char* phase : {"call", "handler", "decode", "engine", "encode"}) {
+    for (int rank : {0, 1}) {
+      const std::string series =
+          absl::StrCat("moed_worker_phase_seconds_count{call=\"Backward\",phase=\"", phase,
+                       "\",rank=\"", rank, "\"}");
+      EXPECT_EQ(delta(series), 1) << series;
+    }
+  }
+  EXPECT_GT(delta("moed_worker_phase_seconds_sum{call=\"Forward\",phase=\"engine\",rank=\"0\"}"), 0);
+  // The two workers' slices add up to the step's bytes (6 rows split between them).
+  EXPECT_EQ(delta("moed_worker_payload_bytes_total{direction=\"in\",rank=\"0\"}") +
+                delta("moed_worker_payload_bytes_total{direction=\"in\",rank=\"1\"}"),
+            2 * 6 * 32 * 4);
   // 6 tokens x 32 fp32 in and out, each way.
   EXPECT_EQ(delta("moed_payload_bytes_total{call=\"Forward\",direction=\"in\"}"), 6 * 32 * 4);
   EXPECT_EQ(delta("moed_payload_bytes_total{call=\"Backward\",direction=\"out\"}"), 6 * 32 * 4);
