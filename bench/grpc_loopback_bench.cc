@@ -11,7 +11,7 @@
 // Prints one JSON line per (mode, parts): mode "streams" = the parts as concurrent calls on
 // one channel (one TCP connection), "channels" = one channel (connection) per part. gb_per_s
 // counts both directions: 2 * bytes / median round trip.
-#include <grpcpp/generic/callback_generic_service.h>
+#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
