@@ -17,6 +17,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "proto/status_convert.h"
 #include "proto/tensor_convert.h"
+#include "proto/tensor_wire.h"
 #include "server/bulk_transport.h"
 #include "server/phase_clock.h"
 
@@ -25,6 +26,8 @@ namespace client {
 namespace {
 
 constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
+constexpr char kForwardMethod[] = "/moe.v1.MoeService/Forward";
+constexpr char kBackwardMethod[] = "/moe.v1.MoeService/Backward";
 
 // grpc.health.v1.HealthCheckRequest {string service = 1;} encoded by hand: the Health protos
 // are not installed with Debian's gRPC, and two lines of wire format beat vendoring them.
@@ -212,6 +215,7 @@ absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const
   request.set_keep_for_backward(keep_for_backward);
   request.set_timing(clock.enabled());
   v1::ForwardResponse response;
+  TensorBytes out_bytes;  // out's raw_data, where it arrived
   double encode_ms = 0.0;
   if (NeedsStream(x)) {
     grpc::ClientContext context;
@@ -219,14 +223,15 @@ absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const
     auto stream = stub_->ForwardStream(&context);
     RETURN_IF_ERROR(StreamStep(stream.get(), std::move(request), &v1::ForwardRequest::mutable_x, x,
                                &v1::ForwardResponse::mutable_out, PieceBytes(), &response));
+    out_bytes = TensorBytes(response.out().raw_data());
   } else {
-    TensorToProto(x, request.mutable_x());
-    encode_ms = clock.Lap();
-    MOED_UNARY_CALL(Forward, request, response, call);
+    RETURN_IF_ERROR(CallStep(kForwardMethod, request, v1::ForwardRequest::kXFieldNumber, x,
+                             v1::ForwardResponse::kOutFieldNumber, call, &clock, &encode_ms,
+                             &response, &out_bytes));
   }
   const double call_ms = clock.Lap();
   ForwardOutput output;
-  ASSIGN_OR_RETURN(output.out, TensorFromProto("ForwardResponse.out", response.out()));
+  ASSIGN_OR_RETURN(output.out, TensorFromWire("ForwardResponse.out", response.out(), out_bytes));
   if (call.timing != nullptr) {
     *call.timing =
         StepTimes{encode_ms, call_ms, clock.Lap(), std::move(*response.mutable_timing())};
@@ -247,6 +252,7 @@ absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t st
   if (d_z_loss.has_value()) request.set_d_z_loss(*d_z_loss);
   request.set_timing(clock.enabled());
   v1::BackwardResponse response;
+  TensorBytes d_x_bytes;  // d_x's raw_data, where it arrived
   double encode_ms = 0.0;
   if (NeedsStream(d_out)) {
     grpc::ClientContext context;
@@ -255,18 +261,40 @@ absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t st
     RETURN_IF_ERROR(StreamStep(stream.get(), std::move(request),
                                &v1::BackwardRequest::mutable_d_out, d_out,
                                &v1::BackwardResponse::mutable_d_x, PieceBytes(), &response));
+    d_x_bytes = TensorBytes(response.d_x().raw_data());
   } else {
-    TensorToProto(d_out, request.mutable_d_out());
-    encode_ms = clock.Lap();
-    MOED_UNARY_CALL(Backward, request, response, call);
+    RETURN_IF_ERROR(CallStep(kBackwardMethod, request, v1::BackwardRequest::kDOutFieldNumber, d_out,
+                             v1::BackwardResponse::kDXFieldNumber, call, &clock, &encode_ms,
+                             &response, &d_x_bytes));
   }
   const double call_ms = clock.Lap();
-  ASSIGN_OR_RETURN(Tensor d_x, TensorFromProto("BackwardResponse.d_x", response.d_x()));
+  ASSIGN_OR_RETURN(Tensor d_x, TensorFromWire("BackwardResponse.d_x", response.d_x(), d_x_bytes));
   if (call.timing != nullptr) {
     *call.timing =
         StepTimes{encode_ms, call_ms, clock.Lap(), std::move(*response.mutable_timing())};
   }
   return d_x;
+}
+
+absl::Status MoeClient::CallStep(const char* method, const google::protobuf::MessageLite& head,
+                                 int tensor_field, const Tensor& tensor, int answer_tensor_field,
+                                 const CallOptions& call, PhaseClock* clock, double* encode_ms,
+                                 google::protobuf::MessageLite* answer, TensorBytes* answer_bytes) {
+  // Destroyed before the call returns: waits until gRPC let go of `tensor`'s bytes.
+  BorrowedBytes borrowed;
+  const grpc::ByteBuffer request =
+      EncodeWithTensor(head, tensor_field, TensorHead(tensor), borrowed.Borrow(tensor.bytes()));
+  *encode_ms = clock->Lap();
+  grpc::ClientContext context;
+  Prepare(call, &context);
+  grpc::ByteBuffer wire;
+  RETURN_IF_ERROR(CallUnary(channel_, &context, method, request, &wire));
+  const absl::Status decoded = DecodeWithTensor(wire, answer_tensor_field, answer, answer_bytes);
+  if (!decoded.ok()) {
+    return absl::InternalError(
+        absl::StrCat("bad answer from server to ", method, ": ", decoded.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<bool> MoeClient::ReleaseStep(const std::string& layer, uint64_t step_id,

@@ -20,9 +20,14 @@ absl::StatusOr<DType> DTypeFromProto(absl::string_view field, absl::string_view 
 }
 
 absl::StatusOr<DType> CheckTensorProto(absl::string_view field, const v1::Tensor& proto) {
+  return CheckTensorHead(field, proto, proto.raw_data().size());
+}
+
+absl::StatusOr<DType> CheckTensorHead(absl::string_view field, const v1::Tensor& proto,
+                                      size_t byte_count) {
   ASSIGN_OR_RETURN(DType dtype, DTypeFromProto(absl::StrCat(field, ".datatype"), proto.datatype()));
   std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
-  RETURN_IF_ERROR(CheckByteCount(field, dtype, shape, proto.raw_data().size()));
+  RETURN_IF_ERROR(CheckByteCount(field, dtype, shape, byte_count));
   return dtype;
 }
 

@@ -20,6 +20,10 @@ absl::StatusOr<DType> DTypeFromProto(absl::string_view field, absl::string_view 
 
 // Checks datatype, shape >= 0 and the raw byte count without copying the bytes.
 absl::StatusOr<DType> CheckTensorProto(absl::string_view field, const v1::Tensor& proto);
+// The same with `byte_count` raw bytes in place of proto.raw_data() (which is not read): for
+// a tensor whose bytes were kept out of the message (proto/tensor_wire.h).
+absl::StatusOr<DType> CheckTensorHead(absl::string_view field, const v1::Tensor& proto,
+                                      size_t byte_count);
 // CheckTensorProto, then copies the bytes.
 absl::StatusOr<Tensor> TensorFromProto(absl::string_view field, const v1::Tensor& proto);
 void TensorToProto(const Tensor& tensor, v1::Tensor* proto);

@@ -1,9 +1,8 @@
 #include "server/authenticated_worker.h"
 
-#include <grpcpp/support/proto_buffer_reader.h>
-
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "server/worker_call.h"
 
 namespace moe {
@@ -18,14 +17,18 @@ int MethodIndex(const char* method) {
       ->index();
 }
 
-// Reads the one request of a unary call served as a stream and parses it.
+// Reads the one request of a unary call served as a stream and splits it: every field into
+// *request but the raw_data of its tensor field `tensor_field`, left in the received buffer
+// (*tensor_bytes) for the one copy into the engine's input.
 grpc::Status ReadRequest(grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
-                         google::protobuf::MessageLite* request) {
+                         int tensor_field, google::protobuf::MessageLite* request,
+                         TensorBytes* tensor_bytes) {
   grpc::ByteBuffer wire;
   if (!stream->Read(&wire)) return grpc::Status(grpc::StatusCode::CANCELLED, "no request");
-  grpc::ProtoBufferReader reader(&wire);
-  if (!request->ParseFromZeroCopyStream(&reader)) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "request does not parse");
+  const absl::Status decoded = DecodeWithTensor(wire, tensor_field, request, tensor_bytes);
+  if (!decoded.ok()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("request does not parse: ", decoded.message()));
   }
   return grpc::Status::OK;
 }
@@ -40,9 +43,7 @@ grpc::Status WriteAnswer(grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteB
   if (has_tensor) {
     answer = EncodeMessage(head);
   } else {
-    v1::Tensor tensor_head;
-    tensor_head.set_datatype(DTypeName(tensor.dtype()));
-    for (int64_t d : tensor.shape()) tensor_head.add_shape(d);
+    const v1::Tensor tensor_head = TensorHead(tensor);
     answer = EncodeWithTensor(head, tensor_field, tensor_head, TakeTensorBytes(std::move(tensor)));
   }
   if (!stream->Write(answer)) {
@@ -71,10 +72,13 @@ grpc::Status AuthenticatedWorkerService::ForwardBytes(grpc::ServerContext* conte
                                                       BytesStream* stream) {
   grpc::Status status = secret_.Check(*context);
   internal::WorkerForwardRequest request;
-  if (status.ok()) status = ReadRequest(stream, &request);
+  TensorBytes x_bytes;
+  if (status.ok()) {
+    status = ReadRequest(stream, internal::WorkerForwardRequest::kXFieldNumber, &request, &x_bytes);
+  }
   internal::WorkerForwardResponse response;
   Tensor out;
-  if (status.ok()) status = inner_->Forward(context, &request, &response, &out);
+  if (status.ok()) status = inner_->Forward(context, &request, x_bytes, &response, &out);
   if (!status.ok()) return status;
   return WriteAnswer(stream, response, response.has_out(),
                      internal::WorkerForwardResponse::kOutFieldNumber, std::move(out));
@@ -84,10 +88,14 @@ grpc::Status AuthenticatedWorkerService::BackwardBytes(grpc::ServerContext* cont
                                                        BytesStream* stream) {
   grpc::Status status = secret_.Check(*context);
   internal::WorkerBackwardRequest request;
-  if (status.ok()) status = ReadRequest(stream, &request);
+  TensorBytes d_out_bytes;
+  if (status.ok()) {
+    status = ReadRequest(stream, internal::WorkerBackwardRequest::kDOutFieldNumber, &request,
+                         &d_out_bytes);
+  }
   internal::WorkerBackwardResponse response;
   Tensor d_x;
-  if (status.ok()) status = inner_->Backward(context, &request, &response, &d_x);
+  if (status.ok()) status = inner_->Backward(context, &request, d_out_bytes, &response, &d_x);
   if (!status.ok()) return status;
   return WriteAnswer(stream, response, response.has_d_x(),
                      internal::WorkerBackwardResponse::kDXFieldNumber, std::move(d_x));

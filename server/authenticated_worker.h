@@ -59,8 +59,9 @@ class AuthenticatedWorkerService final : public internal::Worker::Service {
 
  private:
   using BytesStream = grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
-  // Forward/Backward on the raw request bytes: parse, run, answer with the response's fields
-  // in a header slice and the output tensor's own bytes (server/worker_call.h).
+  // Forward/Backward on the raw request bytes: split (the tensor's bytes left in place for one
+  // copy into the engine's input), run, answer with the response's fields in a header slice
+  // and the output tensor's own bytes (proto/tensor_wire.h).
   grpc::Status ForwardBytes(grpc::ServerContext* context, BytesStream* stream);
   grpc::Status BackwardBytes(grpc::ServerContext* context, BytesStream* stream);
 

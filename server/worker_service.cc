@@ -268,13 +268,15 @@ grpc::Status WorkerService::Forward(grpc::ServerContext* context,
                                     const internal::WorkerForwardRequest* request,
                                     internal::WorkerForwardResponse* response) {
   Tensor out;
-  grpc::Status status = Forward(context, request, response, &out);
+  grpc::Status status =
+      Forward(context, request, TensorBytes(request->x().raw_data()), response, &out);
   if (status.ok() && !response->has_out()) TensorToProto(out, response->mutable_out());
   return status;
 }
 
 grpc::Status WorkerService::Forward(grpc::ServerContext*,
                                     const internal::WorkerForwardRequest* request,
+                                    const TensorBytes& x_bytes,
                                     internal::WorkerForwardResponse* response, Tensor* out) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     PhaseClock clock(request->timing());
@@ -284,7 +286,7 @@ grpc::Status WorkerService::Forward(grpc::ServerContext*,
     if (request->has_x_shm()) {
       ASSIGN_OR_RETURN(x_shm, shm_.Input("x", request->x(), request->x_shm()));
     } else {
-      ASSIGN_OR_RETURN(x_shm.tensor, TensorFromProto("x", request->x()));
+      ASSIGN_OR_RETURN(x_shm.tensor, TensorFromWire("x", request->x(), x_bytes));
     }
     const Tensor& x = x_shm.tensor;
     // Into the client's region (the engine writes it in place; the response's out then holds
@@ -321,13 +323,15 @@ grpc::Status WorkerService::Backward(grpc::ServerContext* context,
                                      const internal::WorkerBackwardRequest* request,
                                      internal::WorkerBackwardResponse* response) {
   Tensor d_x;
-  grpc::Status status = Backward(context, request, response, &d_x);
+  grpc::Status status =
+      Backward(context, request, TensorBytes(request->d_out().raw_data()), response, &d_x);
   if (status.ok() && !response->has_d_x()) TensorToProto(d_x, response->mutable_d_x());
   return status;
 }
 
 grpc::Status WorkerService::Backward(grpc::ServerContext*,
                                      const internal::WorkerBackwardRequest* request,
+                                     const TensorBytes& d_out_bytes,
                                      internal::WorkerBackwardResponse* response, Tensor* d_x_out) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     PhaseClock clock(request->timing());
@@ -335,7 +339,7 @@ grpc::Status WorkerService::Backward(grpc::ServerContext*,
     if (request->has_d_out_shm()) {
       ASSIGN_OR_RETURN(d_out_shm, shm_.Input("d_out", request->d_out(), request->d_out_shm()));
     } else {
-      ASSIGN_OR_RETURN(d_out_shm.tensor, TensorFromProto("d_out", request->d_out()));
+      ASSIGN_OR_RETURN(d_out_shm.tensor, TensorFromWire("d_out", request->d_out(), d_out_bytes));
     }
     const Tensor& d_out = d_out_shm.tensor;
     const bool to_shm = request->has_d_x_shm();

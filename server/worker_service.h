@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "engine/comm/kv_store.h"
 #include "engine/moe_layer.h"
+#include "proto/tensor_wire.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/device.h"
 #include "server/worker_shm.h"
@@ -72,15 +73,18 @@ class WorkerService final : public internal::Worker::Service {
                        internal::WorkerForwardResponse*) override;
   grpc::Status Backward(grpc::ServerContext*, const internal::WorkerBackwardRequest*,
                         internal::WorkerBackwardResponse*) override;
-  // The same, with the output tensor (out, d_x) handed back in *tensor instead of copied into
-  // the response (every other field filled): the caller sends its bytes without a copy
-  // (server/authenticated_worker.cc). When the request named a shared-memory region for the
-  // output, the output went there, the response's tensor field is set (datatype and shape)
-  // and *tensor is left empty.
+  // The same on a request whose tensor's bytes (x, d_out) were kept where they arrived
+  // (proto/tensor_wire.h: request->x() has datatype and shape, *x_bytes its raw_data, copied
+  // once into the engine's input), with the output tensor (out, d_x) handed back in *tensor
+  // instead of copied into the response (every other field filled): the caller sends its
+  // bytes without a copy (server/authenticated_worker.cc). When the request named a
+  // shared-memory region for the output, the output went there, the response's tensor field
+  // is set (datatype and shape) and *tensor is left empty.
   grpc::Status Forward(grpc::ServerContext*, const internal::WorkerForwardRequest*,
-                       internal::WorkerForwardResponse*, Tensor* out);
+                       const TensorBytes& x_bytes, internal::WorkerForwardResponse*, Tensor* out);
   grpc::Status Backward(grpc::ServerContext*, const internal::WorkerBackwardRequest*,
-                        internal::WorkerBackwardResponse*, Tensor* d_x);
+                        const TensorBytes& d_out_bytes, internal::WorkerBackwardResponse*,
+                        Tensor* d_x);
   grpc::Status ReleaseStep(grpc::ServerContext*, const internal::WorkerReleaseStepRequest*,
                            internal::WorkerEmpty*) override;
   grpc::Status GetTensors(grpc::ServerContext*, const internal::WorkerGetTensorsRequest*,

@@ -85,11 +85,16 @@ class InternalPlaneTest : public ::testing::Test {
   // A generic unary call of `method` ("/pkg.Service/Method") with an empty message.
   static grpc::Status CallEmpty(const std::string& address, const std::string& method,
                                 const std::string& secret) {
+    return CallBytes(address, method, secret, "");
+  }
+  // The same with `bytes` as the message.
+  static grpc::Status CallBytes(const std::string& address, const std::string& method,
+                                const std::string& secret, const std::string& bytes) {
     grpc::GenericStub stub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     std::unique_ptr<grpc::ClientContext> context = Context(secret);
     grpc::ByteBuffer request, response;
-    grpc::Slice empty(std::string{});
-    request = grpc::ByteBuffer(&empty, 1);
+    grpc::Slice message(bytes);
+    request = grpc::ByteBuffer(&message, 1);
     absl::Notification done;
     grpc::Status status;
     stub.UnaryCall(context.get(), method, grpc::StubOptions(), &request, &response,
@@ -138,6 +143,29 @@ TEST_F(InternalPlaneTest, EveryWorkerRpcRefusesCallersWithoutTheSecret) {
   }
   // The workers' health service stays open to probes.
   EXPECT_EQ(HealthOf(before.workers(0).address(), "").value_or("error"), "SERVING");
+  ExpectUndisturbed(before);
+}
+
+// The workers split Forward/Backward requests by hand (proto/tensor_wire.h): input protobuf
+// would not parse is INVALID_ARGUMENT, and the worker keeps serving.
+TEST_F(InternalPlaneTest, WorkerStepsRefuseMalformedRequests) {
+  const v1::GetStatusResponse before = Status();
+  const std::vector<std::string> malformed = {
+      std::string("\x22\x05\x61\x62", 4),          // x: 5 bytes announced, 2 sent
+      std::string("\x22\x04\x1a\x09\x61\x62", 6),  // x.raw_data runs past x's end
+      std::string("\x22\x02\x12\x80", 4),          // x.shape: a varint cut short
+      std::string("\x08\x80\x80\x80\x80\x80\x80\x80\x80\x80\x80\x01", 12),  // overlong varint
+      std::string("\x00", 1),                                               // field 0
+      std::string("\x0c", 1),  // an end-group tag out of a group
+  };
+  for (const char* method : {"/moe.internal.Worker/Forward", "/moe.internal.Worker/Backward"}) {
+    for (const std::string& bytes : malformed) {
+      grpc::Status s = CallBytes(before.workers(0).address(), method, "member", bytes);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+          << method << ": " << s.error_message();
+      EXPECT_THAT(s.error_message(), HasSubstr("request does not parse")) << method;
+    }
+  }
   ExpectUndisturbed(before);
 }
 

@@ -1,0 +1,174 @@
+// proto/tensor_wire.h: the hand-written encoding is the protobuf encoding, borrows the tensor's
+// bytes, and the hand split of a received message gives what protobuf's parser gives (fields,
+// bytes, and the same verdict on malformed input).
+#include "proto/tensor_wire.h"
+
+#include <grpcpp/support/proto_buffer_reader.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "proto/tensor_convert.h"
+#include "tests/proto/iota_tensor.h"
+
+namespace moe {
+namespace {
+
+using ::testing::HasSubstr;
+
+// `bytes` as a received buffer of slices of `piece` bytes (the last may be shorter).
+grpc::ByteBuffer Sliced(const std::string& bytes, size_t piece) {
+  std::vector<grpc::Slice> slices;
+  for (size_t at = 0; at < bytes.size(); at += piece) {
+    slices.emplace_back(bytes.data() + at, std::min(piece, bytes.size() - at));
+  }
+  if (slices.empty()) slices.emplace_back();
+  return grpc::ByteBuffer(slices.data(), slices.size());
+}
+
+std::string Flatten(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  EXPECT_TRUE(buffer.Dump(&slices).ok());
+  std::string out;
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  return out;
+}
+
+v1::ForwardRequest SampleRequest(const Tensor& x) {
+  v1::ForwardRequest request;
+  request.set_layer("layer0");
+  request.set_keep_for_backward(true);
+  request.set_timing(true);
+  TensorToProto(x, request.mutable_x());
+  return request;
+}
+
+// Decodes `wire` both ways; expects the same verdict and, when it parses, the same message.
+void ExpectSameAsProtobuf(const std::string& wire, size_t piece) {
+  v1::ForwardRequest want;
+  const bool want_ok = want.ParseFromString(wire);
+  v1::ForwardRequest head;
+  TensorBytes raw;
+  const absl::Status got = DecodeWithTensor(Sliced(wire, piece), v1::ForwardRequest::kXFieldNumber,
+                                            &head, &raw, {v1::ForwardRequest::kXShmFieldNumber});
+  ASSERT_EQ(got.ok(), want_ok) << got << " (" << wire.size() << " bytes, pieces of " << piece
+                               << ")";
+  if (!got.ok()) {
+    EXPECT_EQ(got.code(), absl::StatusCode::kInvalidArgument);
+    return;
+  }
+  EXPECT_TRUE(head.x().raw_data().empty());
+  std::string bytes(raw.size(), '\0');
+  raw.CopyTo(bytes.data());
+  EXPECT_EQ(bytes, want.x().raw_data());
+  if (want.has_x()) want.mutable_x()->clear_raw_data();
+  EXPECT_EQ(head.SerializeAsString(), want.SerializeAsString());
+}
+
+TEST(TensorWireTest, EncodingParsesAsTheGeneratedOneAndBorrowsTheBytes) {
+  for (int64_t rows : {0, 1, 3, 1000}) {
+    const Tensor x = IotaTensor(DType::kFloat32, {rows, 2});
+    v1::ForwardRequest head = SampleRequest(x);
+    head.clear_x();
+    BorrowedBytes borrowed;
+    const grpc::ByteBuffer wire = EncodeWithTensor(head, v1::ForwardRequest::kXFieldNumber,
+                                                   TensorHead(x), borrowed.Borrow(x.bytes()));
+    v1::ForwardRequest parsed;
+    ASSERT_TRUE(parsed.ParseFromString(Flatten(wire)));
+    EXPECT_TRUE(parsed.SerializeAsString() == SampleRequest(x).SerializeAsString()) << rows;
+    std::vector<grpc::Slice> slices;
+    ASSERT_TRUE(wire.Dump(&slices).ok());
+    if (rows > 0) {
+      ASSERT_EQ(slices.size(), 2u);
+      EXPECT_EQ(reinterpret_cast<const char*>(slices[1].begin()), x.bytes().data());
+    }
+  }
+}
+
+TEST(TensorWireTest, TakenTensorBytesLiveAsLongAsTheBuffer) {
+  Tensor x = IotaTensor(DType::kBFloat16, {64, 8});
+  const std::string want(x.bytes());
+  v1::ForwardResponse head;
+  head.set_aux_loss(0.5);
+  grpc::ByteBuffer wire = EncodeWithTensor(head, v1::ForwardResponse::kOutFieldNumber,
+                                           TensorHead(x), TakeTensorBytes(std::move(x)));
+  v1::ForwardResponse parsed;
+  ASSERT_TRUE(parsed.ParseFromString(Flatten(wire)));
+  EXPECT_EQ(parsed.out().raw_data(), want);
+  EXPECT_EQ(parsed.aux_loss(), 0.5);
+}
+
+TEST(TensorWireTest, DecodedTensorIsBitIdenticalAcrossSliceBoundaries) {
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kInt64}) {
+    const Tensor x = IotaTensor(dtype, {37, 5});
+    const std::string wire = SampleRequest(x).SerializeAsString();
+    for (size_t piece : {size_t{1}, size_t{3}, size_t{7}, size_t{64}, wire.size()}) {
+      v1::ForwardRequest head;
+      TensorBytes raw;
+      ASSERT_TRUE(
+          DecodeWithTensor(Sliced(wire, piece), v1::ForwardRequest::kXFieldNumber, &head, &raw)
+              .ok());
+      EXPECT_EQ(head.layer(), "layer0");
+      EXPECT_TRUE(head.keep_for_backward());
+      absl::StatusOr<Tensor> got = TensorFromWire("x", head.x(), raw);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(got->dtype(), dtype);
+      EXPECT_EQ(got->shape(), x.shape());
+      EXPECT_EQ(got->bytes(), x.bytes()) << "pieces of " << piece;
+    }
+  }
+}
+
+TEST(TensorWireTest, ProtobufRulesHoldForRepeatedFieldsAndTheOneof) {
+  const Tensor a = IotaTensor(DType::kFloat32, {2, 2});
+  const Tensor b = IotaTensor(DType::kFloat32, {3, 2});
+  v1::ForwardRequest first = SampleRequest(a);
+  v1::ForwardRequest second;
+  second.mutable_x()->set_raw_data(std::string(b.bytes()));  // last raw_data wins
+  v1::ForwardRequest shape_only;
+  shape_only.mutable_x()->add_shape(9);  // merged: shapes append
+  v1::ForwardRequest shm;
+  shm.mutable_x_shm()->set_region("r");  // clears x (a oneof)
+  const std::string f = first.SerializeAsString(), s = second.SerializeAsString(),
+                    o = shape_only.SerializeAsString(), m = shm.SerializeAsString();
+  for (const std::string& wire : {f + s, s + f, f + o, f + m, m + f, f + m + s, f + m + o + s}) {
+    for (size_t piece : {size_t{2}, wire.size()}) ExpectSameAsProtobuf(wire, piece);
+  }
+}
+
+TEST(TensorWireTest, MalformedInputFailsExactlyWhenProtobufFails) {
+  const std::string wire = SampleRequest(IotaTensor(DType::kFloat32, {4, 3})).SerializeAsString();
+  for (size_t cut = 0; cut <= wire.size(); ++cut) {  // every truncation
+    ExpectSameAsProtobuf(wire.substr(0, cut), 5);
+  }
+  for (size_t at = 0; at < wire.size(); ++at) {  // every byte replaced by a few values
+    for (char c : {'\x00', '\x07', '\x0c', '\x1a', '\x7f', '\x80', '\xff'}) {
+      std::string bad = wire;
+      bad[at] = c;
+      ExpectSameAsProtobuf(bad, 3);
+    }
+  }
+}
+
+TEST(TensorWireTest, TensorFromWireChecksLikeTensorFromProto) {
+  v1::Tensor head;
+  head.set_datatype("FP32");
+  head.add_shape(2);
+  head.add_shape(3);
+  const std::string short_bytes(20, 'a');
+  const absl::Status wire = TensorFromWire("x", head, TensorBytes(short_bytes)).status();
+  head.set_raw_data(short_bytes);
+  const absl::Status proto = TensorFromProto("x", head).status();
+  EXPECT_EQ(wire.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(wire, proto);
+  head.set_datatype("FP33");
+  EXPECT_THAT(std::string(TensorFromWire("x", head, TensorBytes(short_bytes)).status().message()),
+              HasSubstr("x.datatype"));
+}
+
+}  // namespace
+}  // namespace moe
