@@ -188,8 +188,9 @@ absl::Status MoeLayerImpl::DropOverCapacity(SavedStep& s, ForwardWork& w) {
 
 absl::Status MoeLayerImpl::PlanRows(SavedStep& s, ForwardWork& w) {
   const int64_t E = config_.num_experts;
-  // 8. Padded rows per expert, the local layout's block starts; 9. all-gather the padded
-  // counts into A[R, E] (int64).
+  // The row counts of Forward 8 and 9 (the rows themselves move in PermuteAndDispatch): each
+  // expert's kept pairs padded to align_size give this rank's local layout; every rank's padded
+  // counts, all-gathered into A[R, E] (int64), give the dispatch plan.
   std::vector<int64_t> padded(E);
   w.expert_offsets.assign(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) {
