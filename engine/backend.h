@@ -1,10 +1,11 @@
 // The Backend seam: where a layer's tensors live and the kernels of one MoE step.
 //
-// The step itself (engine/moe_layer.cc) is written once against this interface; the CPU
-// backend (engine/cpu/) and the CUDA backend (engine/cuda/) implement it. Every pointer
-// passed to a kernel below is memory of this backend (host memory for the CPU backend,
-// device memory for CUDA) unless its comment says "host". Kernels are enqueued in order on
-// the backend's one stream and may run asynchronously; only CopyToHost and Synchronize wait.
+// The step itself (engine/moe_layer_forward.cc and moe_layer_backward.cc) is written once
+// against this interface; the CPU backend (engine/cpu/) and the CUDA backend (engine/cuda/)
+// implement it. Every pointer passed to a kernel below is memory of this backend (host memory
+// for the CPU backend, device memory for CUDA) unless its comment says "host". Kernels are
+// enqueued in order on the backend's one stream and may run asynchronously; only CopyToHost
+// and Synchronize wait.
 // No CUDA type appears here: the CUDA stream is handed around as an opaque pointer.
 //
 //   std::unique_ptr<Backend> backend = MakeCpuBackend();

@@ -1,5 +1,9 @@
-// The MoeLayer implementation class (private to the engine): parameter storage shared by
-// moe_layer.cc (Create, Forward, Backward) and moe_layer_params.cc (accessors, optimizer).
+// The MoeLayer implementation class (private to the engine). Its methods live in
+// moe_layer_forward.cc (Forward and its stages), moe_layer_backward.cc (Backward and its
+// stages), moe_layer_experts.cc (the expert FFN both ways) and moe_layer_params.cc (Create,
+// accessors, optimizer). Forward and Backward are short lists of stage calls, one per group
+// of docs/SPEC.md steps; each stage's comment below says which SavedStep fields and which
+// ForwardWork / BackwardWork fields it reads and writes.
 //
 //   auto layer = std::make_unique<MoeLayerImpl>(config, backend, comm);
 //   RETURN_IF_ERROR(layer->Init());
@@ -26,12 +30,12 @@ namespace moe {
 // (GetGradient, the optimizer, the bias-gradient sums) see zeros.
 struct LayerParam {
   std::string name;
-  std::vector<int64_t> shape;  // this rank's shard
-  bool has_grad = true;        // expert_bias has none
-  bool grad_zero = true;       // the gradient is all zero; `grad` holds stale bytes
+  std::vector<int64_t> shape;     // this rank's shard
+  bool has_grad = true;           // expert_bias has none
+  bool grad_zero = true;          // the gradient is all zero; `grad` holds stale bytes
   bool has_compute_copy = false;  // wi, wo under compute_dtype = BF16
   Buffer master, grad, compute;
-  Buffer m, v;                 // optimizer state (empty until needed)
+  Buffer m, v;  // optimizer state (empty until needed)
   int64_t count() const { return NumElements(shape); }
 };
 
@@ -39,8 +43,8 @@ struct LayerParam {
 struct SavedStep : public StepContext {
   const void* layer = nullptr;
   bool used = false;
-  int64_t tokens = 0;           // T on this rank
-  double global_tokens = 0;     // T_g
+  int64_t tokens = 0;        // T on this rank
+  double global_tokens = 0;  // T_g
   DType x_type = DType::kFloat32;
   std::vector<int64_t> global_counts;  // f [E]
   DispatchPlan plan;
@@ -61,6 +65,40 @@ struct SavedStep : public StepContext {
            y_local.size();
   }
 };
+
+// The forward's own buffers, passed from stage to stage and freed when Forward returns (what
+// Backward needs goes to SavedStep instead). Host fields that a stage uploads live here too:
+// an upload may be asynchronous, and Forward's final download waits for it.
+struct ForwardWork {
+  Buffer x_compute;  // [T, H] x in the compute dtype when that is BF16; empty for FP32
+  const void* x_experts = nullptr;  // what the experts read: x_compute or SavedStep::x32
+  // Step statistics, one buffer so that one copy brings them to the host:
+  //   double [E + 2]: [0, E) sum_t P[t, e], [E] sum_t lse^2, [E + 1] tokens (T, then T_g)
+  //   int32 [E]: (token, slot) pairs per expert before drops (local, then global f)
+  //   int32 [E]: pairs kept per expert after the capacity drop (local)
+  Buffer stats;
+  double local_tokens = 0;              // host source of stats' tokens entry
+  Buffer kept;                          // [T, k] uint8: 1 when the pair survives capacity
+  std::vector<double> loss_sums;        // [E + 2] host copy of stats' doubles (all-reduced)
+  std::vector<int32_t> kept_counts;     // [E] host copy of stats' kept counts (local)
+  std::vector<int64_t> expert_offsets;  // [E + 1] block starts of the local layout (padded)
+  Buffer y_expert;                      // [expert_rows, H] compute dtype, expert layout
+};
+
+// The backward's own buffers, passed from stage to stage (freed as soon as the next stage is
+// done with them, so the peak stays that of the unsplit backward).
+struct BackwardWork {
+  Buffer d_y_local;   // [local_rows, H] compute dtype; reused for d_X's return (R > 1)
+  Buffer d_probs;     // [T, k] fp32
+  Buffer d_x_expert;  // [expert_rows, H] compute dtype
+  Buffer d_x;         // [T, H] fp32, accumulated by Backward 4 and 6
+  std::vector<float> aux_grad_host;  // [E] host source of aux_grad (uploads may be async)
+  Buffer aux_grad;                   // [E] fp32 dL/dP, empty without an aux loss
+  Buffer d_logits;                   // [T, E] fp32
+};
+
+// OK when `x` is [T, hidden] and FP32 or BF16; INVALID_ARGUMENT naming `field` else.
+absl::Status CheckActivations(const char* field, const Tensor& x, int64_t hidden);
 
 // OK when `into` is null or has this dtype and shape; INVALID_ARGUMENT naming `field` else.
 absl::Status CheckOutputDestination(absl::string_view field, const Tensor* into, DType dtype,
@@ -113,10 +151,60 @@ class MoeLayerImpl : public MoeLayer {
   // returning a copy of *into; else a new tensor.
   absl::StatusOr<Tensor> DownloadInto(const Buffer& buffer, DType dtype,
                                       const std::vector<int64_t>& shape, Tensor* into) const;
-  // The FFN of the local experts on the expert layout (docs/SPEC.md Forward 10).
-  absl::Status ExpertsForward(const DispatchPlan& plan, const void* x_expert, void* h, void* act,
-                              void* y);
-  // docs/SPEC.md Backward 3: accumulates the expert gradients and writes d_x_expert.
+  // ---- Forward stages (moe_layer_forward.cc), in order ----
+  // Uploads x. Writes s.x32 ([T, H] fp32, the router's view) and w.x_compute /
+  // w.x_experts (the experts' view in the compute dtype).
+  absl::Status UploadInput(const Tensor& x, SavedStep& s, ForwardWork& w);
+  // Forward 1-6: logits and router, then the all-reduce of the step statistics. Reads s.x32;
+  // writes s.logits, s.scores, s.logsumexp, s.topk_expert, s.topk_weight, w.stats (its
+  // per-expert counts and loss sums all-reduced; kept counts not yet written).
+  absl::Status RouteTokens(SavedStep& s, ForwardWork& w);
+  // Forward 7: the capacity drop, then one copy of w.stats to the host. Reads s.topk_expert,
+  // s.topk_weight; writes w.kept,
+  // w.loss_sums, w.kept_counts, s.global_tokens and s.global_counts. INVALID_ARGUMENT when
+  // T_g exceeds int32 (on every rank alike).
+  absl::Status DropOverCapacity(SavedStep& s, ForwardWork& w);
+  // The row counts of Forward 8 (each expert's kept pairs padded to align_size) and 9 (all
+  // ranks' counts all-gathered into A[R, E]). Reads w.kept_counts; writes w.expert_offsets and
+  // s.plan. INVALID_ARGUMENT when a layout would exceed int32 rows (on every rank alike).
+  absl::Status PlanRows(SavedStep& s, ForwardWork& w);
+  // Forward 8-9: permute x's kept pairs into the local layout, then dispatch the rows to
+  // their experts' owners. Reads s.topk_expert, s.plan, w.kept, w.expert_offsets,
+  // w.x_experts; writes s.pair_row and s.x_expert (expert layout).
+  absl::Status PermuteAndDispatch(SavedStep& s, ForwardWork& w);
+  // Forward 10: the expert FFN (moe_layer_experts.cc). Reads s.plan, s.x_expert; writes s.h,
+  // s.act and w.y_expert.
+  absl::Status ExpertsForward(SavedStep& s, ForwardWork& w);
+  // Forward 11: return y to the local layout and combine it in slot order into x's dtype.
+  // Reads s.plan, s.pair_row, s.topk_weight, w.y_expert (consumed); writes s.y_local and the
+  // output (into `into` when non-null, as DownloadInto).
+  absl::StatusOr<Tensor> CombineOutput(SavedStep& s, ForwardWork& w, Tensor* into);
+  // Forward 5-6 values: aux and z-loss over T_g from w.loss_sums and s.global_counts, and
+  // tokens_per_expert; adds s.global_counts to accumulated_counts_.
+  void AddLosses(const SavedStep& s, const ForwardWork& w, ForwardResult& result);
+
+  // ---- Backward stages (moe_layer_backward.cc), in order ----
+  // Backward 1: reads d_out, s.y_local, s.pair_row, s.topk_weight, s.plan; writes
+  // w.d_y_local and w.d_probs.
+  absl::Status CombineBackward(const SavedStep& s, const Tensor& d_out, BackwardWork& w);
+  // Backward 2-3: dispatch d_y as Forward 9 dispatched x, then the expert FFN backward
+  // (accumulates the expert gradients). Reads w.d_y_local, s.plan and what
+  // ExpertsBackward reads; writes w.d_x_expert.
+  absl::Status DispatchExpertsBackward(const SavedStep& s, BackwardWork& w);
+  // Backward 4: return d_X to the local layout (into w.d_y_local), then
+  // d_x_t = sum_j d_X_(t,j). Reads s.plan, s.pair_row, w.d_x_expert; writes w.d_x (fp32) and
+  // frees w.d_y_local and w.d_x_expert.
+  absl::Status ReturnExpertGradients(const SavedStep& s, BackwardWork& w);
+  // Backward 5: reads s.logits, s.scores, s.logsumexp, s.topk_expert, s.global_tokens,
+  // s.global_counts, w.d_probs; writes w.aux_grad_host, w.aux_grad, w.d_logits.
+  absl::Status RouterBackward(const SavedStep& s, double d_aux, double d_z_loss, BackwardWork& w);
+  // Backward 6: d_x += d_z . gate^T; d_gate += all-reduce(x^T . d_z). Reads s.tokens, s.x32,
+  // w.d_logits; updates w.d_x and the gate gradient.
+  absl::Status GateBackward(const SavedStep& s, BackwardWork& w);
+  // Backward's output: w.d_x cast to s.x_type (into `into` when non-null, as DownloadInto).
+  absl::StatusOr<Tensor> DownloadInputGradient(const SavedStep& s, BackwardWork& w, Tensor* into);
+  // Backward 3 (moe_layer_experts.cc): accumulates the expert gradients from d_y (expert
+  // layout) and writes d_x_expert. Reads s.plan, s.x_expert, s.h, s.act.
   absl::Status ExpertsBackward(const SavedStep& s, const void* d_y, void* d_x_expert);
 
   const LayerConfig config_;
@@ -124,8 +212,8 @@ class MoeLayerImpl : public MoeLayer {
   Communicator* const comm_;
   const int rank_, ranks_;
   const int64_t local_experts_, first_expert_;
-  std::vector<LayerParam> params_;  // gate, [expert_bias], wi, wo, [wi_bias, wo_bias]
-  int64_t optimizer_step_ = 0;      // AdamW step count; 0 = no state yet
+  std::vector<LayerParam> params_;           // gate, [expert_bias], wi, wo, [wi_bias, wo_bias]
+  int64_t optimizer_step_ = 0;               // AdamW step count; 0 = no state yet
   std::vector<int64_t> accumulated_counts_;  // [E] global counts since UpdateExpertBias
 };
 

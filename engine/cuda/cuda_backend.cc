@@ -223,8 +223,8 @@ absl::Status CudaBackend::CheckGemm(const GemmArgs& g) const {
     return absl::InvalidArgumentError(absl::StrCat("Gemm: ", what));
   };
   if (g.m < 0 || g.n < 0 || g.k < 0) return bad("negative dimension");
-  if (g.ab_type != DType::kFloat32 && g.ab_type != DType::kBFloat16) return bad("ab_type");
-  if (g.c_type != DType::kFloat32 && g.c_type != DType::kBFloat16) return bad("c_type");
+  if (!IsKernelType(g.ab_type)) return bad("ab_type");
+  if (!IsKernelType(g.c_type)) return bad("c_type");
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
   if (g.c == nullptr || g.ldc < g.n) return bad("c is null or ldc < n");
   if (g.k == 0) return absl::OkStatus();
@@ -299,11 +299,10 @@ absl::Status CudaBackend::Convert(const void* src, DType src_type, void* dst, DT
                                   int64_t count) {
   if (count < 0) return absl::InvalidArgumentError("Convert: negative count");
   if (count == 0) return absl::OkStatus();
-  auto floating = [](DType t) { return t == DType::kFloat32 || t == DType::kBFloat16; };
   if (src == nullptr || dst == nullptr) return absl::InvalidArgumentError("Convert: null pointer");
   RETURN_IF_ERROR(Activate());
   if (src_type == dst_type) return Copy(dst, src, count * DTypeSize(src_type));
-  if (!floating(src_type) || !floating(dst_type)) {
+  if (!IsKernelType(src_type) || !IsKernelType(dst_type)) {
     return absl::InvalidArgumentError(absl::StrCat("Convert: ", DTypeName(src_type), " -> ",
                                                    DTypeName(dst_type), " unsupported"));
   }

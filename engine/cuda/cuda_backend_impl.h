@@ -20,6 +20,10 @@
 namespace moe {
 namespace cuda {
 
+// The dtypes the kernels take (KType). Entry points refuse others with INVALID_ARGUMENT before
+// any launch, so ToKType only ever sees these; the launchers' type switches (type_switch.cuh)
+// turn the KType into a template argument.
+inline bool IsKernelType(DType t) { return t == DType::kFloat32 || t == DType::kBFloat16; }
 inline KType ToKType(DType t) { return t == DType::kBFloat16 ? KType::kBF16 : KType::kF32; }
 
 class CudaBackend : public Backend {

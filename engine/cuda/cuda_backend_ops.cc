@@ -15,8 +15,6 @@ absl::Status Invalid(const char* op, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(op, ": ", what));
 }
 
-bool Floating(DType t) { return t == DType::kFloat32 || t == DType::kBFloat16; }
-
 absl::StatusOr<RouterParams> MakeRouterParams(const LayerConfig* c, int64_t tokens,
                                               const char* op) {
   if (c == nullptr) return Invalid(op, "config is null");
@@ -167,7 +165,7 @@ absl::Status CudaBackend::CombineRows(const void* y, DType y_type, const int32_t
                                       const float* weight, int64_t tokens, int64_t top_k,
                                       int64_t width, void* out, DType out_type) {
   if (tokens < 0 || top_k < 0 || width < 0) return Invalid("CombineRows", "negative size");
-  if (!Floating(y_type) || !Floating(out_type)) return Invalid("CombineRows", "dtype");
+  if (!IsKernelType(y_type) || !IsKernelType(out_type)) return Invalid("CombineRows", "dtype");
   if (tokens == 0 || width == 0) return absl::OkStatus();
   // y may be null when every pair was dropped (no rows at all).
   if (out == nullptr || (top_k > 0 && pair_row == nullptr)) {
@@ -188,7 +186,9 @@ absl::Status CudaBackend::CombineBackward(const void* d_out, DType d_out_type, c
   if (tokens < 0 || top_k < 0 || width < 0 || total_rows < 0) {
     return Invalid("CombineBackward", "negative size");
   }
-  if (!Floating(y_type) || !Floating(d_out_type)) return Invalid("CombineBackward", "dtype");
+  if (!IsKernelType(y_type) || !IsKernelType(d_out_type)) {
+    return Invalid("CombineBackward", "dtype");
+  }
   // y may be null when there are no rows (every pair dropped).
   if ((total_rows > 0 && width > 0 && (d_y == nullptr || y == nullptr)) ||
       (tokens > 0 && top_k > 0 &&
@@ -208,7 +208,7 @@ absl::Status CudaBackend::CombineBackward(const void* d_out, DType d_out_type, c
 
 absl::Status CudaBackend::ActivationForward(const ActivationArgs& a) {
   if (a.rows < 0 || a.ffn < 0) return Invalid("ActivationForward", "negative size");
-  if (!Floating(a.dtype)) return Invalid("ActivationForward", "dtype");
+  if (!IsKernelType(a.dtype)) return Invalid("ActivationForward", "dtype");
   if (a.rows == 0 || a.ffn == 0) return absl::OkStatus();
   if (a.h == nullptr || a.a == nullptr) return Invalid("ActivationForward", "null pointer");
   const int64_t up = a.gated ? 2 * a.ffn : a.ffn;
@@ -222,7 +222,7 @@ absl::Status CudaBackend::ActivationForward(const ActivationArgs& a) {
 
 absl::Status CudaBackend::ActivationBackward(const ActivationArgs& a) {
   if (a.rows < 0 || a.ffn < 0) return Invalid("ActivationBackward", "negative size");
-  if (!Floating(a.dtype)) return Invalid("ActivationBackward", "dtype");
+  if (!IsKernelType(a.dtype)) return Invalid("ActivationBackward", "dtype");
   if (a.rows == 0 || a.ffn == 0) return absl::OkStatus();
   if (a.h == nullptr || a.d_a == nullptr || a.d_h == nullptr) {
     return Invalid("ActivationBackward", "null pointer");
@@ -237,7 +237,7 @@ absl::Status CudaBackend::ActivationBackward(const ActivationArgs& a) {
 absl::Status CudaBackend::AddGroupBias(void* y, DType dtype, const float* bias, int64_t width,
                                        GroupRows group_rows) {
   if (width < 0) return Invalid("AddGroupBias", "negative width");
-  if (!Floating(dtype)) return Invalid("AddGroupBias", "dtype");
+  if (!IsKernelType(dtype)) return Invalid("AddGroupBias", "dtype");
   for (int64_t r : group_rows) {
     if (r < 0) return Invalid("AddGroupBias", "negative group rows");
   }
@@ -254,7 +254,7 @@ absl::Status CudaBackend::AddGroupBias(void* y, DType dtype, const float* bias, 
 absl::Status CudaBackend::GroupBiasGrad(const void* d_y, DType dtype, int64_t width,
                                         GroupRows group_rows, float* d_bias) {
   if (width < 0) return Invalid("GroupBiasGrad", "negative width");
-  if (!Floating(dtype)) return Invalid("GroupBiasGrad", "dtype");
+  if (!IsKernelType(dtype)) return Invalid("GroupBiasGrad", "dtype");
   for (int64_t r : group_rows) {
     if (r < 0) return Invalid("GroupBiasGrad", "negative group rows");
   }

@@ -5,8 +5,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "engine/cuda/kernels.cuh"
+#include "engine/cuda/type_switch.cuh"
 #include "engine/cuda/vec.cuh"
 
 namespace moe {
@@ -202,25 +204,14 @@ int LaunchActivationForward(ActKind act, bool gated, int64_t rows, int64_t ffn, 
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool vec = CanVec8(ffn, h, a);
   const int threads = ThreadsFor(vec ? ffn / 8 : ffn);
-  if (type == KType::kBF16) {
-    using B = __nv_bfloat16;
-    if (vec) {
-      ActForwardKernel<8, B><<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const B*>(h),
-                                                      static_cast<B*>(a));
-    } else {
-      ActForwardKernel<1, B><<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const B*>(h),
-                                                      static_cast<B*>(a));
-    }
-  } else {
-    if (vec) {
-      ActForwardKernel<8, float><<<rows, threads, 0, s>>>(
-          act, gated, ffn, static_cast<const float*>(h), static_cast<float*>(a));
-    } else {
-      ActForwardKernel<1, float><<<rows, threads, 0, s>>>(
-          act, gated, ffn, static_cast<const float*>(h), static_cast<float*>(a));
-    }
-  }
-  return cudaGetLastError();
+  return SwitchVec8(vec, [&](auto v) {
+    return SwitchType(type, [&](auto t) {
+      using T = typename decltype(t)::type;
+      ActForwardKernel<decltype(v)::value, T>
+          <<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const T*>(h), static_cast<T*>(a));
+      return static_cast<int>(cudaGetLastError());
+    });
+  });
 }
 
 int LaunchActivationBackward(ActKind act, bool gated, int64_t rows, int64_t ffn, KType type,
@@ -229,29 +220,15 @@ int LaunchActivationBackward(ActKind act, bool gated, int64_t rows, int64_t ffn,
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool vec = CanVec8(ffn, h, d_a, d_h);
   const int threads = ThreadsFor(vec ? ffn / 8 : ffn);
-  if (type == KType::kBF16) {
-    using B = __nv_bfloat16;
-    if (vec) {
-      ActBackwardKernel<8, B><<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const B*>(h),
-                                                       static_cast<const B*>(d_a),
-                                                       static_cast<B*>(d_h));
-    } else {
-      ActBackwardKernel<1, B><<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const B*>(h),
-                                                       static_cast<const B*>(d_a),
-                                                       static_cast<B*>(d_h));
-    }
-  } else {
-    if (vec) {
-      ActBackwardKernel<8, float><<<rows, threads, 0, s>>>(
-          act, gated, ffn, static_cast<const float*>(h), static_cast<const float*>(d_a),
-          static_cast<float*>(d_h));
-    } else {
-      ActBackwardKernel<1, float><<<rows, threads, 0, s>>>(
-          act, gated, ffn, static_cast<const float*>(h), static_cast<const float*>(d_a),
-          static_cast<float*>(d_h));
-    }
-  }
-  return cudaGetLastError();
+  return SwitchVec8(vec, [&](auto v) {
+    return SwitchType(type, [&](auto t) {
+      using T = typename decltype(t)::type;
+      ActBackwardKernel<decltype(v)::value, T>
+          <<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const T*>(h),
+                                    static_cast<const T*>(d_a), static_cast<T*>(d_h));
+      return static_cast<int>(cudaGetLastError());
+    });
+  });
 }
 
 int LaunchAddGroupBias(void* y, KType type, const float* bias, int64_t width,
@@ -260,13 +237,11 @@ int LaunchAddGroupBias(void* y, KType type, const float* bias, int64_t width,
   if (rows == 0 || width == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int threads = ThreadsFor(width);
-  if (type == KType::kBF16) {
-    AddGroupBiasKernel<__nv_bfloat16><<<rows, threads, 0, s>>>(
-        static_cast<__nv_bfloat16*>(y), bias, width, table);
-  } else {
-    AddGroupBiasKernel<float><<<rows, threads, 0, s>>>(static_cast<float*>(y), bias, width, table);
-  }
-  return cudaGetLastError();
+  return SwitchType(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    AddGroupBiasKernel<T><<<rows, threads, 0, s>>>(static_cast<T*>(y), bias, width, table);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 int LaunchGroupBiasGrad(const void* d_y, KType type, int64_t width, const GroupTable& table,
@@ -274,33 +249,29 @@ int LaunchGroupBiasGrad(const void* d_y, KType type, int64_t width, const GroupT
   if (table.count == 0 || width == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   dim3 grid(static_cast<unsigned>((width + 127) / 128), table.count);
-  if (type == KType::kBF16) {
-    GroupBiasGradKernel<__nv_bfloat16><<<grid, 128, 0, s>>>(
-        static_cast<const __nv_bfloat16*>(d_y), width, table, d_bias);
-  } else {
-    GroupBiasGradKernel<float><<<grid, 128, 0, s>>>(static_cast<const float*>(d_y), width, table,
-                                                    d_bias);
-  }
-  return cudaGetLastError();
+  return SwitchType(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    GroupBiasGradKernel<T><<<grid, 128, 0, s>>>(static_cast<const T*>(d_y), width, table, d_bias);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 int LaunchConvert(const void* src, KType src_type, void* dst, KType dst_type, int64_t count,
                   void* stream) {
   if (count == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  using B = __nv_bfloat16;
-  if (src_type == dst_type) {
-    const size_t bytes = count * (src_type == KType::kBF16 ? 2 : 4);
-    return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
-  }
-  if (src_type == KType::kF32) {
-    ConvertKernel<float, B><<<GridFor(count), 256, 0, s>>>(static_cast<const float*>(src),
-                                                           static_cast<B*>(dst), count);
-  } else {
-    ConvertKernel<B, float><<<GridFor(count), 256, 0, s>>>(static_cast<const B*>(src),
-                                                           static_cast<float*>(dst), count);
-  }
-  return cudaGetLastError();
+  return SwitchTypes(src_type, dst_type, [&](auto src_tag, auto dst_tag) {
+    using S = typename decltype(src_tag)::type;
+    using D = typename decltype(dst_tag)::type;
+    if constexpr (std::is_same_v<S, D>) {
+      return static_cast<int>(
+          cudaMemcpyAsync(dst, src, count * sizeof(S), cudaMemcpyDeviceToDevice, s));
+    } else {
+      ConvertKernel<S, D>
+          <<<GridFor(count), 256, 0, s>>>(static_cast<const S*>(src), static_cast<D*>(dst), count);
+      return static_cast<int>(cudaGetLastError());
+    }
+  });
 }
 
 int LaunchAddInPlace(float* dst, const float* src, int64_t count, void* stream) {
@@ -313,14 +284,12 @@ int LaunchScale(void* data, KType type, float alpha, int64_t rows, int64_t cols,
                 void* stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (type == KType::kBF16) {
-    ScaleKernel<__nv_bfloat16><<<GridFor(rows * cols), 256, 0, s>>>(
-        static_cast<__nv_bfloat16*>(data), alpha, rows, cols, ld);
-  } else {
-    ScaleKernel<float><<<GridFor(rows * cols), 256, 0, s>>>(static_cast<float*>(data), alpha,
-                                                            rows, cols, ld);
-  }
-  return cudaGetLastError();
+  return SwitchType(type, [&](auto t) {
+    using T = typename decltype(t)::type;
+    ScaleKernel<T>
+        <<<GridFor(rows * cols), 256, 0, s>>>(static_cast<T*>(data), alpha, rows, cols, ld);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 int LaunchOptimizerStep(const OptimizerParams& p, float* param, const float* grad,

@@ -15,6 +15,7 @@
 #include <algorithm>
 
 #include "engine/cuda/kernels.cuh"
+#include "engine/cuda/type_switch.cuh"
 #include "engine/cuda/vec.cuh"
 
 namespace moe {
@@ -373,22 +374,14 @@ int LaunchCombineRows(const void* y, KType y_type, const int32_t* pair_row, cons
   if (tokens == 0 || width == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool vec = CanVec8(width, y, out);
-  using F = float;
-  using B = __nv_bfloat16;
-  auto launch = [&](auto fn) { fn(y, pair_row, weight, tokens, top_k, width, out, s); };
-  const bool yb = y_type == KType::kBF16, ob = out_type == KType::kBF16;
-  if (vec) {
-    if (!yb && !ob) launch(LaunchCombineTyped<8, F, F>);
-    if (!yb && ob) launch(LaunchCombineTyped<8, F, B>);
-    if (yb && !ob) launch(LaunchCombineTyped<8, B, F>);
-    if (yb && ob) launch(LaunchCombineTyped<8, B, B>);
-  } else {
-    if (!yb && !ob) launch(LaunchCombineTyped<1, F, F>);
-    if (!yb && ob) launch(LaunchCombineTyped<1, F, B>);
-    if (yb && !ob) launch(LaunchCombineTyped<1, B, F>);
-    if (yb && ob) launch(LaunchCombineTyped<1, B, B>);
-  }
-  return cudaGetLastError();
+  return SwitchVec8(vec, [&](auto v) {
+    return SwitchTypes(y_type, out_type, [&](auto y_tag, auto out_tag) {
+      LaunchCombineTyped<decltype(v)::value, typename decltype(y_tag)::type,
+                         typename decltype(out_tag)::type>(y, pair_row, weight, tokens, top_k,
+                                                           width, out, s);
+      return static_cast<int>(cudaGetLastError());
+    });
+  });
 }
 
 int LaunchCombineBackward(const void* d_out, KType d_out_type, const void* y, KType y_type,
@@ -397,24 +390,14 @@ int LaunchCombineBackward(const void* d_out, KType d_out_type, const void* y, KT
   if (tokens == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool vec = CanVec8(width, d_out, y, d_y);
-  using F = float;
-  using B = __nv_bfloat16;
-  auto launch = [&](auto fn) {
-    fn(d_out, y, pair_row, weight, tokens, top_k, width, d_y, d_weight, s);
-  };
-  const bool db = d_out_type == KType::kBF16, yb = y_type == KType::kBF16;
-  if (vec) {
-    if (!db && !yb) launch(LaunchCombineBackwardTyped<8, F, F>);
-    if (!db && yb) launch(LaunchCombineBackwardTyped<8, F, B>);
-    if (db && !yb) launch(LaunchCombineBackwardTyped<8, B, F>);
-    if (db && yb) launch(LaunchCombineBackwardTyped<8, B, B>);
-  } else {
-    if (!db && !yb) launch(LaunchCombineBackwardTyped<1, F, F>);
-    if (!db && yb) launch(LaunchCombineBackwardTyped<1, F, B>);
-    if (db && !yb) launch(LaunchCombineBackwardTyped<1, B, F>);
-    if (db && yb) launch(LaunchCombineBackwardTyped<1, B, B>);
-  }
-  return cudaGetLastError();
+  return SwitchVec8(vec, [&](auto v) {
+    return SwitchTypes(d_out_type, y_type, [&](auto d_out_tag, auto y_tag) {
+      LaunchCombineBackwardTyped<decltype(v)::value, typename decltype(d_out_tag)::type,
+                                 typename decltype(y_tag)::type>(d_out, y, pair_row, weight, tokens,
+                                                                 top_k, width, d_y, d_weight, s);
+      return static_cast<int>(cudaGetLastError());
+    });
+  });
 }
 
 }  // namespace cuda

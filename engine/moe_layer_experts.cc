@@ -1,0 +1,154 @@
+// The expert FFN of the local experts on the expert layout, both ways (docs/SPEC.md Forward 10,
+// Backward 3): per-expert GEMMs (one GroupedGemm call per projection), the activation and the
+// biases. GEMMs accumulate in fp32; weight gradients are fp32 and accumulate across backwards.
+#include "engine/moe_layer_impl.h"
+#include "engine/status_macros.h"
+
+namespace moe {
+namespace {
+
+// Per local expert GEMMs over the expert layout: rows [offset, offset + group_rows[el]).
+template <typename MakeGemm>
+absl::Status PerExpert(Backend* backend, const std::vector<int64_t>& group_rows,
+                       const MakeGemm& make) {
+  std::vector<GemmArgs> gemms;
+  int64_t offset = 0;
+  for (size_t el = 0; el < group_rows.size(); ++el) {
+    gemms.push_back(make(static_cast<int64_t>(el), offset, group_rows[el]));
+    offset += group_rows[el];
+  }
+  return backend->GroupedGemm(gemms);
+}
+
+}  // namespace
+
+absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
+  const LayerConfig& c = config_;
+  const DType cd = c.compute_dtype;
+  const size_t cs = DTypeSize(cd);
+  const int64_t H = c.hidden, F = c.ffn, up = UpWidth(c);
+  const DispatchPlan& plan = s.plan;
+  ASSIGN_OR_RETURN(s.h, backend_->Allocate(plan.expert_rows * up * cs));
+  ASSIGN_OR_RETURN(s.act, backend_->Allocate(plan.expert_rows * F * cs));
+  ASSIGN_OR_RETURN(w.y_expert, backend_->Allocate(plan.expert_rows * H * cs));
+  const void* x_expert = s.x_expert.data();
+  void* h = s.h.data();
+  void* act = s.act.data();
+  void* y = w.y_expert.data();
+  const char* wi = static_cast<const char*>(ComputeWeights(*Find("wi")));
+  const char* wo = static_cast<const char*>(ComputeWeights(*Find("wo")));
+  // h = X_e . wi_e   ([rows, H] x [H, up])
+  RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
+    GemmArgs g;
+    g.m = m, g.n = up, g.k = H;
+    g.a = static_cast<const char*>(x_expert) + off * H * cs, g.lda = H;
+    g.b = wi + el * H * up * cs, g.ldb = up;
+    g.c = static_cast<char*>(h) + off * up * cs, g.ldc = up;
+    g.ab_type = cd, g.c_type = cd;
+    return g;
+  }));
+  ActivationArgs aa;
+  aa.activation = c.activation, aa.gated = c.gated, aa.rows = plan.expert_rows, aa.ffn = F;
+  aa.dtype = cd, aa.h = h, aa.a = act;
+  aa.up_bias = c.use_bias ? Find("wi_bias")->master.as<float>() : nullptr;
+  aa.group_rows = plan.group_rows;
+  RETURN_IF_ERROR(backend_->ActivationForward(aa));
+  // y = a . wo_e   ([rows, F] x [F, H])
+  RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
+    GemmArgs g;
+    g.m = m, g.n = H, g.k = F;
+    g.a = static_cast<const char*>(act) + off * F * cs, g.lda = F;
+    g.b = wo + el * F * H * cs, g.ldb = H;
+    g.c = static_cast<char*>(y) + off * H * cs, g.ldc = H;
+    g.ab_type = cd, g.c_type = cd;
+    return g;
+  }));
+  if (c.use_bias) {
+    RETURN_IF_ERROR(
+        backend_->AddGroupBias(y, cd, Find("wo_bias")->master.as<float>(), H, plan.group_rows));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, void* d_x_expert) {
+  const LayerConfig& c = config_;
+  const DType cd = c.compute_dtype;
+  const size_t cs = DTypeSize(cd);
+  const int64_t H = c.hidden, F = c.ffn, up = UpWidth(c);
+  const DispatchPlan& plan = s.plan;
+  LayerParam& wi = *Find("wi");
+  LayerParam& wo = *Find("wo");
+  const char* wi_c = static_cast<const char*>(ComputeWeights(wi));
+  const char* wo_c = static_cast<const char*>(ComputeWeights(wo));
+  const char* dy = static_cast<const char*>(d_y);
+  ASSIGN_OR_RETURN(Buffer d_act, backend_->Allocate(plan.expert_rows * F * cs));
+  // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H])
+  RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
+    GemmArgs g;
+    g.trans_b = true;
+    g.m = m, g.n = F, g.k = H;
+    g.a = dy + off * H * cs, g.lda = H;
+    g.b = wo_c + el * F * H * cs, g.ldb = H;
+    g.c = d_act.as<char>() + off * F * cs, g.ldc = F;
+    g.ab_type = cd, g.c_type = cd;
+    return g;
+  }));
+  // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]), fp32 gradient; written (beta = 0) when it is
+  // lazily zero (LayerParam), which covers every expert's slice, k = 0 ones included.
+  const float wo_beta = wo.grad_zero ? 0.0f : 1.0f;
+  RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
+    GemmArgs g;
+    g.trans_a = true;
+    g.m = F, g.n = H, g.k = m;
+    g.a = s.act.as<char>() + off * F * cs, g.lda = F;
+    g.b = dy + off * H * cs, g.ldb = H;
+    g.c = wo.grad.as<float>() + el * F * H, g.ldc = H;
+    g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = wo_beta;
+    return g;
+  }));
+  wo.grad_zero = false;
+  if (c.use_bias) {
+    LayerParam& wo_bias = *Find("wo_bias");
+    RETURN_IF_ERROR(MaterializeGradient(wo_bias));
+    RETURN_IF_ERROR(backend_->GroupBiasGrad(d_y, cd, H, plan.group_rows, wo_bias.grad.as<float>()));
+  }
+  ASSIGN_OR_RETURN(Buffer d_h, backend_->Allocate(plan.expert_rows * up * cs));
+  ActivationArgs aa;
+  aa.activation = c.activation, aa.gated = c.gated, aa.rows = plan.expert_rows, aa.ffn = F;
+  aa.dtype = cd, aa.h = s.h.data(), aa.d_a = d_act.data(), aa.d_h = d_h.data();
+  aa.group_rows = plan.group_rows;
+  RETURN_IF_ERROR(backend_->ActivationBackward(aa));
+  d_act.Reset();
+  // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up]); written when lazily zero, as d_wo.
+  const float wi_beta = wi.grad_zero ? 0.0f : 1.0f;
+  RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
+    GemmArgs g;
+    g.trans_a = true;
+    g.m = H, g.n = up, g.k = m;
+    g.a = s.x_expert.as<char>() + off * H * cs, g.lda = H;
+    g.b = d_h.as<char>() + off * up * cs, g.ldb = up;
+    g.c = wi.grad.as<float>() + el * H * up, g.ldc = up;
+    g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = wi_beta;
+    return g;
+  }));
+  wi.grad_zero = false;
+  if (c.use_bias) {
+    LayerParam& wi_bias = *Find("wi_bias");
+    RETURN_IF_ERROR(MaterializeGradient(wi_bias));
+    RETURN_IF_ERROR(
+        backend_->GroupBiasGrad(d_h.data(), cd, up, plan.group_rows, wi_bias.grad.as<float>()));
+  }
+  // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up])
+  return PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
+    GemmArgs g;
+    g.trans_b = true;
+    g.m = m, g.n = H, g.k = up;
+    g.a = d_h.as<char>() + off * up * cs, g.lda = up;
+    g.b = wi_c + el * H * up * cs, g.ldb = up;
+    g.c = static_cast<char*>(d_x_expert) + off * H * cs, g.ldc = H;
+    g.ab_type = cd, g.c_type = cd;
+    return g;
+  });
+}
+
+}  // namespace moe
