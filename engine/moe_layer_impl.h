@@ -2,7 +2,7 @@
 // moe_layer.cc (Create, Forward, Backward) and moe_layer_params.cc (accessors, optimizer).
 //
 //   auto layer = std::make_unique<MoeLayerImpl>(config, backend, comm);
-//   RETURN_IF_ERROR(layer->Init());
+//   RETURN_IF_ERROR(layer->Init(/*cancelled=*/nullptr));
 #ifndef MOED_ENGINE_MOE_LAYER_IMPL_H_
 #define MOED_ENGINE_MOE_LAYER_IMPL_H_
 
@@ -65,7 +65,8 @@ struct SavedStep : public StepContext {
 class MoeLayerImpl : public MoeLayer {
  public:
   MoeLayerImpl(const LayerConfig& config, Backend* backend, Communicator* comm);
-  absl::Status Init();  // allocates and initialises every parameter
+  // Allocates and initialises every parameter; `cancelled` as in MoeLayer::Create.
+  absl::Status Init(const std::function<bool()>& cancelled);
 
   const LayerConfig& config() const override { return config_; }
   int64_t first_expert() const override { return first_expert_; }

@@ -33,8 +33,8 @@ grpc::Status MoeServiceImpl::DoSaveCheckpoint(grpc::ServerContextBase* context,
     call.set_generation(turn->set.generation);
     call.set_layer_id(turn->layer().id);
     call.set_directory(staging.path);
-    absl::Status saved = pool_->ForEachWorker(
-        turn->set, InternalDeadline(context, true),
+    absl::Status saved = FanOutOnLayer(
+        *turn, InternalDeadline(context, true),
         [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
           internal::WorkerEmpty empty;
           return FromGrpcStatus(stub->SaveCheckpoint(ctx, call, &empty));

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,13 @@ namespace moe {
 namespace {
 
 grpc::Status Grpc(const absl::Status& s) { return ToGrpcStatus(s); }
+
+// The caller cancelled the call or its deadline passed (checked directly as well: the
+// synchronous API may learn of the deadline only when it next touches the call).
+bool CallCancelled(grpc::ServerContext* context) {
+  return context->IsCancelled() ||
+         std::chrono::system_clock::now() > context->deadline();
+}
 
 // The worker's phases of a step; the clock's next lap is the encode.
 void FillTiming(PhaseClock& clock, double decode_ms, double engine_ms, size_t bytes_in,
@@ -136,9 +144,12 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
+grpc::Status WorkerService::CreateLayer(grpc::ServerContext* context,
                                         const internal::WorkerCreateLayerRequest* request,
                                         internal::WorkerCreateLayerResponse* response) {
+  // The front end gave up (its deadline, or its client's cancellation): initialisation stops
+  // between groups of experts, and the layer is not registered.
+  const std::function<bool()> cancelled = [context] { return CallCancelled(context); };
   absl::StatusOr<LayerConfig> config = ConfigFromProto(request->config());
   if (!config.ok()) return Grpc(config.status());
   std::string prefix;
@@ -176,7 +187,7 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
       CheckConfigAgreement(*config, slot->device.backend.get(), slot->device.comm.get());
   if (!agree.ok()) return Grpc(agree);
   absl::StatusOr<std::unique_ptr<MoeLayer>> layer =
-      MoeLayer::Create(*config, slot->device.backend.get(), slot->device.comm.get());
+      MoeLayer::Create(*config, slot->device.backend.get(), slot->device.comm.get(), cancelled);
   if (!layer.ok()) return Grpc(layer.status());
   slot->layer = std::move(*layer);
   if (request->restore()) {
@@ -200,6 +211,7 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
   UpdateMemory(slot.get());
   response->set_first_expert(slot->layer->first_expert());
   response->set_local_experts(slot->layer->local_experts());
+  if (cancelled()) return Grpc(absl::CancelledError("CreateLayer cancelled by the front end"));
   absl::MutexLock lock(&mu_);
   if (request->generation() != generation_) {
     return Grpc(absl::FailedPreconditionError("generation changed during CreateLayer"));
