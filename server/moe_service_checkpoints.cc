@@ -63,24 +63,48 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
                      TakeTurn(found, context, /*require_serving=*/true, /*allow_diverged=*/true));
     Layer& layer = turn->layer();
+    // Two phases: every worker reads and verifies its files (STAGE, changes nothing); only
+    // when all succeeded does any install them (COMMIT). A bad checkpoint therefore fails
+    // with the layer untouched and not diverged; only a COMMIT that fails part-way (a crash,
+    // a worker that stops answering) diverges it.
     internal::WorkerCheckpointRequest call;
     call.set_generation(turn->set.generation);
     call.set_layer_id(layer.id);
     call.set_directory(directory);
-    // The workers drop their saved steps of this layer on load.
+    call.set_stage_id(next_step_id_++);  // unique per server
+    auto send = [&](internal::CheckpointPhase phase) {
+      call.set_phase(phase);
+      return [&call](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+        internal::WorkerEmpty empty;
+        return FromGrpcStatus(stub->LoadCheckpoint(ctx, call, &empty));
+      };
+    };
+    // The client's deadline applies: a stage changes nothing, and a worker whose stage call
+    // was given up keeps nothing of it.
+    absl::Status staged = FanOutOnLayer(*turn, InternalDeadline(context, false),
+                                        send(internal::CHECKPOINT_STAGE), /*collective=*/false);
+    if (!staged.ok()) {
+      // Frees what the other workers staged (not after a deadline: the stage calls still
+      // running keep nothing, and the layer's turn now waits for them).
+      absl::StatusOr<WorkerSet> set = pool_->Serving();
+      if (!absl::IsDeadlineExceeded(staged) && set.ok() &&
+          set->generation == turn->set.generation) {
+        pool_
+            ->ForEachWorker(turn->set, absl::Now() + options_.step_timeout,
+                            send(internal::CHECKPOINT_ABORT), /*collective=*/false)
+            .IgnoreError();
+      }
+      return staged;
+    }
+    // The workers drop their saved steps of this layer on commit.
     {
       absl::MutexLock lock(&layer.mu);
       layer.saved.clear();
       layer.saved_bytes = 0;
       layer.accumulated.assign(layer.config.num_experts, 0);
     }
-    RETURN_IF_ERROR(ChangeOnWorkers(
-        *turn, "LoadCheckpoint", InternalDeadline(context, true),
-        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-          internal::WorkerEmpty empty;
-          return FromGrpcStatus(stub->LoadCheckpoint(ctx, call, &empty));
-        },
-        /*collective=*/true));
+    RETURN_IF_ERROR(ChangeOnWorkers(*turn, "LoadCheckpoint", InternalDeadline(context, true),
+                                    send(internal::CHECKPOINT_COMMIT), /*collective=*/false));
     absl::MutexLock lock(&layer.mu);
     layer.weights_reset = false;
     layer.ClearDiverged();

@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "engine/checkpoint.h"
 #include "engine/comm/kv_store.h"
 #include "engine/moe_layer.h"
 #include "proto/worker.grpc.pb.h"
@@ -112,11 +113,16 @@ class WorkerService final : public internal::Worker::Service {
     WorkerDevice device ABSL_GUARDED_BY(mu);
     std::unique_ptr<MoeLayer> layer ABSL_GUARDED_BY(mu);
     std::map<uint64_t, std::unique_ptr<StepContext>> steps ABSL_GUARDED_BY(mu);
+    // A checkpoint read and verified by LoadCheckpoint's STAGE phase, awaiting COMMIT.
+    uint64_t stage_id ABSL_GUARDED_BY(mu) = 0;
+    std::unique_ptr<StagedCheckpoint> staged ABSL_GUARDED_BY(mu);
     std::atomic<int64_t> memory_bytes{0};  // backend bytes after the last call (telemetry)
     std::atomic<int64_t> peak_bytes{0};
     ~LayerSlot();
   };
 
+  // The front end gave up on the call: cancelled, or its deadline passed.
+  static bool CallCancelled(grpc::ServerContext* context);
   // The slot of `layer_id` in `generation`: FAILED_PRECONDITION for another generation,
   // NOT_FOUND for an unknown layer.
   absl::StatusOr<std::shared_ptr<LayerSlot>> FindSlot(int64_t generation, uint64_t layer_id);
