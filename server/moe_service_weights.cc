@@ -96,6 +96,11 @@ absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& la
   const auto by_name = LayoutByName(layer.config);
   const int ranks = set.size();
   std::vector<std::vector<NamedTensor>> shards(ranks);
+  // Reads only: the client's deadline and cancellation stop the workers' streams (their next
+  // chunk write fails).
+  FanOutOptions options;
+  options.cancelled = [context] { return context->IsCancelled(); };
+  FanOutOutcome outcome;
   RETURN_IF_ERROR(pool_->ForEachWorker(
       set, InternalDeadline(context, false),
       [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) -> absl::Status {
@@ -123,7 +128,7 @@ absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& la
         ASSIGN_OR_RETURN(shards[r], assembler.Finish());
         return absl::OkStatus();
       },
-      /*collective=*/false));
+      options, &outcome));
   for (const std::string& name : names) {
     const ParameterLayout& p = by_name.at(name);
     Tensor whole = Tensor::Zeros(DType::kFloat32, p.shape);

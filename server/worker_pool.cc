@@ -288,8 +288,7 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
       if (!QuickPing(set.stubs[r].get(), options_.ping_timeout).ok()) {
         MarkDead(r, absl::StrCat("call failed (", results[r].message(),
                                  ") and the worker does not answer pings"));
-      } else if (results[r].code() == absl::StatusCode::kDeadlineExceeded &&
-                 ended[r] >= deadline) {
+      } else if (results[r].code() == absl::StatusCode::kDeadlineExceeded && ended[r] >= deadline) {
         ++overdue;  // alive, and still busy with the call (or just finished it)
       }
     }
@@ -312,9 +311,9 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
   if (overdue == failed) {
     // Only slow, not broken: the ranks finish the call by themselves (a collective's ranks
     // all run it to its end, or fail it alike after --collective_timeout_ms).
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the workers did not finish within the deadline (", overdue, " of ", n,
-        " still running it; they finish it and its result is dropped)"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("the workers did not finish within the deadline (", overdue, " of ", n,
+                     " still running it; they finish it and its result is dropped)"));
   }
   if (options.collective && (failed < n || transport_failures > 0)) {
     Restart("a collective call failed on some workers");

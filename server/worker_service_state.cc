@@ -113,8 +113,7 @@ grpc::Status WorkerService::LoadCheckpoint(grpc::ServerContext* context,
     switch (request->phase()) {
       case internal::CHECKPOINT_STAGE: {
         s->staged.reset();  // one stage per layer: free the previous one first
-        ASSIGN_OR_RETURN(StagedCheckpoint staged,
-                         StageCheckpoint(*s->layer, request->directory()));
+        ASSIGN_OR_RETURN(StagedCheckpoint staged, StageCheckpoint(*s->layer, request->directory()));
         if (CallCancelled(context)) return absl::CancelledError("stage abandoned by the caller");
         s->staged = std::make_unique<StagedCheckpoint>(std::move(staged));
         s->stage_id = request->stage_id();
