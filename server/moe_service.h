@@ -328,6 +328,13 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
   // after options_.overdue_call_limit means a wedged worker: the pool re-forms.
   void DrainThenRelease(std::shared_ptr<Layer> layer, const WorkerSet& set, uint64_t step_id);
   void Drain(const std::shared_ptr<Layer>& layer, const WorkerSet& set, uint64_t step_id);
+  // Two-phase changes (LoadCheckpoint, SetWeights): the workers staged the change under
+  // `stage_id`; CommitStage applies it on every worker (a failure part-way diverges the
+  // layer, as ChangeOnWorkers); AbortStage drops it after a failed stage (best effort; not
+  // after a deadline: the stage calls still running keep nothing, and the turn waits for
+  // them).
+  absl::Status CommitStage(Turn& turn, const char* method, uint64_t stage_id);
+  void AbortStage(Turn& turn, uint64_t stage_id, const absl::Status& why);
   v1::LayerInfo Info(const Layer& layer) const;
   absl::Time InternalDeadline(grpc::ServerContextBase* context, bool collective) const;
   // DeleteLayer of `layer_id` on every worker of `set` (best effort: a worker that misses it

@@ -1,7 +1,8 @@
 // MoeServiceImpl: checkpoints on the server's disk, confined to --checkpoint_root
 // (server/checkpoint_root.h). The workers write (and read) the files of their own experts
 // (engine/checkpoint.h) in a staging directory of the root; the front end moves it into
-// place once every worker succeeded, so a save appears complete or not at all.
+// place once every worker succeeded, so a save appears complete or not at all. A load is
+// two-phase: every worker stages (reads and verifies) its files, then all commit.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -71,29 +72,19 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
     call.set_generation(turn->set.generation);
     call.set_layer_id(layer.id);
     call.set_directory(directory);
+    call.set_phase(internal::CHECKPOINT_STAGE);
     call.set_stage_id(next_step_id_++);  // unique per server
-    auto send = [&](internal::CheckpointPhase phase) {
-      call.set_phase(phase);
-      return [&call](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-        internal::WorkerEmpty empty;
-        return FromGrpcStatus(stub->LoadCheckpoint(ctx, call, &empty));
-      };
-    };
     // The client's deadline applies: a stage changes nothing, and a worker whose stage call
     // was given up keeps nothing of it.
-    absl::Status staged = FanOutOnLayer(*turn, InternalDeadline(context, false),
-                                        send(internal::CHECKPOINT_STAGE), /*collective=*/false);
+    absl::Status staged = FanOutOnLayer(
+        *turn, InternalDeadline(context, false),
+        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          internal::WorkerEmpty empty;
+          return FromGrpcStatus(stub->LoadCheckpoint(ctx, call, &empty));
+        },
+        /*collective=*/false);
     if (!staged.ok()) {
-      // Frees what the other workers staged (not after a deadline: the stage calls still
-      // running keep nothing, and the layer's turn now waits for them).
-      absl::StatusOr<WorkerSet> set = pool_->Serving();
-      if (!absl::IsDeadlineExceeded(staged) && set.ok() &&
-          set->generation == turn->set.generation) {
-        pool_
-            ->ForEachWorker(turn->set, absl::Now() + options_.step_timeout,
-                            send(internal::CHECKPOINT_ABORT), /*collective=*/false)
-            .IgnoreError();
-      }
+      AbortStage(*turn, call.stage_id(), staged);
       return staged;
     }
     // The workers drop their saved steps of this layer on commit.
@@ -103,8 +94,7 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
       layer.saved_bytes = 0;
       layer.accumulated.assign(layer.config.num_experts, 0);
     }
-    RETURN_IF_ERROR(ChangeOnWorkers(*turn, "LoadCheckpoint", InternalDeadline(context, true),
-                                    send(internal::CHECKPOINT_COMMIT), /*collective=*/false));
+    RETURN_IF_ERROR(CommitStage(*turn, "LoadCheckpoint", call.stage_id()));
     absl::MutexLock lock(&layer.mu);
     layer.weights_reset = false;
     layer.ClearDiverged();

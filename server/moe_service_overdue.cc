@@ -1,9 +1,9 @@
-// MoeServiceImpl: calls on a layer that outlive their deadline (server/README.md, "Failure
-// model"). The workers' synchronous handlers do not stop when moed gives up on a call, and a
-// collective step cannot be abandoned by one rank alone; so an overdue call is left to finish
-// on the workers while its caller gets DEADLINE_EXCEEDED at once, and the layer's next call
-// waits (its FIFO turn) until every worker finished it: the ranks keep issuing that layer's
-// collectives in the same order, nothing re-forms, and no other layer notices.
+// MoeServiceImpl: calls on a layer that outlive their deadline, and the commit of two-phase
+// changes (server/README.md, "Failure model"). The workers' synchronous handlers do not stop when
+// moed gives up on a call, and a collective step cannot be abandoned by one rank alone; so an
+// overdue call is left to finish on the workers while its caller gets DEADLINE_EXCEEDED at once,
+// and the layer's next call waits (its FIFO turn) until every worker finished it: the ranks keep
+// issuing that layer's collectives in the same order, nothing re-forms, and no other layer notices.
 #include <cstdio>
 #include <utility>
 
@@ -69,6 +69,41 @@ void MoeServiceImpl::Drain(const std::shared_ptr<Layer>& layer, const WorkerSet&
   std::fprintf(stderr, "moed: layer %s: the overdue call ended on the workers after %s (%s)\n",
                layer->name.c_str(), absl::FormatDuration(absl::Now() - start).c_str(),
                status.ok() ? "OK" : std::string(status.message()).c_str());
+}
+
+absl::Status MoeServiceImpl::CommitStage(Turn& turn, const char* method, uint64_t stage_id) {
+  internal::WorkerCommitRequest call;
+  call.set_generation(turn.set.generation);
+  call.set_layer_id(turn.layer().id);
+  call.set_stage_id(stage_id);
+  // Not the client's deadline: a commit given up part-way would diverge the layer.
+  return ChangeOnWorkers(
+      turn, method, absl::Now() + options_.step_timeout,
+      [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+        internal::WorkerEmpty empty;
+        return FromGrpcStatus(stub->CommitStage(ctx, call, &empty));
+      },
+      /*collective=*/false);
+}
+
+void MoeServiceImpl::AbortStage(Turn& turn, uint64_t stage_id, const absl::Status& why) {
+  if (absl::IsDeadlineExceeded(why)) return;
+  absl::StatusOr<WorkerSet> set = pool_->Serving();
+  if (!set.ok() || set->generation != turn.set.generation) return;  // gone with the generation
+  internal::WorkerCommitRequest call;
+  call.set_generation(turn.set.generation);
+  call.set_layer_id(turn.layer().id);
+  call.set_stage_id(stage_id);
+  call.set_abort(true);
+  pool_
+      ->ForEachWorker(
+          turn.set, absl::Now() + options_.step_timeout,
+          [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+            internal::WorkerEmpty empty;
+            return FromGrpcStatus(stub->CommitStage(ctx, call, &empty));
+          },
+          /*collective=*/false)
+      .IgnoreError();
 }
 
 }  // namespace moe

@@ -281,8 +281,13 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
                      TakeTurn(layer, context, /*require_serving=*/true, /*allow_diverged=*/true));
     const auto by_name = LayoutByName(turn->layer().config);
     const int ranks = turn->set.size();
-    RETURN_IF_ERROR(ChangeOnWorkers(
-        *turn, "SetWeights", InternalDeadline(context, false),
+    // Two phases: every worker receives and checks its shards and keeps them staged (changes
+    // nothing); only when all did does any apply them (CommitStage). A stream that breaks, a
+    // worker that stops answering or the client's deadline therefore leave the layer as it
+    // was, not diverged.
+    const uint64_t stage_id = next_step_id_++;
+    absl::Status staged = FanOutOnLayer(
+        *turn, InternalDeadline(context, false),
         [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) -> absl::Status {
           internal::WorkerEmpty empty;
           auto writer = stub->SetTensors(ctx, &empty);
@@ -299,6 +304,7 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
                   internal::WorkerSetTensorsRequest call;
                   call.set_generation(turn->set.generation);
                   call.set_layer_id(turn->layer().id);
+                  call.set_stage_id(stage_id);
                   *call.mutable_chunk() = std::move(chunk);
                   return writer->Write(call) ? absl::OkStatus()
                                              : absl::UnavailableError("worker stream closed");
@@ -309,7 +315,12 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
           absl::Status finished = FromGrpcStatus(writer->Finish());
           return finished.ok() ? written : finished;
         },
-        /*collective=*/false));
+        /*collective=*/false);
+    if (!staged.ok()) {
+      AbortStage(*turn, stage_id, staged);
+      return staged;
+    }
+    RETURN_IF_ERROR(CommitStage(*turn, "SetWeights", stage_id));
     for (const auto& named : tensors) response->add_updated(named.name);
     return absl::OkStatus();
   };

@@ -26,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -99,6 +100,8 @@ class WorkerService final : public internal::Worker::Service {
                               internal::WorkerEmpty*) override;
   grpc::Status LoadCheckpoint(grpc::ServerContext*, const internal::WorkerCheckpointRequest*,
                               internal::WorkerEmpty*) override;
+  grpc::Status CommitStage(grpc::ServerContext*, const internal::WorkerCommitRequest*,
+                           internal::WorkerEmpty*) override;
   grpc::Status Ping(grpc::ServerContext*, const internal::PingRequest*,
                     internal::PingResponse*) override;
   grpc::Status Shutdown(grpc::ServerContext*, const internal::WorkerEmpty*,
@@ -113,9 +116,16 @@ class WorkerService final : public internal::Worker::Service {
     WorkerDevice device ABSL_GUARDED_BY(mu);
     std::unique_ptr<MoeLayer> layer ABSL_GUARDED_BY(mu);
     std::map<uint64_t, std::unique_ptr<StepContext>> steps ABSL_GUARDED_BY(mu);
-    // A checkpoint read and verified by LoadCheckpoint's STAGE phase, awaiting COMMIT.
+    // A change read and verified but not applied, awaiting CommitStage: a checkpoint
+    // (LoadCheckpoint STAGE) or tensors (SetTensors with a stage_id). At most one of them.
     uint64_t stage_id ABSL_GUARDED_BY(mu) = 0;
     std::unique_ptr<StagedCheckpoint> staged ABSL_GUARDED_BY(mu);
+    std::vector<NamedTensor> staged_tensors ABSL_GUARDED_BY(mu);
+    void DropStage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      stage_id = 0;
+      staged.reset();
+      staged_tensors.clear();
+    }
     std::atomic<int64_t> memory_bytes{0};  // backend bytes after the last call (telemetry)
     std::atomic<int64_t> peak_bytes{0};
     ~LayerSlot();

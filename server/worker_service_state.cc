@@ -31,13 +31,15 @@ grpc::Status WorkerService::GetTensors(grpc::ServerContext*,
 }
 
 grpc::Status WorkerService::SetTensors(
-    grpc::ServerContext*, grpc::ServerReader<internal::WorkerSetTensorsRequest>* reader,
+    grpc::ServerContext* context, grpc::ServerReader<internal::WorkerSetTensorsRequest>* reader,
     internal::WorkerEmpty*) {
   internal::WorkerSetTensorsRequest request;
   std::shared_ptr<LayerSlot> slot;
   std::unique_ptr<ChunkAssembler> assembler;
+  uint64_t stage_id = 0;
   while (reader->Read(&request)) {
     if (slot == nullptr) {
+      stage_id = request.stage_id();
       absl::StatusOr<std::shared_ptr<LayerSlot>> found =
           FindSlot(request.generation(), request.layer_id());
       if (!found.ok()) return ToGrpcStatus(found.status());
@@ -59,6 +61,15 @@ grpc::Status WorkerService::SetTensors(
   absl::StatusOr<std::vector<NamedTensor>> tensors = assembler->Finish();
   if (!tensors.ok()) return ToGrpcStatus(tensors.status());
   absl::MutexLock lock(&slot->mu);
+  if (stage_id != 0) {  // kept for CommitStage (the front end's two-phase SetWeights)
+    // A stream the front end gave up on keeps nothing (it may already stage something else).
+    if (CallCancelled(context)) return ToGrpcStatus(absl::CancelledError("stage abandoned"));
+    slot->DropStage();
+    slot->staged_tensors = std::move(*tensors);
+    slot->stage_id = stage_id;
+    UpdateMemory(slot.get());
+    return grpc::Status::OK;
+  }
   for (const auto& named : *tensors) {
     absl::Status status = slot->layer->SetParameter(named.name, named.tensor);
     if (!status.ok()) return ToGrpcStatus(status);
@@ -110,33 +121,44 @@ grpc::Status WorkerService::LoadCheckpoint(grpc::ServerContext* context,
                                            const internal::WorkerCheckpointRequest* request,
                                            internal::WorkerEmpty*) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
-    switch (request->phase()) {
-      case internal::CHECKPOINT_STAGE: {
-        s->staged.reset();  // one stage per layer: free the previous one first
-        ASSIGN_OR_RETURN(StagedCheckpoint staged, StageCheckpoint(*s->layer, request->directory()));
-        if (CallCancelled(context)) return absl::CancelledError("stage abandoned by the caller");
-        s->staged = std::make_unique<StagedCheckpoint>(std::move(staged));
-        s->stage_id = request->stage_id();
-        return absl::OkStatus();
-      }
-      case internal::CHECKPOINT_COMMIT: {
-        if (s->staged == nullptr || s->stage_id != request->stage_id()) {
-          return absl::FailedPreconditionError(
-              absl::StrCat("no checkpoint staged under id ", request->stage_id()));
-        }
-        std::unique_ptr<StagedCheckpoint> staged = std::move(s->staged);
-        s->steps.clear();
-        RETURN_IF_ERROR(InstallCheckpoint(s->layer.get(), *staged));
-        return s->layer->ZeroGradients();
-      }
-      case internal::CHECKPOINT_ABORT:
-        if (s->stage_id == request->stage_id()) s->staged.reset();
-        return absl::OkStatus();
-      default:
-        s->steps.clear();
-        RETURN_IF_ERROR(moe::LoadCheckpoint(s->layer.get(), request->directory()));
-        return s->layer->ZeroGradients();
+    if (request->phase() == internal::CHECKPOINT_STAGE) {
+      s->DropStage();  // one stage per layer: free the previous one first
+      ASSIGN_OR_RETURN(StagedCheckpoint staged, StageCheckpoint(*s->layer, request->directory()));
+      if (CallCancelled(context)) return absl::CancelledError("stage abandoned by the caller");
+      s->staged = std::make_unique<StagedCheckpoint>(std::move(staged));
+      s->stage_id = request->stage_id();
+      return absl::OkStatus();
     }
+    s->steps.clear();
+    RETURN_IF_ERROR(moe::LoadCheckpoint(s->layer.get(), request->directory()));
+    return s->layer->ZeroGradients();
+  });
+}
+
+grpc::Status WorkerService::CommitStage(grpc::ServerContext*,
+                                        const internal::WorkerCommitRequest* request,
+                                        internal::WorkerEmpty*) {
+  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
+    if (request->abort()) {
+      if (s->stage_id == request->stage_id()) s->DropStage();
+      return absl::OkStatus();
+    }
+    if (s->stage_id == 0 || s->stage_id != request->stage_id()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("nothing staged under id ", request->stage_id()));
+    }
+    std::unique_ptr<StagedCheckpoint> checkpoint = std::move(s->staged);
+    std::vector<NamedTensor> tensors = std::move(s->staged_tensors);
+    s->DropStage();
+    if (checkpoint != nullptr) {
+      s->steps.clear();
+      RETURN_IF_ERROR(InstallCheckpoint(s->layer.get(), *checkpoint));
+      return s->layer->ZeroGradients();
+    }
+    for (const NamedTensor& named : tensors) {
+      RETURN_IF_ERROR(s->layer->SetParameter(named.name, named.tensor));
+    }
+    return absl::OkStatus();
   });
 }
 

@@ -306,5 +306,46 @@ TEST_F(IsolationTest, CorruptCheckpointLeavesTheLayerAlone) {
   ExpectSameGeneration(generation);
 }
 
+// Finding 4 (SetWeights): the workers stage what they receive and apply it only when every
+// worker staged. A worker that stops answering during the stream leaves the layer as it was:
+// not diverged, and after the worker resumed (the same processes re-form, weights kept) the
+// forward results are the old ones, bit for bit.
+TEST_F(IsolationTest, FailedSetWeightsLeavesTheLayerAlone) {
+  StartCluster({});
+  ASSERT_TRUE(Create("w", TinyConfig(12)).ok());
+  const v1::Tensor x = FloatsToProto({16, kHidden}, RandomFloats(16 * kHidden, 13));
+  v1::ForwardResponse before;
+  ASSERT_TRUE(Forward("w", x, false, &before).ok());
+
+  ASSERT_TRUE(cluster_->KillWorker(1, SIGSTOP));
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    v1::SetWeightsResponse response;
+    auto writer = cluster_->stub()->SetWeights(&ctx, &response);
+    // TinyConfig's wi: [E 8, H 32, up 2 * 64] (gated), all ones.
+    const Tensor wi = Tensor::FromFloats({8, 32, 128}, std::vector<float>(8 * 32 * 128, 1.0f));
+    bool first = true;
+    ASSERT_TRUE(ChunkTensor("wi", wi, 5000, [&](const v1::TensorChunk& chunk) {
+                  v1::SetWeightsRequest request;
+                  if (first) request.set_layer("w");
+                  first = false;
+                  *request.mutable_chunk() = chunk;
+                  return writer->Write(request) ? absl::OkStatus() : absl::UnknownError("w");
+                }).ok());
+    writer->WritesDone();
+    grpc::Status s = writer->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  }
+  EXPECT_EQ(Diverged("w"), "");
+  kill(cluster_->worker_pid(1), SIGCONT);
+  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(20)).ok());
+  EXPECT_EQ(Diverged("w"), "");
+  v1::ForwardResponse after;
+  grpc::Status s = Forward("w", x, false, &after);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(after.out().raw_data(), before.out().raw_data()) << "some workers applied it";
+}
+
 }  // namespace
 }  // namespace moe
