@@ -114,10 +114,22 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
 
 absl::Status MoeServiceImpl::ChangeOnWorkers(Turn& turn, const char* method, absl::Time deadline,
                                              const WorkerPool::WorkerFn& fn, bool collective,
-                                             bool gradients_only) {
+                                             bool gradients_only, bool idempotent) {
   bool partial = false;
   absl::Status status = FanOutOnLayer(turn, deadline, fn, collective, 0, &partial);
   if (status.ok() || !partial) return status;
+  if (idempotent) {
+    absl::StatusOr<WorkerSet> set = pool_->Serving();
+    if (set.ok() && set->generation == turn.set.generation) {
+      std::fprintf(stderr, "moed: layer %s: %s failed on some workers (%s); retrying it\n",
+                   turn.layer().name.c_str(), method, std::string(status.message()).c_str());
+      bool retry_partial = false;
+      absl::Status retried = FanOutOnLayer(turn, absl::Now() + options_.step_timeout, fn,
+                                           collective, 0, &retry_partial);
+      if (retried.ok()) return retried;
+      status = retried;
+    }
+  }
   Layer& layer = turn.layer();
   absl::MutexLock lock(&layer.mu);
   // A second failure never narrows what may differ.

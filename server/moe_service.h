@@ -312,9 +312,14 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
   // ForEachWorker for a call that changes the layer's state on the workers. A failure that
   // may have taken effect on some workers only marks the layer diverged, naming `method`
   // and the error (gradients_only: the call changes nothing but gradients).
+  // With `idempotent` (fn sends an op_id the workers apply at most once: ApplyOptimizer,
+  // UpdateExpertBias), such a failure is first retried once on every worker with a fresh
+  // deadline: the workers that applied it answer without applying it again, the others
+  // apply it now (nothing else ran on the layer meanwhile: the turn is held), so the call
+  // happens on every worker or, if the retry fails too, the layer is diverged.
   absl::Status ChangeOnWorkers(Turn& turn, const char* method, absl::Time deadline,
                                const WorkerPool::WorkerFn& fn, bool collective,
-                               bool gradients_only = false);
+                               bool gradients_only = false, bool idempotent = false);
   // moe_service_overdue.cc. ForEachWorker for a call on the turn's layer: a call that passes
   // `deadline` while the workers still run it is DEADLINE_EXCEEDED to the caller, restarts
   // nothing, and marks the turn overdue (step_id: the step the call may have saved).

@@ -24,8 +24,8 @@ absl::Status MoeServiceImpl::FanOutOnLayer(Turn& turn, absl::Time deadline,
   if (outcome.overdue) {
     turn.set_overdue(step_id);
     std::fprintf(stderr,
-                 "moed: layer %s: a call passed --step_timeout_ms (%s); its caller got "
-                 "DEADLINE_EXCEEDED, the layer waits until the workers finished it\n",
+                 "moed: layer %s: a call passed --step_timeout_ms (%s); the layer's next "
+                 "call waits until the workers finished it\n",
                  turn.layer().name.c_str(), std::string(status.message()).c_str());
   }
   return status;

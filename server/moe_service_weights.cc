@@ -367,13 +367,14 @@ grpc::Status MoeServiceImpl::DoApplyOptimizer(grpc::ServerContextBase* context,
     call.set_layer_id(turn->layer().id);
     if (request->has_sgd()) *call.mutable_sgd() = request->sgd();
     if (request->has_adamw()) *call.mutable_adamw() = request->adamw();
+    call.set_op_id(next_step_id_++);  // applied at most once per worker: retried if partial
     return ChangeOnWorkers(
         *turn, "ApplyOptimizer", InternalDeadline(context, true),
         [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
           internal::WorkerEmpty empty;
           return FromGrpcStatus(stub->ApplyOptimizer(ctx, call, &empty));
         },
-        /*collective=*/false);
+        /*collective=*/false, /*gradients_only=*/false, /*idempotent=*/true);
   };
   return Finish("ApplyOptimizer", start, run());
 }
@@ -396,13 +397,15 @@ grpc::Status MoeServiceImpl::DoUpdateExpertBias(grpc::ServerContextBase* context
     call.set_generation(turn->set.generation);
     call.set_layer_id(turn->layer().id);
     call.set_rate(request->rate());
+    call.set_op_id(next_step_id_++);  // as ApplyOptimizer's
     std::vector<internal::WorkerExpertBiasResponse> answers(turn->set.size());
     RETURN_IF_ERROR(ChangeOnWorkers(
         *turn, "UpdateExpertBias", InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          answers[r].Clear();
           return FromGrpcStatus(stub->UpdateExpertBias(ctx, call, &answers[r]));
         },
-        /*collective=*/false));
+        /*collective=*/false, /*gradients_only=*/false, /*idempotent=*/true));
     *response->mutable_expert_bias() = answers[0].expert_bias();
     absl::MutexLock lock(&turn->layer().mu);
     turn->layer().accumulated.assign(turn->layer().config.num_experts, 0);

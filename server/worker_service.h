@@ -116,6 +116,9 @@ class WorkerService final : public internal::Worker::Service {
     WorkerDevice device ABSL_GUARDED_BY(mu);
     std::unique_ptr<MoeLayer> layer ABSL_GUARDED_BY(mu);
     std::map<uint64_t, std::unique_ptr<StepContext>> steps ABSL_GUARDED_BY(mu);
+    // op_id of the last ApplyOptimizer / UpdateExpertBias applied (0: none): a retry of it
+    // is answered without applying it twice.
+    uint64_t last_op ABSL_GUARDED_BY(mu) = 0;
     // A change read and verified but not applied, awaiting CommitStage: a checkpoint
     // (LoadCheckpoint STAGE) or tensors (SetTensors with a stage_id). At most one of them.
     uint64_t stage_id ABSL_GUARDED_BY(mu) = 0;

@@ -89,10 +89,13 @@ grpc::Status WorkerService::ApplyOptimizer(grpc::ServerContext*,
                                            const internal::WorkerOptimizerRequest* request,
                                            internal::WorkerEmpty*) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
+    if (request->op_id() != 0 && request->op_id() == s->last_op) return absl::OkStatus();
     ASSIGN_OR_RETURN(OptimizerConfig optimizer,
                      OptimizerFromProto(request->has_sgd() ? &request->sgd() : nullptr,
                                         request->has_adamw() ? &request->adamw() : nullptr));
-    return s->layer->ApplyOptimizer(optimizer);
+    RETURN_IF_ERROR(s->layer->ApplyOptimizer(optimizer));
+    s->last_op = request->op_id();
+    return absl::OkStatus();
   });
 }
 
@@ -100,7 +103,10 @@ grpc::Status WorkerService::UpdateExpertBias(grpc::ServerContext*,
                                              const internal::WorkerExpertBiasRequest* request,
                                              internal::WorkerExpertBiasResponse* response) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
-    RETURN_IF_ERROR(s->layer->UpdateExpertBias(request->rate()));
+    if (request->op_id() == 0 || request->op_id() != s->last_op) {
+      RETURN_IF_ERROR(s->layer->UpdateExpertBias(request->rate()));
+      s->last_op = request->op_id();
+    }
     ASSIGN_OR_RETURN(Tensor bias, s->layer->GetParameter("expert_bias"));
     for (int64_t i = 0; i < bias.num_elements(); ++i) {
       response->add_expert_bias(bias.data<float>()[i]);

@@ -347,5 +347,53 @@ TEST_F(IsolationTest, FailedSetWeightsLeavesTheLayerAlone) {
   EXPECT_EQ(after.out().raw_data(), before.out().raw_data()) << "some workers applied it";
 }
 
+// Finding 4 (ApplyOptimizer): the optimizer step carries an op id each worker applies at
+// most once, so a step that failed on one worker only is retried: here worker 1 is stopped
+// past --step_timeout_ms (but not long enough to count as dead), worker 0 applied the step,
+// and the retry completes it on worker 1. The layer is not diverged and its weights equal
+// those of a twin layer that took the same step without a fault, bit for bit.
+TEST_F(IsolationTest, OptimizerStepThatFailedOnOneWorkerIsCompleted) {
+  StartCluster({"--step_timeout_ms=1500", "--ping_timeout_ms=4000", "--worker_dead_after_ms=8000"});
+  const v1::Tensor x = FloatsToProto({16, kHidden}, RandomFloats(16 * kHidden, 14));
+  auto step = [&](const std::string& layer, bool stop_worker) -> grpc::Status {
+    v1::ForwardResponse fwd;
+    grpc::Status s = Forward(layer, x, true, &fwd);
+    if (!s.ok()) return s;
+    s = Backward(layer, fwd.step_id(), 16);
+    if (!s.ok()) return s;
+    std::thread resume;
+    if (stop_worker) {
+      EXPECT_TRUE(cluster_->KillWorker(1, SIGSTOP));
+      resume = std::thread([&] {
+        absl::SleepFor(absl::Milliseconds(2500));
+        kill(cluster_->worker_pid(1), SIGCONT);
+      });
+    }
+    grpc::ClientContext ctx;
+    v1::ApplyOptimizerRequest request;
+    request.set_layer(layer);
+    request.mutable_sgd()->set_lr(0.5);
+    v1::ApplyOptimizerResponse response;
+    s = cluster_->stub()->ApplyOptimizer(&ctx, request, &response);
+    if (resume.joinable()) resume.join();
+    return s;
+  };
+  for (const std::string& layer : {"twin", "faulty"}) {
+    ASSERT_TRUE(Create(layer, TinyConfig(15)).ok());
+  }
+  const int64_t generation = Status().generation();
+  grpc::Status s = step("twin", false);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  s = step("faulty", true);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Diverged("faulty"), "");
+  ExpectSameGeneration(generation);
+  v1::ForwardResponse twin, faulty;
+  ASSERT_TRUE(Forward("twin", x, false, &twin).ok());
+  s = Forward("faulty", x, false, &faulty);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(faulty.out().raw_data(), twin.out().raw_data());
+}
+
 }  // namespace
 }  // namespace moe
