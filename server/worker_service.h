@@ -134,7 +134,8 @@ class WorkerService final : public internal::Worker::Service {
     ~LayerSlot();
   };
 
-  // The front end gave up on the call: cancelled, or its deadline passed.
+  // The front end gave up on the call: cancelled, or its deadline passed (never for a null
+  // context: a call made in-process).
   static bool CallCancelled(grpc::ServerContext* context);
   // The slot of `layer_id` in `generation`: FAILED_PRECONDITION for another generation,
   // NOT_FOUND for an unknown layer.
