@@ -143,8 +143,8 @@ TEST_F(IsolationTest, OverdueStepFailsAlone) {
   ASSERT_TRUE(created.ok()) << created.error_message();
   const int64_t generation = Status().generation();
 
-  // Several seconds of work on two shared CPUs (about 40 GFLOP).
-  constexpr int64_t kTokens = 6144;
+  // Several seconds of work on two shared CPUs (about 65 GFLOP), well past the deadline.
+  constexpr int64_t kTokens = 10240;
   const v1::Tensor x = FloatsToProto({kTokens, 256}, RandomFloats(kTokens * 256, 7));
   const absl::Time start = absl::Now();
   v1::ForwardResponse fwd;
@@ -188,12 +188,12 @@ TEST_F(IsolationTest, TimedOutCreateLayerStopsOnTheWorkers) {
   StartCluster({"--step_timeout_ms=2000", "--max_layer_bytes=68719476736"});
   const uint64_t bystander = SaveBystanderStep();
   const int64_t generation = Status().generation();
-  // 16384 experts of H 64, F 128 (gated): ~400 M parameters, several seconds of
+  // 32768 experts of H 64, F 128 (gated): ~800 M parameters, many seconds of
   // initialisation per worker.
   v1::LayerConfig huge = TinyConfig(6);
   huge.set_hidden(64);
   huge.set_ffn(128);
-  huge.set_num_experts(16384);
+  huge.set_num_experts(32768);
   huge.set_gated(true);
   for (const absl::Duration client_deadline : {absl::Seconds(60), absl::Milliseconds(600)}) {
     SCOPED_TRACE(absl::StrCat("client deadline ", absl::FormatDuration(client_deadline)));
