@@ -2,7 +2,9 @@
 // past --step_timeout_ms, a CreateLayer that times out or is cancelled, and a corrupted
 // checkpoint each fail alone: the caller gets its error, the cluster does not re-form (same
 // generation, health SERVING throughout), other layers keep their saved steps, and the layer
-// involved keeps serving with the same weights.
+// involved keeps serving with the same weights. State changes happen on every worker or on
+// none: a SetWeights that fails part-way changes nothing, an optimizer step that failed on
+// one worker only is completed there.
 //
 // Sizes are small on purpose (2 CPU workers on a shared 2-core host): the deadlines are short
 // (--step_timeout_ms=2000) and the work that overruns them takes a few seconds.
@@ -164,13 +166,11 @@ TEST_F(IsolationTest, OverdueStepFailsAlone) {
 
   // The big layer serves again (its next call waits until the workers finished the overdue
   // step, then runs); the overdue step's saved activations were released.
-  const absl::Time again = absl::Now();
   s = Forward("big", FloatsToProto({4, 256}, RandomFloats(4 * 256, 8)), false, &small);
   EXPECT_TRUE(s.ok()) << s.error_message();
   std::fprintf(stderr, "overdue step: caller answered after %s, layer free again after %s\n",
                absl::FormatDuration(took).c_str(),
                absl::FormatDuration(absl::Now() - start).c_str());
-  (void)again;
   grpc::ClientContext ctx;
   v1::GetLayerRequest request;
   request.set_name("big");
