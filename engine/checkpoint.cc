@@ -142,12 +142,6 @@ absl::Status PrepareDirectory(const MoeLayer& layer, const std::string& dir) {
   return absl::OkStatus();
 }
 
-// What a load will install, fully read and verified.
-struct VerifiedCheckpoint {
-  std::map<std::string, Tensor> params;  // gate, expert_bias, and [El, ...] expert tensors
-  std::map<std::string, Tensor> states;  // same convention
-};
-
 // Checks the tensors of one file against the expected names and shapes: `required` params
 // must all be there, each with the states "<param>.<suffix>" for exactly `suffixes`;
 // `stateless` params must be there without state; "step" may be there where `allow_step`.
@@ -196,7 +190,9 @@ absl::Status VerifyFileTensors(const std::string& path, const LayerConfig& confi
   return absl::OkStatus();
 }
 
-absl::StatusOr<VerifiedCheckpoint> ReadAndVerify(const MoeLayer& layer, const std::string& dir) {
+}  // namespace
+
+absl::StatusOr<StagedCheckpoint> StageCheckpoint(const MoeLayer& layer, const std::string& dir) {
   const LayerConfig& config = layer.config();
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
@@ -230,7 +226,7 @@ absl::StatusOr<VerifiedCheckpoint> ReadAndVerify(const MoeLayer& layer, const st
                      "}, but this layer has {", ConfigToString(config), "}"));
   }
 
-  VerifiedCheckpoint out;
+  StagedCheckpoint out;
   const std::string router_path = Join(dir, kRouterFile);
   ASSIGN_OR_RETURN(std::vector<NamedTensor> router, ReadTensorFile(router_path));
   std::set<std::string> suffixes;  // optimizer state kinds, as the router file has them
@@ -273,8 +269,6 @@ absl::StatusOr<VerifiedCheckpoint> ReadAndVerify(const MoeLayer& layer, const st
   return out;
 }
 
-}  // namespace
-
 std::string ExpertFileName(int64_t expert) { return absl::StrFormat("expert_%05d.bin", expert); }
 
 absl::Status SaveCheckpoint(const MoeLayer& layer, const std::string& dir) {
@@ -289,20 +283,23 @@ absl::Status SaveCheckpoint(const MoeLayer& layer, const std::string& dir) {
 }
 
 absl::Status LoadCheckpoint(MoeLayer* layer, const std::string& dir) {
-  absl::StatusOr<VerifiedCheckpoint> ckpt = ReadAndVerify(*layer, dir);
+  absl::StatusOr<StagedCheckpoint> ckpt = StageCheckpoint(*layer, dir);
   RETURN_IF_ERROR(
       AgreeAcrossRanks(*layer, ckpt.status(), absl::StrCat("verifying checkpoint ", dir)));
-
   // Everything is verified on every rank: install it.
-  for (const auto& [name, value] : ckpt->params) {
+  return InstallCheckpoint(layer, *ckpt);
+}
+
+absl::Status InstallCheckpoint(MoeLayer* layer, const StagedCheckpoint& staged) {
+  for (const auto& [name, value] : staged.params) {
     RETURN_IF_ERROR(layer->SetParameter(name, value));
   }
   for (const std::string& name : layer->StateNames()) {
-    if (ckpt->states.count(name) > 0) continue;
+    if (staged.states.count(name) > 0) continue;
     ASSIGN_OR_RETURN(Tensor current, layer->GetState(name));
     RETURN_IF_ERROR(layer->SetState(name, Tensor::Zeros(DType::kFloat32, current.shape())));
   }
-  for (const auto& [name, value] : ckpt->states) {
+  for (const auto& [name, value] : staged.states) {
     RETURN_IF_ERROR(layer->SetState(name, value));
   }
   return absl::OkStatus();

@@ -30,15 +30,30 @@
 #ifndef MOED_ENGINE_CHECKPOINT_H_
 #define MOED_ENGINE_CHECKPOINT_H_
 
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/moe_layer.h"
+#include "engine/tensor.h"
 
 namespace moe {
 
 absl::Status SaveCheckpoint(const MoeLayer& layer, const std::string& dir);
 absl::Status LoadCheckpoint(MoeLayer* layer, const std::string& dir);
+
+// The two halves of LoadCheckpoint for a caller that agrees across ranks by itself (moed's
+// two-phase load: every worker stages, and only when all succeeded does any commit).
+// StageCheckpoint reads and verifies the files this rank needs, with LoadCheckpoint's
+// errors, and changes nothing (no collective); InstallCheckpoint puts a staged checkpoint
+// into the layer it was staged for (fails only on a backend error).
+struct StagedCheckpoint {
+  std::map<std::string, Tensor> params;  // gate, expert_bias, and [El, ...] expert tensors
+  std::map<std::string, Tensor> states;  // same convention
+};
+absl::StatusOr<StagedCheckpoint> StageCheckpoint(const MoeLayer& layer, const std::string& dir);
+absl::Status InstallCheckpoint(MoeLayer* layer, const StagedCheckpoint& staged);
 
 // "expert_00042.bin" for expert 42.
 std::string ExpertFileName(int64_t expert);

@@ -16,6 +16,7 @@
 #define MOED_ENGINE_MOE_LAYER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,8 +62,12 @@ class MoeLayer {
   // Validates `config` for comm->size() ranks and initialises the parameters from
   // config.init_seed (docs/SPEC.md "Initialisation"); gradients start at zero. backend and comm
   // must outlive the layer; comm->memory_space() must equal backend->memory_space().
-  static absl::StatusOr<std::unique_ptr<MoeLayer>> Create(const LayerConfig& config,
-                                                          Backend* backend, Communicator* comm);
+  // `cancelled` (optional) is polled between groups of experts of about 4 MiB each while the
+  // parameters are initialised (no collective runs there): when it returns true, Create frees
+  // what it allocated and returns CANCELLED.
+  static absl::StatusOr<std::unique_ptr<MoeLayer>> Create(
+      const LayerConfig& config, Backend* backend, Communicator* comm,
+      const std::function<bool()>& cancelled = nullptr);
   virtual ~MoeLayer() = default;
 
   virtual const LayerConfig& config() const = 0;

@@ -6,7 +6,7 @@
 // ForwardWork / BackwardWork fields it reads and writes.
 //
 //   auto layer = std::make_unique<MoeLayerImpl>(config, backend, comm);
-//   RETURN_IF_ERROR(layer->Init());
+//   RETURN_IF_ERROR(layer->Init(/*cancelled=*/nullptr));
 #ifndef MOED_ENGINE_MOE_LAYER_IMPL_H_
 #define MOED_ENGINE_MOE_LAYER_IMPL_H_
 
@@ -107,7 +107,8 @@ absl::Status CheckOutputDestination(absl::string_view field, const Tensor* into,
 class MoeLayerImpl : public MoeLayer {
  public:
   MoeLayerImpl(const LayerConfig& config, Backend* backend, Communicator* comm);
-  absl::Status Init();  // allocates and initialises every parameter
+  // Allocates and initialises every parameter; `cancelled` as in MoeLayer::Create.
+  absl::Status Init(const std::function<bool()>& cancelled);
 
   const LayerConfig& config() const override { return config_; }
   int64_t first_expert() const override { return first_expert_; }

@@ -1,5 +1,6 @@
 // MoeLayer creation, parameters, gradients, optimizer state and updates (docs/SPEC.md
 // "Parameters", "Initialisation", "Updates").
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -28,8 +29,9 @@ OptimizerConfig OptimizerConfig::AdamW(double lr, double weight_decay) {
   return o;
 }
 
-absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(const LayerConfig& config,
-                                                          Backend* backend, Communicator* comm) {
+absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(
+    const LayerConfig& config, Backend* backend, Communicator* comm,
+    const std::function<bool()>& cancelled) {
   if (backend == nullptr || comm == nullptr) {
     return absl::InvalidArgumentError("MoeLayer::Create: backend and communicator are required");
   }
@@ -40,7 +42,7 @@ absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(const LayerConfig& co
         "' use different memory spaces"));
   }
   auto layer = std::make_unique<MoeLayerImpl>(config, backend, comm);
-  RETURN_IF_ERROR(layer->Init());
+  RETURN_IF_ERROR(layer->Init(cancelled));
   return std::unique_ptr<MoeLayer>(std::move(layer));
 }
 
@@ -54,12 +56,21 @@ MoeLayerImpl::MoeLayerImpl(const LayerConfig& config, Backend* backend, Communic
       first_expert_(comm->rank() * (config.num_experts / comm->size())),
       accumulated_counts_(config.num_experts, 0) {}
 
-absl::Status MoeLayerImpl::Init() {
+absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled) {
   const LayerConfig& c = config_;
   const int64_t H = c.hidden, E = c.num_experts, F = c.ffn, up = UpWidth(c), El = local_experts_;
   const bool bf16 = c.compute_dtype == DType::kBFloat16;
+  // Expert tensors are initialised in groups of experts of about 4 MiB, each copied into the
+  // master at its offset: the host holds one group at a time, and `cancelled` is polled
+  // between groups.
+  using InitExperts = std::vector<float> (*)(const LayerConfig&, int64_t, int64_t);
+  struct ExpertInit {
+    InitExperts fn;
+    int64_t per_expert;  // elements
+  };
   auto add = [&](const std::string& name, std::vector<int64_t> shape, bool has_grad,
-                 bool compute_copy, const std::vector<float>* init) -> absl::Status {
+                 bool compute_copy, const std::vector<float>* init,
+                 const ExpertInit* experts) -> absl::Status {
     LayerParam p;
     p.name = name;
     p.shape = std::move(shape);
@@ -69,6 +80,19 @@ absl::Status MoeLayerImpl::Init() {
     ASSIGN_OR_RETURN(p.master, backend_->Allocate(bytes));
     if (init != nullptr) {
       RETURN_IF_ERROR(backend_->CopyFromHost(p.master.data(), init->data(), bytes));
+    } else if (experts != nullptr) {
+      const int64_t group = std::max<int64_t>(1, (int64_t{1} << 20) / experts->per_expert);
+      for (int64_t e = 0; e < El; e += group) {
+        if (cancelled != nullptr && cancelled()) {
+          return absl::CancelledError(absl::StrCat("layer initialisation cancelled after ", e,
+                                                   " of ", El, " experts"));
+        }
+        const int64_t n = std::min(group, El - e);
+        const std::vector<float> values = experts->fn(c, first_expert_ + e, n);
+        RETURN_IF_ERROR(backend_->CopyFromHost(
+            static_cast<char*>(p.master.data()) + e * experts->per_expert * sizeof(float),
+            values.data(), values.size() * sizeof(float)));
+      }
     } else {
       RETURN_IF_ERROR(backend_->Memset(p.master.data(), 0, bytes));
     }
@@ -83,19 +107,16 @@ absl::Status MoeLayerImpl::Init() {
     return absl::OkStatus();
   };
   const std::vector<float> gate = InitGate(c);
-  RETURN_IF_ERROR(add("gate", {H, E}, true, false, &gate));
-  if (c.use_expert_bias) RETURN_IF_ERROR(add("expert_bias", {E}, false, false, nullptr));
-  {
-    const std::vector<float> wi = InitWi(c, first_expert_, El);
-    RETURN_IF_ERROR(add("wi", {El, H, up}, true, true, &wi));
+  RETURN_IF_ERROR(add("gate", {H, E}, true, false, &gate, nullptr));
+  if (c.use_expert_bias) {
+    RETURN_IF_ERROR(add("expert_bias", {E}, false, false, nullptr, nullptr));
   }
-  {
-    const std::vector<float> wo = InitWo(c, first_expert_, El);
-    RETURN_IF_ERROR(add("wo", {El, F, H}, true, true, &wo));
-  }
+  const ExpertInit wi{&InitWi, H * up}, wo{&InitWo, F * H};
+  RETURN_IF_ERROR(add("wi", {El, H, up}, true, true, nullptr, &wi));
+  RETURN_IF_ERROR(add("wo", {El, F, H}, true, true, nullptr, &wo));
   if (c.use_bias) {
-    RETURN_IF_ERROR(add("wi_bias", {El, up}, true, false, nullptr));
-    RETURN_IF_ERROR(add("wo_bias", {El, H}, true, false, nullptr));
+    RETURN_IF_ERROR(add("wi_bias", {El, up}, true, false, nullptr, nullptr));
+    RETURN_IF_ERROR(add("wo_bias", {El, H}, true, false, nullptr, nullptr));
   }
   return backend_->Synchronize();
 }

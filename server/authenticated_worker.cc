@@ -192,6 +192,13 @@ grpc::Status AuthenticatedWorkerService::LoadCheckpoint(
   return denied.ok() ? inner_->LoadCheckpoint(context, request, response) : denied;
 }
 
+grpc::Status AuthenticatedWorkerService::CommitStage(grpc::ServerContext* context,
+                                                     const internal::WorkerCommitRequest* request,
+                                                     internal::WorkerEmpty* response) {
+  grpc::Status denied = secret_.Check(*context);
+  return denied.ok() ? inner_->CommitStage(context, request, response) : denied;
+}
+
 grpc::Status AuthenticatedWorkerService::Ping(grpc::ServerContext* context,
                                               const internal::PingRequest* request,
                                               internal::PingResponse* response) {

@@ -50,6 +50,8 @@ class AuthenticatedWorkerService final : public internal::Worker::Service {
                               internal::WorkerEmpty*) override;
   grpc::Status LoadCheckpoint(grpc::ServerContext*, const internal::WorkerCheckpointRequest*,
                               internal::WorkerEmpty*) override;
+  grpc::Status CommitStage(grpc::ServerContext*, const internal::WorkerCommitRequest*,
+                           internal::WorkerEmpty*) override;
   grpc::Status Ping(grpc::ServerContext*, const internal::PingRequest*,
                     internal::PingResponse*) override;
   grpc::Status Shutdown(grpc::ServerContext*, const internal::WorkerEmpty*,

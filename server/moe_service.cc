@@ -42,6 +42,7 @@ MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics
 }
 
 MoeServiceImpl::~MoeServiceImpl() {
+  stopping_drains_ = true;  // drains end; handlers_ (destroyed last) joins them
   {
     absl::MutexLock lock(&housekeeping_mu_);
     stopping_ = true;
@@ -86,7 +87,7 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
     return absl::DeadlineExceededError(
         absl::StrCat("deadline passed while waiting for layer \"", name, "\""));
   }
-  auto turn = std::make_unique<Turn>(layer, &setup_mu_);
+  auto turn = std::make_unique<Turn>(layer, this);
   setup_mu_.ReaderLock();
   turn->set_shared();
   {
@@ -113,10 +114,22 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
 
 absl::Status MoeServiceImpl::ChangeOnWorkers(Turn& turn, const char* method, absl::Time deadline,
                                              const WorkerPool::WorkerFn& fn, bool collective,
-                                             bool gradients_only) {
+                                             bool gradients_only, bool idempotent) {
   bool partial = false;
-  absl::Status status = pool_->ForEachWorker(turn.set, deadline, fn, collective, &partial);
+  absl::Status status = FanOutOnLayer(turn, deadline, fn, collective, 0, &partial);
   if (status.ok() || !partial) return status;
+  if (idempotent) {
+    absl::StatusOr<WorkerSet> set = pool_->Serving();
+    if (set.ok() && set->generation == turn.set.generation) {
+      std::fprintf(stderr, "moed: layer %s: %s failed on some workers (%s); retrying it\n",
+                   turn.layer().name.c_str(), method, std::string(status.message()).c_str());
+      bool retry_partial = false;
+      absl::Status retried = FanOutOnLayer(turn, absl::Now() + options_.step_timeout, fn,
+                                           collective, 0, &retry_partial);
+      if (retried.ok()) return retried;
+      status = retried;
+    }
+  }
   Layer& layer = turn.layer();
   absl::MutexLock lock(&layer.mu);
   // A second failure never narrows what may differ.
@@ -187,7 +200,7 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
     // a request that finds it queues behind its creation, and a re-formation cannot list it
     // before the workers were asked to create it. The turn of a new layer is immediate.
     layer->turn.Lock(absl::InfiniteFuture(), nullptr);
-    Turn turn(layer, &setup_mu_);
+    Turn turn(layer, this);
     setup_mu_.ReaderLock();
     turn.set_shared();
     {
@@ -205,13 +218,22 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
       create.set_layer_id(layer->id);
       create.set_name(layer->name);
       *create.mutable_config() = ConfigToProto(config);
-      return pool_->ForEachWorker(
-          set, InternalDeadline(context, true),
+      // The client's deadline and cancellation reach the workers, which stop initialising
+      // within about a second (engine/moe_layer.h, Create's `cancelled`). A failure re-forms
+      // nothing: the new layer has a communicator of its own, used by nothing else, and the
+      // workers that created it drop it below.
+      FanOutOptions options;
+      options.cancelled = [context] { return context->IsCancelled(); };
+      FanOutOutcome outcome;
+      absl::Status created = pool_->ForEachWorker(
+          set, InternalDeadline(context, false),
           [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
             internal::WorkerCreateLayerResponse created;
             return FromGrpcStatus(stub->CreateLayer(ctx, create, &created));
           },
-          /*collective=*/true);
+          options, &outcome);
+      if (!created.ok() && outcome.partial) DropOnWorkers(set, layer->id);
+      return created;
     }();
     if (!status.ok()) {
       absl::MutexLock lock(&layers_mu_);
@@ -258,7 +280,7 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
           "\" is deleted (further requests get NOT_FOUND), but a step held it past "
           "--step_timeout_ms; the workers free its memory at their next re-formation"));
     }
-    Turn turn(layer, &setup_mu_);
+    Turn turn(layer, this);
     setup_mu_.ReaderLock();
     turn.set_shared();
     {
@@ -269,22 +291,26 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
     if (metrics_ != nullptr) metrics_->DropLayer(layer->name);
     absl::StatusOr<WorkerSet> set = pool_->Serving();
     if (!set.ok()) return absl::OkStatus();
-    internal::WorkerLayerRequest del;
-    del.set_generation(set->generation);
-    del.set_layer_id(layer->id);
-    // Best effort: a worker that misses it drops the layer at the next generation.
-    pool_
-        ->ForEachWorker(
-            *set, InternalDeadline(context, false),
-            [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-              internal::WorkerEmpty empty;
-              return FromGrpcStatus(stub->DeleteLayer(ctx, del, &empty));
-            },
-            /*collective=*/false)
-        .IgnoreError();
+    DropOnWorkers(*set, layer->id);
     return absl::OkStatus();
   };
   return Finish("DeleteLayer", start, run());
+}
+
+void MoeServiceImpl::DropOnWorkers(const WorkerSet& set, uint64_t layer_id) {
+  internal::WorkerLayerRequest del;
+  del.set_generation(set.generation);
+  del.set_layer_id(layer_id);
+  // Best effort: a worker that misses it drops the layer at the next generation.
+  pool_
+      ->ForEachWorker(
+          set, absl::Now() + options_.step_timeout,
+          [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+            internal::WorkerEmpty empty;
+            return FromGrpcStatus(stub->DeleteLayer(ctx, del, &empty));
+          },
+          /*collective=*/false)
+      .IgnoreError();
 }
 
 grpc::Status MoeServiceImpl::DoListLayers(grpc::ServerContextBase*, const v1::ListLayersRequest*,
@@ -418,7 +444,7 @@ void MoeServiceImpl::ExpireSavedSteps() {
     // away under it. Waiting is bounded; a busy layer is retried next round. A re-formation
     // (setup_mu_ held exclusively) drops saved steps itself.
     if (!layer->turn.Lock(absl::Now() + absl::Milliseconds(200), nullptr)) continue;
-    Turn turn(layer, &setup_mu_);
+    Turn turn(layer, this);
     if (!setup_mu_.ReaderTryLock()) continue;
     turn.set_shared();
     std::vector<uint64_t> ids;

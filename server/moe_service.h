@@ -10,6 +10,8 @@
 // with the internal deadline --step_timeout_ms; the client's deadline and cancellation are
 // honoured while waiting for the turn, and a started step is finished (aborting it on one
 // rank would leave the others in a collective) but its answer dropped if the client left.
+// A call that passes its internal deadline fails alone (DEADLINE_EXCEEDED): the workers
+// finish it, and its layer's turn is held until they did (FanOutOnLayer); no re-formation.
 //
 //   MoeServiceImpl service(options, &pool, &metrics);
 //   pool.set_on_setup([&](const WorkerSet& set) { return service.RecreateLayers(set); });
@@ -80,6 +82,10 @@ struct ServiceOptions {
   // set. A region no step used for shm_idle_timeout is unregistered (zero: never).
   bool allow_client_shm = false;
   absl::Duration shm_idle_timeout = absl::Seconds(600);
+  // A call that passed its internal deadline (step_timeout) on live workers keeps its layer's
+  // turn until they finished it; one still running after this long means a wedged worker:
+  // the workers re-form.
+  absl::Duration overdue_call_limit = absl::Minutes(10);
 };
 
 class MoeServiceImpl final : public v1::MoeService::CallbackService {
@@ -254,24 +260,38 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
   };
 
   // A layer's FIFO turn, setup_mu_ held shared, and the serving workers, for one operation.
+  // A turn whose call was overdue on the workers (set_overdue) is not released when the
+  // Turn is destroyed: DrainThenRelease keeps it until the workers finished that call.
   class Turn {
    public:
-    Turn(std::shared_ptr<Layer> layer, absl::Mutex* setup_mu)
-        : layer_(std::move(layer)), setup_mu_(setup_mu) {}
+    Turn(std::shared_ptr<Layer> layer, MoeServiceImpl* service)
+        : layer_(std::move(layer)), service_(service) {}
     ~Turn() {
-      if (shared_) setup_mu_->ReaderUnlock();
-      layer_->turn.Unlock();
+      if (shared_) service_->setup_mu_.ReaderUnlock();
+      if (overdue_) {
+        service_->DrainThenRelease(std::move(layer_), set, overdue_step_);
+      } else {
+        layer_->turn.Unlock();
+      }
     }
     Turn(const Turn&) = delete;
     Turn& operator=(const Turn&) = delete;
     void set_shared() { shared_ = true; }
+    // The workers may still run this turn's last call; step_id: the step it may have saved
+    // (0: none), released once they finished.
+    void set_overdue(uint64_t step_id) {
+      overdue_ = true;
+      overdue_step_ = step_id;
+    }
     Layer& layer() { return *layer_; }
     WorkerSet set;
 
    private:
     std::shared_ptr<Layer> layer_;
-    absl::Mutex* setup_mu_;
+    MoeServiceImpl* service_;
     bool shared_ = false;
+    bool overdue_ = false;
+    uint64_t overdue_step_ = 0;
   };
   absl::StatusOr<std::shared_ptr<Layer>> FindLayer(const std::string& name) const;
   // Waits for the layer's turn (client deadline/cancellation honoured), then takes setup_mu_
@@ -292,11 +312,39 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
   // ForEachWorker for a call that changes the layer's state on the workers. A failure that
   // may have taken effect on some workers only marks the layer diverged, naming `method`
   // and the error (gradients_only: the call changes nothing but gradients).
+  // With `idempotent` (fn sends an op_id the workers apply at most once: ApplyOptimizer,
+  // UpdateExpertBias), such a failure is first retried once on every worker with a fresh
+  // deadline: the workers that applied it answer without applying it again, the others
+  // apply it now (nothing else ran on the layer meanwhile: the turn is held), so the call
+  // happens on every worker or, if the retry fails too, the layer is diverged.
   absl::Status ChangeOnWorkers(Turn& turn, const char* method, absl::Time deadline,
                                const WorkerPool::WorkerFn& fn, bool collective,
-                               bool gradients_only = false);
+                               bool gradients_only = false, bool idempotent = false);
+  // moe_service_overdue.cc. ForEachWorker for a call on the turn's layer: a call that passes
+  // `deadline` while the workers still run it is DEADLINE_EXCEEDED to the caller, restarts
+  // nothing, and marks the turn overdue (step_id: the step the call may have saved).
+  // `partial` as ForEachWorker's.
+  absl::Status FanOutOnLayer(Turn& turn, absl::Time deadline, const WorkerPool::WorkerFn& fn,
+                             bool collective, uint64_t step_id = 0, bool* partial = nullptr);
+  // Keeps the layer's turn (without setup_mu_) until every worker of `set` finished the
+  // overdue call: a ReleaseStep(step_id) takes the layer's slot on each worker, so it answers
+  // only after the call; then releases the turn. Runs on a handler thread (inline when none
+  // is free). Ends early when the workers re-form or the service stops; a call still running
+  // after options_.overdue_call_limit means a wedged worker: the pool re-forms.
+  void DrainThenRelease(std::shared_ptr<Layer> layer, const WorkerSet& set, uint64_t step_id);
+  void Drain(const std::shared_ptr<Layer>& layer, const WorkerSet& set, uint64_t step_id);
+  // Two-phase changes (LoadCheckpoint, SetWeights): the workers staged the change under
+  // `stage_id`; CommitStage applies it on every worker (a failure part-way diverges the
+  // layer, as ChangeOnWorkers); AbortStage drops it after a failed stage (best effort; not
+  // after a deadline: the stage calls still running keep nothing, and the turn waits for
+  // them).
+  absl::Status CommitStage(Turn& turn, const char* method, uint64_t stage_id);
+  void AbortStage(Turn& turn, uint64_t stage_id, const absl::Status& why);
   v1::LayerInfo Info(const Layer& layer) const;
   absl::Time InternalDeadline(grpc::ServerContextBase* context, bool collective) const;
+  // DeleteLayer of `layer_id` on every worker of `set` (best effort: a worker that misses it
+  // drops the layer at its next generation).
+  void DropOnWorkers(const WorkerSet& set, uint64_t layer_id);
   // Releases steps on the workers (best effort; they are dropped from the books anyway).
   void ReleaseOnWorkers(const WorkerSet& set, const Layer& layer,
                         const std::vector<uint64_t>& step_ids);
@@ -334,6 +382,8 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
 
   absl::Mutex stream_mu_;
   int64_t stream_bytes_ ABSL_GUARDED_BY(stream_mu_) = 0;  // held by open tensor streams
+
+  std::atomic<bool> stopping_drains_{false};  // set first by the destructor
 
   absl::Mutex housekeeping_mu_;
   bool stopping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;

@@ -1,7 +1,8 @@
 // MoeServiceImpl: checkpoints on the server's disk, confined to --checkpoint_root
 // (server/checkpoint_root.h). The workers write (and read) the files of their own experts
 // (engine/checkpoint.h) in a staging directory of the root; the front end moves it into
-// place once every worker succeeded, so a save appears complete or not at all.
+// place once every worker succeeded, so a save appears complete or not at all. A load is
+// two-phase: every worker stages (reads and verifies) its files, then all commit.
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -33,8 +34,8 @@ grpc::Status MoeServiceImpl::DoSaveCheckpoint(grpc::ServerContextBase* context,
     call.set_generation(turn->set.generation);
     call.set_layer_id(turn->layer().id);
     call.set_directory(staging.path);
-    absl::Status saved = pool_->ForEachWorker(
-        turn->set, InternalDeadline(context, true),
+    absl::Status saved = FanOutOnLayer(
+        *turn, InternalDeadline(context, true),
         [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
           internal::WorkerEmpty empty;
           return FromGrpcStatus(stub->SaveCheckpoint(ctx, call, &empty));
@@ -63,24 +64,37 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
                      TakeTurn(found, context, /*require_serving=*/true, /*allow_diverged=*/true));
     Layer& layer = turn->layer();
+    // Two phases: every worker reads and verifies its files (STAGE, changes nothing); only
+    // when all succeeded does any install them (COMMIT). A bad checkpoint therefore fails
+    // with the layer untouched and not diverged; only a COMMIT that fails part-way (a crash,
+    // a worker that stops answering) diverges it.
     internal::WorkerCheckpointRequest call;
     call.set_generation(turn->set.generation);
     call.set_layer_id(layer.id);
     call.set_directory(directory);
-    // The workers drop their saved steps of this layer on load.
+    call.set_phase(internal::CHECKPOINT_STAGE);
+    call.set_stage_id(next_step_id_++);  // unique per server
+    // The client's deadline applies: a stage changes nothing, and a worker whose stage call
+    // was given up keeps nothing of it.
+    absl::Status staged = FanOutOnLayer(
+        *turn, InternalDeadline(context, false),
+        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          internal::WorkerEmpty empty;
+          return FromGrpcStatus(stub->LoadCheckpoint(ctx, call, &empty));
+        },
+        /*collective=*/false);
+    if (!staged.ok()) {
+      AbortStage(*turn, call.stage_id(), staged);
+      return staged;
+    }
+    // The workers drop their saved steps of this layer on commit.
     {
       absl::MutexLock lock(&layer.mu);
       layer.saved.clear();
       layer.saved_bytes = 0;
       layer.accumulated.assign(layer.config.num_experts, 0);
     }
-    RETURN_IF_ERROR(ChangeOnWorkers(
-        *turn, "LoadCheckpoint", InternalDeadline(context, true),
-        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-          internal::WorkerEmpty empty;
-          return FromGrpcStatus(stub->LoadCheckpoint(ctx, call, &empty));
-        },
-        /*collective=*/true));
+    RETURN_IF_ERROR(CommitStage(*turn, "LoadCheckpoint", call.stage_id()));
     absl::MutexLock lock(&layer.mu);
     layer.weights_reset = false;
     layer.ClearDiverged();

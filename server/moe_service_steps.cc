@@ -141,8 +141,10 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     std::vector<internal::WorkerForwardResponse> answers(ranks);
     std::vector<double> call_ms(ranks, 0.0);
     BorrowedBytes borrowed;  // slices of request->x()
-    RETURN_IF_ERROR(pool_->ForEachWorker(
-        turn->set, InternalDeadline(context, true),
+    // Overdue (past --step_timeout_ms): DEADLINE_EXCEEDED here, the workers finish the step
+    // and release what it saved before the layer's next call (moe_service_overdue.cc).
+    RETURN_IF_ERROR(FanOutOnLayer(
+        *turn, InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
           PhaseClock call_clock(clock.enabled());
           internal::WorkerForwardRequest call;
@@ -164,7 +166,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
           call_ms[r] = call_clock.Total();
           return status;
         },
-        /*collective=*/true));
+        /*collective=*/true, step_id));
     const double fanout_ms = clock.Lap();
 
     // Gather the output slices in rank order.
@@ -312,8 +314,8 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     std::vector<internal::WorkerBackwardResponse> answers(ranks);
     std::vector<double> call_ms(ranks, 0.0);
     BorrowedBytes borrowed;  // slices of request->d_out()
-    RETURN_IF_ERROR(pool_->ForEachWorker(
-        turn->set, InternalDeadline(context, true),
+    RETURN_IF_ERROR(FanOutOnLayer(
+        *turn, InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
           PhaseClock call_clock(clock.enabled());
           internal::WorkerBackwardRequest call;
@@ -338,7 +340,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
           call_ms[r] = call_clock.Total();
           return status;
         },
-        /*collective=*/true));
+        /*collective=*/true, request->step_id()));
     const double fanout_ms = clock.Lap();
     v1::Tensor* d_x = response->mutable_d_x();
     d_x->set_datatype(DTypeName(step.dtype));

@@ -96,6 +96,11 @@ absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& la
   const auto by_name = LayoutByName(layer.config);
   const int ranks = set.size();
   std::vector<std::vector<NamedTensor>> shards(ranks);
+  // Reads only: the client's deadline and cancellation stop the workers' streams (their next
+  // chunk write fails).
+  FanOutOptions options;
+  options.cancelled = [context] { return context->IsCancelled(); };
+  FanOutOutcome outcome;
   RETURN_IF_ERROR(pool_->ForEachWorker(
       set, InternalDeadline(context, false),
       [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) -> absl::Status {
@@ -123,7 +128,7 @@ absl::Status MoeServiceImpl::GatherTensors(const WorkerSet& set, const Layer& la
         ASSIGN_OR_RETURN(shards[r], assembler.Finish());
         return absl::OkStatus();
       },
-      /*collective=*/false));
+      options, &outcome));
   for (const std::string& name : names) {
     const ParameterLayout& p = by_name.at(name);
     Tensor whole = Tensor::Zeros(DType::kFloat32, p.shape);
@@ -276,8 +281,13 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
                      TakeTurn(layer, context, /*require_serving=*/true, /*allow_diverged=*/true));
     const auto by_name = LayoutByName(turn->layer().config);
     const int ranks = turn->set.size();
-    RETURN_IF_ERROR(ChangeOnWorkers(
-        *turn, "SetWeights", InternalDeadline(context, false),
+    // Two phases: every worker receives and checks its shards and keeps them staged (changes
+    // nothing); only when all did does any apply them (CommitStage). A stream that breaks, a
+    // worker that stops answering or the client's deadline therefore leave the layer as it
+    // was, not diverged.
+    const uint64_t stage_id = next_step_id_++;
+    absl::Status staged = FanOutOnLayer(
+        *turn, InternalDeadline(context, false),
         [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) -> absl::Status {
           internal::WorkerEmpty empty;
           auto writer = stub->SetTensors(ctx, &empty);
@@ -294,6 +304,7 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
                   internal::WorkerSetTensorsRequest call;
                   call.set_generation(turn->set.generation);
                   call.set_layer_id(turn->layer().id);
+                  call.set_stage_id(stage_id);
                   *call.mutable_chunk() = std::move(chunk);
                   return writer->Write(call) ? absl::OkStatus()
                                              : absl::UnavailableError("worker stream closed");
@@ -304,7 +315,12 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
           absl::Status finished = FromGrpcStatus(writer->Finish());
           return finished.ok() ? written : finished;
         },
-        /*collective=*/false));
+        /*collective=*/false);
+    if (!staged.ok()) {
+      AbortStage(*turn, stage_id, staged);
+      return staged;
+    }
+    RETURN_IF_ERROR(CommitStage(*turn, "SetWeights", stage_id));
     for (const auto& named : tensors) response->add_updated(named.name);
     return absl::OkStatus();
   };
@@ -351,13 +367,14 @@ grpc::Status MoeServiceImpl::DoApplyOptimizer(grpc::ServerContextBase* context,
     call.set_layer_id(turn->layer().id);
     if (request->has_sgd()) *call.mutable_sgd() = request->sgd();
     if (request->has_adamw()) *call.mutable_adamw() = request->adamw();
+    call.set_op_id(next_step_id_++);  // applied at most once per worker: retried if partial
     return ChangeOnWorkers(
         *turn, "ApplyOptimizer", InternalDeadline(context, true),
         [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
           internal::WorkerEmpty empty;
           return FromGrpcStatus(stub->ApplyOptimizer(ctx, call, &empty));
         },
-        /*collective=*/false);
+        /*collective=*/false, /*gradients_only=*/false, /*idempotent=*/true);
   };
   return Finish("ApplyOptimizer", start, run());
 }
@@ -380,13 +397,15 @@ grpc::Status MoeServiceImpl::DoUpdateExpertBias(grpc::ServerContextBase* context
     call.set_generation(turn->set.generation);
     call.set_layer_id(turn->layer().id);
     call.set_rate(request->rate());
+    call.set_op_id(next_step_id_++);  // as ApplyOptimizer's
     std::vector<internal::WorkerExpertBiasResponse> answers(turn->set.size());
     RETURN_IF_ERROR(ChangeOnWorkers(
         *turn, "UpdateExpertBias", InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+          answers[r].Clear();
           return FromGrpcStatus(stub->UpdateExpertBias(ctx, call, &answers[r]));
         },
-        /*collective=*/false));
+        /*collective=*/false, /*gradients_only=*/false, /*idempotent=*/true));
     *response->mutable_expert_bias() = answers[0].expert_bias();
     absl::MutexLock lock(&turn->layer().mu);
     turn->layer().accumulated.assign(turn->layer().config.num_experts, 0);

@@ -100,7 +100,12 @@ ABSL_FLAG(int64_t, max_saved_bytes, int64_t{8} << 30,
 ABSL_FLAG(int64_t, saved_step_ttl_s, 600,
           "release a saved step (keep_for_backward) not used by Backward within this many "
           "seconds (0: never)");
-ABSL_FLAG(int64_t, step_timeout_ms, 30000, "deadline of every internal step call");
+ABSL_FLAG(int64_t, step_timeout_ms, 30000,
+          "deadline of every internal step call; a step past it fails alone (DEADLINE_EXCEEDED) "
+          "and its layer waits until the workers finished it");
+ABSL_FLAG(int64_t, overdue_call_limit_s, 600,
+          "a call still running on live workers this long after its deadline means a wedged "
+          "worker: the workers re-form");
 ABSL_FLAG(int64_t, collective_timeout_ms, 30000, "per-collective timeout inside the workers");
 ABSL_FLAG(int64_t, heartbeat_ms, 500, "interval of the worker liveness pings");
 ABSL_FLAG(int64_t, ping_timeout_ms, 1000, "deadline of one liveness ping");
@@ -196,6 +201,7 @@ int Main() {
            {"ping_timeout_ms", absl::GetFlag(FLAGS_ping_timeout_ms)},
            {"worker_dead_after_ms", absl::GetFlag(FLAGS_worker_dead_after_ms)},
            {"step_timeout_ms", absl::GetFlag(FLAGS_step_timeout_ms)},
+           {"overdue_call_limit_s", absl::GetFlag(FLAGS_overdue_call_limit_s)},
            {"collective_timeout_ms", absl::GetFlag(FLAGS_collective_timeout_ms)},
            {"max_stream_bytes", absl::GetFlag(FLAGS_max_stream_bytes)},
            {"handler_threads", absl::GetFlag(FLAGS_handler_threads)},
@@ -299,6 +305,7 @@ int Main() {
   service_options.max_saved_steps = absl::GetFlag(FLAGS_max_saved_steps);
   service_options.max_saved_bytes = absl::GetFlag(FLAGS_max_saved_bytes);
   service_options.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
+  service_options.overdue_call_limit = absl::Seconds(absl::GetFlag(FLAGS_overdue_call_limit_s));
   service_options.max_message_bytes = max_message;
   service_options.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);
   service_options.handler_threads =

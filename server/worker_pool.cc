@@ -12,10 +12,16 @@
 namespace moe {
 namespace {
 
+// gRPC's own failures of a call: the answer never came. ABORTED is not one of them (gRPC does
+// not produce it; the engine answers it on the ranks that learnt another rank failed, e.g. a
+// checkpoint file that did not verify), so such an answer is a plain failure on every rank.
 bool IsTransport(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded ||
-         code == absl::StatusCode::kCancelled || code == absl::StatusCode::kAborted;
+         code == absl::StatusCode::kCancelled;
 }
+
+// How often a fan-out polls its cancellation predicate.
+constexpr absl::Duration kCancelPoll = absl::Milliseconds(20);
 
 }  // namespace
 
@@ -210,10 +216,22 @@ void WorkerPool::Restart(const std::string& why) {
 
 absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline,
                                        const WorkerFn& fn, bool collective, bool* partial) {
-  if (partial != nullptr) *partial = false;
+  FanOutOptions options;
+  options.collective = collective;
+  FanOutOutcome outcome;
+  absl::Status status = ForEachWorker(set, deadline, fn, options, &outcome);
+  if (partial != nullptr) *partial = outcome.partial;
+  return status;
+}
+
+absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline,
+                                       const WorkerFn& fn, const FanOutOptions& options,
+                                       FanOutOutcome* outcome) {
+  *outcome = FanOutOutcome();
   const int n = set.size();
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
   std::vector<absl::Status> results(n);
+  std::vector<absl::Time> ended(n);
   {
     absl::MutexLock lock(&mu_);
     if (generation_ != set.generation || !(serving_ || in_setup_)) {
@@ -225,18 +243,42 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
       in_flight_.insert(contexts[r].get());
     }
   }
+  auto call = [&](int r) {
+    results[r] = fn(r, set.stubs[r].get(), contexts[r].get());
+    ended[r] = absl::Now();
+  };
   std::vector<std::thread> threads;
-  for (int r = 1; r < n; ++r) {
-    threads.emplace_back([&, r] { results[r] = fn(r, set.stubs[r].get(), contexts[r].get()); });
+  if (options.cancelled == nullptr) {
+    for (int r = 1; r < n; ++r) threads.emplace_back(call, r);
+    if (n > 0) call(0);
+  } else {
+    // Every rank on its own thread; this one watches the predicate.
+    absl::Mutex done_mu;
+    int done = 0;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        call(r);
+        absl::MutexLock lock(&done_mu);
+        ++done;
+      });
+    }
+    bool cancelled = false;
+    absl::MutexLock lock(&done_mu);
+    auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) { return done == n; };
+    while (!done_mu.AwaitWithTimeout(absl::Condition(&all_done), kCancelPoll)) {
+      if (!cancelled && options.cancelled()) {
+        cancelled = true;
+        for (auto& context : contexts) context->TryCancel();
+      }
+    }
   }
-  if (n > 0) results[0] = fn(0, set.stubs[0].get(), contexts[0].get());
   for (std::thread& t : threads) t.join();
   {
     absl::MutexLock lock(&mu_);
     for (auto& context : contexts) in_flight_.erase(context.get());
   }
 
-  int failed = 0, transport_failures = 0;
+  int failed = 0, transport_failures = 0, overdue = 0;
   for (int r = 0; r < n; ++r) {
     if (results[r].ok()) continue;
     ++failed;
@@ -246,11 +288,14 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
       if (!QuickPing(set.stubs[r].get(), options_.ping_timeout).ok()) {
         MarkDead(r, absl::StrCat("call failed (", results[r].message(),
                                  ") and the worker does not answer pings"));
+      } else if (results[r].code() == absl::StatusCode::kDeadlineExceeded && ended[r] >= deadline) {
+        ++overdue;  // alive, and still busy with the call (or just finished it)
       }
     }
   }
   if (failed == 0) return absl::OkStatus();
-  if (partial != nullptr) *partial = failed < n || transport_failures > 0;
+  outcome->partial = failed < n || transport_failures > 0;
+  outcome->overdue = overdue > 0;
   {
     absl::MutexLock lock(&mu_);
     for (int r = 0; r < n; ++r) {
@@ -263,13 +308,25 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
       return absl::UnavailableError(absl::StrCat("not serving: ", message_));
     }
   }
-  if (collective && (failed < n || transport_failures > 0)) {
+  if (overdue == failed) {
+    // Only slow, not broken: the ranks finish the call by themselves (a collective's ranks
+    // all run it to its end, or fail it alike after --collective_timeout_ms).
+    return absl::DeadlineExceededError(
+        absl::StrCat("the workers did not finish within the deadline (", overdue, " of ", n,
+                     " still running it; they finish it and its result is dropped)"));
+  }
+  if (options.collective && (failed < n || transport_failures > 0)) {
     Restart("a collective call failed on some workers");
   }
+  // The most telling error: a worker's own (DATA_LOSS naming a file) before ABORTED (another
+  // rank failed) before a transport failure.
+  auto rank_of = [](absl::StatusCode code) {
+    return IsTransport(code) ? 2 : code == absl::StatusCode::kAborted ? 1 : 0;
+  };
   int pick = -1;
   for (int r = 0; r < n; ++r) {
     if (!results[r].ok() &&
-        (pick < 0 || (IsTransport(results[pick].code()) && !IsTransport(results[r].code())))) {
+        (pick < 0 || rank_of(results[r].code()) < rank_of(results[pick].code()))) {
       pick = r;
     }
   }

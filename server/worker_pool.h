@@ -49,6 +49,29 @@ struct WorkerPoolOptions {
   absl::Duration collective_timeout = absl::Seconds(30);  // passed to the workers
 };
 
+// How ForEachWorker treats a fan-out.
+struct FanOutOptions {
+  // The call runs collectives on the workers: a failure that may have left ranks out of step
+  // (partial success, or a transport error other than an overdue call) restarts the
+  // generation (communicators rebuilt).
+  bool collective = false;
+  // Polled (every ~20 ms) while the calls run; when it returns true the calls are cancelled
+  // (a public call whose client left, a service shutting down). Null: never.
+  std::function<bool()> cancelled;
+};
+
+// What ForEachWorker learned beyond its status.
+struct FanOutOutcome {
+  // The call failed but may have taken effect on some workers: at least one rank succeeded,
+  // or a rank's answer never came (transport error, overdue).
+  bool partial = false;
+  // Some rank's call passed `deadline` while its worker still answers pings: the worker may
+  // still be running it (a synchronous handler does not stop when its caller gives up).
+  // Every other failure, if any, was overdue too; then nothing was restarted. The caller
+  // must wait for the workers to finish before it sends them the layer's next call.
+  bool overdue = false;
+};
+
 // The workers of one generation, by rank.
 struct WorkerSet {
   int64_t generation = 0;
@@ -98,8 +121,16 @@ class WorkerPool {
   // success, or a transport error) also restarts the generation (communicators rebuilt).
   // `partial` (optional) is set when the call failed but may have taken effect on some
   // workers: at least one rank succeeded, or a rank's answer never came (transport error).
+  // A worker's ABORTED is an answer (the engine's "another rank failed"), not transport.
   absl::Status ForEachWorker(const WorkerSet& set, absl::Time deadline, const WorkerFn& fn,
                              bool collective, bool* partial = nullptr);
+  // The same with options: a call that passes `deadline` on a live worker (every failure
+  // overdue) is DEADLINE_EXCEEDED with outcome->overdue set and restarts nothing, also when
+  // collective: a step that takes long is not a broken communicator. The caller waits for
+  // the workers (e.g. a call that takes the layer's slot on each) before the layer's next
+  // collective.
+  absl::Status ForEachWorker(const WorkerSet& set, absl::Time deadline, const WorkerFn& fn,
+                             const FanOutOptions& options, FanOutOutcome* outcome);
 
   // Marks `rank` dead (a process exit seen by the embedded launcher, a failed ping).
   void MarkDead(int rank, const std::string& why);

@@ -2,15 +2,14 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "engine/checkpoint.h"
 #include "engine/config_agreement.h"
 #include "engine/status_macros.h"
-#include "proto/chunking.h"
 #include "proto/config_convert.h"
 #include "proto/status_convert.h"
 #include "proto/tensor_convert.h"
@@ -33,6 +32,13 @@ void FillTiming(PhaseClock& clock, double decode_ms, double engine_ms, size_t by
 }
 
 }  // namespace
+
+bool WorkerService::CallCancelled(grpc::ServerContext* context) {
+  if (context == nullptr) return false;  // called in-process (tests), not through gRPC
+  // Checked directly as well: the synchronous API may learn of the deadline only when it
+  // next touches the call.
+  return context->IsCancelled() || std::chrono::system_clock::now() > context->deadline();
+}
 
 WorkerService::LayerSlot::~LayerSlot() {
   // The layer uses the backend and communicator: destroy it (and its steps) first.
@@ -140,9 +146,12 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
+grpc::Status WorkerService::CreateLayer(grpc::ServerContext* context,
                                         const internal::WorkerCreateLayerRequest* request,
                                         internal::WorkerCreateLayerResponse* response) {
+  // The front end gave up (its deadline, or its client's cancellation): initialisation stops
+  // between groups of experts, and the layer is not registered.
+  const std::function<bool()> cancelled = [context] { return CallCancelled(context); };
   absl::StatusOr<LayerConfig> config = ConfigFromProto(request->config());
   if (!config.ok()) return Grpc(config.status());
   std::string prefix;
@@ -180,7 +189,7 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
       CheckConfigAgreement(*config, slot->device.backend.get(), slot->device.comm.get());
   if (!agree.ok()) return Grpc(agree);
   absl::StatusOr<std::unique_ptr<MoeLayer>> layer =
-      MoeLayer::Create(*config, slot->device.backend.get(), slot->device.comm.get());
+      MoeLayer::Create(*config, slot->device.backend.get(), slot->device.comm.get(), cancelled);
   if (!layer.ok()) return Grpc(layer.status());
   slot->layer = std::move(*layer);
   if (request->restore()) {
@@ -204,6 +213,7 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext*,
   UpdateMemory(slot.get());
   response->set_first_expert(slot->layer->first_expert());
   response->set_local_experts(slot->layer->local_experts());
+  if (cancelled()) return Grpc(absl::CancelledError("CreateLayer cancelled by the front end"));
   absl::MutexLock lock(&mu_);
   if (request->generation() != generation_) {
     return Grpc(absl::FailedPreconditionError("generation changed during CreateLayer"));
@@ -378,110 +388,6 @@ grpc::Status WorkerService::ReleaseStep(grpc::ServerContext*,
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) {
     s->steps.erase(request->step_id());
     return absl::OkStatus();
-  });
-}
-
-grpc::Status WorkerService::GetTensors(grpc::ServerContext*,
-                                       const internal::WorkerGetTensorsRequest* request,
-                                       grpc::ServerWriter<v1::TensorChunk>* writer) {
-  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
-    for (const std::string& name : request->names()) {
-      ASSIGN_OR_RETURN(Tensor t, request->kind() == internal::TENSOR_KIND_GRADIENT
-                                     ? s->layer->GetGradient(name)
-                                     : s->layer->GetParameter(name));
-      RETURN_IF_ERROR(
-          ChunkTensor(name, t, request->max_chunk_bytes(), [&](const v1::TensorChunk& chunk) {
-            return writer->Write(chunk) ? absl::OkStatus()
-                                        : absl::CancelledError("front end stopped reading");
-          }));
-    }
-    return absl::OkStatus();
-  });
-}
-
-grpc::Status WorkerService::SetTensors(
-    grpc::ServerContext*, grpc::ServerReader<internal::WorkerSetTensorsRequest>* reader,
-    internal::WorkerEmpty*) {
-  internal::WorkerSetTensorsRequest request;
-  std::shared_ptr<LayerSlot> slot;
-  std::unique_ptr<ChunkAssembler> assembler;
-  while (reader->Read(&request)) {
-    if (slot == nullptr) {
-      absl::StatusOr<std::shared_ptr<LayerSlot>> found =
-          FindSlot(request.generation(), request.layer_id());
-      if (!found.ok()) return Grpc(found.status());
-      slot = *found;
-      // Expected shard shapes: the layer's current parameters.
-      std::map<std::string, ExpectedTensor> expected;
-      absl::MutexLock lock(&slot->mu);
-      for (const std::string& name : slot->layer->ParameterNames()) {
-        absl::StatusOr<Tensor> t = slot->layer->GetParameter(name);
-        if (!t.ok()) return Grpc(t.status());
-        expected[name] = ExpectedTensor{t->dtype(), t->shape()};
-      }
-      assembler = std::make_unique<ChunkAssembler>(std::move(expected));
-    }
-    absl::Status status = assembler->Add(request.chunk());
-    if (!status.ok()) return Grpc(status);
-  }
-  if (slot == nullptr) return grpc::Status::OK;
-  absl::StatusOr<std::vector<NamedTensor>> tensors = assembler->Finish();
-  if (!tensors.ok()) return Grpc(tensors.status());
-  absl::MutexLock lock(&slot->mu);
-  for (const auto& named : *tensors) {
-    absl::Status status = slot->layer->SetParameter(named.name, named.tensor);
-    if (!status.ok()) return Grpc(status);
-  }
-  UpdateMemory(slot.get());
-  return grpc::Status::OK;
-}
-
-grpc::Status WorkerService::ZeroGradients(grpc::ServerContext*,
-                                          const internal::WorkerLayerRequest* request,
-                                          internal::WorkerEmpty*) {
-  return OnLayer(request->generation(), request->layer_id(),
-                 [&](LayerSlot* s) { return s->layer->ZeroGradients(); });
-}
-
-grpc::Status WorkerService::ApplyOptimizer(grpc::ServerContext*,
-                                           const internal::WorkerOptimizerRequest* request,
-                                           internal::WorkerEmpty*) {
-  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
-    ASSIGN_OR_RETURN(OptimizerConfig optimizer,
-                     OptimizerFromProto(request->has_sgd() ? &request->sgd() : nullptr,
-                                        request->has_adamw() ? &request->adamw() : nullptr));
-    return s->layer->ApplyOptimizer(optimizer);
-  });
-}
-
-grpc::Status WorkerService::UpdateExpertBias(grpc::ServerContext*,
-                                             const internal::WorkerExpertBiasRequest* request,
-                                             internal::WorkerExpertBiasResponse* response) {
-  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
-    RETURN_IF_ERROR(s->layer->UpdateExpertBias(request->rate()));
-    ASSIGN_OR_RETURN(Tensor bias, s->layer->GetParameter("expert_bias"));
-    for (int64_t i = 0; i < bias.num_elements(); ++i) {
-      response->add_expert_bias(bias.data<float>()[i]);
-    }
-    return absl::OkStatus();
-  });
-}
-
-grpc::Status WorkerService::SaveCheckpoint(grpc::ServerContext*,
-                                           const internal::WorkerCheckpointRequest* request,
-                                           internal::WorkerEmpty*) {
-  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) {
-    return moe::SaveCheckpoint(*s->layer, request->directory());
-  });
-}
-
-grpc::Status WorkerService::LoadCheckpoint(grpc::ServerContext*,
-                                           const internal::WorkerCheckpointRequest* request,
-                                           internal::WorkerEmpty*) {
-  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
-    s->steps.clear();
-    RETURN_IF_ERROR(moe::LoadCheckpoint(s->layer.get(), request->directory()));
-    return s->layer->ZeroGradients();
   });
 }
 

@@ -26,12 +26,14 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "engine/checkpoint.h"
 #include "engine/comm/kv_store.h"
 #include "engine/moe_layer.h"
 #include "proto/tensor_wire.h"
@@ -102,6 +104,8 @@ class WorkerService final : public internal::Worker::Service {
                               internal::WorkerEmpty*) override;
   grpc::Status LoadCheckpoint(grpc::ServerContext*, const internal::WorkerCheckpointRequest*,
                               internal::WorkerEmpty*) override;
+  grpc::Status CommitStage(grpc::ServerContext*, const internal::WorkerCommitRequest*,
+                           internal::WorkerEmpty*) override;
   grpc::Status Ping(grpc::ServerContext*, const internal::PingRequest*,
                     internal::PingResponse*) override;
   grpc::Status Shutdown(grpc::ServerContext*, const internal::WorkerEmpty*,
@@ -116,11 +120,27 @@ class WorkerService final : public internal::Worker::Service {
     WorkerDevice device ABSL_GUARDED_BY(mu);
     std::unique_ptr<MoeLayer> layer ABSL_GUARDED_BY(mu);
     std::map<uint64_t, std::unique_ptr<StepContext>> steps ABSL_GUARDED_BY(mu);
+    // op_id of the last ApplyOptimizer / UpdateExpertBias applied (0: none): a retry of it
+    // is answered without applying it twice.
+    uint64_t last_op ABSL_GUARDED_BY(mu) = 0;
+    // A change read and verified but not applied, awaiting CommitStage: a checkpoint
+    // (LoadCheckpoint STAGE) or tensors (SetTensors with a stage_id). At most one of them.
+    uint64_t stage_id ABSL_GUARDED_BY(mu) = 0;
+    std::unique_ptr<StagedCheckpoint> staged ABSL_GUARDED_BY(mu);
+    std::vector<NamedTensor> staged_tensors ABSL_GUARDED_BY(mu);
+    void DropStage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      stage_id = 0;
+      staged.reset();
+      staged_tensors.clear();
+    }
     std::atomic<int64_t> memory_bytes{0};  // backend bytes after the last call (telemetry)
     std::atomic<int64_t> peak_bytes{0};
     ~LayerSlot();
   };
 
+  // The front end gave up on the call: cancelled, or its deadline passed (never for a null
+  // context: a call made in-process).
+  static bool CallCancelled(grpc::ServerContext* context);
   // The slot of `layer_id` in `generation`: FAILED_PRECONDITION for another generation,
   // NOT_FOUND for an unknown layer.
   absl::StatusOr<std::shared_ptr<LayerSlot>> FindSlot(int64_t generation, uint64_t layer_id);
