@@ -76,8 +76,8 @@ TEST_F(DeniedTest, RefusedCallsAreCountedByRoleAndCode) {
   WithToken(&allowed, "read-token");
   EXPECT_TRUE(stub_->ListLayers(&allowed, v1::ListLayersRequest(), &listed).ok());
   const std::string text = metrics_.Render();
-  EXPECT_THAT(text, HasSubstr("moed_denied_total{role=\"read\",code=\"16\"} 1\n"));
-  EXPECT_THAT(text, HasSubstr("moed_denied_total{role=\"admin\",code=\"7\"} 1\n"));
+  EXPECT_THAT(text, HasSubstr("moed_denied_total{code=\"16\",role=\"read\"} 1"));
+  EXPECT_THAT(text, HasSubstr("moed_denied_total{code=\"7\",role=\"admin\"} 1"));
 }
 
 TEST_F(DeniedTest, ARefusedStreamTakesNoHandlerThread) {
