@@ -13,7 +13,7 @@
 //                                               const GetWeightsRequest* request) override {
 //     return StreamWriter<Chunk>::Start(&handlers_, [=](StreamWriter<Chunk>* writer) {
 //       return DoGetWeights(context, request, writer);
-//     });
+//     }, /*client=*/PeerHost(*context));
 //   }
 #ifndef MOED_SERVER_CALLBACK_H_
 #define MOED_SERVER_CALLBACK_H_
@@ -22,6 +22,7 @@
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <string>
 #include <thread>
 #include <utility>
@@ -35,10 +36,12 @@ namespace moe {
 
 // Threads for the bodies of calls. It grows on demand up to max_threads (threads are kept
 // once started); a call that finds all of them busy is refused (RESOURCE_EXHAUSTED) instead
-// of queueing behind calls that may wait for minutes.
+// of queueing behind calls that may wait for minutes. With max_per_client > 0, one client
+// (a key the caller chooses: a token, a peer address) runs at most that many bodies at once;
+// its next call is refused (RESOURCE_EXHAUSTED) while other clients still find threads.
 class HandlerPool {
  public:
-  explicit HandlerPool(int max_threads);
+  explicit HandlerPool(int max_threads, int max_per_client = 0);
   ~HandlerPool();  // waits for the running bodies, then joins every thread
   HandlerPool(const HandlerPool&) = delete;
   HandlerPool& operator=(const HandlerPool&) = delete;
@@ -48,32 +51,45 @@ class HandlerPool {
   // free. False (nothing run) when max_threads bodies are running.
   bool TrySubmit(std::function<grpc::Status()> body,
                  std::function<void(const grpc::Status&)> finish);
-  // What a refused call answers.
+  // The same for a call of `client` (empty: no per-client limit): OK when the body was
+  // queued; RESOURCE_EXHAUSTED (what the call answers, naming the limit) when max_threads
+  // bodies run, or max_per_client of this client's.
+  grpc::Status Submit(const std::string& client, std::function<grpc::Status()> body,
+                      std::function<void(const grpc::Status&)> finish);
+  // What a call refused because every thread is busy answers.
   grpc::Status BusyStatus() const;
 
  private:
   void Loop();
 
   const int max_threads_;
+  const int max_per_client_;
   absl::Mutex mu_;
   struct Work {
+    std::string client;
     std::function<grpc::Status()> body;
     std::function<void(const grpc::Status&)> finish;
   };
+  std::map<std::string, int> per_client_ ABSL_GUARDED_BY(mu_);  // bodies queued or running
   std::deque<Work> queue_ ABSL_GUARDED_BY(mu_);
   int busy_ ABSL_GUARDED_BY(mu_) = 0;  // bodies queued or running
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 
+// The caller's address without its port ("ipv4:10.0.0.7", "ipv6:[::1]"): a per-client key
+// for HandlerPool when calls carry no token.
+std::string PeerHost(const grpc::ServerContextBase& context);
+
 // A unary call: body() -> grpc::Status runs on the pool, then the call finishes with it.
+// `client`: HandlerPool's per-client key (empty: none).
 template <typename Body>
 grpc::ServerUnaryReactor* RunUnary(grpc::CallbackServerContext* context, HandlerPool* pool,
-                                   Body body) {
+                                   Body body, const std::string& client = "") {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!pool->TrySubmit(body, [reactor](const grpc::Status& s) { reactor->Finish(s); })) {
-    reactor->Finish(pool->BusyStatus());
-  }
+  grpc::Status queued =
+      pool->Submit(client, body, [reactor](const grpc::Status& s) { reactor->Finish(s); });
+  if (!queued.ok()) reactor->Finish(queued);
   return reactor;
 }
 
@@ -125,13 +141,13 @@ class PendingOp {
 };
 
 // Runs body(reactor) -> grpc::Status on the pool and finishes the reactor with it (or with
-// BusyStatus when the pool is full).
+// the refusal when the pool, or `client`'s share of it, is full).
 template <typename Reactor, typename Body>
-Reactor* FinishOnPool(HandlerPool* pool, Reactor* reactor, Body body) {
-  if (!pool->TrySubmit([reactor, body]() mutable { return body(reactor); },
-                       [reactor](const grpc::Status& s) { reactor->Finish(s); })) {
-    reactor->Finish(pool->BusyStatus());
-  }
+Reactor* FinishOnPool(HandlerPool* pool, const std::string& client, Reactor* reactor, Body body) {
+  grpc::Status queued = pool->Submit(
+      client, [reactor, body]() mutable { return body(reactor); },
+      [reactor](const grpc::Status& s) { reactor->Finish(s); });
+  if (!queued.ok()) reactor->Finish(queued);
   return reactor;
 }
 
@@ -141,8 +157,15 @@ class StreamWriter final : public grpc::ServerWriteReactor<Message> {
  public:
   // body(StreamWriter*) -> grpc::Status runs on the pool; the call finishes with its status.
   template <typename Body>
-  static grpc::ServerWriteReactor<Message>* Start(HandlerPool* pool, Body body) {
-    return FinishOnPool(pool, new StreamWriter(), body);  // deletes itself in OnDone
+  static grpc::ServerWriteReactor<Message>* Start(HandlerPool* pool, Body body,
+                                                  const std::string& client = "") {
+    return FinishOnPool(pool, client, new StreamWriter(), body);  // deletes itself in OnDone
+  }
+  // A call refused before any thread is taken (a token without the role): finished at once.
+  static grpc::ServerWriteReactor<Message>* Refuse(const grpc::Status& status) {
+    auto* reactor = new StreamWriter();
+    reactor->Finish(status);
+    return reactor;  // deletes itself in OnDone
   }
 
   // Sends one message and waits until gRPC has taken it (flow control holds a reader that
@@ -170,8 +193,15 @@ class StreamReader final : public grpc::ServerReadReactor<Message> {
  public:
   // body(StreamReader*) -> grpc::Status runs on the pool; the call finishes with its status.
   template <typename Body>
-  static grpc::ServerReadReactor<Message>* Start(HandlerPool* pool, Body body) {
-    return FinishOnPool(pool, new StreamReader(), body);  // deletes itself in OnDone
+  static grpc::ServerReadReactor<Message>* Start(HandlerPool* pool, Body body,
+                                                 const std::string& client = "") {
+    return FinishOnPool(pool, client, new StreamReader(), body);  // deletes itself in OnDone
+  }
+  // A call refused before any thread is taken (a token without the role): finished at once.
+  static grpc::ServerReadReactor<Message>* Refuse(const grpc::Status& status) {
+    auto* reactor = new StreamReader();
+    reactor->Finish(status);
+    return reactor;  // deletes itself in OnDone
   }
 
   // The next message of the stream; false at its end (or when the call is over).
@@ -199,8 +229,15 @@ class StreamReaderWriter final : public grpc::ServerBidiReactor<Request, Respons
  public:
   // body(StreamReaderWriter*) -> grpc::Status runs on the pool; the call finishes with it.
   template <typename Body>
-  static grpc::ServerBidiReactor<Request, Response>* Start(HandlerPool* pool, Body body) {
-    return FinishOnPool(pool, new StreamReaderWriter(), body);  // deletes itself in OnDone
+  static grpc::ServerBidiReactor<Request, Response>* Start(HandlerPool* pool, Body body,
+                                                           const std::string& client = "") {
+    return FinishOnPool(pool, client, new StreamReaderWriter(), body);  // deletes itself in OnDone
+  }
+  // A call refused before any thread is taken (a token without the role): finished at once.
+  static grpc::ServerBidiReactor<Request, Response>* Refuse(const grpc::Status& status) {
+    auto* reactor = new StreamReaderWriter();
+    reactor->Finish(status);
+    return reactor;  // deletes itself in OnDone
   }
 
   // The next message; false at the end of the client's half (or when the call is over).

@@ -167,8 +167,13 @@ std::shared_ptr<grpc::Channel> ClusterSecret::Channel(const std::string& target,
                                                       const grpc::ChannelArguments& args) const {
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
   factories.push_back(std::make_unique<SecretInterceptorFactory>(value_));
+  grpc::ChannelArguments channel_args = args;
+  if (credentials_ != nullptr && !server_name_.empty()) {
+    channel_args.SetSslTargetNameOverride(server_name_);
+  }
   return grpc::experimental::CreateCustomChannelWithInterceptors(
-      target, grpc::InsecureChannelCredentials(), args, std::move(factories));
+      target, credentials_ != nullptr ? credentials_ : grpc::InsecureChannelCredentials(),
+      channel_args, std::move(factories));
 }
 
 }  // namespace moe

@@ -1,8 +1,9 @@
 // The internal plane's shared secret: moed, its Coordinator and every moe-worker hold the same
 // random string; every internal call carries it in the metadata entry kClusterSecretMetadata,
 // and both services refuse a call without it (UNAUTHENTICATED) or with another one
-// (PERMISSION_DENIED). It proves membership only: the channels stay plaintext and Gloo/NCCL
-// traffic is not covered (docs/SECURITY.md, "Internal plane").
+// (PERMISSION_DENIED). It proves membership only: the channels are plaintext unless the
+// internal plane's TLS is on (server/internal_tls.h), and Gloo/NCCL traffic is not covered
+// (docs/SECURITY.md, "Internal plane").
 //
 // Where it comes from: moed generates one at start (32 random bytes, hex) unless given
 // --cluster_secret_file; embedded workers inherit it through a memfd whose number is on their
@@ -46,9 +47,17 @@ class ClusterSecret {
   // PERMISSION_DENIED when it carries another (compared in constant time).
   grpc::Status Check(const grpc::ServerContextBase& context) const;
 
-  // A channel whose every call carries the secret (a client interceptor adds it).
+  // A channel whose every call carries the secret (a client interceptor adds it); plaintext
+  // unless UseChannelCredentials.
   std::shared_ptr<grpc::Channel> Channel(const std::string& target,
                                          const grpc::ChannelArguments& args) const;
+  // Channel() uses `credentials` from now on (the internal plane's TLS: server/internal_tls.h),
+  // checking servers' certificates against `server_name` when not empty.
+  void UseChannelCredentials(std::shared_ptr<grpc::ChannelCredentials> credentials,
+                             std::string server_name) {
+    credentials_ = std::move(credentials);
+    server_name_ = std::move(server_name);
+  }
 
   const std::string& value() const { return value_; }
 
@@ -57,6 +66,8 @@ class ClusterSecret {
  private:
   explicit ClusterSecret(std::string value) : value_(std::move(value)) {}
   std::string value_;
+  std::shared_ptr<grpc::ChannelCredentials> credentials_;  // null: plaintext
+  std::string server_name_;
 };
 
 }  // namespace moe

@@ -48,6 +48,11 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                    .Name("moed_requests_total")
                    .Help("Public RPCs answered, by method and gRPC status code.")
                    .Register(r);
+  denied_ = &prometheus::BuildCounter()
+                 .Name("moed_denied_total")
+                 .Help("Public RPCs refused by the token check (code 16 UNAUTHENTICATED, 7 "
+                       "PERMISSION_DENIED), by the role they needed.")
+                 .Register(r);
   request_seconds_ = &prometheus::BuildHistogram()
                           .Name("moed_request_duration_seconds")
                           .Help("Latency of public RPCs in moed (receipt to answer), by method.")
@@ -119,6 +124,10 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
 }
 
 Metrics::~Metrics() = default;
+
+void Metrics::CountDenied(const std::string& role, int grpc_code) {
+  denied_->Add({{"role", role}, {"code", absl::StrCat(grpc_code)}}).Increment();
+}
 
 void Metrics::CountRequest(const std::string& method, int grpc_code, double seconds) {
   requests_->Add({{"method", method}, {"code", absl::StrCat(grpc_code)}}).Increment();

@@ -67,6 +67,9 @@ class Metrics {
   // A public RPC answered: moed_requests_total{method,code} and
   // moed_request_duration_seconds{method}.
   void CountRequest(const std::string& method, int grpc_code, double seconds);
+  // A public call refused by the role check (UNAUTHENTICATED / PERMISSION_DENIED), by the
+  // role it needed: moed_denied_total{role,code}.
+  void CountDenied(const std::string& role, int grpc_code);
   // A step's moed phases (seconds): moed_step_phase_seconds{layer,call,phase} for phase =
   // queue (waiting for the layer's turn), workers (the fan-out: the workers' calls), gather.
   void ObserveStep(const std::string& layer, const std::string& call, double queue_s,
@@ -102,6 +105,7 @@ class Metrics {
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> collectable_;
   prometheus::Family<prometheus::Counter>* requests_;
+  prometheus::Family<prometheus::Counter>* denied_;
   prometheus::Family<prometheus::Histogram>* request_seconds_;
   prometheus::Family<prometheus::Histogram>* phase_seconds_;
   prometheus::Family<prometheus::Counter>* payload_bytes_;

@@ -19,7 +19,7 @@ MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics
     : options_(std::move(options)),
       pool_(pool),
       metrics_(metrics),
-      handlers_(options_.handler_threads) {
+      handlers_(options_.handler_threads, options_.handler_threads_per_client) {
   if (options_.allow_client_shm) {
     shm_ = std::make_unique<SharedMemoryRegistry>(options_.shm_idle_timeout);
   }

@@ -63,6 +63,15 @@ struct ServiceOptions {
   // Calls whose bodies may run at once (each waits on its own thread for a layer's turn and
   // for the workers); a call beyond it is RESOURCE_EXHAUSTED.
   int handler_threads = 1024;
+  // Calls of one client (its token's hash with a tokens file, else its address) whose bodies
+  // may run at once; beyond it that client's call is RESOURCE_EXHAUSTED naming
+  // --handler_threads_per_client. Zero: no per-client limit.
+  int handler_threads_per_client = 0;
+  // Tensors that ForwardStream / BackwardStream steps of all clients assemble in moed at once,
+  // counted by the size their first message announces (shape x datatype) before any piece is
+  // read; a step that would pass it while others hold something is RESOURCE_EXHAUSTED naming
+  // --max_inflight_bytes (one alone is always admitted: max_stream_bytes bounds it).
+  int64_t max_inflight_bytes = int64_t{4} << 30;
   // Whole-layer tensors that weight streams of all clients hold in moed at once: GetWeights /
   // GetGradients gather theirs from the workers, SetWeights assembles what the client sends;
   // released when the stream ends. A stream that would pass it while others hold something is
@@ -361,6 +370,20 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
                             const google::protobuf::RepeatedPtrField<std::string>& requested,
                             int64_t max_chunk_bytes, StreamWriter<v1::TensorChunk>* writer);
   grpc::Status Finish(const char* method, absl::Time start, const absl::Status& status);
+  // Authorize (server/auth.h) that counts a refusal in metrics (moed_denied_total).
+  absl::Status Allow(const grpc::ServerContextBase& context, Role role) const;
+  // HandlerPool's per-client key of a call: its token's hash (with a tokens file), else the
+  // caller's address without port.
+  std::string ClientOf(const grpc::ServerContextBase& context) const;
+  // A unary call: the role check inline (a refused call takes no thread), then the body on
+  // handlers_ under the caller's per-client limit (moe_service_rpcs.cc).
+  template <typename Body>
+  grpc::ServerUnaryReactor* RunAuthorized(grpc::CallbackServerContext* context, Role role,
+                                          Body body);
+  // max_inflight_bytes: reserves `bytes` for a streamed step's tensor, or RESOURCE_EXHAUSTED
+  // naming the flag when the steps being assembled already hold too much.
+  absl::Status HoldInflightBytes(int64_t bytes);
+  void ReleaseInflightBytes(int64_t bytes);
   // max_stream_bytes: adds `bytes` to what this stream holds (*held) unless other streams
   // already hold something and the total would pass the limit (RESOURCE_EXHAUSTED).
   absl::Status HoldStreamBytes(int64_t bytes, int64_t* held);
@@ -381,7 +404,8 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
   std::unique_ptr<SharedMemoryRegistry> shm_;
 
   absl::Mutex stream_mu_;
-  int64_t stream_bytes_ ABSL_GUARDED_BY(stream_mu_) = 0;  // held by open tensor streams
+  int64_t stream_bytes_ ABSL_GUARDED_BY(stream_mu_) = 0;    // held by open tensor streams
+  int64_t inflight_bytes_ ABSL_GUARDED_BY(stream_mu_) = 0;  // streamed steps' tensors
 
   std::atomic<bool> stopping_drains_{false};  // set first by the destructor
 

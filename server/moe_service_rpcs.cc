@@ -1,7 +1,8 @@
 // MoeServiceImpl on gRPC's callback API: the entry point of every RPC. Calls that may wait
 // (a layer's turn, the workers) run their body on a HandlerPool thread (server/callback.h);
 // ListLayers, GetLayer and GetStatus only read the front end's books and answer inline.
-// Every call first checks the caller's role (server/auth.h; the table in server/README.md).
+// Every call first checks the caller's role (server/auth.h; the table in server/README.md),
+// before it takes a handler thread; a refused call is counted (moed_denied_total).
 #include "proto/status_convert.h"
 #include "server/auth.h"
 #include "server/moe_service.h"
@@ -18,35 +19,55 @@ grpc::ServerUnaryReactor* FinishInline(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+}  // namespace
+
+absl::Status MoeServiceImpl::Allow(const grpc::ServerContextBase& context, Role role) const {
+  absl::Status allowed = Authorize(options_.auth, context, role);
+  if (!allowed.ok()) {
+    metrics_->CountDenied(std::string(RoleName(role)), static_cast<int>(allowed.code()));
+  }
+  return allowed;
+}
+
+std::string MoeServiceImpl::ClientOf(const grpc::ServerContextBase& context) const {
+  if (options_.auth != nullptr) {
+    // Only calls with a known token get this far: its hash names the client wherever it
+    // connects from.
+    const auto& metadata = context.client_metadata();
+    auto it = metadata.find("authorization");
+    if (it != metadata.end()) {
+      return "token " + Sha256Hex(absl::string_view(it->second.data(), it->second.size()));
+    }
+  }
+  return PeerHost(context);
+}
+
 // Checks the caller's role (server/auth.h) before the body is queued: a refused call never
 // takes a handler thread.
 template <typename Body>
-grpc::ServerUnaryReactor* RunAuthorized(grpc::CallbackServerContext* context,
-                                        const TokenAuthenticator* auth, Role role,
-                                        HandlerPool* pool, Body body) {
-  absl::Status allowed = Authorize(auth, *context, role);
+grpc::ServerUnaryReactor* MoeServiceImpl::RunAuthorized(grpc::CallbackServerContext* context,
+                                                        Role role, Body body) {
+  absl::Status allowed = Allow(*context, role);
   if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
-  return RunUnary(context, pool, std::move(body));
+  return RunUnary(context, &handlers_, std::move(body), ClientOf(*context));
 }
 
-}  // namespace
-
-// Inside a stream body (grpc::Status result).
-#define RETURN_IF_DENIED(role)                                                        \
-  if (absl::Status allowed = Authorize(options_.auth, *context, role); !allowed.ok()) \
-  return ToGrpcStatus(allowed)
+// A stream refused before its body takes a handler thread.
+#define REFUSE_STREAM_IF_DENIED(Stream, role)                      \
+  if (absl::Status allowed = Allow(*context, role); !allowed.ok()) \
+  return Stream::Refuse(ToGrpcStatus(allowed))
 
 grpc::ServerUnaryReactor* MoeServiceImpl::CreateLayer(grpc::CallbackServerContext* context,
                                                       const v1::CreateLayerRequest* request,
                                                       v1::CreateLayerResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kAdmin, &handlers_,
+  return RunAuthorized(context, Role::kAdmin,
                        [=] { return DoCreateLayer(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::DeleteLayer(grpc::CallbackServerContext* context,
                                                       const v1::DeleteLayerRequest* request,
                                                       v1::DeleteLayerResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kAdmin, &handlers_,
+  return RunAuthorized(context, Role::kAdmin,
                        [=] { return DoDeleteLayer(context, request, response); });
 }
 
@@ -54,7 +75,7 @@ grpc::ServerUnaryReactor* MoeServiceImpl::Forward(grpc::CallbackServerContext* c
                                                   const v1::ForwardRequest* request,
                                                   v1::ForwardResponse* response) {
   const Role role = request->keep_for_backward() ? Role::kTrain : Role::kInfer;
-  return RunAuthorized(context, options_.auth, role, &handlers_, [=] {
+  return RunAuthorized(context, role, [=] {
     grpc::Status status = DoForward(context, request, response);
     ForgetRetiredShm();  // a region unregistered while this step used it
     return status;
@@ -64,7 +85,7 @@ grpc::ServerUnaryReactor* MoeServiceImpl::Forward(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* MoeServiceImpl::Backward(grpc::CallbackServerContext* context,
                                                    const v1::BackwardRequest* request,
                                                    v1::BackwardResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_, [=] {
+  return RunAuthorized(context, Role::kTrain, [=] {
     grpc::Status status = DoBackward(context, request, response);
     ForgetRetiredShm();  // a region unregistered while this step used it
     return status;
@@ -74,7 +95,7 @@ grpc::ServerUnaryReactor* MoeServiceImpl::Backward(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* MoeServiceImpl::ReleaseStep(grpc::CallbackServerContext* context,
                                                       const v1::ReleaseStepRequest* request,
                                                       v1::ReleaseStepResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_,
+  return RunAuthorized(context, Role::kTrain,
                        [=] { return DoReleaseStep(context, request, response); });
 }
 
@@ -83,60 +104,60 @@ grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardResponse>* MoeServiceImpl
   using Stream = StreamReaderWriter<v1::ForwardRequest, v1::ForwardResponse>;
   // kInfer before a byte is read; kTrain as well once the first message asks to keep the
   // step (DoForwardStream).
-  return Stream::Start(&handlers_, [=](Stream* stream) {
-    RETURN_IF_DENIED(Role::kInfer);
-    return DoForwardStream(context, stream);
-  });
+  REFUSE_STREAM_IF_DENIED(Stream, Role::kInfer);
+  return Stream::Start(
+      &handlers_, [=](Stream* stream) { return DoForwardStream(context, stream); },
+      ClientOf(*context));
 }
 
 grpc::ServerBidiReactor<v1::BackwardRequest, v1::BackwardResponse>* MoeServiceImpl::BackwardStream(
     grpc::CallbackServerContext* context) {
   using Stream = StreamReaderWriter<v1::BackwardRequest, v1::BackwardResponse>;
-  return Stream::Start(&handlers_, [=](Stream* stream) {
-    RETURN_IF_DENIED(Role::kTrain);
-    return DoBackwardStream(context, stream);
-  });
+  REFUSE_STREAM_IF_DENIED(Stream, Role::kTrain);
+  return Stream::Start(
+      &handlers_, [=](Stream* stream) { return DoBackwardStream(context, stream); },
+      ClientOf(*context));
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::ZeroGradients(grpc::CallbackServerContext* context,
                                                         const v1::ZeroGradientsRequest* request,
                                                         v1::ZeroGradientsResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_,
+  return RunAuthorized(context, Role::kTrain,
                        [=] { return DoZeroGradients(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::ApplyOptimizer(grpc::CallbackServerContext* context,
                                                          const v1::ApplyOptimizerRequest* request,
                                                          v1::ApplyOptimizerResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_,
+  return RunAuthorized(context, Role::kTrain,
                        [=] { return DoApplyOptimizer(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::UpdateExpertBias(
     grpc::CallbackServerContext* context, const v1::UpdateExpertBiasRequest* request,
     v1::UpdateExpertBiasResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kTrain, &handlers_,
+  return RunAuthorized(context, Role::kTrain,
                        [=] { return DoUpdateExpertBias(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::SaveCheckpoint(grpc::CallbackServerContext* context,
                                                          const v1::SaveCheckpointRequest* request,
                                                          v1::SaveCheckpointResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kAdmin, &handlers_,
+  return RunAuthorized(context, Role::kAdmin,
                        [=] { return DoSaveCheckpoint(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::LoadCheckpoint(grpc::CallbackServerContext* context,
                                                          const v1::LoadCheckpointRequest* request,
                                                          v1::LoadCheckpointResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kAdmin, &handlers_,
+  return RunAuthorized(context, Role::kAdmin,
                        [=] { return DoLoadCheckpoint(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::ListLayers(grpc::CallbackServerContext* context,
                                                      const v1::ListLayersRequest* request,
                                                      v1::ListLayersResponse* response) {
-  absl::Status allowed = Authorize(options_.auth, *context, Role::kRead);
+  absl::Status allowed = Allow(*context, Role::kRead);
   if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
   return FinishInline(context, DoListLayers(context, request, response));
 }
@@ -144,7 +165,7 @@ grpc::ServerUnaryReactor* MoeServiceImpl::ListLayers(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* MoeServiceImpl::GetLayer(grpc::CallbackServerContext* context,
                                                    const v1::GetLayerRequest* request,
                                                    v1::GetLayerResponse* response) {
-  absl::Status allowed = Authorize(options_.auth, *context, Role::kRead);
+  absl::Status allowed = Allow(*context, Role::kRead);
   if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
   return FinishInline(context, DoGetLayer(context, request, response));
 }
@@ -152,63 +173,63 @@ grpc::ServerUnaryReactor* MoeServiceImpl::GetLayer(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* MoeServiceImpl::GetStatus(grpc::CallbackServerContext* context,
                                                     const v1::GetStatusRequest* request,
                                                     v1::GetStatusResponse* response) {
-  absl::Status allowed = Authorize(options_.auth, *context, Role::kRead);
+  absl::Status allowed = Allow(*context, Role::kRead);
   if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
   return FinishInline(context, DoGetStatus(context, request, response));
 }
 
 grpc::ServerWriteReactor<v1::TensorChunk>* MoeServiceImpl::GetGradients(
     grpc::CallbackServerContext* context, const v1::GetGradientsRequest* request) {
-  return StreamWriter<v1::TensorChunk>::Start(&handlers_,
-                                              [=](StreamWriter<v1::TensorChunk>* writer) {
-                                                RETURN_IF_DENIED(Role::kTrain);
-                                                return DoGetGradients(context, request, writer);
-                                              });
+  using Stream = StreamWriter<v1::TensorChunk>;
+  REFUSE_STREAM_IF_DENIED(Stream, Role::kTrain);
+  return Stream::Start(
+      &handlers_, [=](Stream* writer) { return DoGetGradients(context, request, writer); },
+      ClientOf(*context));
 }
 
 grpc::ServerWriteReactor<v1::TensorChunk>* MoeServiceImpl::GetWeights(
     grpc::CallbackServerContext* context, const v1::GetWeightsRequest* request) {
-  return StreamWriter<v1::TensorChunk>::Start(&handlers_,
-                                              [=](StreamWriter<v1::TensorChunk>* writer) {
-                                                RETURN_IF_DENIED(Role::kRead);
-                                                return DoGetWeights(context, request, writer);
-                                              });
+  using Stream = StreamWriter<v1::TensorChunk>;
+  REFUSE_STREAM_IF_DENIED(Stream, Role::kRead);
+  return Stream::Start(
+      &handlers_, [=](Stream* writer) { return DoGetWeights(context, request, writer); },
+      ClientOf(*context));
 }
 
 grpc::ServerReadReactor<v1::SetWeightsRequest>* MoeServiceImpl::SetWeights(
     grpc::CallbackServerContext* context, v1::SetWeightsResponse* response) {
-  return StreamReader<v1::SetWeightsRequest>::Start(
-      &handlers_, [=](StreamReader<v1::SetWeightsRequest>* reader) {
-        RETURN_IF_DENIED(Role::kAdmin);
-        return DoSetWeights(context, reader, response);
-      });
+  using Stream = StreamReader<v1::SetWeightsRequest>;
+  REFUSE_STREAM_IF_DENIED(Stream, Role::kAdmin);
+  return Stream::Start(
+      &handlers_, [=](Stream* reader) { return DoSetWeights(context, reader, response); },
+      ClientOf(*context));
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::RegisterSystemSharedMemory(
     grpc::CallbackServerContext* context, const v1::RegisterSystemSharedMemoryRequest* request,
     v1::RegisterSystemSharedMemoryResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kInfer, &handlers_,
+  return RunAuthorized(context, Role::kInfer,
                        [=] { return DoRegisterSystemSharedMemory(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::SystemSharedMemoryStatus(
     grpc::CallbackServerContext* context, const v1::SystemSharedMemoryStatusRequest* request,
     v1::SystemSharedMemoryStatusResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kInfer, &handlers_,
+  return RunAuthorized(context, Role::kInfer,
                        [=] { return DoSystemSharedMemoryStatus(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::UnregisterSystemSharedMemory(
     grpc::CallbackServerContext* context, const v1::UnregisterSystemSharedMemoryRequest* request,
     v1::UnregisterSystemSharedMemoryResponse* response) {
-  return RunAuthorized(context, options_.auth, Role::kInfer, &handlers_,
+  return RunAuthorized(context, Role::kInfer,
                        [=] { return DoUnregisterSystemSharedMemory(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::RegisterCudaSharedMemory(
     grpc::CallbackServerContext* context, const v1::RegisterCudaSharedMemoryRequest*,
     v1::RegisterCudaSharedMemoryResponse*) {
-  absl::Status allowed = Authorize(options_.auth, *context, Role::kInfer);
+  absl::Status allowed = Allow(*context, Role::kInfer);
   return FinishInline(context,
                       ToGrpcStatus(allowed.ok() ? absl::UnimplementedError(
                                                       "CUDA shared memory is not implemented yet; "

@@ -2,9 +2,12 @@
 // than one message (proto/moe.proto). The request's tensor is assembled from its pieces, the
 // step runs exactly as the unary call (DoForward / DoBackward: same validation, same bytes to
 // the workers, so the results are bit-identical), and the answer's tensor goes back in pieces.
+// The tensor's declared size is admitted against --max_stream_bytes (one step) and
+// --max_inflight_bytes (all streamed steps at once) before its first piece is read.
 #include <algorithm>
 #include <string>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
 #include "proto/status_convert.h"
@@ -38,10 +41,11 @@ absl::StatusOr<int64_t> DeclaredBytes(absl::string_view field, const v1::Tensor&
 // Reads the request stream into *request: the first message whole (check_first(it) must
 // pass before more is read), then the pieces of the tensor `mutable_tensor` selects, appended
 // to its raw_data. `max_bytes` bounds the declared size (moed assembles the tensor in memory).
-template <typename Request, typename Response, typename CheckFirst>
+// `admit(want)` reserves the declared size among all streamed steps before a piece is read.
+template <typename Request, typename Response, typename CheckFirst, typename Admit>
 absl::Status ReadPieces(StreamReaderWriter<Request, Response>* stream,
                         v1::Tensor* (Request::*mutable_tensor)(), absl::string_view field,
-                        int64_t max_bytes, CheckFirst check_first, Request* request) {
+                        int64_t max_bytes, CheckFirst check_first, Admit admit, Request* request) {
   if (!stream->Read(request)) return absl::CancelledError("the stream ended before a request");
   RETURN_IF_ERROR(check_first(*request));
   v1::Tensor* tensor = (request->*mutable_tensor)();
@@ -51,6 +55,7 @@ absl::Status ReadPieces(StreamReaderWriter<Request, Response>* stream,
         field, ": ", want, " bytes, more than one streamed step may hold in moed (limit ",
         "--max_stream_bytes=", max_bytes, ")"));
   }
+  RETURN_IF_ERROR(admit(want));
   std::string* raw = tensor->mutable_raw_data();
   raw->reserve(want);
   Request piece;
@@ -88,6 +93,24 @@ absl::Status WritePieces(StreamReaderWriter<Request, Response>* stream,
 
 }  // namespace
 
+absl::Status MoeServiceImpl::HoldInflightBytes(int64_t bytes) {
+  absl::MutexLock lock(&stream_mu_);
+  // One step alone is always admitted (--max_stream_bytes bounds it).
+  if (inflight_bytes_ > 0 && bytes > options_.max_inflight_bytes - inflight_bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "a streamed step of ", bytes, " bytes while streamed steps being assembled hold ",
+        inflight_bytes_, " bytes (limit --max_inflight_bytes=", options_.max_inflight_bytes,
+        "); retry later"));
+  }
+  inflight_bytes_ += bytes;
+  return absl::OkStatus();
+}
+
+void MoeServiceImpl::ReleaseInflightBytes(int64_t bytes) {
+  absl::MutexLock lock(&stream_mu_);
+  inflight_bytes_ -= bytes;
+}
+
 grpc::Status MoeServiceImpl::DoForwardStream(
     grpc::ServerContextBase* context,
     StreamReaderWriter<v1::ForwardRequest, v1::ForwardResponse>* stream) {
@@ -95,11 +118,17 @@ grpc::Status MoeServiceImpl::DoForwardStream(
   v1::ForwardRequest request;
   // Keeping the step for a Backward needs the train role (as the unary Forward).
   auto may_keep = [&](const v1::ForwardRequest& first) {
-    return first.keep_for_backward() ? Authorize(options_.auth, *context, Role::kTrain)
-                                     : absl::OkStatus();
+    return first.keep_for_backward() ? Allow(*context, Role::kTrain) : absl::OkStatus();
+  };
+  int64_t held = 0;  // of max_inflight_bytes, until the step's answer is out
+  absl::Cleanup release = [this, &held] { ReleaseInflightBytes(held); };
+  auto admit = [&](int64_t bytes) {
+    RETURN_IF_ERROR(HoldInflightBytes(bytes));
+    held = bytes;
+    return absl::OkStatus();
   };
   absl::Status read = ReadPieces(stream, &v1::ForwardRequest::mutable_x, "x",
-                                 options_.max_stream_bytes, may_keep, &request);
+                                 options_.max_stream_bytes, may_keep, admit, &request);
   if (!read.ok()) return ToGrpcStatus(read);
   v1::ForwardResponse response;
   grpc::Status step = DoForward(context, &request, &response);
@@ -114,9 +143,16 @@ grpc::Status MoeServiceImpl::DoBackwardStream(
     StreamReaderWriter<v1::BackwardRequest, v1::BackwardResponse>* stream) {
   stream->CancelIfIdle(options_.stream_idle_timeout, context);
   v1::BackwardRequest request;
+  int64_t held = 0;  // of max_inflight_bytes, until the step's answer is out
+  absl::Cleanup release = [this, &held] { ReleaseInflightBytes(held); };
+  auto admit = [&](int64_t bytes) {
+    RETURN_IF_ERROR(HoldInflightBytes(bytes));
+    held = bytes;
+    return absl::OkStatus();
+  };
   absl::Status read = ReadPieces(
       stream, &v1::BackwardRequest::mutable_d_out, "d_out", options_.max_stream_bytes,
-      [](const v1::BackwardRequest&) { return absl::OkStatus(); }, &request);
+      [](const v1::BackwardRequest&) { return absl::OkStatus(); }, admit, &request);
   if (!read.ok()) return ToGrpcStatus(read);
   v1::BackwardResponse response;
   grpc::Status step = DoBackward(context, &request, &response);

@@ -8,14 +8,13 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <pwd.h>
+#include <grpcpp/resource_quota.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <utility>
@@ -32,8 +31,10 @@
 #include "server/coordinator_service.h"
 #include "server/device.h"
 #include "server/health.h"
+#include "server/internal_tls.h"
 #include "server/metrics.h"
 #include "server/moe_service.h"
+#include "server/moed_util.h"
 #include "server/rendezvous_store.h"
 #include "server/tls.h"
 #include "server/worker_launcher.h"
@@ -120,6 +121,15 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
 ABSL_FLAG(int64_t, handler_threads, 1024,
           "public calls whose bodies may run at once (each may wait for a layer's turn and for "
           "the workers on its own thread); beyond it a call is RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, handler_threads_per_client, 256,
+          "public calls of one client (its token with --tokens_file, else its address) whose "
+          "bodies may run at once; beyond it that client's call is RESOURCE_EXHAUSTED (0: no "
+          "per-client limit)");
+ABSL_FLAG(int64_t, max_inflight_bytes, int64_t{4} << 30,
+          "bytes of requests in flight in moed: gRPC's buffers of incoming messages (a "
+          "grpc::ResourceQuota on the public port) and, separately, the tensors "
+          "ForwardStream/BackwardStream steps assemble (counted by the size their first "
+          "message announces); beyond it RESOURCE_EXHAUSTED. At least --max_message_bytes");
 ABSL_FLAG(int64_t, max_stream_bytes, int64_t{16} << 30,
           "whole-layer tensors that open GetWeights/GetGradients/SetWeights streams (all "
           "clients) may hold in moed at once (bytes); one stream alone is always served");
@@ -133,39 +143,6 @@ ABSL_FLAG(int64_t, shm_idle_timeout_s, 600,
 
 namespace moe {
 namespace {
-
-// --checkpoint_root, else STATE_DIR/checkpoints with the --state_dir default resolved.
-absl::StatusOr<std::string> CheckpointRootPath() {
-  if (!absl::GetFlag(FLAGS_checkpoint_root).empty()) return absl::GetFlag(FLAGS_checkpoint_root);
-  std::string state = absl::GetFlag(FLAGS_state_dir);
-  if (state.empty()) {
-    const char* xdg = std::getenv("XDG_STATE_HOME");
-    const char* home = std::getenv("HOME");
-    if (home == nullptr || home[0] != '/') {
-      const struct passwd* user = getpwuid(geteuid());
-      home = user != nullptr ? user->pw_dir : nullptr;
-    }
-    if (xdg != nullptr && xdg[0] == '/') {
-      state = absl::StrCat(xdg, "/moed");
-    } else if (home != nullptr && home[0] == '/') {
-      state = absl::StrCat(home, "/.local/state/moed");
-    } else {
-      return absl::InvalidArgumentError("no home folder: give --state_dir or --checkpoint_root");
-    }
-  }
-  return absl::StrCat(state, "/checkpoints");
-}
-
-void WritePortFile(const std::string& path, int port) {
-  if (path.empty()) return;
-  std::ofstream(path + ".tmp") << port << "\n";
-  std::rename((path + ".tmp").c_str(), path.c_str());
-}
-
-bool IsLoopback(const std::string& host) {
-  return host == "127.0.0.1" || host == "localhost" || host == "::1" || host == "[::1]" ||
-         host.rfind("127.", 0) == 0;
-}
 
 int Main() {
   const int expect = absl::GetFlag(FLAGS_expect_workers);
@@ -204,6 +181,7 @@ int Main() {
            {"overdue_call_limit_s", absl::GetFlag(FLAGS_overdue_call_limit_s)},
            {"collective_timeout_ms", absl::GetFlag(FLAGS_collective_timeout_ms)},
            {"max_stream_bytes", absl::GetFlag(FLAGS_max_stream_bytes)},
+           {"max_inflight_bytes", absl::GetFlag(FLAGS_max_inflight_bytes)},
            {"handler_threads", absl::GetFlag(FLAGS_handler_threads)},
            {"setup_timeout_ms", absl::GetFlag(FLAGS_setup_timeout_ms)},
            {"rendezvous_max_bytes", absl::GetFlag(FLAGS_rendezvous_max_bytes)},
@@ -230,6 +208,14 @@ int Main() {
   const int64_t max_message = absl::GetFlag(FLAGS_max_message_bytes);
   if (max_message < (1 << 16) || max_message > INT32_MAX) {
     std::fprintf(stderr, "moed: --max_message_bytes must be in [65536, 2^31)\n");
+    return 2;
+  }
+  const int64_t max_inflight = absl::GetFlag(FLAGS_max_inflight_bytes);
+  const int64_t per_client = absl::GetFlag(FLAGS_handler_threads_per_client);
+  if (max_inflight < max_message || per_client < 0) {
+    std::fprintf(stderr,
+                 "moed: --max_inflight_bytes must be at least --max_message_bytes, and "
+                 "--handler_threads_per_client >= 0\n");
     return 2;
   }
 
@@ -274,7 +260,16 @@ int Main() {
     return 2;
   }
 
-  absl::StatusOr<std::string> root_path = CheckpointRootPath();
+  // --internal_tls_*: the Coordinator's port and moed's calls to its workers speak mutual TLS.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> internal_credentials =
+      SetUpInternalTls(&*secret);
+  if (!internal_credentials.ok()) {
+    std::fprintf(stderr, "moed: %s\n", internal_credentials.status().ToString().c_str());
+    return 2;
+  }
+
+  absl::StatusOr<std::string> root_path =
+      CheckpointRootPath(absl::GetFlag(FLAGS_checkpoint_root), absl::GetFlag(FLAGS_state_dir));
   absl::StatusOr<std::unique_ptr<CheckpointRoot>> checkpoint_root =
       root_path.ok() ? CheckpointRoot::Open(*root_path)
                      : absl::StatusOr<std::unique_ptr<CheckpointRoot>>(root_path.status());
@@ -310,6 +305,9 @@ int Main() {
   service_options.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);
   service_options.handler_threads =
       static_cast<int>(std::min<int64_t>(absl::GetFlag(FLAGS_handler_threads), 1 << 16));
+  service_options.handler_threads_per_client =
+      static_cast<int>(std::min<int64_t>(per_client, 1 << 16));
+  service_options.max_inflight_bytes = max_inflight;
   service_options.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
   service_options.saved_step_ttl = absl::Seconds(absl::GetFlag(FLAGS_saved_step_ttl_s));
   service_options.checkpoint_root = checkpoint_root->get();
@@ -352,8 +350,7 @@ int Main() {
   grpc::ServerBuilder internal_builder;
   int internal_port = 0;
   const std::string internal_listen = absl::GetFlag(FLAGS_internal_listen);
-  internal_builder.AddListeningPort(internal_listen, grpc::InsecureServerCredentials(),
-                                    &internal_port);
+  internal_builder.AddListeningPort(internal_listen, *internal_credentials, &internal_port);
   internal_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   internal_builder.RegisterService(&coordinator);
   std::unique_ptr<grpc::Server> internal_server = internal_builder.BuildAndStart();
@@ -367,6 +364,12 @@ int Main() {
   builder.AddListeningPort(absl::StrCat(listen, ":", absl::GetFlag(FLAGS_port)), *credentials,
                            &port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // Bytes gRPC buffers for incoming messages of all calls at once (--max_inflight_bytes): past
+  // it gRPC shrinks its flow-control windows and cancels streams (RESOURCE_EXHAUSTED). A
+  // message over --max_message_bytes is refused with RESOURCE_EXHAUSTED.
+  grpc::ResourceQuota quota("moed-public");
+  quota.Resize(static_cast<size_t>(max_inflight));
+  builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(static_cast<int>(max_message));
   builder.SetMaxSendMessageSize(static_cast<int>(max_message));
   SetBulkTransportArgs(&builder);
@@ -415,10 +418,11 @@ int Main() {
   // The internal port first: whoever waits for the public port file finds both.
   WritePortFile(absl::GetFlag(FLAGS_internal_port_file), internal_port);
   WritePortFile(absl::GetFlag(FLAGS_port_file), port);
-  std::fprintf(stderr, "moed: public API %s, %s; internal plane on %s (port %d)\n",
+  std::fprintf(stderr, "moed: public API %s, %s; internal plane (%s) on %s (port %d)\n",
                tls.enabled() ? (tls.client_ca.empty() ? "TLS" : "mutual TLS") : "plaintext",
                auth ? absl::StrCat(auth->size(), " bearer token(s)").c_str()
                     : "no tokens file: every local caller is admin",
+               InternalTlsFromFlags().enabled() ? "mutual TLS" : "plaintext",
                internal_listen.c_str(), internal_port);
   if (auth && !tls.enabled() && !IsLoopback(listen)) {
     std::fprintf(stderr,
@@ -441,7 +445,7 @@ int Main() {
     secret_fd = *memfd;
     launcher = std::make_unique<WorkerLauncher>(
         worker_binary, absl::StrCat("127.0.0.1:", internal_port), absl::GetFlag(FLAGS_device),
-        world, absl::GetFlag(FLAGS_respawn_workers), std::vector<std::string>{}, &pool, secret_fd,
+        world, absl::GetFlag(FLAGS_respawn_workers), InternalTlsFlagsForChild(), &pool, secret_fd,
         absl::GetFlag(FLAGS_worker_log_dir));
     absl::Status started = launcher->Start();
     if (!started.ok()) {

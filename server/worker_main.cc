@@ -2,7 +2,8 @@
 // "" and "moe.internal.Worker": joined and set up; liveness "liveness": server/health.h), joins
 // the front end given by --frontend, then waits for the front end's Setup and per-layer calls.
 //
-// Every call to and from the front end carries the cluster secret (server/cluster_secret.h).
+// Every call to and from the front end carries the cluster secret (server/cluster_secret.h),
+// over mutual TLS with the --internal_tls_* flags (server/internal_tls.h).
 //
 //   moe-worker --frontend=10.0.0.5:50053 --cluster_secret_file=/run/secrets/cluster_secret
 //   moe-worker --frontend=10.0.0.5:50053 --cluster_secret_file=S --rank=1   # a restarted rank 1
@@ -24,8 +25,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "proto/status_convert.h"
 #include "cli/usage.h"
+#include "proto/status_convert.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/authenticated_worker.h"
 #include "server/bulk_transport.h"
@@ -33,6 +34,7 @@
 #include "server/device.h"
 #include "server/grpc_kv_store.h"
 #include "server/health.h"
+#include "server/internal_tls.h"
 #include "server/worker_service.h"
 
 ABSL_FLAG(std::string, frontend, "",
@@ -99,6 +101,12 @@ int Main() {
     std::fprintf(stderr, "moe-worker: %s\n", secret.status().ToString().c_str());
     return 2;
   }
+  // --internal_tls_*: this worker's port and its calls to moed speak mutual TLS.
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = SetUpInternalTls(&*secret);
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "moe-worker: %s\n", credentials.status().ToString().c_str());
+    return 2;
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(INT_MAX);
   args.SetMaxSendMessageSize(INT_MAX);
@@ -127,7 +135,7 @@ int Main() {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port fails the start
   builder.SetMaxReceiveMessageSize(INT_MAX);
   builder.SetMaxSendMessageSize(INT_MAX);

@@ -69,5 +69,35 @@ TEST(HandlerPoolTest, DestructionWaitsForQueuedAndRunningBodies) {
   EXPECT_EQ(ran.load(), 4);
 }
 
+TEST(HandlerPoolTest, OneClientIsLimitedWhileOthersStillGetThreads) {
+  HandlerPool pool(/*max_threads=*/8, /*max_per_client=*/2);
+  absl::Notification release;
+  std::atomic<int> finished{0};
+  auto blocking = [&] {
+    release.WaitForNotification();
+    return grpc::Status::OK;
+  };
+  auto finish = [&](const grpc::Status&) { ++finished; };
+  ASSERT_TRUE(pool.Submit("token a", blocking, finish).ok());
+  ASSERT_TRUE(pool.Submit("token a", blocking, finish).ok());
+  grpc::Status refused = pool.Submit("token a", blocking, finish);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("--handler_threads_per_client=2"), std::string::npos)
+      << refused.error_message();
+  EXPECT_TRUE(pool.Submit("token b", blocking, finish).ok());  // another client
+  EXPECT_TRUE(pool.Submit("", blocking, finish).ok());         // no key: no per-client limit
+  EXPECT_TRUE(pool.Submit("", blocking, finish).ok());
+  EXPECT_TRUE(pool.Submit("", blocking, finish).ok());
+  release.Notify();
+  while (finished.load() < 6) absl::SleepFor(absl::Milliseconds(5));
+  // Its calls ended: the client has its threads back.
+  absl::Notification again;
+  EXPECT_TRUE(pool.Submit(
+                      "token a", [] { return grpc::Status::OK; },
+                      [&](const grpc::Status&) { again.Notify(); })
+                  .ok());
+  again.WaitForNotification();
+}
+
 }  // namespace
 }  // namespace moe

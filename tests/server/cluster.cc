@@ -150,6 +150,7 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
       options.credentials ? options.credentials : grpc::InsecureChannelCredentials(), channel_args);
   cluster->stub_ = v1::MoeService::NewStub(cluster->channel_);
   cluster->workers_.assign(options.embedded ? 0 : options.workers, -1);
+  cluster->worker_flags_ = options.worker_flags;
   for (int r = 0; r < static_cast<int>(cluster->workers_.size()); ++r) {
     absl::StatusOr<pid_t> pid = cluster->SpawnWorker(r);
     if (!pid.ok()) return pid.status();
@@ -161,10 +162,17 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
 }
 
 absl::StatusOr<pid_t> TestCluster::SpawnWorker(int rank) {
-  return Spawn({worker_path_, absl::StrCat("--frontend=", internal_address_), "--device=cpu",
-                absl::StrCat("--rank=", rank), "--listen=127.0.0.1:0", "--advertise_host=127.0.0.1",
-                "--rejoin_after_s=2", "--orphan_timeout_s=20",
-                absl::StrCat("--cluster_secret_file=", cluster_secret_file_)});
+  std::vector<std::string> args = {worker_path_,
+                                   absl::StrCat("--frontend=", internal_address_),
+                                   "--device=cpu",
+                                   absl::StrCat("--rank=", rank),
+                                   "--listen=127.0.0.1:0",
+                                   "--advertise_host=127.0.0.1",
+                                   "--rejoin_after_s=2",
+                                   "--orphan_timeout_s=20",
+                                   absl::StrCat("--cluster_secret_file=", cluster_secret_file_)};
+  args.insert(args.end(), worker_flags_.begin(), worker_flags_.end());
+  return Spawn(args);
 }
 
 TestCluster::~TestCluster() {

@@ -27,7 +27,8 @@ namespace moe {
 
 struct ClusterOptions {
   int workers = 2;
-  std::vector<std::string> moed_flags;  // extra flags, e.g. "--max_saved_steps=2"
+  std::vector<std::string> moed_flags;    // extra flags, e.g. "--max_saved_steps=2"
+  std::vector<std::string> worker_flags;  // extra flags of the workers the test starts
   // moed starts its own workers (--workers=N) instead of the test starting them.
   bool embedded = false;
   // moed's --checkpoint_root; empty: a fresh folder in the test's temporary directory.
@@ -71,6 +72,7 @@ class TestCluster {
   // Sends `signal` to moed and returns at once (SIGHUP: reload the tokens file).
   void NotifyMoed(int signal);
   pid_t worker_pid(int rank) const { return workers_[rank]; }
+  pid_t moed_pid() const { return moed_; }
 
  private:
   TestCluster() = default;
@@ -85,6 +87,7 @@ class TestCluster {
   std::string cluster_secret_file_;
   pid_t moed_ = -1;
   std::vector<pid_t> workers_;
+  std::vector<std::string> worker_flags_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::MoeService::Stub> stub_;
 };
