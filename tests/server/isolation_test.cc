@@ -378,7 +378,7 @@ TEST_F(IsolationTest, OptimizerStepThatFailedOnOneWorkerIsCompleted) {
     if (resume.joinable()) resume.join();
     return s;
   };
-  for (const std::string& layer : {"twin", "faulty"}) {
+  for (const char* layer : {"twin", "faulty"}) {
     ASSERT_TRUE(Create(layer, TinyConfig(15)).ok());
   }
   const int64_t generation = Status().generation();
