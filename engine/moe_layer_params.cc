@@ -12,23 +12,6 @@
 
 namespace moe {
 
-OptimizerConfig OptimizerConfig::Sgd(double lr, double momentum, double weight_decay) {
-  OptimizerConfig o;
-  o.kind = Kind::kSgd;
-  o.lr = lr;
-  o.momentum = momentum;
-  o.weight_decay = weight_decay;
-  return o;
-}
-
-OptimizerConfig OptimizerConfig::AdamW(double lr, double weight_decay) {
-  OptimizerConfig o;
-  o.kind = Kind::kAdamW;
-  o.lr = lr;
-  o.weight_decay = weight_decay;
-  return o;
-}
-
 absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(
     const LayerConfig& config, Backend* backend, Communicator* comm,
     const std::function<bool()>& cancelled) {

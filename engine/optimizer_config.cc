@@ -1,6 +1,5 @@
-// The two OptimizerConfig factories proto/config_convert.cc calls, as engine/moe_layer_params.cc
-// defines them: that file would bring the whole layer (backend, init, kernels) into the
-// config fuzzer, which never builds a layer. Keep in step with engine/moe_layer_params.cc.
+// OptimizerConfig's factories (engine/moe_layer.h), in a file of their own: the config fuzzer
+// (tests/fuzz) compiles them without the rest of the layer (backend, init, kernels).
 #include "engine/moe_layer.h"
 
 namespace moe {
