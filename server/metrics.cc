@@ -96,6 +96,12 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                        .Help("Times the worker cluster was formed (a new generation).")
                        .Register(r)
                        .Add({});
+  worker_deaths_ = &prometheus::BuildCounter()
+                        .Name("moed_worker_deaths_total")
+                        .Help("Workers lost (process exit, failed call and ping, missed "
+                              "heartbeats); embedded workers are started again.")
+                        .Register(r)
+                        .Add({});
   serving_ = &prometheus::BuildGauge()
                   .Name("moed_serving")
                   .Help("1 when every worker is up and the service answers steps.")
@@ -232,6 +238,10 @@ void Metrics::RefreshGauges() const {
     g.Set(value);
     seen[{family, key}] = &g;
   };
+  if (now.worker_deaths > worker_deaths_seen_) {
+    worker_deaths_->Increment(static_cast<double>(now.worker_deaths - worker_deaths_seen_));
+    worker_deaths_seen_ = now.worker_deaths;
+  }
   set(serving_, {}, "", now.serving ? 1 : 0);
   set(generation_, {}, "", static_cast<double>(now.generation));
   for (const MetricsSnapshot::Worker& w : now.workers) {

@@ -43,6 +43,7 @@ namespace moe {
 struct MetricsSnapshot {
   bool serving = false;
   int64_t generation = 0;
+  int64_t worker_deaths = 0;  // since moed started (a counter: only grows)
   struct Worker {
     int rank = 0;
     bool alive = false;
@@ -115,6 +116,8 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* expert_tokens_;
   prometheus::Family<prometheus::Counter>* saved_steps_total_;
   prometheus::Counter* reformations_;
+  prometheus::Counter* worker_deaths_;
+  mutable int64_t worker_deaths_seen_ ABSL_GUARDED_BY(mu_) = 0;
   prometheus::Family<prometheus::Gauge>* serving_;
   prometheus::Family<prometheus::Gauge>* generation_;
   prometheus::Family<prometheus::Gauge>* worker_alive_;

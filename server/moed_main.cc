@@ -334,6 +334,7 @@ int Main() {
     MetricsSnapshot now;
     now.serving = pool.serving();
     now.generation = pool.generation();
+    now.worker_deaths = pool.worker_deaths();
     for (const v1::WorkerStatus& w : pool.WorkerStatuses()) {
       now.workers.push_back({w.rank(), w.alive(), w.memory_bytes()});
     }

@@ -202,6 +202,7 @@ void WorkerPool::MarkDead(int rank, const std::string& why) {
   Slot& slot = slots_[rank];
   slot.alive = false;
   slot.error = why;
+  ++worker_deaths_;
   need_setup_ = true;
   CancelInFlightLocked();
   SetServingLocked(false, absl::StrCat("worker ", rank, " (", slot.address, ") gone: ", why));

@@ -21,6 +21,7 @@
 #ifndef MOED_SERVER_WORKER_POOL_H_
 #define MOED_SERVER_WORKER_POOL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -98,6 +99,8 @@ class WorkerPool {
   void set_on_setup(std::function<absl::Status(const WorkerSet&)> fn) { on_setup_ = fn; }
   // Called on the setup thread (no lock held) when generation `g` starts forming, before its
   // Setup calls: the rendezvous store drops the keys of earlier generations.
+  // Workers seen dying (a live worker marked dead) since the start: metrics.
+  int64_t worker_deaths() const { return worker_deaths_.load(); }
   void set_on_new_generation(std::function<void(int64_t g)> fn) { on_new_generation_ = fn; }
   // Called with the new state whenever serving changes (health status).
   void set_on_serving_changed(std::function<void(bool)> fn) { on_serving_changed_ = fn; }
@@ -173,6 +176,7 @@ class WorkerPool {
   const ClusterSecret secret_;
   std::function<absl::Status(const WorkerSet&)> on_setup_;
   std::function<void(int64_t)> on_new_generation_;
+  std::atomic<int64_t> worker_deaths_{0};
   std::function<void(bool)> on_serving_changed_;
 
   mutable absl::Mutex mu_;

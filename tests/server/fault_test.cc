@@ -13,6 +13,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/cluster.h"
+#include "tests/server/cluster_fixture.h"
+#include "tests/server/metrics_scrape.h"
 #include "tests/server/test_util.h"
 
 namespace moe {
@@ -179,6 +181,28 @@ TEST_F(FaultTest, KillBetweenStepsThenRejoinAndLoad) {
   EXPECT_EQ(Wi("f"), trained);
   EXPECT_FALSE(WeightsReset("f"));
   EXPECT_TRUE(Forward("f", 8, true, &fwd).ok());
+}
+
+// issue 18: a worker lost is counted (moed_worker_deaths_total) and the gauges follow it.
+TEST(FaultMetricsTest, WorkerDeathIsCounted) {
+  ClusterOptions options;
+  const int port = FreePort();
+  options.moed_flags = {absl::StrCat("--metrics_listen=127.0.0.1:", port)};
+  auto started = TestCluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<TestCluster> cluster = std::move(*started);
+  ASSERT_TRUE(cluster->WaitServing(absl::Seconds(30)).ok());
+  std::string scrape = ScrapeMetrics(port);
+  ASSERT_THAT(scrape, ::testing::HasSubstr("200 OK"));
+  EXPECT_EQ(Sample(scrape, "moed_worker_deaths_total"), 0);
+  EXPECT_EQ(Sample(scrape, "moed_worker_alive{rank=\"1\"}"), 1);
+  ASSERT_TRUE(cluster->KillWorker(1, SIGKILL));
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    scrape = ScrapeMetrics(port);
+  } while (Sample(scrape, "moed_worker_deaths_total") < 1 && absl::Now() < deadline);
+  EXPECT_EQ(Sample(scrape, "moed_worker_deaths_total"), 1);
 }
 
 TEST_F(FaultTest, KillDuringStepsNeverHangs) {

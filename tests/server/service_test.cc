@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/cluster_fixture.h"
+#include "tests/server/metrics_scrape.h"
 
 namespace moe {
 namespace {
@@ -443,28 +444,6 @@ TEST_F(ClusterTest, SetWeightsDoesNotFollowARecreatedName) {
 namespace moe {
 namespace {
 
-std::string ScrapeMetrics(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(port);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  timeval timeout{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  const std::string get = "GET /metrics HTTP/1.0\r\n\r\n";
-  std::string reply;
-  if (write(fd, get.data(), get.size()) == static_cast<ssize_t>(get.size())) {
-    char buffer[4096];
-    ssize_t n;
-    while ((n = read(fd, buffer, sizeof(buffer))) > 0) reply.append(buffer, n);
-  }
-  close(fd);
-  return reply;
-}
 
 // A deleted layer's series leave /metrics, and a layer created again under the same name
 // counts from zero.
@@ -494,13 +473,6 @@ TEST_F(ClusterTest, DeleteLayerDropsItsMetrics) {
   EXPECT_THAT(reply, HasSubstr("moed_tokens_total{layer=\"metrics_drop\"} 3\n"));
 }
 
-// The value of one series in a scrape ("name{labels}"), 0 when absent.
-double Sample(const std::string& scrape, const std::string& series) {
-  const std::string key = "\n" + series + " ";
-  const size_t at = scrape.find(key);
-  if (at == std::string::npos) return 0.0;
-  return std::strtod(scrape.c_str() + at + key.size(), nullptr);
-}
 
 // issue 18: a forward and backward move the request histograms, moed's phase histograms and the
 // payload bytes by exactly their amounts; a refused request is counted under its code.
