@@ -14,7 +14,7 @@ PACKAGES=(
   # TLS and token hashes (libcrypto); openssl makes the tests' throwaway certificates
   libssl-dev openssl
   # Prometheus metrics (registry, histograms, the pull exposer)
-  prometheus-cpp-dev
+  prometheus-cpp-dev libcivetweb-dev
   # moectl's JSON output
   nlohmann-json3-dev
   # Python client and its tests (Debian's /usr/bin/python3)
