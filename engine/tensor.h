@@ -81,7 +81,9 @@ class Tensor {
     return reinterpret_cast<const T*>(raw());
   }
   void* raw() { return view_ != nullptr ? static_cast<void*>(view_) : bytes_.data(); }
-  const void* raw() const { return view_ != nullptr ? static_cast<const void*>(view_) : bytes_.data(); }
+  const void* raw() const {
+    return view_ != nullptr ? static_cast<const void*>(view_) : bytes_.data();
+  }
   absl::string_view bytes() const {
     return absl::string_view(static_cast<const char*>(raw()), num_bytes());
   }

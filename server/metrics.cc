@@ -5,8 +5,8 @@
 #include <exception>
 #include <sstream>
 
-#include "absl/strings/str_cat.h"
 #include "CivetServer.h"
+#include "absl/strings/str_cat.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -50,8 +50,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                    .Register(r);
   denied_ = &prometheus::BuildCounter()
                  .Name("moed_denied_total")
-                 .Help("Public RPCs refused by the token check (code 16 UNAUTHENTICATED, 7 "
-                       "PERMISSION_DENIED), by the role they needed.")
+                 .Help(
+                     "Public RPCs refused by the token check (code 16 UNAUTHENTICATED, 7 "
+                     "PERMISSION_DENIED), by the role they needed.")
                  .Register(r);
   request_seconds_ = &prometheus::BuildHistogram()
                           .Name("moed_request_duration_seconds")
@@ -59,20 +60,23 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                           .Register(r);
   phase_seconds_ = &prometheus::BuildHistogram()
                         .Name("moed_step_phase_seconds")
-                        .Help("Forward/Backward phases in moed by layer: queue (waiting for the "
-                              "layer's turn), workers (their calls), gather.")
+                        .Help(
+                            "Forward/Backward phases in moed by layer: queue (waiting for the "
+                            "layer's turn), workers (their calls), gather.")
                         .Register(r);
   payload_bytes_ = &prometheus::BuildCounter()
                         .Name("moed_payload_bytes_total")
-                        .Help("Tensor bytes of steps, by call and direction (in: x / d_out; "
-                              "out: out / d_x), through messages or shared memory.")
+                        .Help(
+                            "Tensor bytes of steps, by call and direction (in: x / d_out; "
+                            "out: out / d_x), through messages or shared memory.")
                         .Register(r);
   worker_phase_seconds_ = &prometheus::BuildHistogram()
                                .Name("moed_worker_phase_seconds")
-                               .Help("Each worker's part of a step, by rank, call and phase: "
-                                     "call (moed's round trip to it), handler, decode, engine "
-                                     "(the layer's step on the device, collectives included), "
-                                     "encode.")
+                               .Help(
+                                   "Each worker's part of a step, by rank, call and phase: "
+                                   "call (moed's round trip to it), handler, decode, engine "
+                                   "(the layer's step on the device, collectives included), "
+                                   "encode.")
                                .Register(r);
   worker_payload_bytes_ = &prometheus::BuildCounter()
                                .Name("moed_worker_payload_bytes_total")
@@ -88,8 +92,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                         .Register(r);
   saved_steps_total_ = &prometheus::BuildCounter()
                             .Name("moed_saved_steps_total")
-                            .Help("Saved steps (Forward with keep_for_backward) by event: "
-                                  "created, used (by a Backward), released, expired.")
+                            .Help(
+                                "Saved steps (Forward with keep_for_backward) by event: "
+                                "created, used (by a Backward), released, expired.")
                             .Register(r);
   reformations_ = &prometheus::BuildCounter()
                        .Name("moed_reformations_total")
@@ -98,8 +103,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                        .Add({});
   worker_deaths_ = &prometheus::BuildCounter()
                         .Name("moed_worker_deaths_total")
-                        .Help("Workers lost (process exit, failed call and ping, missed "
-                              "heartbeats); embedded workers are started again.")
+                        .Help(
+                            "Workers lost (process exit, failed call and ping, missed "
+                            "heartbeats); embedded workers are started again.")
                         .Register(r)
                         .Add({});
   serving_ = &prometheus::BuildGauge()
@@ -173,7 +179,8 @@ void Metrics::ObserveWorker(int rank, const std::string& call, double call_s,
 }
 
 void Metrics::CountPayload(const std::string& call, int64_t bytes_in, int64_t bytes_out) {
-  payload_bytes_->Add({{"call", call}, {"direction", "in"}}).Increment(static_cast<double>(bytes_in));
+  payload_bytes_->Add({{"call", call}, {"direction", "in"}})
+      .Increment(static_cast<double>(bytes_in));
   payload_bytes_->Add({{"call", call}, {"direction", "out"}})
       .Increment(static_cast<double>(bytes_out));
 }
@@ -230,8 +237,7 @@ void Metrics::RefreshGauges() const {
   if (!snapshot) return;
   const MetricsSnapshot now = snapshot();  // outside mu_: it takes the service's locks
   absl::MutexLock lock(&mu_);
-  std::map<std::pair<prometheus::Family<prometheus::Gauge>*, std::string>, prometheus::Gauge*>
-      seen;
+  std::map<std::pair<prometheus::Family<prometheus::Gauge>*, std::string>, prometheus::Gauge*> seen;
   auto set = [&](prometheus::Family<prometheus::Gauge>* family, const prometheus::Labels& labels,
                  const std::string& key, double value) {
     prometheus::Gauge& g = family->Add(labels);

@@ -129,8 +129,7 @@ class Metrics {
   std::function<MetricsSnapshot()> snapshot_ ABSL_GUARDED_BY(mu_);
   // Per-layer series, so DropLayer can remove them.
   std::map<std::string, std::vector<prometheus::Counter*>> layer_counters_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::vector<prometheus::Histogram*>> layer_histograms_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::vector<prometheus::Histogram*>> layer_histograms_ ABSL_GUARDED_BY(mu_);
   // Gauges set at the last refresh (removed when their worker or layer is gone).
   mutable std::map<std::pair<prometheus::Family<prometheus::Gauge>*, std::string>,
                    prometheus::Gauge*>

@@ -24,7 +24,7 @@ struct WorkerShmMappings::Mapping {
   size_t length = 0;
   char* region = nullptr;
   int64_t region_bytes = 0;
-  int fd = -1;  // kept open: the size is checked again before every access
+  int fd = -1;          // kept open: the size is checked again before every access
   bool pinned = false;  // page-locked for the GPU (unpinned before munmap)
   ~Mapping() {
     if (pinned) {
@@ -112,8 +112,7 @@ absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::M
   return mapping;
 }
 
-absl::StatusOr<ShmTensor> WorkerShmMappings::Input(absl::string_view field,
-                                                   const v1::Tensor& meta,
+absl::StatusOr<ShmTensor> WorkerShmMappings::Input(absl::string_view field, const v1::Tensor& meta,
                                                    const internal::WorkerShmSlice& slice) {
   ASSIGN_OR_RETURN(DType dtype, ParseDType(meta.datatype()));
   std::vector<int64_t> shape(meta.shape().begin(), meta.shape().end());
@@ -128,8 +127,8 @@ absl::StatusOr<ShmTensor> WorkerShmMappings::Output(absl::string_view field,
                                                     const internal::WorkerShmSlice& slice) {
   absl::StatusOr<DType> dtype = ParseDType(slice.datatype());
   if (!dtype.ok()) {
-    return absl::InternalError(absl::StrCat(field, ": the output slice names no datatype (\"",
-                                            slice.datatype(), "\")"));
+    return absl::InternalError(
+        absl::StrCat(field, ": the output slice names no datatype (\"", slice.datatype(), "\")"));
   }
   if (!CheckByteCount(field, *dtype, shape, static_cast<size_t>(slice.byte_size())).ok()) {
     return absl::InternalError(absl::StrCat(field, ": the output slice holds ", slice.byte_size(),

@@ -496,7 +496,9 @@ TEST_F(ClusterTest, HistogramsAndErrorCountersMoveByTheStep) {
   EXPECT_FALSE(
       Forward("metrics_step", FloatsToProto({2, 5}, RandomFloats(10, 5)), false, &refused).ok());
   const std::string after = ScrapeMetrics(metrics_port_);
-  auto delta = [&](const std::string& series) { return Sample(after, series) - Sample(before, series); };
+  auto delta = [&](const std::string& series) {
+    return Sample(after, series) - Sample(before, series);
+  };
   EXPECT_EQ(delta("moed_request_duration_seconds_count{method=\"Backward\"}"), 1);
   EXPECT_EQ(delta("moed_request_duration_seconds_count{method=\"Forward\"}"), 2);
   EXPECT_GT(delta("moed_request_duration_seconds_sum{method=\"Backward\"}"), 0);
@@ -517,7 +519,8 @@ TEST_F(ClusterTest, HistogramsAndErrorCountersMoveByTheStep) {
       EXPECT_EQ(delta(series), 1) << series;
     }
   }
-  EXPECT_GT(delta("moed_worker_phase_seconds_sum{call=\"Forward\",phase=\"engine\",rank=\"0\"}"), 0);
+  EXPECT_GT(delta("moed_worker_phase_seconds_sum{call=\"Forward\",phase=\"engine\",rank=\"0\"}"),
+            0);
   // The two workers' slices add up to the step's bytes (6 rows split between them).
   EXPECT_EQ(delta("moed_worker_payload_bytes_total{direction=\"in\",rank=\"0\"}") +
                 delta("moed_worker_payload_bytes_total{direction=\"in\",rank=\"1\"}"),
@@ -529,7 +532,8 @@ TEST_F(ClusterTest, HistogramsAndErrorCountersMoveByTheStep) {
   EXPECT_EQ(delta("moed_saved_steps_total{event=\"used\"}"), 1);
   EXPECT_EQ(Sample(after, "moed_saved_steps{layer=\"metrics_step\"}"), 0);
   // Buckets are cumulative and end at +Inf with the count.
-  EXPECT_THAT(after, HasSubstr("moed_request_duration_seconds_bucket{method=\"Backward\",le=\"+Inf\"}"));
+  EXPECT_THAT(after,
+              HasSubstr("moed_request_duration_seconds_bucket{method=\"Backward\",le=\"+Inf\"}"));
 }
 
 }  // namespace
