@@ -284,20 +284,25 @@ grpc::Status WorkerService::Forward(grpc::ServerContext* context,
   return status;
 }
 
+absl::StatusOr<ShmTensor> WorkerService::StepInput(absl::string_view field,
+                                                  const v1::Tensor& meta,
+                                                  const internal::WorkerShmSlice* slice,
+                                                  const TensorBytes& bytes) {
+  if (slice != nullptr) return shm_.Input(field, meta, *slice);  // a view: read in place
+  ShmTensor input;
+  ASSIGN_OR_RETURN(input.tensor, TensorFromWire(field, meta, bytes));
+  return input;
+}
+
 grpc::Status WorkerService::Forward(grpc::ServerContext*,
                                     const internal::WorkerForwardRequest* request,
                                     const TensorBytes& x_bytes,
                                     internal::WorkerForwardResponse* response, Tensor* out) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     PhaseClock clock(request->timing());
-    // From the client's shared-memory region (a view: the engine reads it in place; see
-    // worker_shm.h), or the message.
-    ShmTensor x_shm;
-    if (request->has_x_shm()) {
-      ASSIGN_OR_RETURN(x_shm, shm_.Input("x", request->x(), request->x_shm()));
-    } else {
-      ASSIGN_OR_RETURN(x_shm.tensor, TensorFromWire("x", request->x(), x_bytes));
-    }
+    ASSIGN_OR_RETURN(ShmTensor x_shm, StepInput("x", request->x(),
+                                                request->has_x_shm() ? &request->x_shm() : nullptr,
+                                                x_bytes));
     const Tensor& x = x_shm.tensor;
     // Into the client's region (the engine writes it in place; the response's out then holds
     // its datatype and shape only), or handed to the caller, who sends its bytes.
@@ -345,12 +350,10 @@ grpc::Status WorkerService::Backward(grpc::ServerContext*,
                                      internal::WorkerBackwardResponse* response, Tensor* d_x_out) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     PhaseClock clock(request->timing());
-    ShmTensor d_out_shm;  // as in Forward
-    if (request->has_d_out_shm()) {
-      ASSIGN_OR_RETURN(d_out_shm, shm_.Input("d_out", request->d_out(), request->d_out_shm()));
-    } else {
-      ASSIGN_OR_RETURN(d_out_shm.tensor, TensorFromWire("d_out", request->d_out(), d_out_bytes));
-    }
+    ASSIGN_OR_RETURN(
+        ShmTensor d_out_shm,
+        StepInput("d_out", request->d_out(),
+                  request->has_d_out_shm() ? &request->d_out_shm() : nullptr, d_out_bytes));
     const Tensor& d_out = d_out_shm.tensor;
     const bool to_shm = request->has_d_x_shm();
     ShmTensor d_x_shm;  // d_x: the forward's x's dtype (the slice's), d_out's shape

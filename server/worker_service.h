@@ -151,6 +151,12 @@ class WorkerService final : public internal::Worker::Service {
                        const std::function<absl::Status(LayerSlot*)>& fn);
   // Copies parameters and optimizer state of `from` into `to` (same config).
   static absl::Status CopyLayerState(LayerSlot* from, MoeLayer* to);
+  // A step's input (x, d_out): a view of the client's shared-memory region when the request
+  // names one (`slice` non-null; the engine reads it in place, worker_shm.h), else its bytes
+  // from the message, copied once.
+  absl::StatusOr<ShmTensor> StepInput(absl::string_view field, const v1::Tensor& meta,
+                                      const internal::WorkerShmSlice* slice,
+                                      const TensorBytes& bytes);
 
   const std::string device_;
   const std::shared_ptr<KeyValueStore> store_;
