@@ -26,6 +26,12 @@ using google::protobuf::io::CodedOutputStream;
 
 constexpr int kRawDataField = 3;  // moe.v1.Tensor.raw_data
 
+// TensorBytes::piece_slice_ for a piece in none of the received slices: a view of caller-owned
+// bytes (lent through BorrowedBytes), or a piece a decoder found elsewhere (copied; not seen
+// with protobuf's CodedInputStream, which reads the slices in place).
+constexpr int kBorrowPiece = -1;
+constexpr int kCopyPiece = -2;
+
 void AppendTag(int field, CodedOutputStream* out) {
   out->WriteTag(WireFormatLite::MakeTag(field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
 }
@@ -137,13 +143,22 @@ v1::Tensor TensorHead(const Tensor& tensor) {
 
 grpc::ByteBuffer EncodeWithTensor(const google::protobuf::MessageLite& head, int tensor_field,
                                   const v1::Tensor& tensor_head, grpc::Slice bytes) {
+  std::vector<grpc::Slice> slices;
+  slices.push_back(std::move(bytes));
+  return EncodeWithTensor(head, tensor_field, tensor_head, std::move(slices));
+}
+
+grpc::ByteBuffer EncodeWithTensor(const google::protobuf::MessageLite& head, int tensor_field,
+                                  const v1::Tensor& tensor_head, std::vector<grpc::Slice> bytes) {
+  size_t byte_count = 0;
+  for (const grpc::Slice& slice : bytes) byte_count += slice.size();
   // Field order on the wire does not matter to a protobuf parser; the tensor goes last so
   // that its raw_data, last inside it, ends the message.
   const std::string tensor_fields = tensor_head.SerializeAsString();
   const size_t raw_data_prefix =
       WireFormatLite::TagSize(kRawDataField, WireFormatLite::TYPE_BYTES) +
-      CodedOutputStream::VarintSize64(bytes.size());
-  const size_t tensor_size = tensor_fields.size() + raw_data_prefix + bytes.size();
+      CodedOutputStream::VarintSize64(byte_count);
+  const size_t tensor_size = tensor_fields.size() + raw_data_prefix + byte_count;
   std::string header = head.SerializeAsString();
   {
     google::protobuf::io::StringOutputStream stream(&header);
@@ -152,10 +167,15 @@ grpc::ByteBuffer EncodeWithTensor(const google::protobuf::MessageLite& head, int
     out.WriteVarint64(tensor_size);
     out.WriteRaw(tensor_fields.data(), static_cast<int>(tensor_fields.size()));
     AppendTag(kRawDataField, &out);
-    out.WriteVarint64(bytes.size());
+    out.WriteVarint64(byte_count);
   }  // `out` trims `header` to what was written when it goes
-  grpc::Slice slices[2] = {grpc::Slice(header), std::move(bytes)};
-  return grpc::ByteBuffer(slices, slices[1].size() == 0 ? 1 : 2);
+  std::vector<grpc::Slice> slices;
+  slices.reserve(bytes.size() + 1);
+  slices.emplace_back(header);
+  for (grpc::Slice& slice : bytes) {
+    if (slice.size() > 0) slices.push_back(std::move(slice));
+  }
+  return grpc::ByteBuffer(slices.data(), slices.size());
 }
 
 grpc::ByteBuffer EncodeMessage(const google::protobuf::MessageLite& message) {
@@ -164,7 +184,31 @@ grpc::ByteBuffer EncodeMessage(const google::protobuf::MessageLite& message) {
 }
 
 TensorBytes::TensorBytes(absl::string_view bytes) : size_(bytes.size()) {
-  if (!bytes.empty()) pieces_.push_back(bytes);
+  if (!bytes.empty()) {
+    pieces_.push_back(bytes);
+    piece_slice_.push_back(kBorrowPiece);
+  }
+}
+
+void TensorBytes::AppendSlices(size_t offset, size_t length, BorrowedBytes* borrowed,
+                               std::vector<grpc::Slice>* out) const {
+  const size_t end = offset + length;
+  size_t at = 0;  // where pieces_[i] starts within the bytes
+  for (size_t i = 0; i < pieces_.size() && at < end; at += pieces_[i].size(), ++i) {
+    const absl::string_view piece = pieces_[i];
+    if (at + piece.size() <= offset) continue;
+    const size_t from = std::max(offset, at) - at;
+    const size_t to = std::min(end, at + piece.size()) - at;
+    if (piece_slice_[i] >= 0) {
+      const grpc::Slice& slice = (*slices_)[piece_slice_[i]];
+      const size_t base = piece.data() - reinterpret_cast<const char*>(slice.begin());
+      out->push_back(slice.sub(base + from, base + to));
+    } else if (piece_slice_[i] == kCopyPiece) {
+      out->emplace_back(piece.data() + from, to - from);
+    } else {
+      out->push_back(borrowed->Borrow(piece.substr(from, to - from)));
+    }
+  }
 }
 
 void TensorBytes::CopyTo(void* dst) const {
@@ -247,8 +291,23 @@ absl::Status DecodeWithTensor(const grpc::ByteBuffer& wire, int tensor_field,
     }
   }  // `out` trims `header` to what was written when it goes
   if (!head->ParseFromString(header)) return Malformed(head->GetTypeName());
+  // Which slice each piece lies in (pieces are in slice order), for AppendSlices.
+  std::vector<int> piece_slice(pieces.size(), kCopyPiece);
+  size_t next = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const char* data = pieces[i].data();
+    for (size_t s = next; s < slices->size(); ++s) {
+      const char* begin = reinterpret_cast<const char*>((*slices)[s].begin());
+      if (data >= begin && data + pieces[i].size() <= begin + (*slices)[s].size()) {
+        piece_slice[i] = static_cast<int>(s);
+        next = s;
+        break;
+      }
+    }
+  }
   raw_data->slices_ = std::move(slices);
   raw_data->pieces_ = std::move(pieces);
+  raw_data->piece_slice_ = std::move(piece_slice);
   raw_data->size_ = size;
   return absl::OkStatus();
 }

@@ -77,6 +77,10 @@ v1::Tensor TensorHead(const Tensor& tensor);
 // (from BorrowedBytes::Borrow or TakeTensorBytes), which the buffer references.
 grpc::ByteBuffer EncodeWithTensor(const google::protobuf::MessageLite& head, int tensor_field,
                                   const v1::Tensor& tensor_head, grpc::Slice bytes);
+// The same with raw_data = the concatenation of `bytes` (e.g. TensorBytes::AppendSlices of
+// several received answers): still no copy.
+grpc::ByteBuffer EncodeWithTensor(const google::protobuf::MessageLite& head, int tensor_field,
+                                  const v1::Tensor& tensor_head, std::vector<grpc::Slice> bytes);
 
 // `message` encoded into one slice (a call without tensor bytes, e.g. shared-memory steps).
 grpc::ByteBuffer EncodeMessage(const google::protobuf::MessageLite& message);
@@ -95,6 +99,11 @@ class TensorBytes {
   size_t size() const { return size_; }
   // Writes the size() bytes to `dst`.
   void CopyTo(void* dst) const;
+  // Appends to *out slices over bytes [offset, offset + length) (within size()), not copied:
+  // references to the received slices, which keep them alive on their own (no wait at the
+  // end of a call), or, for a view of caller-owned bytes, slices borrowed through *borrowed.
+  void AppendSlices(size_t offset, size_t length, BorrowedBytes* borrowed,
+                    std::vector<grpc::Slice>* out) const;
 
  private:
   friend absl::Status DecodeWithTensor(const grpc::ByteBuffer&, int, google::protobuf::MessageLite*,
@@ -102,6 +111,7 @@ class TensorBytes {
 
   std::shared_ptr<const std::vector<grpc::Slice>> slices_;  // what pieces_ point into
   std::vector<absl::string_view> pieces_;
+  std::vector<int> piece_slice_;  // the slice of slices_ each piece lies in, or < 0
   size_t size_ = 0;
 };
 

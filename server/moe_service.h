@@ -37,6 +37,7 @@
 #include "engine/dtype.h"
 #include "engine/tensor.h"
 #include "proto/moe.grpc.pb.h"
+#include "proto/tensor_wire.h"
 #include "server/auth.h"
 #include "server/callback.h"
 #include "server/checkpoint_root.h"
@@ -97,7 +98,14 @@ struct ServiceOptions {
   absl::Duration overdue_call_limit = absl::Minutes(10);
 };
 
-class MoeServiceImpl final : public v1::MoeService::CallbackService {
+// Forward and Backward are registered raw (grpc::ByteBuffer in and out): moed splits the
+// request around its tensor, hands each worker references to its rows of the received
+// bytes, and answers with references to the workers' received output bytes
+// (proto/tensor_wire.h): no tensor byte is copied, parsed or serialised in moed.
+using MoeServiceBase = v1::MoeService::WithRawCallbackMethod_Forward<
+    v1::MoeService::WithRawCallbackMethod_Backward<v1::MoeService::CallbackService>>;
+
+class MoeServiceImpl final : public MoeServiceBase {
  public:
   // With a saved_step_ttl, starts a housekeeping thread that expires saved steps.
   MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics* metrics);
@@ -126,10 +134,11 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
                                        v1::ListLayersResponse*) override;
   grpc::ServerUnaryReactor* GetLayer(grpc::CallbackServerContext*, const v1::GetLayerRequest*,
                                      v1::GetLayerResponse*) override;
-  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext*, const v1::ForwardRequest*,
-                                    v1::ForwardResponse*) override;
-  grpc::ServerUnaryReactor* Backward(grpc::CallbackServerContext*, const v1::BackwardRequest*,
-                                     v1::BackwardResponse*) override;
+  // Raw: a moe.v1.ForwardRequest / BackwardRequest in, the Response out.
+  grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
+                                    grpc::ByteBuffer*) override;
+  grpc::ServerUnaryReactor* Backward(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
+                                     grpc::ByteBuffer*) override;
   grpc::ServerUnaryReactor* ReleaseStep(grpc::CallbackServerContext*, const v1::ReleaseStepRequest*,
                                         v1::ReleaseStepResponse*) override;
   grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardResponse>* ForwardStream(
@@ -182,9 +191,15 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
                             v1::ListLayersResponse*);
   grpc::Status DoGetLayer(grpc::ServerContextBase*, const v1::GetLayerRequest*,
                           v1::GetLayerResponse*);
-  grpc::Status DoForward(grpc::ServerContextBase*, const v1::ForwardRequest*, v1::ForwardResponse*);
-  grpc::Status DoBackward(grpc::ServerContextBase*, const v1::BackwardRequest*,
-                          v1::BackwardResponse*);
+  // A step: `request`'s tensor field (x / d_out) carries datatype and shape, its bytes are
+  // `input` (raw_data is not read). The answer's tensor (out / d_x) gets datatype and shape;
+  // its bytes are *output, references to the workers' answers in rank order (no copy).
+  grpc::Status DoForward(grpc::ServerContextBase*, const v1::ForwardRequest& request,
+                         const TensorBytes& input, v1::ForwardResponse* response,
+                         std::vector<grpc::Slice>* output);
+  grpc::Status DoBackward(grpc::ServerContextBase*, const v1::BackwardRequest& request,
+                          const TensorBytes& input, v1::BackwardResponse* response,
+                          std::vector<grpc::Slice>* output);
   grpc::Status DoReleaseStep(grpc::ServerContextBase*, const v1::ReleaseStepRequest*,
                              v1::ReleaseStepResponse*);
   // moe_service_streams.cc: assemble the request's tensor, DoForward / DoBackward, answer in
@@ -380,6 +395,13 @@ class MoeServiceImpl final : public v1::MoeService::CallbackService {
   template <typename Body>
   grpc::ServerUnaryReactor* RunAuthorized(grpc::CallbackServerContext* context, Role role,
                                           Body body);
+  // Forward / Backward from their raw bytes (moe_service_rpcs.cc): role check, split around
+  // the tensor field, `step` on a handler thread, the answer encoded around its tensor.
+  template <typename Request, typename Response, typename Step>
+  grpc::ServerUnaryReactor* RunRawStep(grpc::CallbackServerContext* context,
+                                       const grpc::ByteBuffer* wire, grpc::ByteBuffer* answer,
+                                       Role role, int tensor_field, int shm_field, int answer_field,
+                                       v1::Tensor* (Response::*release_answer)(), Step step);
   // max_inflight_bytes: reserves `bytes` for a streamed step's tensor, or RESOURCE_EXHAUSTED
   // naming the flag when the steps being assembled already hold too much.
   absl::Status HoldInflightBytes(int64_t bytes);

@@ -3,6 +3,11 @@
 // ListLayers, GetLayer and GetStatus only read the front end's books and answer inline.
 // Every call first checks the caller's role (server/auth.h; the table in server/README.md),
 // before it takes a handler thread; a refused call is counted (moed_denied_total).
+#include <memory>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
 #include "proto/status_convert.h"
 #include "server/auth.h"
 #include "server/moe_service.h"
@@ -71,25 +76,64 @@ grpc::ServerUnaryReactor* MoeServiceImpl::DeleteLayer(grpc::CallbackServerContex
                        [=] { return DoDeleteLayer(context, request, response); });
 }
 
+// Forward and Backward arrive raw (server/moe_service.h): the role check runs before the
+// request is split (kInfer, then kTrain for a step to keep), the split before a handler
+// thread is taken; a request that does not parse is INVALID_ARGUMENT, as protobuf would say.
+template <typename Request, typename Response, typename Step>
+grpc::ServerUnaryReactor* MoeServiceImpl::RunRawStep(grpc::CallbackServerContext* context,
+                                                     const grpc::ByteBuffer* wire,
+                                                     grpc::ByteBuffer* answer, Role role,
+                                                     int tensor_field, int shm_field,
+                                                     int answer_field,
+                                                     v1::Tensor* (Response::*release_answer)(),
+                                                     Step step) {
+  absl::Status allowed = Allow(*context, role);
+  if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
+  auto request = std::make_shared<Request>();
+  auto input = std::make_shared<TensorBytes>();
+  absl::Status decoded = DecodeWithTensor(*wire, tensor_field, request.get(), input.get(),
+                                          {shm_field});
+  if (!decoded.ok()) return FinishInline(context, ToGrpcStatus(decoded));
+  if constexpr (std::is_same_v<Request, v1::ForwardRequest>) {
+    if (request->keep_for_backward()) {
+      allowed = Allow(*context, Role::kTrain);
+      if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
+    }
+  }
+  return RunUnary(
+      context, &handlers_,
+      [=] {
+        Response response;
+        std::vector<grpc::Slice> output;
+        grpc::Status status = (this->*step)(context, *request, *input, &response, &output);
+        ForgetRetiredShm();  // a region unregistered while this step used it
+        if (status.ok()) {
+          // The answer's tensor (datatype and shape) goes last, around the workers' bytes.
+          std::unique_ptr<v1::Tensor> head((response.*release_answer)());
+          *answer = EncodeWithTensor(response, answer_field, head ? *head : v1::Tensor(),
+                                     std::move(output));
+        }
+        return status;
+      },
+      ClientOf(*context));
+}
+
 grpc::ServerUnaryReactor* MoeServiceImpl::Forward(grpc::CallbackServerContext* context,
-                                                  const v1::ForwardRequest* request,
-                                                  v1::ForwardResponse* response) {
-  const Role role = request->keep_for_backward() ? Role::kTrain : Role::kInfer;
-  return RunAuthorized(context, role, [=] {
-    grpc::Status status = DoForward(context, request, response);
-    ForgetRetiredShm();  // a region unregistered while this step used it
-    return status;
-  });
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  return RunRawStep<v1::ForwardRequest, v1::ForwardResponse>(
+      context, request, response, Role::kInfer, v1::ForwardRequest::kXFieldNumber,
+      v1::ForwardRequest::kXShmFieldNumber, v1::ForwardResponse::kOutFieldNumber,
+      &v1::ForwardResponse::release_out, &MoeServiceImpl::DoForward);
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::Backward(grpc::CallbackServerContext* context,
-                                                   const v1::BackwardRequest* request,
-                                                   v1::BackwardResponse* response) {
-  return RunAuthorized(context, Role::kTrain, [=] {
-    grpc::Status status = DoBackward(context, request, response);
-    ForgetRetiredShm();  // a region unregistered while this step used it
-    return status;
-  });
+                                                   const grpc::ByteBuffer* request,
+                                                   grpc::ByteBuffer* response) {
+  return RunRawStep<v1::BackwardRequest, v1::BackwardResponse>(
+      context, request, response, Role::kTrain, v1::BackwardRequest::kDOutFieldNumber,
+      v1::BackwardRequest::kDOutShmFieldNumber, v1::BackwardResponse::kDXFieldNumber,
+      &v1::BackwardResponse::release_d_x, &MoeServiceImpl::DoBackward);
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::ReleaseStep(grpc::CallbackServerContext* context,

@@ -27,10 +27,11 @@ std::vector<int64_t> SplitRows(int64_t tokens, int ranks) {
   return offsets;
 }
 
-// [T, H] activations: FP32 or BF16, rank 2, H = hidden, bytes consistent.
+// [T, H] activations: FP32 or BF16, rank 2, H = hidden, `bytes` (its raw_data's size)
+// consistent.
 absl::StatusOr<DType> CheckActivation(absl::string_view field, const v1::Tensor& t,
-                                      int64_t hidden) {
-  ASSIGN_OR_RETURN(DType dtype, CheckTensorProto(field, t));
+                                      size_t bytes, int64_t hidden) {
+  ASSIGN_OR_RETURN(DType dtype, CheckTensorHead(field, t, bytes));
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".datatype: ", t.datatype(), " is not FP32 or BF16"));
@@ -46,35 +47,34 @@ absl::StatusOr<DType> CheckActivation(absl::string_view field, const v1::Tensor&
   return dtype;
 }
 
-// Worker request `head` plus rows [row_begin, row_end) of `whole` as its field `tensor_field`,
-// encoded around `whole`'s bytes without copying them (server/worker_call.h).
+// Worker request `head` plus rows [row_begin, row_end) of the step's input (datatype of
+// `whole`, bytes `input`) as its field `tensor_field`, encoded around references to those
+// bytes: received slices (or, for a tensor moed assembled, borrowed) — not copied.
 grpc::ByteBuffer EncodeRows(const google::protobuf::MessageLite& head, int tensor_field,
-                            const v1::Tensor& whole, int64_t row_begin, int64_t row_end,
-                            size_t row_bytes, BorrowedBytes* borrowed) {
+                            const v1::Tensor& whole, const TensorBytes& input, int64_t row_begin,
+                            int64_t row_end, size_t row_bytes, BorrowedBytes* borrowed) {
   v1::Tensor slice_head;
   slice_head.set_datatype(whole.datatype());
   slice_head.add_shape(row_end - row_begin);
   slice_head.add_shape(whole.shape(1));
-  const absl::string_view rows(whole.raw_data().data() + row_begin * row_bytes,
-                               (row_end - row_begin) * row_bytes);
-  return EncodeWithTensor(head, tensor_field, slice_head, borrowed->Borrow(rows));
+  std::vector<grpc::Slice> rows;
+  input.AppendSlices(row_begin * row_bytes, (row_end - row_begin) * row_bytes, borrowed, &rows);
+  return EncodeWithTensor(head, tensor_field, slice_head, std::move(rows));
 }
 
-// Joins the workers' output slices in rank order into *out, moving the slices' strings out
-// of the answers: rank 0's bytes are adopted without a copy (with one worker, the whole output),
-// the others appended into room reserved once for `total` bytes.
-template <typename WorkerAnswer>
-void GatherRows(std::vector<WorkerAnswer>* answers, v1::Tensor* (WorkerAnswer::*tensor)(),
-                size_t total, std::string* out) {
-  if (answers->empty()) return;
-  *out = std::move(*((*answers)[0].*tensor)()->mutable_raw_data());
-  if (answers->size() == 1) return;
-  out->reserve(total);
-  for (size_t r = 1; r < answers->size(); ++r) {
-    std::string* slice = ((*answers)[r].*tensor)()->mutable_raw_data();
-    out->append(*slice);
-    std::string().swap(*slice);  // freed as soon as it is copied
+// The workers' output bytes in rank order as references to their answers (no copy), after
+// checking that worker r sent `want(r)` bytes.
+template <typename Want>
+absl::Status CollectRows(const std::vector<TensorBytes>& bytes, absl::string_view what, Want want,
+                         std::vector<grpc::Slice>* output) {
+  for (size_t r = 0; r < bytes.size(); ++r) {
+    if (bytes[r].size() != want(r)) {
+      return absl::InternalError(absl::StrCat("worker ", r, " returned ", bytes[r].size(), " ",
+                                              what, " bytes, expected ", want(r)));
+    }
   }
+  for (const TensorBytes& b : bytes) b.AppendSlices(0, b.size(), /*borrowed=*/nullptr, output);
+  return absl::OkStatus();
 }
 
 // moed's phases and each worker's (the workers' own timing, with moed's round trip added).
@@ -96,22 +96,23 @@ void FillStepTiming(const PhaseClock& clock, double queue_ms, double fanout_ms, 
 }  // namespace
 
 grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
-                                       const v1::ForwardRequest* request,
-                                       v1::ForwardResponse* response) {
+                                       const v1::ForwardRequest& request, const TensorBytes& input,
+                                       v1::ForwardResponse* response,
+                                       std::vector<grpc::Slice>* output) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     // moed's own phases are always timed (metrics); the workers' only when the caller asks.
-    PhaseClock clock(request->timing() || metrics_ != nullptr);
-    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
+    PhaseClock clock(request.timing() || metrics_ != nullptr);
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request.layer()));
     // x and/or out in a client's shared memory (moe_service_shm.cc); leased until we return.
-    ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, *request, found->config.hidden));
-    if (!request->has_x() && !shm.has_input()) return absl::InvalidArgumentError("x: required");
+    ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, request, found->config.hidden));
+    if (!request.has_x() && !shm.has_input()) return absl::InvalidArgumentError("x: required");
     ASSIGN_OR_RETURN(DType dtype, shm.has_input()
                                       ? shm.dtype()
-                                      : CheckActivation("x", request->x(), found->config.hidden));
-    const int64_t tokens = shm.has_input() ? shm.tokens() : request->x().shape(0);
+                                      : CheckActivation("x", request.x(), input.size(), found->config.hidden));
+    const int64_t tokens = shm.has_input() ? shm.tokens() : request.x().shape(0);
     RETURN_IF_ERROR(shm.CheckOutput(tokens, found->config.hidden, dtype));
-    const bool keep = request->keep_for_backward();
+    const bool keep = request.keep_for_backward();
     auto check_budget = [&](const Layer& layer) -> absl::Status {
       absl::MutexLock lock(&layer.mu);
       if (static_cast<int64_t>(layer.saved.size()) >= options_.max_saved_steps) {
@@ -139,8 +140,9 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     const double queue_ms = clock.Lap();
 
     std::vector<internal::WorkerForwardResponse> answers(ranks);
+    std::vector<TensorBytes> out_bytes(ranks);  // each answer's out.raw_data, not copied
     std::vector<double> call_ms(ranks, 0.0);
-    BorrowedBytes borrowed;  // slices of request->x()
+    BorrowedBytes borrowed;  // slices of an x that moed assembled (ForwardStream)
     // Overdue (past --step_timeout_ms): DEADLINE_EXCEEDED here, the workers finish the step
     // and release what it saved before the layer's next call (moe_service_overdue.cc).
     RETURN_IF_ERROR(FanOutOnLayer(
@@ -158,11 +160,12 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
             shm.SliceInput(offsets[r], offsets[r + 1], call.mutable_x(), call.mutable_x_shm());
             wire = EncodeMessage(call);
           } else {
-            wire = EncodeRows(call, internal::WorkerForwardRequest::kXFieldNumber, request->x(),
-                              offsets[r], offsets[r + 1], row_bytes, &borrowed);
+            wire = EncodeRows(call, internal::WorkerForwardRequest::kXFieldNumber, request.x(),
+                              input, offsets[r], offsets[r + 1], row_bytes, &borrowed);
           }
-          absl::Status status =
-              CallWorker(turn->set.channels[r], ctx, kWorkerForwardMethod, wire, &answers[r]);
+          absl::Status status = CallWorkerWithTensor(
+              turn->set.channels[r], ctx, kWorkerForwardMethod, wire,
+              internal::WorkerForwardResponse::kOutFieldNumber, &answers[r], &out_bytes[r]);
           call_ms[r] = call_clock.Total();
           return status;
         },
@@ -175,18 +178,14 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     out->add_shape(tokens);
     out->add_shape(layer.config.hidden);
     int64_t saved_bytes = 0;
-    for (int r = 0; r < ranks; ++r) {
-      const v1::Tensor& slice = answers[r].out();
-      if (slice.raw_data().size() !=
-          (shm.has_output() ? 0 : (offsets[r + 1] - offsets[r]) * row_bytes)) {
-        return absl::InternalError(
-            absl::StrCat("worker ", r, " returned ", slice.raw_data().size(), " output bytes"));
-      }
-      saved_bytes += answers[r].saved_bytes();
-    }
+    for (int r = 0; r < ranks; ++r) saved_bytes += answers[r].saved_bytes();
     // With out_shm the workers wrote out into the region: nothing to gather.
-    GatherRows(&answers, &internal::WorkerForwardResponse::mutable_out,
-               shm.has_output() ? 0 : tokens * row_bytes, out->mutable_raw_data());
+    RETURN_IF_ERROR(CollectRows(
+        out_bytes, "output",
+        [&](size_t r) {
+          return shm.has_output() ? 0 : (offsets[r + 1] - offsets[r]) * row_bytes;
+        },
+        output));
     const double gather_ms = clock.Lap();
     const internal::WorkerForwardResponse& first = answers[0];
     response->set_aux_loss(first.aux_loss());
@@ -237,11 +236,12 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
       if (!refuse.ok()) {
         ReleaseOnWorkers(turn->set, layer, {step_id});
         response->Clear();
+        output->clear();
         return refuse;
       }
       response->set_step_id(step_id);
     }
-    if (request->timing()) {
+    if (request.timing()) {
       FillStepTiming(clock, queue_ms, fanout_ms, gather_ms, call_ms, answers,
                      response->mutable_timing());
     }
@@ -251,27 +251,29 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
 }
 
 grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
-                                        const v1::BackwardRequest* request,
-                                        v1::BackwardResponse* response) {
+                                        const v1::BackwardRequest& request, const TensorBytes& input,
+                                        v1::BackwardResponse* response,
+                                        std::vector<grpc::Slice>* output) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
-    PhaseClock clock(request->timing() || metrics_ != nullptr);  // as in Forward
-    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
-    if (request->step_id() == 0) {
+    PhaseClock clock(request.timing() || metrics_ != nullptr);  // as in Forward
+    ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request.layer()));
+    if (request.step_id() == 0) {
       return absl::FailedPreconditionError(
           "step_id: 0 is not a step (Forward returns 0 without keep_for_backward)");
     }
     // d_out and/or d_x in a client's shared memory (moe_service_shm.cc).
-    ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, *request, found->config.hidden));
-    if (!request->has_d_out() && !shm.has_input()) {
+    ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, request, found->config.hidden));
+    if (!request.has_d_out() && !shm.has_input()) {
       return absl::InvalidArgumentError("d_out: required");
     }
     ASSIGN_OR_RETURN(DType dtype, shm.has_input() ? shm.dtype()
-                                                  : CheckActivation("d_out", request->d_out(),
+                                                  : CheckActivation("d_out", request.d_out(),
+                                                                    input.size(),
                                                                     found->config.hidden));
-    const int64_t d_out_tokens = shm.has_input() ? shm.tokens() : request->d_out().shape(0);
-    const double d_aux = request->has_d_aux() ? request->d_aux() : 1.0;
-    const double d_z_loss = request->has_d_z_loss() ? request->d_z_loss() : 1.0;
+    const int64_t d_out_tokens = shm.has_input() ? shm.tokens() : request.d_out().shape(0);
+    const double d_aux = request.has_d_aux() ? request.d_aux() : 1.0;
+    const double d_z_loss = request.has_d_z_loss() ? request.d_z_loss() : 1.0;
     if (!std::isfinite(d_aux)) return absl::InvalidArgumentError("d_aux: not finite");
     if (!std::isfinite(d_z_loss)) return absl::InvalidArgumentError("d_z_loss: not finite");
 
@@ -280,18 +282,18 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     SavedStep step;
     {
       absl::MutexLock lock(&layer.mu);
-      auto it = layer.saved.find(request->step_id());
+      auto it = layer.saved.find(request.step_id());
       if (it == layer.saved.end()) {
-        if (layer.expired.count(request->step_id()) != 0) {
+        if (layer.expired.count(request.step_id()) != 0) {
           return absl::FailedPreconditionError(absl::StrCat(
-              "step_id: ", request->step_id(), " expired: not used by a Backward within ",
+              "step_id: ", request.step_id(), " expired: not used by a Backward within ",
               absl::FormatDuration(options_.saved_step_ttl),
               " of its Forward (server flag --saved_step_ttl_s); its saved activations were "
               "released"));
         }
-        const bool issued = request->step_id() < next_step_id_.load();
+        const bool issued = request.step_id() < next_step_id_.load();
         return absl::FailedPreconditionError(absl::StrCat(
-            "step_id: ", request->step_id(),
+            "step_id: ", request.step_id(),
             issued ? " is not held by layer \"" + layer.name +
                          "\" (released, already used by a Backward, dropped when the workers "
                          "re-formed, or a step of another layer)"
@@ -312,8 +314,9 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
     const double queue_ms = clock.Lap();
     std::vector<internal::WorkerBackwardResponse> answers(ranks);
+    std::vector<TensorBytes> d_x_bytes(ranks);  // each answer's d_x.raw_data, not copied
     std::vector<double> call_ms(ranks, 0.0);
-    BorrowedBytes borrowed;  // slices of request->d_out()
+    BorrowedBytes borrowed;  // slices of a d_out that moed assembled (BackwardStream)
     RETURN_IF_ERROR(FanOutOnLayer(
         *turn, InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
@@ -322,7 +325,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
           call.set_timing(clock.enabled());  // metrics too: per-worker phases
           call.set_generation(turn->set.generation);
           call.set_layer_id(layer.id);
-          call.set_step_id(request->step_id());
+          call.set_step_id(request.step_id());
           call.set_d_aux(d_aux);
           call.set_d_z_loss(d_z_loss);
           if (shm.has_output()) shm.SliceOutput(offsets[r], offsets[r + 1], call.mutable_d_x_shm());
@@ -333,28 +336,29 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
             wire = EncodeMessage(call);
           } else {
             wire = EncodeRows(call, internal::WorkerBackwardRequest::kDOutFieldNumber,
-                              request->d_out(), offsets[r], offsets[r + 1], row_bytes, &borrowed);
+                              request.d_out(), input, offsets[r], offsets[r + 1], row_bytes,
+                              &borrowed);
           }
-          absl::Status status =
-              CallWorker(turn->set.channels[r], ctx, kWorkerBackwardMethod, wire, &answers[r]);
+          absl::Status status = CallWorkerWithTensor(
+              turn->set.channels[r], ctx, kWorkerBackwardMethod, wire,
+              internal::WorkerBackwardResponse::kDXFieldNumber, &answers[r], &d_x_bytes[r]);
           call_ms[r] = call_clock.Total();
           return status;
         },
-        /*collective=*/true, request->step_id()));
+        /*collective=*/true, request.step_id()));
     const double fanout_ms = clock.Lap();
     v1::Tensor* d_x = response->mutable_d_x();
     d_x->set_datatype(DTypeName(step.dtype));
     d_x->add_shape(step.tokens);
     d_x->add_shape(layer.config.hidden);
     // With d_x_shm the workers wrote d_x into the region: nothing to gather.
-    const size_t want =
-        shm.has_output() ? 0 : step.tokens * layer.config.hidden * DTypeSize(step.dtype);
-    GatherRows(&answers, &internal::WorkerBackwardResponse::mutable_d_x, want,
-               d_x->mutable_raw_data());
-    if (d_x->raw_data().size() != want) {
-      return absl::InternalError(
-          absl::StrCat("workers returned ", d_x->raw_data().size(), " d_x bytes, expected ", want));
-    }
+    const size_t d_x_row_bytes = layer.config.hidden * DTypeSize(step.dtype);
+    RETURN_IF_ERROR(CollectRows(
+        d_x_bytes, "d_x",
+        [&](size_t r) {
+          return shm.has_output() ? 0 : (offsets[r + 1] - offsets[r]) * d_x_row_bytes;
+        },
+        output));
     const double gather_ms = clock.Lap();
     if (metrics_ != nullptr) {
       metrics_->ObserveStep(layer.name, "Backward", queue_ms / 1e3, fanout_ms / 1e3,
@@ -367,7 +371,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
                              step.tokens * layer.config.hidden * DTypeSize(step.dtype));
       metrics_->CountSavedSteps("used", 1);
     }
-    if (request->timing()) {
+    if (request.timing()) {
       FillStepTiming(clock, queue_ms, fanout_ms, gather_ms, call_ms, answers,
                      response->mutable_timing());
     }

@@ -6,6 +6,7 @@
 // --max_inflight_bytes (all streamed steps at once) before its first piece is read.
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,17 @@ absl::Status ReadPieces(StreamReaderWriter<Request, Response>* stream,
   return absl::OkStatus();
 }
 
+// The workers' answer bytes in one string (the answer goes out in pieces of its own size).
+void JoinSlices(std::vector<grpc::Slice>* slices, std::string* out) {
+  size_t total = 0;
+  for (const grpc::Slice& slice : *slices) total += slice.size();
+  out->reserve(total);
+  for (grpc::Slice& slice : *slices) {
+    out->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    slice = grpc::Slice();  // the worker's bytes are freed as soon as they are copied
+  }
+}
+
 // Sends *response with its tensor (`mutable_tensor`) split into pieces of at most
 // piece_bytes: the first message carries every field and the first piece.
 template <typename Request, typename Response>
@@ -131,9 +143,12 @@ grpc::Status MoeServiceImpl::DoForwardStream(
                                  options_.max_stream_bytes, may_keep, admit, &request);
   if (!read.ok()) return ToGrpcStatus(read);
   v1::ForwardResponse response;
-  grpc::Status step = DoForward(context, &request, &response);
+  std::vector<grpc::Slice> out;
+  grpc::Status step =
+      DoForward(context, request, TensorBytes(request.x().raw_data()), &response, &out);
   if (!step.ok()) return step;
   request.Clear();  // x is no longer needed while the answer goes out
+  JoinSlices(&out, response.mutable_out()->mutable_raw_data());
   return ToGrpcStatus(WritePieces(stream, &v1::ForwardResponse::mutable_out,
                                   options_.max_message_bytes - kPieceHeadroom, &response));
 }
@@ -155,9 +170,12 @@ grpc::Status MoeServiceImpl::DoBackwardStream(
       [](const v1::BackwardRequest&) { return absl::OkStatus(); }, admit, &request);
   if (!read.ok()) return ToGrpcStatus(read);
   v1::BackwardResponse response;
-  grpc::Status step = DoBackward(context, &request, &response);
+  std::vector<grpc::Slice> d_x;
+  grpc::Status step =
+      DoBackward(context, request, TensorBytes(request.d_out().raw_data()), &response, &d_x);
   if (!step.ok()) return step;
   request.Clear();
+  JoinSlices(&d_x, response.mutable_d_x()->mutable_raw_data());
   return ToGrpcStatus(WritePieces(stream, &v1::BackwardResponse::mutable_d_x,
                                   options_.max_message_bytes - kPieceHeadroom, &response));
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -121,6 +122,61 @@ TEST(TensorWireTest, DecodedTensorIsBitIdenticalAcrossSliceBoundaries) {
       EXPECT_EQ(got->bytes(), x.bytes()) << "pieces of " << piece;
     }
   }
+}
+
+// moed's relay: rows of a received tensor go on to another message as references to the
+// received slices (same memory, no copy), and several answers' bytes join into one message.
+TEST(TensorWireTest, ReceivedBytesAreForwardedAsSubSlicesWithoutCopy) {
+  const Tensor x = IotaTensor(DType::kFloat32, {29, 3});
+  const std::string wire = SampleRequest(x).SerializeAsString();
+  for (size_t piece : {size_t{5}, size_t{64}, size_t{100}, wire.size()}) {
+    const grpc::ByteBuffer received = Sliced(wire, piece);
+    std::vector<grpc::Slice> received_slices;
+    ASSERT_TRUE(received.Dump(&received_slices).ok());
+    v1::ForwardRequest head;
+    TensorBytes raw;
+    ASSERT_TRUE(
+        DecodeWithTensor(received, v1::ForwardRequest::kXFieldNumber, &head, &raw).ok());
+    const size_t row = 3 * sizeof(float);
+    // Rows [0, 10), [10, 29) and an empty range, re-encoded as two messages' tensors.
+    for (auto [begin, end] : {std::pair<size_t, size_t>{0, 10}, {10, 29}, {7, 7}}) {
+      std::vector<grpc::Slice> rows;
+      raw.AppendSlices(begin * row, (end - begin) * row, /*borrowed=*/nullptr, &rows);
+      size_t total = 0;
+      for (const grpc::Slice& slice : rows) {
+        total += slice.size();
+        if (slice.size() <= 32) continue;  // small slices are inlined copies
+        const auto* at = slice.begin();
+        bool inside = false;
+        for (const grpc::Slice& r : received_slices) {
+          inside |= at >= r.begin() && at + slice.size() <= r.end();
+        }
+        EXPECT_TRUE(inside) << "a copy, not a reference to the received bytes";
+      }
+      EXPECT_EQ(total, (end - begin) * row);
+      v1::ForwardRequest out_head;
+      out_head.set_layer("next");
+      v1::Tensor tensor_head;
+      tensor_head.set_datatype("FP32");
+      tensor_head.add_shape(static_cast<int64_t>(end - begin));
+      tensor_head.add_shape(3);
+      const grpc::ByteBuffer forwarded = EncodeWithTensor(
+          out_head, v1::ForwardRequest::kXFieldNumber, tensor_head, std::move(rows));
+      v1::ForwardRequest parsed;
+      ASSERT_TRUE(parsed.ParseFromString(Flatten(forwarded)));
+      EXPECT_EQ(parsed.layer(), "next");
+      EXPECT_EQ(parsed.x().raw_data(), x.bytes().substr(begin * row, (end - begin) * row))
+          << "pieces of " << piece << ", rows " << begin << ".." << end;
+    }
+  }
+  // A view of caller-owned bytes is lent through BorrowedBytes.
+  const std::string owned(x.bytes());
+  BorrowedBytes borrowed;
+  std::vector<grpc::Slice> lent;
+  TensorBytes(owned).AppendSlices(12, 24, &borrowed, &lent);
+  ASSERT_EQ(lent.size(), 1u);
+  EXPECT_EQ(reinterpret_cast<const char*>(lent[0].begin()), owned.data() + 12);
+  EXPECT_EQ(lent[0].size(), 24u);
 }
 
 TEST(TensorWireTest, ProtobufRulesHoldForRepeatedFieldsAndTheOneof) {
