@@ -14,9 +14,11 @@
 #include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +35,8 @@
 ABSL_FLAG(int64_t, bytes, int64_t{64} << 20, "bytes of one message (split over the parts)");
 ABSL_FLAG(int, iters, 5, "timed round trips per (mode, parts), after one warm-up");
 ABSL_FLAG(std::string, parts, "1,2,4", "comma-separated numbers of parts to try");
+ABSL_FLAG(std::string, transport, "tcp",
+          "tcp (127.0.0.1) or unix (a Unix domain socket in $TMPDIR or /tmp)");
 
 namespace {
 
@@ -135,17 +139,28 @@ int main(int argc, char** argv) {
   EchoService service;
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  const std::string transport = absl::GetFlag(FLAGS_transport);
+  if (transport != "tcp" && transport != "unix") {
+    std::fprintf(stderr, "--transport: \"%s\" is not tcp or unix\n", transport.c_str());
+    return 2;
+  }
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string socket_path = std::string(tmp != nullptr ? tmp : "/tmp") +
+                                  "/grpc_loopback_bench." + std::to_string(getpid()) + ".sock";
+  const std::string address =
+      transport == "unix" ? "unix:" + socket_path : std::string("127.0.0.1:0");
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(),
+                           transport == "unix" ? nullptr : &port);
   builder.RegisterCallbackGenericService(&service);
   builder.SetMaxReceiveMessageSize(-1);
   builder.SetMaxSendMessageSize(-1);
   moe::SetBulkTransportArgs(&builder);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
+  if (server == nullptr || (transport == "tcp" && port == 0)) {
     std::fprintf(stderr, "cannot start the echo server\n");
     return 1;
   }
-  const std::string target = "127.0.0.1:" + std::to_string(port);
+  const std::string target = transport == "unix" ? address : "127.0.0.1:" + std::to_string(port);
   std::string data(static_cast<size_t>(bytes), '\0');
   for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 13 + 1);
 
@@ -167,10 +182,11 @@ int main(int argc, char** argv) {
       std::sort(seconds.begin(), seconds.end());
       const double median = seconds[seconds.size() / 2];
       std::printf(
-          "{\"mode\": \"%s\", \"parts\": %d, \"bytes\": %lld, \"iters\": %d, "
+          "{\"transport\": \"%s\", \"mode\": \"%s\", \"parts\": %d, \"bytes\": %lld, \"iters\": "
+          "%d, "
           "\"round_trip_ms_p50\": %.2f, \"round_trip_ms_min\": %.2f, \"gb_per_s\": %.3f}\n",
-          mode, parts, static_cast<long long>(bytes), iters, median * 1e3, seconds.front() * 1e3,
-          2.0 * static_cast<double>(bytes) / median / 1e9);
+          transport.c_str(), mode, parts, static_cast<long long>(bytes), iters, median * 1e3,
+          seconds.front() * 1e3, 2.0 * static_cast<double>(bytes) / median / 1e9);
       std::fflush(stdout);
     }
   }

@@ -148,6 +148,12 @@ class MoeClient {
   absl::StatusOr<v1::SystemSharedMemoryStatusResponse> SystemSharedMemoryStatus(
       const std::string& name = "", const CallOptions& call = {});
   absl::Status UnregisterSystemSharedMemory(const std::string& name, const CallOptions& call = {});
+  // A region of this process's GPU memory (CUDA workers on moed's host): raw_handle is the
+  // 64 bytes of cudaIpcGetMemHandle for an allocation of at least byte_size bytes on
+  // `device_id`. Listed and unregistered by the two calls above; steps name it as any region.
+  absl::Status RegisterCudaSharedMemory(const std::string& name, const std::string& raw_handle,
+                                        int64_t device_id, int64_t byte_size,
+                                        const CallOptions& call = {});
   // Forward / Backward reading x / d_out from a region and writing out / d_x into one:
   // ForwardOutput::out stays empty (its bytes are in the region).
   absl::StatusOr<ForwardOutput> ForwardShm(const std::string& layer, const ShmTensorRef& x,

@@ -49,6 +49,19 @@ absl::Status MoeClient::RegisterSystemSharedMemory(const std::string& name, cons
   return absl::OkStatus();
 }
 
+absl::Status MoeClient::RegisterCudaSharedMemory(const std::string& name,
+                                                 const std::string& raw_handle, int64_t device_id,
+                                                 int64_t byte_size, const CallOptions& call) {
+  v1::RegisterCudaSharedMemoryRequest request;
+  request.set_name(name);
+  request.set_raw_handle(raw_handle);
+  request.set_device_id(device_id);
+  request.set_byte_size(byte_size);
+  v1::RegisterCudaSharedMemoryResponse response;
+  MOED_SHM_CALL(RegisterCudaSharedMemory, request, response, call);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::SystemSharedMemoryStatusResponse> MoeClient::SystemSharedMemoryStatus(
     const std::string& name, const CallOptions& call) {
   v1::SystemSharedMemoryStatusRequest request;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "client/shared_memory.h"
 #include "client/step_breakdown.h"
 #include "client/tensor_util.h"
+#include "engine/cuda/cuda_optional.h"
 #include "engine/status_macros.h"
 
 ABSL_FLAG(int64_t, steps, 20, "bench: timed steps of each kind.");
@@ -31,6 +33,12 @@ ABSL_FLAG(bool, shm, false,
           "bench: also time the shared-memory path (x, out, d_out, d_x in a POSIX shm region; "
           "moed on this host with --allow_client_shm) and check its results are bit-identical "
           "to the gRPC path's");
+ABSL_FLAG(bool, cuda_shm, false,
+          "bench: also time the CUDA IPC path (x, out, d_out, d_x in this process's GPU memory, "
+          "shared with cudaIpcGetMemHandle; CUDA workers on this host, moed with "
+          "--allow_client_shm; moectl built with CUDA) and check its results are bit-identical "
+          "to the gRPC path's");
+ABSL_FLAG(int, cuda_shm_device, 0, "bench --cuda_shm: the GPU that holds the region.");
 ABSL_FLAG(std::string, progress, "auto", "bench: progress bar on stderr: auto (if a tty)|on|off.");
 
 namespace moe {
@@ -112,20 +120,66 @@ absl::StatusOr<Series> Measure(int64_t warmup, int64_t steps, const char* phase,
   return series;
 }
 
-// The shared-memory path: one region holds [x | out | d_out | d_x]; out and d_x of the first
-// step are compared bitwise with the gRPC path's. Returns the "shm" JSON object.
-absl::StatusOr<Json> BenchShm(MoeClient& c, const std::string& layer, const Tensor& x,
-                                     const Tensor& d_out, int64_t warmup, int64_t steps,
-                                     bool show_progress) {
-  const int64_t bytes = static_cast<int64_t>(x.num_bytes());
+// A region for BenchShm: `write` puts bytes at an offset, `read` gets them back.
+struct BenchRegion {
+  std::function<absl::Status(int64_t offset, absl::string_view bytes)> write;
+  std::function<absl::StatusOr<std::string>(int64_t offset, int64_t size)> read;
+  std::shared_ptr<void> hold;  // frees the region's memory
+};
+
+// A POSIX shm region of `size` bytes registered as `name`.
+absl::StatusOr<BenchRegion> SystemRegion(MoeClient& c, const std::string& name, int64_t size) {
   const std::string key = absl::StrCat("/moectl-bench-", getpid());
-  const std::string region = absl::StrCat("moectl-bench-", getpid());
-  ASSIGN_OR_RETURN(auto shm, SharedMemoryRegion::Create(key, std::max<int64_t>(1, 4 * bytes)));
+  ASSIGN_OR_RETURN(std::shared_ptr<SharedMemoryRegion> shm, SharedMemoryRegion::Create(key, size));
+  RETURN_IF_ERROR(c.RegisterSystemSharedMemory(name, key, 0, shm->size()));
+  BenchRegion region;
+  region.write = [shm](int64_t offset, absl::string_view bytes) {
+    std::memcpy(shm->data() + offset, bytes.data(), bytes.size());
+    return absl::OkStatus();
+  };
+  region.read = [shm](int64_t offset, int64_t n) -> absl::StatusOr<std::string> {
+    return std::string(shm->data() + offset, n);
+  };
+  region.hold = shm;
+  return region;
+}
+
+// `size` bytes of GPU memory on --cuda_shm_device, shared by CUDA IPC and registered as `name`.
+absl::StatusOr<BenchRegion> CudaRegion(MoeClient& c, const std::string& name, int64_t size) {
+  const int device = absl::GetFlag(FLAGS_cuda_shm_device);
+  ASSIGN_OR_RETURN(void* memory, OptionalAllocateSharableDeviceMemory(device, size));
+  std::shared_ptr<void> hold(memory, [](void* p) { OptionalFreeDeviceMemory(p).IgnoreError(); });
+  ASSIGN_OR_RETURN(std::string handle, OptionalCudaIpcHandleOf(memory));
+  RETURN_IF_ERROR(c.RegisterCudaSharedMemory(name, handle, device, size));
+  char* base = static_cast<char*>(memory);
+  BenchRegion region;
+  region.write = [base](int64_t offset, absl::string_view bytes) {
+    return OptionalCopyMemory(base + offset, bytes.data(), bytes.size());
+  };
+  region.read = [base](int64_t offset, int64_t n) -> absl::StatusOr<std::string> {
+    std::string out(n, '\0');
+    RETURN_IF_ERROR(OptionalCopyMemory(out.data(), base + offset, n));
+    return out;
+  };
+  region.hold = std::move(hold);
+  return region;
+}
+
+// The shared-memory path: one region (POSIX shm, or with `cuda` GPU memory shared by CUDA IPC)
+// holds [x | out | d_out | d_x]; out and d_x of the first step are compared bitwise with the
+// gRPC path's. Returns the "shm" / "cuda_shm" JSON object.
+absl::StatusOr<Json> BenchShm(MoeClient& c, const std::string& layer, const Tensor& x,
+                              const Tensor& d_out, int64_t warmup, int64_t steps,
+                              bool show_progress, bool cuda) {
+  const int64_t bytes = static_cast<int64_t>(x.num_bytes());
+  const std::string region = absl::StrCat(cuda ? "moectl-bench-cuda-" : "moectl-bench-", getpid());
+  const int64_t size = std::max<int64_t>(1, 4 * bytes);
+  ASSIGN_OR_RETURN(BenchRegion shm, cuda ? CudaRegion(c, region, size)
+                                         : SystemRegion(c, region, size));
   if (bytes > 0) {
-    std::memcpy(shm->data(), x.raw(), bytes);
-    std::memcpy(shm->data() + 2 * bytes, d_out.raw(), bytes);
+    RETURN_IF_ERROR(shm.write(0, x.bytes()));
+    RETURN_IF_ERROR(shm.write(2 * bytes, d_out.bytes()));
   }
-  RETURN_IF_ERROR(c.RegisterSystemSharedMemory(region, key, 0, shm->size()));
   const ShmTensorRef x_ref{region, 0, x.dtype(), x.shape()};
   const ShmOutputRef out_ref{region, bytes, bytes};
   const ShmTensorRef d_out_ref{region, 2 * bytes, d_out.dtype(), d_out.shape()};
@@ -136,8 +190,9 @@ absl::StatusOr<Json> BenchShm(MoeClient& c, const std::string& layer, const Tens
     ASSIGN_OR_RETURN(Tensor grpc_d_x, c.Backward(layer, grpc_fwd.step_id, d_out));
     ASSIGN_OR_RETURN(ForwardOutput fwd, c.ForwardShm(layer, x_ref, out_ref, true));
     RETURN_IF_ERROR(c.BackwardShm(layer, fwd.step_id, d_out_ref, d_x_ref));
-    const bool identical = grpc_fwd.out.bytes() == absl::string_view(shm->data() + bytes, bytes) &&
-                           grpc_d_x.bytes() == absl::string_view(shm->data() + 3 * bytes, bytes);
+    ASSIGN_OR_RETURN(const std::string shm_out, shm.read(bytes, bytes));
+    ASSIGN_OR_RETURN(const std::string shm_d_x, shm.read(3 * bytes, bytes));
+    const bool identical = grpc_fwd.out.bytes() == shm_out && grpc_d_x.bytes() == shm_d_x;
     // The same per-phase breakdown as the gRPC path's (encode and decode are 0: no bytes in
     // the messages).
     StepTimes fwd_times, bwd_times;
@@ -148,13 +203,14 @@ absl::StatusOr<Json> BenchShm(MoeClient& c, const std::string& layer, const Tens
     ASSIGN_OR_RETURN(
         Series forward,
         Measure(
-            warmup, steps, "shm forward", show_progress,
+            warmup, steps, cuda ? "cuda shm forward" : "shm forward", show_progress,
             [&]() { return c.ForwardShm(layer, x_ref, out_ref, false, fwd_call).status(); },
             [&](double ms) { forward_breakdown.Add(ms, {&fwd_times}); }));
     ASSIGN_OR_RETURN(
         Series training,
         Measure(
-            warmup, steps, "shm forward+backward", show_progress,
+            warmup, steps, cuda ? "cuda shm forward+backward" : "shm forward+backward",
+            show_progress,
             [&]() -> absl::Status {
               ASSIGN_OR_RETURN(ForwardOutput f,
                                c.ForwardShm(layer, x_ref, out_ref, true, fwd_call));
@@ -251,7 +307,11 @@ int RunBench(const Args& args) {
   }
   absl::StatusOr<Json> shm_json = Json();
   if (absl::GetFlag(FLAGS_shm) && forward.ok() && training.ok()) {
-    shm_json = BenchShm(c, name, x, d_out, warmup, steps, show_progress);
+    shm_json = BenchShm(c, name, x, d_out, warmup, steps, show_progress, /*cuda=*/false);
+  }
+  absl::StatusOr<Json> cuda_shm_json = Json();
+  if (absl::GetFlag(FLAGS_cuda_shm) && forward.ok() && training.ok() && shm_json.ok()) {
+    cuda_shm_json = BenchShm(c, name, x, d_out, warmup, steps, show_progress, /*cuda=*/true);
   }
   // Gradients accumulated by the timed backwards are dropped so an existing layer is left as
   // it was found, apart from its counters.
@@ -263,6 +323,7 @@ int RunBench(const Args& args) {
   if (!forward.ok()) return ReportError("bench", forward.status());
   if (!training.ok()) return ReportError("bench", training.status());
   if (!shm_json.ok()) return ReportError("bench", shm_json.status());
+  if (!cuda_shm_json.ok()) return ReportError("bench", cuda_shm_json.status());
 
   Json out;
   out["server"] = c.target();
@@ -277,6 +338,7 @@ int RunBench(const Args& args) {
   out["breakdown"]["forward"] = forward_breakdown.ToJson();
   out["breakdown"]["forward_backward"] = training_breakdown.ToJson();
   if (!shm_json->is_null()) out["shm"] = *std::move(shm_json);
+  if (!cuda_shm_json->is_null()) out["cuda_shm"] = *std::move(cuda_shm_json);
   PrintJson(out);
   return 0;
 }

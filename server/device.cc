@@ -56,6 +56,11 @@ std::string DeviceName(const std::string& device_flag, int rank) {
   return index.ok() ? absl::StrCat("cuda:", *index) : device_flag;
 }
 
+int CudaOrdinal(const std::string& device_flag, int rank) {
+  absl::StatusOr<int> index = CudaIndex(device_flag, rank);
+  return index.ok() ? *index : -1;
+}
+
 absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,
                                               std::shared_ptr<KeyValueStore> store,
                                               const std::string& prefix, int rank, int size,

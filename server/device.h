@@ -42,6 +42,8 @@ int DefaultEmbeddedWorkers(const std::string& device_flag);
 // The device a worker of `rank` runs on, as GetStatus shows it: "cuda" becomes "cuda:N" (the
 // GPU picked for that rank); every other flag, or a rank < 0, returns the flag as it is.
 std::string DeviceName(const std::string& device_flag, int rank);
+// The GPU a worker of `rank` runs on (as DeviceName), -1 for the CPU device.
+int CudaOrdinal(const std::string& device_flag, int rank);
 
 // Collective: every rank of the group calls it with the same prefix and size.
 // cpu_threads: threads of the CPU backend's element-wise kernels (0: one per hardware thread).

@@ -245,6 +245,9 @@ class MoeServiceImpl final : public MoeServiceBase {
   grpc::Status DoUnregisterSystemSharedMemory(grpc::ServerContextBase*,
                                               const v1::UnregisterSystemSharedMemoryRequest*,
                                               v1::UnregisterSystemSharedMemoryResponse*);
+  grpc::Status DoRegisterCudaSharedMemory(grpc::ServerContextBase*,
+                                          const v1::RegisterCudaSharedMemoryRequest*,
+                                          v1::RegisterCudaSharedMemoryResponse*);
   absl::Status ShmStatus(grpc::ServerContextBase* context, const std::string& name,
                          v1::SystemSharedMemoryStatusResponse* response);
   // Tells the workers to unmap the regions no step uses any more (best effort).

@@ -271,14 +271,10 @@ grpc::ServerUnaryReactor* MoeServiceImpl::UnregisterSystemSharedMemory(
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::RegisterCudaSharedMemory(
-    grpc::CallbackServerContext* context, const v1::RegisterCudaSharedMemoryRequest*,
-    v1::RegisterCudaSharedMemoryResponse*) {
-  absl::Status allowed = Allow(*context, Role::kInfer);
-  return FinishInline(context,
-                      ToGrpcStatus(allowed.ok() ? absl::UnimplementedError(
-                                                      "CUDA shared memory is not implemented yet; "
-                                                      "use RegisterSystemSharedMemory")
-                                                : allowed));
+    grpc::CallbackServerContext* context, const v1::RegisterCudaSharedMemoryRequest* request,
+    v1::RegisterCudaSharedMemoryResponse* response) {
+  return RunAuthorized(context, Role::kInfer,
+                       [=] { return DoRegisterCudaSharedMemory(context, request, response); });
 }
 
 }  // namespace moe

@@ -5,6 +5,7 @@
 // uses it (ForgetRetiredShm).
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "engine/status_macros.h"
 #include "proto/status_convert.h"
@@ -96,6 +97,29 @@ grpc::Status MoeServiceImpl::DoRegisterSystemSharedMemory(
   return Finish("RegisterSystemSharedMemory", start, status);
 }
 
+grpc::Status MoeServiceImpl::DoRegisterCudaSharedMemory(
+    grpc::ServerContextBase* context, const v1::RegisterCudaSharedMemoryRequest* request,
+    v1::RegisterCudaSharedMemoryResponse*) {
+  const absl::Time start = absl::Now();
+  absl::Status status = CheckShmAllowed(context);
+  if (status.ok()) {
+    // The workers open the region on their GPUs: refuse it up front on CPU workers.
+    for (const v1::WorkerStatus& worker : pool_->WorkerStatuses()) {
+      if (!worker.device().empty() && !absl::StartsWith(worker.device(), "cuda")) {
+        status = absl::FailedPreconditionError(absl::StrCat(
+            "CUDA shared memory needs CUDA workers; worker ", worker.rank(), " runs on \"",
+            worker.device(), "\" (use RegisterSystemSharedMemory)"));
+        break;
+      }
+    }
+  }
+  if (status.ok()) {
+    status = shm_->RegisterCuda(request->name(), request->raw_handle(), request->device_id(),
+                                request->byte_size());
+  }
+  return Finish("RegisterCudaSharedMemory", start, status);
+}
+
 absl::Status MoeServiceImpl::ShmStatus(grpc::ServerContextBase* context, const std::string& name,
                                        v1::SystemSharedMemoryStatusResponse* response) {
   RETURN_IF_ERROR(CheckShmAllowed(context));
@@ -107,6 +131,8 @@ absl::Status MoeServiceImpl::ShmStatus(grpc::ServerContextBase* context, const s
     out->set_offset(r.region.offset);
     out->set_byte_size(r.region.byte_size);
     out->set_steps_in_flight(r.steps_in_flight);
+    if (r.region.cuda()) out->set_cuda_device_id(r.region.cuda_device);
+    out->set_cuda(r.region.cuda());
   }
   return absl::OkStatus();
 }

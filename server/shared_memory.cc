@@ -46,8 +46,10 @@ absl::StatusOr<struct stat> StatObject(const std::string& key, int flags) {
   return st;
 }
 
-// Same object as registered (an unlinked or replaced one is not).
+// Same object as registered (an unlinked or replaced one is not). A CUDA region has no object
+// moed can look at: it stays until unregistered or idle.
 bool SameObject(const ShmRegion& region) {
+  if (region.cuda()) return true;
   absl::StatusOr<struct stat> st = StatObject(region.key, O_RDONLY);
   return st.ok() && static_cast<uint64_t>(st->st_dev) == region.device &&
          static_cast<uint64_t>(st->st_ino) == region.inode;
@@ -104,6 +106,35 @@ absl::Status SharedMemoryRegistry::Register(const std::string& name, const std::
   region->byte_size = byte_size;
   region->device = static_cast<uint64_t>(st->st_dev);
   region->inode = static_cast<uint64_t>(st->st_ino);
+  return Insert(std::move(region));
+}
+
+absl::Status SharedMemoryRegistry::RegisterCuda(const std::string& name,
+                                                const std::string& raw_handle, int64_t device_id,
+                                                int64_t byte_size) {
+  absl::Status name_ok = ValidateLayerName("name", name);
+  if (!name_ok.ok()) return name_ok;
+  if (raw_handle.size() != kCudaIpcHandleBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("raw_handle: ", raw_handle.size(),
+                                                   " bytes; a cudaIpcMemHandle_t has ",
+                                                   kCudaIpcHandleBytes));
+  }
+  if (device_id < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("device_id: ", device_id, " < 0"));
+  }
+  if (byte_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("byte_size: ", byte_size, " <= 0"));
+  }
+  auto region = std::make_shared<ShmRegion>();
+  region->name = name;
+  region->byte_size = byte_size;
+  region->cuda_handle = raw_handle;
+  region->cuda_device = device_id;
+  return Insert(std::move(region));
+}
+
+absl::Status SharedMemoryRegistry::Insert(std::shared_ptr<ShmRegion> region) {
+  const std::string name = region->name;
   absl::MutexLock lock(&mu_);
   if (by_name_.count(name) != 0) {
     return absl::AlreadyExistsError(
@@ -126,7 +157,7 @@ void SharedMemoryRegistry::DropLocked(const std::string& name, const char* why) 
   entry.dropped = true;
   if (why != nullptr) {
     std::fprintf(stderr, "moed: shared-memory region %s (%s) dropped: %s\n", name.c_str(),
-                 entry.region->key.c_str(), why);
+                 entry.region->cuda() ? "CUDA IPC" : entry.region->key.c_str(), why);
   }
   if (entry.in_flight == 0) {
     entries_.erase(id);

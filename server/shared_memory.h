@@ -31,8 +31,12 @@
 
 namespace moe {
 
+// Bytes of a cudaIpcMemHandle_t.
+inline constexpr size_t kCudaIpcHandleBytes = 64;
+
 // A registered region: bytes [offset, offset + byte_size) of the shm object `key`, which was
-// the object (device, inode) when it was registered.
+// the object (device, inode) when it was registered; or, for a CUDA region, the first
+// byte_size bytes of the GPU allocation shared by `cuda_handle`.
 struct ShmRegion {
   std::string name;
   std::string key;
@@ -41,6 +45,9 @@ struct ShmRegion {
   uint64_t id = 0;  // unique for the registry's lifetime
   uint64_t device = 0;
   uint64_t inode = 0;
+  std::string cuda_handle;   // a cudaIpcMemHandle_t; empty for a POSIX region
+  int64_t cuda_device = -1;  // the client's device ordinal (informational)
+  bool cuda() const { return !cuda_handle.empty(); }
 };
 
 struct ShmRegionStatus {
@@ -84,6 +91,11 @@ class SharedMemoryRegistry {
   // is large enough, and records its identity. Codes as RegisterSystemSharedMemoryRequest.
   absl::Status Register(const std::string& name, const std::string& key, int64_t offset,
                         int64_t byte_size);
+  // A CUDA region (RegisterCudaSharedMemoryRequest): checks the name, the handle's size, the
+  // device ordinal and the size (INVALID_ARGUMENT); moed cannot open it (the workers do).
+  // Such a region is dropped only by Unregister or idle_timeout.
+  absl::Status RegisterCuda(const std::string& name, const std::string& raw_handle,
+                            int64_t device_id, int64_t byte_size);
   // Takes `name` (empty: every region) off the book; NOT_FOUND if not registered.
   absl::Status Unregister(const std::string& name);
   // `name` (empty: all, by name); NOT_FOUND if not registered. Drops stale regions first.
@@ -105,6 +117,8 @@ class SharedMemoryRegistry {
     absl::Time last_used;
   };
   void Release(const ShmRegion& region);
+  // Books a new region under its name (ALREADY_EXISTS if taken) with a new id.
+  absl::Status Insert(std::shared_ptr<ShmRegion> region);
   // Removes the entry from by_name_; its id retires now or when its last lease is released.
   void DropLocked(const std::string& name, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -113,6 +113,7 @@ void ShmStep::Fill(const ShmRegion& region, int64_t offset, int64_t byte_size,
   slice->set_region_byte_size(region.byte_size);
   slice->set_device(region.device);
   slice->set_inode(region.inode);
+  slice->set_cuda_handle(region.cuda_handle);
   slice->set_offset(offset);
   slice->set_byte_size(byte_size);
 }

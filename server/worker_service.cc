@@ -119,6 +119,7 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
     old_world = std::move(world_);
     generation_ = request->generation();
     rank_ = request->rank();
+    shm_.set_cuda_device(CudaOrdinal(device_, rank_));  // where CUDA regions are opened
     world_size_ = request->world_size();
     store_prefix_ = request->store_prefix();
     comm_options_ = options;

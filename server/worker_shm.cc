@@ -24,9 +24,17 @@ struct WorkerShmMappings::Mapping {
   size_t length = 0;
   char* region = nullptr;
   int64_t region_bytes = 0;
-  int fd = -1;          // kept open: the size is checked again before every access
-  bool pinned = false;  // page-locked for the GPU (unpinned before munmap)
+  int fd = -1;           // kept open: the size is checked again before every access
+  bool pinned = false;   // page-locked for the GPU (unpinned before munmap)
+  void* cuda = nullptr;  // a CUDA region opened by IPC (base, length unused)
   ~Mapping() {
+    if (cuda != nullptr) {
+      absl::Status status = OptionalCloseCudaIpcHandle(cuda);
+      if (!status.ok()) {
+        std::fprintf(stderr, "moe-worker: shared memory: closing a CUDA region: %s\n",
+                     status.ToString().c_str());
+      }
+    }
     if (pinned) {
       absl::Status status = OptionalUnpinHostMemory(base);
       if (!status.ok()) {
@@ -49,6 +57,64 @@ absl::Status Errno(absl::string_view what) {
 
 }  // namespace
 
+absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::MapSystem(
+    absl::string_view field, const internal::WorkerShmSlice& slice) {
+  auto made = std::make_shared<Mapping>();
+  made->fd = shm_open(slice.key().c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (made->fd < 0) return Errno(absl::StrCat(field, ": shm_open(\"", slice.key(), "\")"));
+  struct stat st;
+  if (fstat(made->fd, &st) != 0) return Errno(absl::StrCat(field, ": fstat"));
+  if (static_cast<uint64_t>(st.st_dev) != slice.device() ||
+      static_cast<uint64_t>(st.st_ino) != slice.inode()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": shm object \"", slice.key(),
+        "\" on this worker is not the one registered with moed (worker on another host, or "
+        "the object was replaced)"));
+  }
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  const int64_t start = slice.region_offset() / page * page;
+  made->length = static_cast<size_t>(slice.region_offset() - start + slice.region_byte_size());
+  void* base = mmap(nullptr, made->length, PROT_READ | PROT_WRITE, MAP_SHARED, made->fd, start);
+  if (base == MAP_FAILED) return Errno(absl::StrCat(field, ": mmap(\"", slice.key(), "\")"));
+  made->base = base;
+  made->region = static_cast<char*>(base) + (slice.region_offset() - start);
+  made->region_bytes = slice.region_byte_size();
+  if (pin_for_cuda_) {
+    // Once per mapping (cudaHostRegister costs ~ms per 100 MB): every later step's copies
+    // between the region and the GPU then skip the staging buffers.
+    absl::Status pinned = OptionalPinHostMemory(base, made->length);
+    made->pinned = pinned.ok();
+    static std::atomic<bool> warned{false};
+    if (!pinned.ok() && !warned.exchange(true)) {
+      std::fprintf(stderr,
+                   "moe-worker: shared memory: cannot page-lock region \"%s\" for the GPU "
+                   "(copies are staged instead): %s\n",
+                   slice.key().c_str(), pinned.ToString().c_str());
+    }
+  }
+  return made;
+}
+
+absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::OpenCuda(
+    absl::string_view field, const internal::WorkerShmSlice& slice) {
+  const int device = cuda_device_.load();
+  if (device < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ": a CUDA shared-memory region needs CUDA workers; this worker runs on the CPU"));
+  }
+  absl::StatusOr<void*> opened = OptionalOpenCudaIpcHandle(
+      slice.cuda_handle(), device, static_cast<size_t>(slice.region_byte_size()));
+  if (!opened.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": CUDA region: ", opened.status().message()));
+  }
+  auto made = std::make_shared<Mapping>();
+  made->cuda = *opened;
+  made->region = static_cast<char*>(*opened);
+  made->region_bytes = slice.region_byte_size();
+  return made;
+}
+
 absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::Map(
     absl::string_view field, const internal::WorkerShmSlice& slice, char** bytes) {
   if (slice.offset() < 0 || slice.byte_size() < 0 ||
@@ -64,42 +130,26 @@ absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::M
     last_used_[slice.region_id()] = absl::Now();
   }
   if (mapping == nullptr) {
-    auto made = std::make_shared<Mapping>();
-    made->fd = shm_open(slice.key().c_str(), O_RDWR | O_CLOEXEC, 0);
-    if (made->fd < 0) return Errno(absl::StrCat(field, ": shm_open(\"", slice.key(), "\")"));
-    struct stat st;
-    if (fstat(made->fd, &st) != 0) return Errno(absl::StrCat(field, ": fstat"));
-    if (static_cast<uint64_t>(st.st_dev) != slice.device() ||
-        static_cast<uint64_t>(st.st_ino) != slice.inode()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          field, ": shm object \"", slice.key(),
-          "\" on this worker is not the one registered with moed (worker on another host, or "
-          "the object was replaced)"));
+    // One opening at a time, and none twice (a CUDA IPC handle is opened once per process).
+    absl::MutexLock opening(&open_mu_);
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = mappings_.find(slice.region_id());
+      if (it != mappings_.end()) mapping = it->second;
     }
-    const int64_t page = sysconf(_SC_PAGESIZE);
-    const int64_t start = slice.region_offset() / page * page;
-    made->length = static_cast<size_t>(slice.region_offset() - start + slice.region_byte_size());
-    void* base = mmap(nullptr, made->length, PROT_READ | PROT_WRITE, MAP_SHARED, made->fd, start);
-    if (base == MAP_FAILED) return Errno(absl::StrCat(field, ": mmap(\"", slice.key(), "\")"));
-    made->base = base;
-    made->region = static_cast<char*>(base) + (slice.region_offset() - start);
-    made->region_bytes = slice.region_byte_size();
-    if (pin_for_cuda_) {
-      // Once per mapping (cudaHostRegister costs ~ms per 100 MB): every later step's copies
-      // between the region and the GPU then skip the staging buffers.
-      absl::Status pinned = OptionalPinHostMemory(base, made->length);
-      made->pinned = pinned.ok();
-      static std::atomic<bool> warned{false};
-      if (!pinned.ok() && !warned.exchange(true)) {
-        std::fprintf(stderr,
-                     "moe-worker: shared memory: cannot page-lock region \"%s\" for the GPU "
-                     "(copies are staged instead): %s\n",
-                     slice.key().c_str(), pinned.ToString().c_str());
+    if (mapping == nullptr) {
+      if (slice.cuda_handle().empty()) {
+        ASSIGN_OR_RETURN(mapping, MapSystem(field, slice));
+      } else {
+        ASSIGN_OR_RETURN(mapping, OpenCuda(field, slice));
       }
+      absl::MutexLock lock(&mu_);
+      mappings_.emplace(slice.region_id(), mapping);
     }
-    absl::MutexLock lock(&mu_);
-    auto [it, inserted] = mappings_.emplace(slice.region_id(), made);
-    mapping = it->second;  // another call may have mapped it meanwhile: use that one
+  }
+  if (mapping->cuda != nullptr) {
+    *bytes = mapping->region + slice.offset();
+    return mapping;
   }
   // A client that shrank the object would make an access fault (SIGBUS): refuse instead.
   struct stat st;

@@ -1,8 +1,13 @@
-// A worker's mappings of client shared-memory regions (moe.v1 RegisterSystemSharedMemory):
+// A worker's mappings of client shared-memory regions (moe.v1 RegisterSystemSharedMemory and
+// RegisterCudaSharedMemory):
 // the engine reads its slice of a step's input straight from a region and writes its slice of
 // the output straight into one (Tensor views, no host copy), so tensor bytes skip moed, the
 // sockets and the worker's own buffers. On a CUDA worker each mapping is also page-locked
 // (cudaHostRegister) so host<->device copies run from and to it at PCIe speed.
+//
+// A CUDA region (a client's GPU memory, shared by CUDA IPC) is opened on the worker's GPU
+// instead, and the engine's tensor views point at device memory: host<->device copies become
+// device-to-device copies, no host copy at all.
 //
 // Each region is mapped once (MAP_SHARED, read-write) and cached under moed's region id. A
 // step holds its mapping through ShmTensor::hold, so Forget (moed: no step uses the region any
@@ -17,6 +22,7 @@
 #ifndef MOED_SERVER_WORKER_SHM_H_
 #define MOED_SERVER_WORKER_SHM_H_
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -58,6 +64,9 @@ class WorkerShmMappings {
   // sizes differ: moed computed the slice from the same shape and datatype).
   absl::StatusOr<ShmTensor> Output(absl::string_view field, const std::vector<int64_t>& shape,
                                    const internal::WorkerShmSlice& slice);
+  // The worker's GPU, where CUDA regions are opened (-1, the default: a CPU worker, which
+  // refuses them). Set when the worker learns its rank.
+  void set_cuda_device(int device) { cuda_device_.store(device); }
   void Forget(const std::vector<uint64_t>& region_ids);
   void DropIdle(absl::Time now);
   int mapped() const;
@@ -67,9 +76,15 @@ class WorkerShmMappings {
   // The region's mapping (mapped now if not cached) and the slice's bytes within it.
   absl::StatusOr<std::shared_ptr<Mapping>> Map(absl::string_view field,
                                                const internal::WorkerShmSlice& slice, char** bytes);
+  absl::StatusOr<std::shared_ptr<Mapping>> MapSystem(absl::string_view field,
+                                                     const internal::WorkerShmSlice& slice);
+  absl::StatusOr<std::shared_ptr<Mapping>> OpenCuda(absl::string_view field,
+                                                    const internal::WorkerShmSlice& slice);
 
   const bool pin_for_cuda_;
   const absl::Duration idle_unmap_;
+  std::atomic<int> cuda_device_{-1};
+  absl::Mutex open_mu_;  // held while a region is mapped or opened (before mu_)
   mutable absl::Mutex mu_;
   std::map<uint64_t, std::shared_ptr<Mapping>> mappings_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, absl::Time> last_used_ ABSL_GUARDED_BY(mu_);

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -33,6 +34,68 @@ absl::Status PinHostMemory(void* host, size_t bytes) {
 absl::Status UnpinHostMemory(void* host) {
   if (host == nullptr) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(cudaHostUnregister(host));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> OpenCudaIpcHandle(absl::string_view handle, int device, size_t bytes) {
+  if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
+    return absl::InvalidArgumentError(absl::StrCat("a CUDA IPC handle has ",
+                                                   sizeof(cudaIpcMemHandle_t), " bytes, not ",
+                                                   handle.size()));
+  }
+  cudaIpcMemHandle_t h;
+  std::memcpy(&h, handle.data(), sizeof(h));
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  void* p = nullptr;
+  cudaError_t opened = cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess);
+  if (opened != cudaSuccess) {
+    cudaGetLastError();
+    return absl::FailedPreconditionError(
+        absl::StrCat("cudaIpcOpenMemHandle: ", cudaGetErrorString(opened),
+                     " (the allocation must be live in a process on this host, and not opened "
+                     "by the process that made it)"));
+  }
+  if (bytes > 0) {  // the last byte must lie in device memory too (a short allocation)
+    cudaPointerAttributes attr;
+    const bool inside =
+        cudaPointerGetAttributes(&attr, static_cast<char*>(p) + bytes - 1) == cudaSuccess &&
+        attr.type == cudaMemoryTypeDevice;
+    if (!inside) {
+      cudaGetLastError();
+      cudaIpcCloseMemHandle(p);
+      return absl::FailedPreconditionError(
+          absl::StrCat("the CUDA allocation shared by IPC is shorter than ", bytes, " bytes"));
+    }
+  }
+  return p;
+}
+
+absl::Status CloseCudaIpcHandle(void* device_ptr) {
+  if (device_ptr == nullptr) return absl::OkStatus();
+  CUDA_RETURN_IF_ERROR(cudaIpcCloseMemHandle(device_ptr));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> AllocateSharableDeviceMemory(int device, size_t bytes) {
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  void* p = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&p, bytes));  // cudaMalloc memory can be shared by IPC
+  return p;
+}
+
+absl::Status FreeDeviceMemory(void* device_ptr) {
+  if (device_ptr != nullptr) CUDA_RETURN_IF_ERROR(cudaFree(device_ptr));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> CudaIpcHandleOf(void* device_ptr) {
+  cudaIpcMemHandle_t h;
+  CUDA_RETURN_IF_ERROR(cudaIpcGetMemHandle(&h, device_ptr));
+  return std::string(reinterpret_cast<const char*>(&h), sizeof(h));
+}
+
+absl::Status CopyMemory(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
   return absl::OkStatus();
 }
 
@@ -170,10 +233,11 @@ absl::Status CudaBackend::CopyFromHost(void* dst, const void* host_src, size_t b
     return absl::InvalidArgumentError("CopyFromHost: null pointer");
   }
   RETURN_IF_ERROR(Activate());
-  if (use_staging_ && bytes >= HostStaging::kMinBytes && !HostStaging::IsPinned(host_src)) {
+  if (use_staging_ && bytes >= HostStaging::kMinBytes && !HostStaging::CopiesDirectly(host_src)) {
     return staging_.ToDevice(dst, host_src, bytes, stream_);
   }
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice,
+  // cudaMemcpyDefault: `host_src` may also be device memory (a client's CUDA IPC region).
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault,
                                        static_cast<cudaStream_t>(stream_)));
   return absl::OkStatus();
 }
@@ -184,10 +248,12 @@ absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t byt
     if (host_dst == nullptr || src == nullptr) {
       return absl::InvalidArgumentError("CopyToHost: null pointer");
     }
-    if (use_staging_ && bytes >= HostStaging::kMinBytes && !HostStaging::IsPinned(host_dst)) {
+    if (use_staging_ && bytes >= HostStaging::kMinBytes &&
+        !HostStaging::CopiesDirectly(host_dst)) {
       return staging_.ToHost(host_dst, src, bytes, stream_);  // waits for the stream's work
     }
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost,
+    // cudaMemcpyDefault: `host_dst` may also be device memory (a client's CUDA IPC region).
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDefault,
                                          static_cast<cudaStream_t>(stream_)));
   }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)));

@@ -15,7 +15,10 @@
 #include <cstddef>
 #include <memory>
 
+#include <string>
+
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/backend.h"
 
 namespace moe {
@@ -32,6 +35,19 @@ int CudaDeviceCount();
 // `host` before the memory is unmapped or freed.
 absl::Status PinHostMemory(void* host, size_t bytes);
 absl::Status UnpinHostMemory(void* host);
+
+// CUDA IPC for clients' GPU regions (moe.v1 RegisterCudaSharedMemory). Opens `handle` (the
+// bytes of a cudaIpcMemHandle_t from cudaIpcGetMemHandle in another process) on `device`:
+// the allocation's device pointer in this process, until CloseCudaIpcHandle.
+// FAILED_PRECONDITION when it cannot be opened or its allocation is shorter than `bytes`.
+absl::StatusOr<void*> OpenCudaIpcHandle(absl::string_view handle, int device, size_t bytes);
+absl::Status CloseCudaIpcHandle(void* device_ptr);
+// The client's side (and tests): memory of `device` that can be shared (cudaMalloc), its
+// handle, and a synchronous copy between any host or device pointers (cudaMemcpyDefault).
+absl::StatusOr<void*> AllocateSharableDeviceMemory(int device, size_t bytes);
+absl::Status FreeDeviceMemory(void* device_ptr);
+absl::StatusOr<std::string> CudaIpcHandleOf(void* device_ptr);
+absl::Status CopyMemory(void* dst, const void* src, size_t bytes);
 
 }  // namespace moe
 

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "engine/backend.h"
 #include "engine/comm/communicator.h"
 #include "engine/comm/kv_store.h"
@@ -28,6 +29,13 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int device);
 // See PinHostMemory / UnpinHostMemory in cuda_backend.h (UNIMPLEMENTED without CUDA).
 absl::Status OptionalPinHostMemory(void* host, size_t bytes);
 absl::Status OptionalUnpinHostMemory(void* host);
+// See OpenCudaIpcHandle ... CopyMemory in cuda_backend.h (UNIMPLEMENTED without CUDA).
+absl::StatusOr<void*> OptionalOpenCudaIpcHandle(absl::string_view handle, int device, size_t bytes);
+absl::Status OptionalCloseCudaIpcHandle(void* device_ptr);
+absl::StatusOr<void*> OptionalAllocateSharableDeviceMemory(int device, size_t bytes);
+absl::Status OptionalFreeDeviceMemory(void* device_ptr);
+absl::StatusOr<std::string> OptionalCudaIpcHandleOf(void* device_ptr);
+absl::Status OptionalCopyMemory(void* dst, const void* src, size_t bytes);
 // See MakeNcclCommunicator: `stream` is the backend's (Backend::stream()).
 absl::StatusOr<std::unique_ptr<Communicator>> MakeOptionalNcclCommunicator(
     std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size, int device,

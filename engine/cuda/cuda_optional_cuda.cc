@@ -17,6 +17,27 @@ absl::Status OptionalPinHostMemory(void* host, size_t bytes) { return PinHostMem
 
 absl::Status OptionalUnpinHostMemory(void* host) { return UnpinHostMemory(host); }
 
+absl::StatusOr<void*> OptionalOpenCudaIpcHandle(absl::string_view handle, int device,
+                                                size_t bytes) {
+  return OpenCudaIpcHandle(handle, device, bytes);
+}
+
+absl::Status OptionalCloseCudaIpcHandle(void* device_ptr) { return CloseCudaIpcHandle(device_ptr); }
+
+absl::StatusOr<void*> OptionalAllocateSharableDeviceMemory(int device, size_t bytes) {
+  return AllocateSharableDeviceMemory(device, bytes);
+}
+
+absl::Status OptionalFreeDeviceMemory(void* device_ptr) { return FreeDeviceMemory(device_ptr); }
+
+absl::StatusOr<std::string> OptionalCudaIpcHandleOf(void* device_ptr) {
+  return CudaIpcHandleOf(device_ptr);
+}
+
+absl::Status OptionalCopyMemory(void* dst, const void* src, size_t bytes) {
+  return CopyMemory(dst, src, bytes);
+}
+
 absl::StatusOr<std::unique_ptr<Communicator>> MakeOptionalNcclCommunicator(
     std::shared_ptr<KeyValueStore> store, const std::string& prefix, int rank, int size, int device,
     void* stream, const CommOptions& options) {

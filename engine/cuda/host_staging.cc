@@ -47,13 +47,14 @@ HostStaging::~HostStaging() {
   }
 }
 
-bool HostStaging::IsPinned(const void* host) {
+bool HostStaging::CopiesDirectly(const void* p) {
   cudaPointerAttributes attr;
-  if (cudaPointerGetAttributes(&attr, host) != cudaSuccess) {
+  if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
     cudaGetLastError();
     return false;
   }
-  return attr.type == cudaMemoryTypeHost;
+  return attr.type == cudaMemoryTypeHost || attr.type == cudaMemoryTypeDevice ||
+         attr.type == cudaMemoryTypeManaged;
 }
 
 absl::Status HostStaging::Init() {

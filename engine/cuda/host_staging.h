@@ -3,10 +3,11 @@
 // goes through the driver's own small staging at ~14 GB/s (measured on the H200 machine);
 // here chunk i+1 moves over PCIe while several threads copy chunk i between the pinned buffer
 // and the caller's memory, which is several times faster for the layer's inputs and outputs.
-// Pinned (registered) host memory is not staged: callers check IsPinned first.
+// Pinned (registered) host memory and device memory are not staged: callers check
+// CopiesDirectly first.
 //
 //   HostStaging staging;
-//   if (bytes >= HostStaging::kMinBytes && !HostStaging::IsPinned(host)) {
+//   if (bytes >= HostStaging::kMinBytes && !HostStaging::CopiesDirectly(host)) {
 //     RETURN_IF_ERROR(staging.ToHost(host, device_src, bytes, stream));
 //   }
 #ifndef MOED_ENGINE_CUDA_HOST_STAGING_H_
@@ -30,7 +31,9 @@ class HostStaging {
   HostStaging(const HostStaging&) = delete;
   HostStaging& operator=(const HostStaging&) = delete;
 
-  static bool IsPinned(const void* host);
+  // Page-locked host memory, or device memory (a client's CUDA IPC region handed to the
+  // engine as a tensor view): copies from and to it need no staging.
+  static bool CopiesDirectly(const void* p);
 
   // Enqueues the copy on `stream` (cudaStream_t) after the work before it; returns when the
   // host buffer may be reused (its bytes are in pinned memory or already on the device).

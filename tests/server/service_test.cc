@@ -631,6 +631,14 @@ TEST_F(ClusterTest, SharedMemoryIsOffWithoutTheFlag) {
   v1::SystemSharedMemoryStatusResponse status;
   EXPECT_EQ(stub()->SystemSharedMemoryStatus(&sctx, {}, &status).error_code(),
             grpc::StatusCode::UNIMPLEMENTED);
+  grpc::ClientContext cctx;
+  v1::RegisterCudaSharedMemoryRequest cuda;
+  cuda.set_name("g");
+  cuda.set_raw_handle(std::string(64, 'h'));
+  cuda.set_byte_size(16);
+  v1::RegisterCudaSharedMemoryResponse cuda_response;
+  EXPECT_EQ(stub()->RegisterCudaSharedMemory(&cctx, cuda, &cuda_response).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
   grpc::ClientContext uctx;
   v1::UnregisterSystemSharedMemoryResponse unreg;
   EXPECT_EQ(stub()->UnregisterSystemSharedMemory(&uctx, {}, &unreg).error_code(),

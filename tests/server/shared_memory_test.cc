@@ -1,12 +1,14 @@
 // moed's book of client shared-memory regions (server/shared_memory.h) without a cluster:
 // which peers count as local, and when a region's id is retired (unmapped on the workers).
 #include "server/shared_memory.h"
+#include "server/worker_shm.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace moe {
@@ -79,6 +81,61 @@ TEST_F(RegistryTest, IdleRegionIsDroppedButNotWhileInUse) {
   EXPECT_TRUE(registry.Status("r").ok());
   registry.DropStale(absl::Now() + absl::Hours(1));
   EXPECT_EQ(registry.Status("r").status().code(), absl::StatusCode::kNotFound);
+}
+
+// A CUDA region (RegisterCudaSharedMemory): its arguments are checked, it shares the names of
+// POSIX regions, it has no object to go stale (only Unregister or idleness drop it), and a
+// step's lease carries its handle.
+TEST_F(RegistryTest, CudaRegionsAreCheckedAndShareTheNamespace) {
+  SharedMemoryRegistry registry(absl::Seconds(10));
+  const std::string handle(kCudaIpcHandleBytes, '\x5a');
+  EXPECT_EQ(registry.RegisterCuda("g", std::string(63, 'h'), 0, 16).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.RegisterCuda("g", "", 0, 16).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.RegisterCuda("g", handle, -1, 16).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.RegisterCuda("g", handle, 0, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.RegisterCuda("bad name", handle, 0, 16).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(registry.RegisterCuda("g", handle, 1, 1 << 20).ok());
+  ASSERT_TRUE(registry.Register("r", key_, 0, 4096).ok());
+  EXPECT_EQ(registry.RegisterCuda("r", handle, 0, 16).code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(registry.Register("g", key_, 0, 16).code(), absl::StatusCode::kAlreadyExists);
+
+  absl::StatusOr<ShmLease> lease = registry.Acquire("x_shm.region", "g");
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_TRUE((*lease)->cuda());
+  EXPECT_EQ((*lease)->cuda_handle, handle);
+  EXPECT_EQ((*lease)->cuda_device, 1);
+  EXPECT_EQ((*lease)->byte_size, 1 << 20);
+  *lease = ShmLease();
+
+  shm_unlink(key_.c_str());  // the POSIX region goes stale, the CUDA one cannot
+  registry.DropStale(absl::Now());
+  EXPECT_EQ(registry.Status("r").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(registry.Status("g").ok());
+  registry.DropStale(absl::Now() + absl::Hours(1));  // idle
+  EXPECT_EQ(registry.Status("g").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.TakeRetired().size(), 2u);
+}
+
+// A CPU worker refuses a step on a CUDA region with FAILED_PRECONDITION (moed refuses to
+// register one with CPU workers; this is the worker's own guard).
+TEST(WorkerShmTest, CpuWorkerRefusesCudaRegions) {
+  WorkerShmMappings mappings;
+  internal::WorkerShmSlice slice;
+  slice.set_region_id(7);
+  slice.set_cuda_handle(std::string(kCudaIpcHandleBytes, '\x01'));
+  slice.set_region_byte_size(64);
+  slice.set_byte_size(64);
+  v1::Tensor meta;
+  meta.set_datatype("FP32");
+  meta.add_shape(4);
+  meta.add_shape(4);
+  absl::StatusOr<ShmTensor> x = mappings.Input("x_shm", meta, slice);
+  EXPECT_EQ(x.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(x.status().message()), ::testing::HasSubstr("needs CUDA workers"));
+  EXPECT_EQ(mappings.mapped(), 0);
 }
 
 }  // namespace

@@ -183,6 +183,23 @@ TEST_F(ShmTest, RegisterStatusUnregister) {
   EXPECT_EQ(status.regions_size(), 0);
 }
 
+// A CUDA region cannot be registered while the workers run on the CPU: FAILED_PRECONDITION
+// naming the reason, and nothing is registered.
+TEST_F(ShmTest, CudaRegionNeedsCudaWorkers) {
+  grpc::ClientContext ctx;
+  v1::RegisterCudaSharedMemoryRequest request;
+  request.set_name("gpu");
+  request.set_raw_handle(std::string(64, '\x01'));
+  request.set_device_id(0);
+  request.set_byte_size(1 << 20);
+  v1::RegisterCudaSharedMemoryResponse response;
+  grpc::Status s = stub()->RegisterCudaSharedMemory(&ctx, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("CUDA workers"));
+  v1::SystemSharedMemoryStatusResponse status;
+  EXPECT_EQ(Status("gpu", &status).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
 // Forward + Backward through shared memory give the gRPC path's bytes exactly.
 TEST_F(ShmTest, BitIdenticalToGrpc) {
   ASSERT_TRUE(Create("bits", TinyConfig(7)).ok());
