@@ -147,11 +147,24 @@ absl::Status ValidateConfig(const LayerConfig& c, int ep_ranks) {
     default:
       return Invalid("activation", "must be silu, gelu, relu or linear");
   }
-  if (c.compute_dtype != DType::kFloat32 && c.compute_dtype != DType::kBFloat16) {
+  if (c.compute_dtype != DType::kFloat32 && c.compute_dtype != DType::kBFloat16 &&
+      c.compute_dtype != DType::kFloat8E4M3) {
     return Invalid("compute_dtype",
-                   absl::StrCat("must be FP32 or BF16, got ", DTypeName(c.compute_dtype)));
+                   absl::StrCat("must be FP32, BF16 or FP8, got ", DTypeName(c.compute_dtype)));
   }
   return absl::OkStatus();
+}
+
+const char* ComputeDTypeName(DType compute_dtype) {
+  return compute_dtype == DType::kFloat8E4M3 ? "FP8" : DTypeName(compute_dtype);
+}
+
+absl::StatusOr<DType> ParseComputeDType(absl::string_view name) {
+  if (name == "FP32") return DType::kFloat32;
+  if (name == "BF16") return DType::kBFloat16;
+  if (name == "FP8") return DType::kFloat8E4M3;
+  return absl::InvalidArgumentError(
+      absl::StrCat("compute_dtype: '", name, "' is not FP32, BF16 or FP8"));
 }
 
 const char* ScoreFunctionName(ScoreFunction f) {
@@ -207,7 +220,7 @@ std::string ConfigToString(const LayerConfig& c) {
                       " capacity_factor=", DoubleToString(c.capacity_factor),
                       " align_size=", c.align_size, " activation=", ActivationName(c.activation),
                       " gated=", BoolName(c.gated), " use_bias=", BoolName(c.use_bias),
-                      " compute_dtype=", DTypeName(c.compute_dtype), " init_seed=", c.init_seed);
+                      " compute_dtype=", ComputeDTypeName(c.compute_dtype), " init_seed=", c.init_seed);
 }
 
 // Every key must be known and appear at most once; keys left out keep their defaults.
@@ -260,7 +273,7 @@ absl::StatusOr<LayerConfig> ConfigFromString(absl::string_view text) {
     } else if (key == "use_bias") {
       ASSIGN_OR_RETURN(c.use_bias, ParseBool(key, v));
     } else if (key == "compute_dtype") {
-      ASSIGN_OR_RETURN(c.compute_dtype, ParseDType(v));
+      ASSIGN_OR_RETURN(c.compute_dtype, ParseComputeDType(v));
     } else if (key == "init_seed") {
       uint64_t seed;
       if (!absl::SimpleAtoi(v, &seed)) {
