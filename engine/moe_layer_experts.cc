@@ -10,6 +10,10 @@
 namespace moe {
 namespace {
 
+// The FP8 format of the gradient rows (d_y, d_h) in the backward's data-gradient GEMMs: e4m3
+// like everything else (docs/SPEC.md "FP8" says why not e5m2).
+constexpr DType kGradientFp8 = DType::kFloat8E4M3;
+
 // Under FP8 the codes of a quantised GEMM input follow its scale at this offset (16-byte
 // aligned operands for the tensor cores).
 constexpr size_t kFp8CodesOffset = 256;
@@ -131,9 +135,9 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   const char* wo_c = static_cast<const char*>(ComputeWeights(wo));
   const char* dy = static_cast<const char*>(d_y);
   ASSIGN_OR_RETURN(Buffer d_act, backend_->Allocate(plan.expert_rows * F * cs));
-  // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]); FP8: d_y as e5m2.
+  // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]); FP8: d_y quantised.
   if (fp8) {
-    RETURN_IF_ERROR(Fp8ExpertGemm(plan.group_rows, d_y, DType::kFloat8E5M2, H, wo.compute.data(),
+    RETURN_IF_ERROR(Fp8ExpertGemm(plan.group_rows, d_y, kGradientFp8, H, wo.compute.data(),
                                   wo.compute_scale.as<float>(), F, d_act.data()));
   } else {
     RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
@@ -192,9 +196,9 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
     RETURN_IF_ERROR(
         backend_->GroupBiasGrad(d_h.data(), cd, up, plan.group_rows, wi_bias.grad.as<float>()));
   }
-  // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]); FP8: d_h as e5m2.
+  // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]); FP8: d_h quantised.
   if (fp8) {
-    return Fp8ExpertGemm(plan.group_rows, d_h.data(), DType::kFloat8E5M2, up, wi.compute.data(),
+    return Fp8ExpertGemm(plan.group_rows, d_h.data(), kGradientFp8, up, wi.compute.data(),
                          wi.compute_scale.as<float>(), H, d_x_expert);
   }
   return PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
