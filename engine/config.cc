@@ -209,18 +209,18 @@ absl::StatusOr<Activation> ParseActivation(absl::string_view name) {
 }
 
 std::string ConfigToString(const LayerConfig& c) {
-  return absl::StrCat("hidden=", c.hidden, " ffn=", c.ffn, " num_experts=", c.num_experts,
-                      " top_k=", c.top_k, " score_function=", ScoreFunctionName(c.score_function),
-                      " pre_softmax=", BoolName(c.pre_softmax), " num_groups=", c.num_groups,
-                      " group_topk=", c.group_topk,
-                      " scaling_factor=", DoubleToString(c.scaling_factor),
-                      " use_expert_bias=", BoolName(c.use_expert_bias),
-                      " aux_loss_coeff=", DoubleToString(c.aux_loss_coeff),
-                      " z_loss_coeff=", DoubleToString(c.z_loss_coeff),
-                      " capacity_factor=", DoubleToString(c.capacity_factor),
-                      " align_size=", c.align_size, " activation=", ActivationName(c.activation),
-                      " gated=", BoolName(c.gated), " use_bias=", BoolName(c.use_bias),
-                      " compute_dtype=", ComputeDTypeName(c.compute_dtype), " init_seed=", c.init_seed);
+  return absl::StrCat(
+      "hidden=", c.hidden, " ffn=", c.ffn, " num_experts=", c.num_experts, " top_k=", c.top_k,
+      " score_function=", ScoreFunctionName(c.score_function),
+      " pre_softmax=", BoolName(c.pre_softmax), " num_groups=", c.num_groups,
+      " group_topk=", c.group_topk, " scaling_factor=", DoubleToString(c.scaling_factor),
+      " use_expert_bias=", BoolName(c.use_expert_bias),
+      " aux_loss_coeff=", DoubleToString(c.aux_loss_coeff),
+      " z_loss_coeff=", DoubleToString(c.z_loss_coeff),
+      " capacity_factor=", DoubleToString(c.capacity_factor), " align_size=", c.align_size,
+      " activation=", ActivationName(c.activation), " gated=", BoolName(c.gated),
+      " use_bias=", BoolName(c.use_bias), " compute_dtype=", ComputeDTypeName(c.compute_dtype),
+      " init_seed=", c.init_seed);
 }
 
 // Every key must be known and appear at most once; keys left out keep their defaults.

@@ -34,8 +34,8 @@ absl::Status PerExpert(Backend* backend, const std::vector<int64_t>& group_rows,
 }  // namespace
 
 absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const void* in,
-                                          DType in_fp8, int64_t k, const void* weights,
-                                          const float* weight_scales, int64_t n, void* out) {
+                                         DType in_fp8, int64_t k, const void* weights,
+                                         const float* weight_scales, int64_t n, void* out) {
   const DType rd = ExpertRowDType(config_);
   int64_t rows = 0;
   for (int64_t r : group_rows) rows += r;

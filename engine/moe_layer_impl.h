@@ -212,8 +212,8 @@ class MoeLayerImpl : public MoeLayer {
   // out = quantised(in) . weights^T, weights [El, n, k] e4m3 codes with [El] scales, `in`
   // [rows, k] in ExpertRowDType quantised once (one per-tensor scale, `in_fp8` format).
   absl::Status Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const void* in, DType in_fp8,
-                             int64_t k, const void* weights, const float* weight_scales,
-                             int64_t n, void* out);
+                             int64_t k, const void* weights, const float* weight_scales, int64_t n,
+                             void* out);
   // Backward 3 (moe_layer_experts.cc): accumulates the expert gradients from d_y (expert
   // layout) and writes d_x_expert. Reads s.plan, s.x_expert, s.h, s.act.
   absl::Status ExpertsBackward(const SavedStep& s, const void* d_y, void* d_x_expert);

@@ -50,7 +50,8 @@ absl::Status QuantizeFp8(const QuantizeArgs& q, int threads) {
     const int64_t base = b * n;
     // amax: max is exact and order-free, so threads may split it (NaN ignored, as fmaxf).
     float amax = 0.0f;
-    for (int64_t i = 0; i < n; ++i) amax = std::fmax(amax, std::fabs(LoadFloat(q.src, q.src_type, base + i)));
+    for (int64_t i = 0; i < n; ++i)
+      amax = std::fmax(amax, std::fabs(LoadFloat(q.src, q.src_type, base + i)));
     const float scale = Fp8Scale(amax, q.fp8);
     q.scale[b] = scale;
     uint8_t* dst = static_cast<uint8_t*>(q.dst) + base;
@@ -70,8 +71,9 @@ absl::Status QuantizeFp8(const QuantizeArgs& q, int threads) {
 absl::Status Fp8Gemm(const GemmArgs& g, int threads) {
   if (!IsFp8(g.a_fp8) || !IsFp8(g.b_fp8) ||
       (g.a_fp8 == DType::kFloat8E5M2 && g.b_fp8 == DType::kFloat8E5M2)) {
-    return absl::InvalidArgumentError(absl::StrCat("Gemm: FP8 operands must be FP8_E4M3/FP8_E5M2 (not both E5M2), got ",
-                                                   DTypeName(g.a_fp8), " x ", DTypeName(g.b_fp8)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: FP8 operands must be FP8_E4M3/FP8_E5M2 (not both E5M2), got ",
+                     DTypeName(g.a_fp8), " x ", DTypeName(g.b_fp8)));
   }
   if (g.trans_a || !g.trans_b) {
     return absl::InvalidArgumentError("Gemm: FP8 operands need trans_a = false, trans_b = true");

@@ -148,9 +148,9 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(const
       static_cast<cublasLtHandle_t>(handle_), &plan->desc, &layouts.a, &layouts.b, &layouts.c,
       &layouts.c, &pref, 1, &result, &found));
   if (found == 0) {
-    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for GEMM m=", m,
-                                                 " n=", n, " k=", k, " a=", DTypeName(TypeOfA(g)), " b=", DTypeName(TypeOfB(g)),
-                                                 " c=", DTypeName(g.c_type)));
+    return absl::UnimplementedError(absl::StrCat(
+        "cuBLASLt has no algorithm for GEMM m=", m, " n=", n, " k=", k,
+        " a=", DTypeName(TypeOfA(g)), " b=", DTypeName(TypeOfB(g)), " c=", DTypeName(g.c_type)));
   }
   plan->algo = result.algo;
   return plan;
@@ -164,8 +164,8 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
                              (AlignmentBytes(g.c, g.ldc, c_size) << 16);
   const int64_t bm = Bucket(g.m), bn = Bucket(g.n), bk = Bucket(g.k);
   const int operand_types = static_cast<int>(TypeOfA(g)) * 16 + static_cast<int>(TypeOfB(g));
-  const Key key{g.trans_a, g.trans_b, operand_types, static_cast<int>(g.c_type),
-                bm,        bn,        bk,            alignment_bits};
+  const Key key{g.trans_a, g.trans_b, operand_types, static_cast<int>(g.c_type), bm,
+                bn,        bk,        alignment_bits};
   std::shared_ptr<Plan> plan;
   {
     absl::MutexLock lock(&mu_);

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_backend_impl.h"
-#include "engine/fp8.h"
 #include "engine/cuda/cuda_status.h"
+#include "engine/fp8.h"
 #include "engine/status_macros.h"
 
 namespace moe {

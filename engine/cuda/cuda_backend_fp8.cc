@@ -39,8 +39,8 @@ absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
         absl::StrCat("QuantizeFp8: fp8 must be FP8_E4M3 or FP8_E5M2, got ", DTypeName(q.fp8)));
   }
   if (!IsKernelType(q.src_type)) {
-    return absl::InvalidArgumentError(absl::StrCat("QuantizeFp8: src_type must be FP32 or BF16, got ",
-                                                   DTypeName(q.src_type)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeFp8: src_type must be FP32 or BF16, got ", DTypeName(q.src_type)));
   }
   if (q.batch < 0 || q.rows < 0 || q.cols < 0) {
     return absl::InvalidArgumentError("QuantizeFp8: negative size");
@@ -52,10 +52,10 @@ absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
   }
   RETURN_IF_ERROR(Activate());
   ASSIGN_OR_RETURN(void* scratch, ScratchAlloc(QuantizeScratchBytes(q.batch)));
-  const int err = LaunchQuantizeFp8(
-      q.src, ToKType(q.src_type), q.batch, q.rows, q.cols, q.transpose,
-      q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2,
-      static_cast<uint8_t*>(q.dst), q.scale, scratch, stream_);
+  const int err =
+      LaunchQuantizeFp8(q.src, ToKType(q.src_type), q.batch, q.rows, q.cols, q.transpose,
+                        q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2,
+                        static_cast<uint8_t*>(q.dst), q.scale, scratch, stream_);
   RETURN_IF_ERROR(ScratchFree(scratch));
   CUDA_RETURN_IF_ERROR(err);
   return absl::OkStatus();

@@ -37,8 +37,8 @@ __device__ __forceinline__ float ScaleFromAmax(uint32_t amax_bits, Fp8Kind fp8) 
 }
 
 __device__ __forceinline__ uint8_t Cast(float v, float scale, Fp8Kind fp8) {
-  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(
-      __fdiv_rn(v, scale), __NV_SATFINITE, fp8 == Fp8Kind::kE4M3 ? __NV_E4M3 : __NV_E5M2));
+  return static_cast<uint8_t>(__nv_cvt_float_to_fp8(__fdiv_rn(v, scale), __NV_SATFINITE,
+                                                    fp8 == Fp8Kind::kE4M3 ? __NV_E4M3 : __NV_E5M2));
 }
 
 // grid (blocks per matrix, batch): amax[b] = max |x| over matrix b (fmaxf drops NaN).

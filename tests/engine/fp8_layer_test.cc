@@ -68,7 +68,8 @@ std::vector<double> Tokens(const RefConfig& rc, const RefParams& p, int64_t toke
   std::vector<double> x(tokens * H);
   for (int64_t t = 0; t < tokens; ++t) {
     for (int attempt = 0; attempt < 100; ++attempt) {
-      std::vector<double> row = ToDoubles(FromDoubles(RandomNormal(H, 1.0, rng), {H}, DType::kFloat32));
+      std::vector<double> row =
+          ToDoubles(FromDoubles(RandomNormal(H, 1.0, rng), {H}, DType::kFloat32));
       std::copy(row.begin(), row.end(), x.begin() + t * H);
       if (RefForward(rc, p, row, 1).routing.min_selection_gap > 1e-4) break;
     }
@@ -150,49 +151,51 @@ TEST_P(Fp8ReferenceTest, MatchesReference) {
                        c.activation == moe::Activation::kRelu ? kFp8GradRelu : kFp8Grad);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Variants, Fp8ReferenceTest,
-    ::testing::Values(
-        Variant{"SoftmaxPost", [](LayerConfig*) {}},
-        Variant{"SigmoidGroupedExpertBias",
-                [](LayerConfig* c) {
-                  c->score_function = moe::ScoreFunction::kSigmoid;
-                  c->use_expert_bias = true;
-                  c->num_groups = 4;
-                  c->group_topk = 2;
-                  c->top_k = 4;
-                }},
-        Variant{"GeluBiases",
-                [](LayerConfig* c) {
-                  c->activation = moe::Activation::kGelu;
-                  c->use_bias = true;
-                }},
-        Variant{"PlainRelu",
-                [](LayerConfig* c) {
-                  c->gated = false;
-                  c->activation = moe::Activation::kRelu;
-                }},
-        Variant{"CapacityAligned",
-                [](LayerConfig* c) {
-                  c->capacity_factor = 1.0;
-                  c->align_size = 16;
-                }},
-        Variant{"LargerEveryFeature",
-                [](LayerConfig* c) {
-                  c->hidden = 96;
-                  c->ffn = 160;
-                  c->num_experts = 16;
-                  c->top_k = 4;
-                  c->score_function = moe::ScoreFunction::kSigmoid;
-                  c->use_expert_bias = true;
-                  c->num_groups = 4;
-                  c->group_topk = 2;
-                  c->scaling_factor = 2.5;
-                  c->use_bias = true;
-                  c->capacity_factor = 1.25;
-                  c->align_size = 16;
-                }}),
-    [](const ::testing::TestParamInfo<Variant>& info) { return info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Variants, Fp8ReferenceTest,
+                         ::testing::Values(Variant{"SoftmaxPost", [](LayerConfig*) {}},
+                                           Variant{"SigmoidGroupedExpertBias",
+                                                   [](LayerConfig* c) {
+                                                     c->score_function =
+                                                         moe::ScoreFunction::kSigmoid;
+                                                     c->use_expert_bias = true;
+                                                     c->num_groups = 4;
+                                                     c->group_topk = 2;
+                                                     c->top_k = 4;
+                                                   }},
+                                           Variant{"GeluBiases",
+                                                   [](LayerConfig* c) {
+                                                     c->activation = moe::Activation::kGelu;
+                                                     c->use_bias = true;
+                                                   }},
+                                           Variant{"PlainRelu",
+                                                   [](LayerConfig* c) {
+                                                     c->gated = false;
+                                                     c->activation = moe::Activation::kRelu;
+                                                   }},
+                                           Variant{"CapacityAligned",
+                                                   [](LayerConfig* c) {
+                                                     c->capacity_factor = 1.0;
+                                                     c->align_size = 16;
+                                                   }},
+                                           Variant{"LargerEveryFeature",
+                                                   [](LayerConfig* c) {
+                                                     c->hidden = 96;
+                                                     c->ffn = 160;
+                                                     c->num_experts = 16;
+                                                     c->top_k = 4;
+                                                     c->score_function =
+                                                         moe::ScoreFunction::kSigmoid;
+                                                     c->use_expert_bias = true;
+                                                     c->num_groups = 4;
+                                                     c->group_topk = 2;
+                                                     c->scaling_factor = 2.5;
+                                                     c->use_bias = true;
+                                                     c->capacity_factor = 1.25;
+                                                     c->align_size = 16;
+                                                   }}),
+                         [](const ::testing::TestParamInfo<Variant>& info) {
+                           return info.param.name;
+                         });
 
 // Two layers from the same seed given the same steps produce the same bits.
 TEST(Fp8Layer, TwoRunsAreBitwiseEqual) {
@@ -205,10 +208,10 @@ TEST(Fp8Layer, TwoRunsAreBitwiseEqual) {
     ASSERT_TRUE(cpu.ok()) << cpu.status();
     std::mt19937_64 rng(77);
     for (int step = 0; step < 2; ++step) {
-      const Tensor x = FromDoubles(RandomNormal(50 * c.hidden, 1.0, &rng), {50, c.hidden},
-                                   DType::kBFloat16);
-      const Tensor d_out = FromDoubles(RandomNormal(50 * c.hidden, 1.0, &rng), {50, c.hidden},
-                                       DType::kBFloat16);
+      const Tensor x =
+          FromDoubles(RandomNormal(50 * c.hidden, 1.0, &rng), {50, c.hidden}, DType::kBFloat16);
+      const Tensor d_out =
+          FromDoubles(RandomNormal(50 * c.hidden, 1.0, &rng), {50, c.hidden}, DType::kBFloat16);
       absl::StatusOr<EngineStep> s = RunStep(cpu->layer.get(), x, &d_out, 0.5, 0.5);
       ASSERT_TRUE(s.ok()) << s.status();
       runs[run].push_back(ToDoubles(s->forward.out));
@@ -223,7 +226,8 @@ TEST(Fp8Layer, TwoRunsAreBitwiseEqual) {
   ASSERT_EQ(runs[0].size(), runs[1].size());
   for (size_t i = 0; i < runs[0].size(); ++i) {
     ASSERT_EQ(runs[0][i].size(), runs[1][i].size());
-    EXPECT_EQ(std::memcmp(runs[0][i].data(), runs[1][i].data(), runs[0][i].size() * sizeof(double)), 0)
+    EXPECT_EQ(std::memcmp(runs[0][i].data(), runs[1][i].data(), runs[0][i].size() * sizeof(double)),
+              0)
         << "tensor " << i;
   }
 }

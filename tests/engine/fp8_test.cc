@@ -145,7 +145,8 @@ TEST(CpuFp8, QuantizeWritesCodesAndPerMatrixScales) {
       ASSERT_TRUE(backend->QuantizeFp8(q).ok());
       for (int64_t b = 0; b < batch; ++b) {
         float amax = 0;
-        for (int64_t i = 0; i < rows * cols; ++i) amax = std::fmax(amax, std::fabs(src[b * rows * cols + i]));
+        for (int64_t i = 0; i < rows * cols; ++i)
+          amax = std::fmax(amax, std::fabs(src[b * rows * cols + i]));
         EXPECT_EQ(scale[b], Fp8Scale(amax, fp8));
         for (int64_t r = 0; r < rows; ++r) {
           for (int64_t c = 0; c < cols; ++c) {
@@ -166,9 +167,12 @@ TEST(CpuFp8, GemmIsScaledProductOfDecodedOperands) {
   std::vector<uint8_t> a(m * k), b(n * k);
   for (uint8_t& v : a) v = static_cast<uint8_t>(rng() % 256);
   for (uint8_t& v : b) v = static_cast<uint8_t>(rng() % 256);
-  for (uint8_t& v : a) if (IsNanCode(v, kE5M2)) v = 0x11;
-  for (uint8_t& v : b) if (IsNanCode(v, kE4M3)) v = 0x22;
-  for (uint8_t& v : a) if ((v & 0x7f) == 0x7c) v = 0x33;  // no e5m2 infinities
+  for (uint8_t& v : a)
+    if (IsNanCode(v, kE5M2)) v = 0x11;
+  for (uint8_t& v : b)
+    if (IsNanCode(v, kE4M3)) v = 0x22;
+  for (uint8_t& v : a)
+    if ((v & 0x7f) == 0x7c) v = 0x33;  // no e5m2 infinities
   const float sa = 0.25f, sb = 3.0f;
   for (DType c_type : {DType::kFloat32, DType::kBFloat16}) {
     std::vector<float> c32(m * n, 0.0f);
@@ -193,7 +197,8 @@ TEST(CpuFp8, GemmIsScaledProductOfDecodedOperands) {
         want *= 2.0 * sa * sb;
         mag *= 2.0 * sa * sb;
         const double got = c_type == DType::kFloat32 ? c32[i * n + j] : Bf16ToFloat(c16[i * n + j]);
-        const double tol = c_type == DType::kFloat32 ? 1e-6 * mag : 1e-2 * std::fabs(want) + 1e-6 * mag;
+        const double tol =
+            c_type == DType::kFloat32 ? 1e-6 * mag : 1e-2 * std::fabs(want) + 1e-6 * mag;
         EXPECT_NEAR(got, want, tol) << i << "," << j;
       }
     }

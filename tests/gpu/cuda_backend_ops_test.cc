@@ -126,9 +126,9 @@ TEST(CudaOps, QuantizeFp8IsBitwiseTheEmulation) {
     const int64_t n = qc.batch * qc.rows * qc.cols;
     std::vector<float> v = RandomFloats(n, seed++, 3.0f);
     if (n > 10) {
-      v[1] = 1e30f;        // a matrix with a huge amax
+      v[1] = 1e30f;  // a matrix with a huge amax
       v[5] = -0.0f;
-      v[7] = NAN;          // ignored by amax, stays NaN
+      v[7] = NAN;  // ignored by amax, stays NaN
     }
     for (DType src_type : {DType::kFloat32, DType::kBFloat16}) {
       Mirrored src = src_type == DType::kFloat32 ? bp.Upload(v) : bp.Upload(FloatsToBf16(v));
@@ -145,11 +145,10 @@ TEST(CudaOps, QuantizeFp8IsBitwiseTheEmulation) {
           });
           Results<uint8_t> codes = bp.Download<uint8_t>(dst, n);
           Results<float> scales = bp.Download<float>(scale, qc.batch);
-          SCOPED_TRACE(testing::Message() << qc.batch << "x" << qc.rows << "x" << qc.cols << " "
-                                          << DTypeName(src_type) << "->" << DTypeName(fp8)
-                                          << (transpose ? " transposed" : ""));
-          EXPECT_EQ(std::memcmp(scales.cpu.data(), scales.gpu.data(), qc.batch * sizeof(float)),
-                    0);
+          SCOPED_TRACE(testing::Message()
+                       << qc.batch << "x" << qc.rows << "x" << qc.cols << " " << DTypeName(src_type)
+                       << "->" << DTypeName(fp8) << (transpose ? " transposed" : ""));
+          EXPECT_EQ(std::memcmp(scales.cpu.data(), scales.gpu.data(), qc.batch * sizeof(float)), 0);
           int mismatches = 0;
           for (int64_t i = 0; i < n; ++i) {
             const bool both_nan = std::isnan(Fp8ToFloat(codes.cpu[i], fp8)) &&

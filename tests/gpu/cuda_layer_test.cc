@@ -7,10 +7,10 @@
 // rank.
 #include <cmath>
 #include <cstdio>
-#include <random>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -19,8 +19,8 @@
 #include "engine/comm/nccl_communicator.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_backend.h"
-#include "engine/moe_layer.h"
 #include "engine/fp8.h"
+#include "engine/moe_layer.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/backend_pair.h"
 #include "tests/reference/engine_adapter.h"
@@ -233,7 +233,7 @@ TEST_P(CudaLayer, MatchesCpuAndIsDeterministic) {
   const StepOutput& ref = ref_or.value();
   const StepOutput& got = got_or.value();
 
-  const double tol = c.compute_dtype == DType::kFloat8E4M3   ? kFp8VsEmulation
+  const double tol = c.compute_dtype == DType::kFloat8E4M3 ? kFp8VsEmulation
                      : c.compute_dtype == DType::kBFloat16 ? 2e-2
                                                            : 1e-4;
   EXPECT_EQ(got.fwd.tokens_per_expert, ref.fwd.tokens_per_expert);
@@ -278,7 +278,8 @@ std::vector<double> RoundExpertsToE4M3(const std::vector<double>& w, int64_t exp
   std::vector<double> out(w.size());
   for (int64_t e = 0; e < experts; ++e) {
     float amax = 0;
-    for (size_t i = 0; i < per; ++i) amax = std::fmax(amax, std::fabs(static_cast<float>(w[e * per + i])));
+    for (size_t i = 0; i < per; ++i)
+      amax = std::fmax(amax, std::fabs(static_cast<float>(w[e * per + i])));
     const float scale = Fp8Scale(amax, DType::kFloat8E4M3);
     for (size_t i = 0; i < per; ++i) {
       const uint8_t q = FloatToFp8(static_cast<float>(w[e * per + i]) / scale, DType::kFloat8E4M3);
@@ -303,8 +304,8 @@ TEST(CudaFp8, MatchesFp64Reference) {
     ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
     std::unique_ptr<Backend> gpu = std::move(gpu_or).value();
     auto nccl_or = MakeNcclCommunicator(std::make_shared<MemoryKeyValueStore>(),
-                                        sigmoid ? "t/fp8ref1" : "t/fp8ref0", 0, 1, 0,
-                                        gpu->stream(), CommOptions{});
+                                        sigmoid ? "t/fp8ref1" : "t/fp8ref0", 0, 1, 0, gpu->stream(),
+                                        CommOptions{});
     ASSERT_TRUE(nccl_or.ok()) << nccl_or.status();
     std::unique_ptr<Communicator> nccl = std::move(nccl_or).value();
     auto layer_or = MoeLayer::Create(c, gpu.get(), nccl.get());
@@ -352,15 +353,14 @@ TEST(CudaFp8, RefusesShapesItCannotRun) {
   auto gpu_or = MakeCudaBackend(0);
   ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
   std::unique_ptr<Backend> gpu = std::move(gpu_or).value();
-  auto nccl_or = MakeNcclCommunicator(std::make_shared<MemoryKeyValueStore>(), "t/fp8refuse", 0,
-                                      1, 0, gpu->stream(), CommOptions{});
+  auto nccl_or = MakeNcclCommunicator(std::make_shared<MemoryKeyValueStore>(), "t/fp8refuse", 0, 1,
+                                      0, gpu->stream(), CommOptions{});
   ASSERT_TRUE(nccl_or.ok()) << nccl_or.status();
   std::unique_ptr<Communicator> nccl = std::move(nccl_or).value();
   auto layer = MoeLayer::Create(Base(72, 52, 8, 2, DType::kFloat8E4M3), gpu.get(), nccl.get());
   ASSERT_FALSE(layer.ok());
   EXPECT_EQ(layer.status().code(), absl::StatusCode::kFailedPrecondition) << layer.status();
-  EXPECT_NE(layer.status().message().find("multiples of 16"), std::string::npos)
-      << layer.status();
+  EXPECT_NE(layer.status().message().find("multiples of 16"), std::string::npos) << layer.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaLayer, ::testing::ValuesIn(Cases()),
