@@ -5,6 +5,7 @@
 // EP=2 runs do).
 //
 //   gpu_bench --configs=te_seed,mixtral --iters=10
+//   gpu_bench --configs=mixtral --compute_dtypes=bf16,fp8   # each preset in both, back to back
 //   gpu_bench --size=2 --rank=0 --store_dir=/tmp/s & gpu_bench --size=2 --rank=1 --store_dir=/tmp/s
 //
 // Times (medians over --iters steps after --warmup):
@@ -36,6 +37,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -56,6 +58,8 @@ ABSL_FLAG(int, device, -1, "CUDA device (default: --rank)");
 ABSL_FLAG(std::string, store_dir, "", "file store directory shared by the ranks (--size > 1)");
 ABSL_FLAG(std::string, json, "", "also append each JSON line to this file");
 ABSL_FLAG(int64_t, tokens, -1, "override T (per rank)");
+ABSL_FLAG(std::string, compute_dtypes, "bf16",
+          "compute datatypes to run each preset in, in order (bf16, fp8, fp32), e.g. bf16,fp8");
 
 namespace moe {
 namespace {
@@ -139,19 +143,19 @@ absl::StatusOr<double> StandaloneA2aMs(Backend* backend, Communicator* comm, siz
   return Median(ms);
 }
 
-absl::StatusOr<std::string> RunConfig(const Preset& p) {
+absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
   const int rank = absl::GetFlag(FLAGS_rank), size = absl::GetFlag(FLAGS_size);
   const int device = absl::GetFlag(FLAGS_device) >= 0 ? absl::GetFlag(FLAGS_device) : rank;
   LayerConfig c;
   c.hidden = p.hidden, c.ffn = p.ffn, c.num_experts = p.experts, c.top_k = p.top_k;
-  c.compute_dtype = DType::kBFloat16;
+  c.compute_dtype = compute_dtype;
   c.init_seed = 1;
   if (p.sigmoid_grouped) {
     c.score_function = ScoreFunction::kSigmoid, c.num_groups = 8, c.group_topk = 4;
   }
   const int64_t T = absl::GetFlag(FLAGS_tokens) > 0 ? absl::GetFlag(FLAGS_tokens) : p.tokens;
 
-  Progress(absl::StrCat(p.name, ": start"));
+  Progress(absl::StrCat(p.name, " ", ComputeDTypeName(compute_dtype), ": start"));
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> cuda, MakeCudaBackend(device));
   std::shared_ptr<KeyValueStore> store;
   if (size > 1) {
@@ -236,7 +240,8 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
       {"rank", Num(rank)},
       {"size", Num(size)},
       {"tokens", Num(T)},
-      {"dtype", Str("BF16")},
+      {"dtype", Str("BF16")},  // x, out, d_out and d_x
+      {"compute_dtype", Str(ComputeDTypeName(compute_dtype))},
       {"init_s", Num(init_s)},
       {"fwd_ms", Num(Median(api[0]))},
       {"fwd_device_ms", Num(fwd_dev)},
@@ -282,6 +287,11 @@ absl::StatusOr<std::string> RunConfig(const Preset& p) {
 }
 
 absl::Status Main() {
+  std::vector<DType> dtypes;
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_compute_dtypes), ',')) {
+    ASSIGN_OR_RETURN(DType d, ParseComputeDType(absl::AsciiStrToUpper(name)));
+    dtypes.push_back(d);
+  }
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',')) {
     const Preset* preset = nullptr;
     for (const Preset& p : kPresets) {
@@ -290,15 +300,19 @@ absl::Status Main() {
     if (preset == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("unknown config '", name, "'"));
     }
-    auto line = RunConfig(*preset);
-    if (!line.ok()) {
-      return absl::Status(line.status().code(),
-                          absl::StrCat(preset->name, ": ", line.status().message()));
-    }
-    std::printf("%s\n", line->c_str());
-    std::fflush(stdout);
-    if (!absl::GetFlag(FLAGS_json).empty()) {
-      std::ofstream(absl::GetFlag(FLAGS_json), std::ios::app) << *line << "\n";
+    // Each dtype right after the other for one preset: the same machine state for both.
+    for (DType dtype : dtypes) {
+      auto line = RunConfig(*preset, dtype);
+      if (!line.ok()) {
+        return absl::Status(line.status().code(),
+                            absl::StrCat(preset->name, " ", ComputeDTypeName(dtype), ": ",
+                                         line.status().message()));
+      }
+      std::printf("%s\n", line->c_str());
+      std::fflush(stdout);
+      if (!absl::GetFlag(FLAGS_json).empty()) {
+        std::ofstream(absl::GetFlag(FLAGS_json), std::ios::app) << *line << "\n";
+      }
     }
   }
   return absl::OkStatus();

@@ -81,6 +81,12 @@ class TimingBackend : public Backend {
   absl::Status GroupedGemm(absl::Span<const GemmArgs> g) override {
     return Timed(&ops_, "GroupedGemm", [&] { return inner_->GroupedGemm(g); });
   }
+  absl::Status CheckComputeDType(const LayerConfig& c) const override {
+    return inner_->CheckComputeDType(c);
+  }
+  absl::Status QuantizeFp8(const QuantizeArgs& q) override {
+    return Timed(&ops_, "QuantizeFp8", [&] { return inner_->QuantizeFp8(q); });
+  }
   absl::Status Convert(const void* s, DType st, void* d, DType dt, int64_t n) override {
     return Timed(&ops_, "Convert", [&] { return inner_->Convert(s, st, d, dt, n); });
   }

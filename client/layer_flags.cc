@@ -25,7 +25,8 @@ ABSL_FLAG(int64_t, align_size, 0, "Layer: pad each expert's rows to a multiple (
 ABSL_FLAG(std::string, activation, "silu", "Layer: silu|gelu|relu|linear.");
 ABSL_FLAG(bool, gated, true, "Layer: gated FFN (SwiGLU-style wi = [wi_0 | wi_1]).");
 ABSL_FLAG(bool, use_bias, false, "Layer: bias terms wi_bias and wo_bias.");
-ABSL_FLAG(std::string, compute_dtype, "fp32", "Layer: expert GEMM datatype, fp32|bf16.");
+ABSL_FLAG(std::string, compute_dtype, "fp32",
+          "Layer: expert GEMM datatype, fp32|bf16|fp8 (fp8: e4m3 GEMMs, docs/SPEC.md).");
 ABSL_FLAG(uint64_t, seed, 0, "Layer: seed of the deterministic weight initialisation.");
 
 namespace moe {
@@ -74,9 +75,9 @@ absl::StatusOr<v1::LayerConfig> LayerConfigFromFlags() {
   config.set_use_bias(absl::GetFlag(FLAGS_use_bias));
 
   const std::string dtype = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_compute_dtype));
-  if (dtype != "FP32" && dtype != "BF16") {
+  if (dtype != "FP32" && dtype != "BF16" && dtype != "FP8") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--compute_dtype: '", absl::GetFlag(FLAGS_compute_dtype), "' is not fp32 or bf16"));
+        "--compute_dtype: '", absl::GetFlag(FLAGS_compute_dtype), "' is not fp32, bf16 or fp8"));
   }
   config.set_compute_dtype(dtype);
   config.set_init_seed(absl::GetFlag(FLAGS_seed));
@@ -105,8 +106,8 @@ std::string DescribeLayerConfig(const v1::LayerConfig& c) {
       " top_k=", c.has_top_k() ? c.top_k() : kDefaultTopK,
       " score=", c.score_function() == v1::SCORE_FUNCTION_SIGMOID ? "sigmoid" : "softmax",
       " activation=", ActivationText(c.activation()),
-      (c.has_gated() ? c.gated() : kDefaultGated) ? " gated" : " plain",
-      " compute=", c.compute_dtype().empty() ? DTypeName(kDefaultComputeDType) : c.compute_dtype(),
+      (c.has_gated() ? c.gated() : kDefaultGated) ? " gated" : " plain", " compute=",
+      c.compute_dtype().empty() ? ComputeDTypeName(kDefaultComputeDType) : c.compute_dtype(),
       " seed=", c.init_seed());
   if (c.pre_softmax()) absl::StrAppend(&out, " pre_softmax");
   if (c.num_groups() > 0) {

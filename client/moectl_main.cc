@@ -79,7 +79,7 @@ common flags: --server=HOST:PORT --deadline_ms=MS --token_file=PATH (or $MOED_TO
 layer flags (create-layer, smoke, bench): --hidden --ffn --experts --top_k
   --score_function=softmax|sigmoid --pre_softmax --num_groups --group_topk --scaling_factor
   --expert_bias --aux_loss_coeff --z_loss_coeff --capacity_factor --align_size
-  --activation=silu|gelu|relu|linear --gated --use_bias --compute_dtype=fp32|bf16 --seed
+  --activation=silu|gelu|relu|linear --gated --use_bias --compute_dtype=fp32|bf16|fp8 --seed
 
 Bad requests come back with their gRPC code on stderr, e.g.
   moectl forward: INVALID_ARGUMENT: x: shape [32, 16] does not match ...

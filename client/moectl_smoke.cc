@@ -189,8 +189,10 @@ int RunSmoke(const Args& args) {
   }
   double rtol = absl::GetFlag(FLAGS_rtol);
   if (rtol <= 0) {
+    // The remote and the local engine compute the same recipe; they differ by summation order
+    // (a GPU against the CPU), which FP8's coarser rounding of GEMM inputs amplifies.
     const bool bf16 = *dtype == DType::kBFloat16 || config->compute_dtype == DType::kBFloat16;
-    rtol = bf16 ? 3e-2 : 1e-4;
+    rtol = config->compute_dtype == DType::kFloat8E4M3 ? 5e-2 : bf16 ? 3e-2 : 1e-4;
   }
   auto checks = Compare(*remote, *local, rtol);
   if (!checks.ok()) return ReportError("smoke", checks.status());

@@ -70,8 +70,13 @@ class Buffer {
 
 // C[m, n] = alpha * op(A)[m, k] * op(B)[k, n] + beta * C, all row-major, fp32 accumulation.
 // op(A) = A ([m, k], lda >= k) or, with trans_a, A^T where A is [k, m] (lda >= m); same for B.
-// a_type/b_type: kFloat32 or kBFloat16 (both the same); c_type: kFloat32 or kBFloat16.
+// ab_type: kFloat32 or kBFloat16 (A and B alike); c_type: kFloat32 or kBFloat16.
 // m, n or k may be 0 (then C is scaled by beta, or left alone when m or n is 0).
+// FP8 operands (compute_dtype = FP8, docs/SPEC.md "FP8"): a_fp8 and b_fp8 set to kFloat8E4M3 or
+// kFloat8E5M2 (not both e5m2) instead of ab_type, with a_scale / b_scale (backend memory, one
+// float each) their dequantisation scales: C = alpha * (a_scale * b_scale) * A . B^T + beta C.
+// Only this "TN" shape: trans_a false, trans_b true (both operands contiguous along k, as
+// Hopper's FP8 tensor cores need).
 struct GemmArgs {
   bool trans_a = false;
   bool trans_b = false;
@@ -86,6 +91,29 @@ struct GemmArgs {
   DType c_type = DType::kFloat32;
   float alpha = 1.0f;
   float beta = 0.0f;
+  DType a_fp8 = DType::kFloat32;  // kFloat32 = not FP8 (ab_type applies)
+  DType b_fp8 = DType::kFloat32;
+  const float* a_scale = nullptr;
+  const float* b_scale = nullptr;
+  bool is_fp8() const { return a_fp8 != DType::kFloat32; }
+};
+
+// Current per-tensor scaling to FP8 (docs/SPEC.md "FP8"). For each of `batch` matrices
+// src_b = src + b * rows * cols ([rows, cols] row-major, FP32 or BF16):
+//   amax_b  = max |src_b| (NaN ignored), computed on the backend;
+//   scale_b = Fp8Scale(amax_b, fp8) (engine/fp8.h), written to scale[b] (backend memory);
+//   dst_b   = FloatToFp8(src_b / scale_b, fp8), [rows, cols] or, with `transpose`, [cols, rows].
+// Every backend writes bitwise the same codes and scales.
+struct QuantizeArgs {
+  const void* src = nullptr;
+  DType src_type = DType::kBFloat16;
+  int64_t batch = 1;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  bool transpose = false;
+  DType fp8 = DType::kFloat8E4M3;
+  void* dst = nullptr;     // batch * rows * cols bytes
+  float* scale = nullptr;  // [batch]
 };
 
 // Router forward over this rank's tokens (docs/SPEC.md Forward 1-6 without the collectives).
@@ -176,6 +204,12 @@ class Backend {
 
   virtual std::string name() const = 0;  // "cpu", "cuda:0"
   virtual MemorySpace memory_space() const = 0;
+  // OK when this backend can run the layer's compute dtype (FP8 needs FP8 tensor cores on
+  // CUDA); FAILED_PRECONDITION saying why not otherwise. MoeLayer::Create asks first.
+  virtual absl::Status CheckComputeDType(const LayerConfig& config) const {
+    (void)config;
+    return absl::OkStatus();
+  }
   // The CUDA stream (cudaStream_t) for the NCCL communicator; nullptr on the CPU.
   virtual void* stream() const { return nullptr; }
 
@@ -200,6 +234,8 @@ class Backend {
     }
     return absl::OkStatus();
   }
+  // FP8 quantisation with a per-tensor scale (QuantizeArgs above).
+  virtual absl::Status QuantizeFp8(const QuantizeArgs& args) = 0;
   // dst[i] = src[i] converted (FP32 <-> BF16, or a copy).
   virtual absl::Status Convert(const void* src, DType src_type, void* dst, DType dst_type,
                                int64_t count) = 0;

@@ -128,6 +128,9 @@ uint32_t DTypeCode(DType d) {
       return 4;
     case DType::kInt64:
       return 5;
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2:
+      break;  // never stored: FP8 copies are rebuilt from the fp32 masters
   }
   return 0;
 }

@@ -147,11 +147,24 @@ absl::Status ValidateConfig(const LayerConfig& c, int ep_ranks) {
     default:
       return Invalid("activation", "must be silu, gelu, relu or linear");
   }
-  if (c.compute_dtype != DType::kFloat32 && c.compute_dtype != DType::kBFloat16) {
+  if (c.compute_dtype != DType::kFloat32 && c.compute_dtype != DType::kBFloat16 &&
+      c.compute_dtype != DType::kFloat8E4M3) {
     return Invalid("compute_dtype",
-                   absl::StrCat("must be FP32 or BF16, got ", DTypeName(c.compute_dtype)));
+                   absl::StrCat("must be FP32, BF16 or FP8, got ", DTypeName(c.compute_dtype)));
   }
   return absl::OkStatus();
+}
+
+const char* ComputeDTypeName(DType compute_dtype) {
+  return compute_dtype == DType::kFloat8E4M3 ? "FP8" : DTypeName(compute_dtype);
+}
+
+absl::StatusOr<DType> ParseComputeDType(absl::string_view name) {
+  if (name == "FP32") return DType::kFloat32;
+  if (name == "BF16") return DType::kBFloat16;
+  if (name == "FP8") return DType::kFloat8E4M3;
+  return absl::InvalidArgumentError(
+      absl::StrCat("compute_dtype: '", name, "' is not FP32, BF16 or FP8"));
 }
 
 const char* ScoreFunctionName(ScoreFunction f) {
@@ -196,18 +209,18 @@ absl::StatusOr<Activation> ParseActivation(absl::string_view name) {
 }
 
 std::string ConfigToString(const LayerConfig& c) {
-  return absl::StrCat("hidden=", c.hidden, " ffn=", c.ffn, " num_experts=", c.num_experts,
-                      " top_k=", c.top_k, " score_function=", ScoreFunctionName(c.score_function),
-                      " pre_softmax=", BoolName(c.pre_softmax), " num_groups=", c.num_groups,
-                      " group_topk=", c.group_topk,
-                      " scaling_factor=", DoubleToString(c.scaling_factor),
-                      " use_expert_bias=", BoolName(c.use_expert_bias),
-                      " aux_loss_coeff=", DoubleToString(c.aux_loss_coeff),
-                      " z_loss_coeff=", DoubleToString(c.z_loss_coeff),
-                      " capacity_factor=", DoubleToString(c.capacity_factor),
-                      " align_size=", c.align_size, " activation=", ActivationName(c.activation),
-                      " gated=", BoolName(c.gated), " use_bias=", BoolName(c.use_bias),
-                      " compute_dtype=", DTypeName(c.compute_dtype), " init_seed=", c.init_seed);
+  return absl::StrCat(
+      "hidden=", c.hidden, " ffn=", c.ffn, " num_experts=", c.num_experts, " top_k=", c.top_k,
+      " score_function=", ScoreFunctionName(c.score_function),
+      " pre_softmax=", BoolName(c.pre_softmax), " num_groups=", c.num_groups,
+      " group_topk=", c.group_topk, " scaling_factor=", DoubleToString(c.scaling_factor),
+      " use_expert_bias=", BoolName(c.use_expert_bias),
+      " aux_loss_coeff=", DoubleToString(c.aux_loss_coeff),
+      " z_loss_coeff=", DoubleToString(c.z_loss_coeff),
+      " capacity_factor=", DoubleToString(c.capacity_factor), " align_size=", c.align_size,
+      " activation=", ActivationName(c.activation), " gated=", BoolName(c.gated),
+      " use_bias=", BoolName(c.use_bias), " compute_dtype=", ComputeDTypeName(c.compute_dtype),
+      " init_seed=", c.init_seed);
 }
 
 // Every key must be known and appear at most once; keys left out keep their defaults.
@@ -260,7 +273,7 @@ absl::StatusOr<LayerConfig> ConfigFromString(absl::string_view text) {
     } else if (key == "use_bias") {
       ASSIGN_OR_RETURN(c.use_bias, ParseBool(key, v));
     } else if (key == "compute_dtype") {
-      ASSIGN_OR_RETURN(c.compute_dtype, ParseDType(v));
+      ASSIGN_OR_RETURN(c.compute_dtype, ParseComputeDType(v));
     } else if (key == "init_seed") {
       uint64_t seed;
       if (!absl::SimpleAtoi(v, &seed)) {

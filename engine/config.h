@@ -42,7 +42,8 @@ struct LayerConfig {
   bool gated = true;      // wi = [wi_0 | wi_1] (SwiGLU-style) or wi_0 only
   bool use_bias = false;  // wi_0_bias, wi_1_bias, wo_bias
 
-  DType compute_dtype = DType::kFloat32;  // kFloat32 or kBFloat16
+  // kFloat32, kBFloat16, or kFloat8E4M3 for "FP8" (fp8 expert GEMMs, docs/SPEC.md "FP8").
+  DType compute_dtype = DType::kFloat32;
   uint64_t init_seed = 0;
 };
 
@@ -64,6 +65,16 @@ const char* ScoreFunctionName(ScoreFunction f);  // "softmax", "sigmoid"
 const char* ActivationName(Activation a);        // "silu", "gelu", "relu", "linear"
 absl::StatusOr<ScoreFunction> ParseScoreFunction(absl::string_view name);
 absl::StatusOr<Activation> ParseActivation(absl::string_view name);
+
+// Names of the compute datatypes: "FP32", "BF16", "FP8" (kFloat8E4M3; case-sensitive).
+const char* ComputeDTypeName(DType compute_dtype);
+absl::StatusOr<DType> ParseComputeDType(absl::string_view name);
+
+// The datatype the expert path stores its rows in (dispatched x, h, a, y and their
+// gradients): the compute dtype, except BF16 under FP8 (GEMM operands are quantised from it).
+inline DType ExpertRowDType(const LayerConfig& c) {
+  return c.compute_dtype == DType::kFloat8E4M3 ? DType::kBFloat16 : c.compute_dtype;
+}
 
 // Width of the fused up projection: 2F when gated, F otherwise.
 inline int64_t UpWidth(const LayerConfig& c) { return c.gated ? 2 * c.ffn : c.ffn; }

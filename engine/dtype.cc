@@ -11,6 +11,9 @@ size_t DTypeSize(DType dtype) {
       return 4;
     case DType::kBFloat16:
       return 2;
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2:
+      return 1;
     case DType::kFloat64:
     case DType::kInt64:
       return 8;
@@ -30,6 +33,10 @@ const char* DTypeName(DType dtype) {
       return "INT32";
     case DType::kInt64:
       return "INT64";
+    case DType::kFloat8E4M3:
+      return "FP8_E4M3";
+    case DType::kFloat8E5M2:
+      return "FP8_E5M2";
   }
   return "UNKNOWN";
 }

@@ -15,11 +15,15 @@
 
 namespace moe {
 
-// Wire names follow KServe v2 / Triton ("FP32", "BF16", ...).
-enum class DType { kFloat32, kBFloat16, kFloat64, kInt32, kInt64 };
+// Wire names follow KServe v2 / Triton ("FP32", "BF16", ...). The FP8 types (engine/fp8.h)
+// never travel: they are the expert GEMM operands of compute_dtype = FP8 (kFloat8E4M3 is that
+// compute dtype's value) and ParseDType does not accept them.
+enum class DType { kFloat32, kBFloat16, kFloat64, kInt32, kInt64, kFloat8E4M3, kFloat8E5M2 };
 
 size_t DTypeSize(DType dtype);
-const char* DTypeName(DType dtype);  // "FP32", "BF16", "FP64", "INT32", "INT64"
+// "FP32", "BF16", "FP64", "INT32", "INT64", "FP8_E4M3", "FP8_E5M2"
+const char* DTypeName(DType dtype);
+// The wire datatypes only (FP32, BF16, FP64, INT32, INT64).
 absl::StatusOr<DType> ParseDType(absl::string_view name);
 
 inline float Bf16ToFloat(uint16_t value) {

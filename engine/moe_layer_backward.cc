@@ -50,7 +50,7 @@ absl::StatusOr<Tensor> MoeLayerImpl::Backward(StepContext& context, const Tensor
 absl::Status MoeLayerImpl::CombineBackward(const SavedStep& s, const Tensor& d_out,
                                            BackwardWork& w) {
   const int64_t T = s.tokens, H = config_.hidden, K = config_.top_k;
-  const DType cd = config_.compute_dtype;
+  const DType cd = ExpertRowDType(config_);
   // 1. Combine backward: d_y in the local layout and d_probs.
   ASSIGN_OR_RETURN(Buffer d_out_dev, Upload(d_out.raw(), d_out.num_bytes()));
   ASSIGN_OR_RETURN(w.d_y_local, backend_->Allocate(s.plan.local_rows * H * DTypeSize(cd)));
@@ -61,7 +61,7 @@ absl::Status MoeLayerImpl::CombineBackward(const SavedStep& s, const Tensor& d_o
 }
 
 absl::Status MoeLayerImpl::DispatchExpertsBackward(const SavedStep& s, BackwardWork& w) {
-  const size_t row_bytes = config_.hidden * DTypeSize(config_.compute_dtype);
+  const size_t row_bytes = config_.hidden * DTypeSize(ExpertRowDType(config_));
   const DispatchPlan& plan = s.plan;
   // 2. Dispatch d_y exactly as the forward dispatched x (one rank: d_y_local already is).
   const bool identity = DispatchIsIdentity(plan);
@@ -78,7 +78,7 @@ absl::Status MoeLayerImpl::DispatchExpertsBackward(const SavedStep& s, BackwardW
 
 absl::Status MoeLayerImpl::ReturnExpertGradients(const SavedStep& s, BackwardWork& w) {
   const int64_t T = s.tokens, H = config_.hidden, K = config_.top_k;
-  const DType cd = config_.compute_dtype;
+  const DType cd = ExpertRowDType(config_);
   const DispatchPlan& plan = s.plan;
   // 4. Reverse exchange into the local layout (reusing d_y_local; one rank: d_x_expert already
   // is that layout), then d_x_t = sum_j d_X_(t,j).

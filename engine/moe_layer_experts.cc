@@ -1,11 +1,22 @@
 // The expert FFN of the local experts on the expert layout, both ways (docs/SPEC.md Forward 10,
 // Backward 3): per-expert GEMMs (one GroupedGemm call per projection), the activation and the
 // biases. GEMMs accumulate in fp32; weight gradients are fp32 and accumulate across backwards.
+// Under FP8 (docs/SPEC.md "FP8") the four activation GEMMs (h, y, d_a, d_X) run on quantised
+// operands (Fp8ExpertGemm) and the rows are stored in bf16; the weight-gradient GEMMs read the
+// bf16 rows.
 #include "engine/moe_layer_impl.h"
 #include "engine/status_macros.h"
 
 namespace moe {
 namespace {
+
+// The FP8 format of the gradient rows (d_y, d_h) in the backward's data-gradient GEMMs: e4m3
+// like everything else (docs/SPEC.md "FP8" says why not e5m2).
+constexpr DType kGradientFp8 = DType::kFloat8E4M3;
+
+// Under FP8 the codes of a quantised GEMM input follow its scale at this offset (16-byte
+// aligned operands for the tensor cores).
+constexpr size_t kFp8CodesOffset = 256;
 
 // Per local expert GEMMs over the expert layout: rows [offset, offset + group_rows[el]).
 template <typename MakeGemm>
@@ -22,9 +33,38 @@ absl::Status PerExpert(Backend* backend, const std::vector<int64_t>& group_rows,
 
 }  // namespace
 
+absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const void* in,
+                                         DType in_fp8, int64_t k, const void* weights,
+                                         const float* weight_scales, int64_t n, void* out) {
+  const DType rd = ExpertRowDType(config_);
+  int64_t rows = 0;
+  for (int64_t r : group_rows) rows += r;
+  if (rows == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Buffer quantised, backend_->Allocate(kFp8CodesOffset + rows * k));
+  const float* in_scale = quantised.as<float>();
+  const uint8_t* codes = quantised.as<uint8_t>() + kFp8CodesOffset;
+  QuantizeArgs q;
+  q.src = in, q.src_type = rd, q.rows = rows, q.cols = k, q.fp8 = in_fp8;
+  q.dst = quantised.as<uint8_t>() + kFp8CodesOffset, q.scale = quantised.as<float>();
+  RETURN_IF_ERROR(backend_->QuantizeFp8(q));
+  return PerExpert(backend_, group_rows, [&](int64_t el, int64_t off, int64_t m) {
+    GemmArgs g;
+    g.trans_b = true;
+    g.m = m, g.n = n, g.k = k;
+    g.a = codes + off * k, g.lda = k;
+    g.b = static_cast<const uint8_t*>(weights) + el * n * k, g.ldb = k;
+    g.c = static_cast<char*>(out) + off * n * DTypeSize(rd), g.ldc = n;
+    g.c_type = rd;
+    g.a_fp8 = in_fp8, g.b_fp8 = DType::kFloat8E4M3;
+    g.a_scale = in_scale, g.b_scale = weight_scales + el;
+    return g;
+  });
+}
+
 absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   const LayerConfig& c = config_;
-  const DType cd = c.compute_dtype;
+  const DType cd = ExpertRowDType(c);
+  const bool fp8 = c.compute_dtype == DType::kFloat8E4M3;
   const size_t cs = DTypeSize(cd);
   const int64_t H = c.hidden, F = c.ffn, up = UpWidth(c);
   const DispatchPlan& plan = s.plan;
@@ -37,16 +77,23 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   void* y = w.y_expert.data();
   const char* wi = static_cast<const char*>(ComputeWeights(*Find("wi")));
   const char* wo = static_cast<const char*>(ComputeWeights(*Find("wo")));
-  // h = X_e . wi_e   ([rows, H] x [H, up])
-  RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
-    GemmArgs g;
-    g.m = m, g.n = up, g.k = H;
-    g.a = static_cast<const char*>(x_expert) + off * H * cs, g.lda = H;
-    g.b = wi + el * H * up * cs, g.ldb = up;
-    g.c = static_cast<char*>(h) + off * up * cs, g.ldc = up;
-    g.ab_type = cd, g.c_type = cd;
-    return g;
-  }));
+  const LayerParam& wi_p = *Find("wi");
+  const LayerParam& wo_p = *Find("wo");
+  // h = X_e . wi_e   ([rows, H] x [H, up]); FP8: quantised X_e times the transposed codes.
+  if (fp8) {
+    RETURN_IF_ERROR(Fp8ExpertGemm(plan.group_rows, x_expert, DType::kFloat8E4M3, H,
+                                  wi_p.compute_t.data(), wi_p.compute_scale.as<float>(), up, h));
+  } else {
+    RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
+      GemmArgs g;
+      g.m = m, g.n = up, g.k = H;
+      g.a = static_cast<const char*>(x_expert) + off * H * cs, g.lda = H;
+      g.b = wi + el * H * up * cs, g.ldb = up;
+      g.c = static_cast<char*>(h) + off * up * cs, g.ldc = up;
+      g.ab_type = cd, g.c_type = cd;
+      return g;
+    }));
+  }
   ActivationArgs aa;
   aa.activation = c.activation, aa.gated = c.gated, aa.rows = plan.expert_rows, aa.ffn = F;
   aa.dtype = cd, aa.h = h, aa.a = act;
@@ -54,15 +101,20 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   aa.group_rows = plan.group_rows;
   RETURN_IF_ERROR(backend_->ActivationForward(aa));
   // y = a . wo_e   ([rows, F] x [F, H])
-  RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
-    GemmArgs g;
-    g.m = m, g.n = H, g.k = F;
-    g.a = static_cast<const char*>(act) + off * F * cs, g.lda = F;
-    g.b = wo + el * F * H * cs, g.ldb = H;
-    g.c = static_cast<char*>(y) + off * H * cs, g.ldc = H;
-    g.ab_type = cd, g.c_type = cd;
-    return g;
-  }));
+  if (fp8) {
+    RETURN_IF_ERROR(Fp8ExpertGemm(plan.group_rows, act, DType::kFloat8E4M3, F,
+                                  wo_p.compute_t.data(), wo_p.compute_scale.as<float>(), H, y));
+  } else {
+    RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
+      GemmArgs g;
+      g.m = m, g.n = H, g.k = F;
+      g.a = static_cast<const char*>(act) + off * F * cs, g.lda = F;
+      g.b = wo + el * F * H * cs, g.ldb = H;
+      g.c = static_cast<char*>(y) + off * H * cs, g.ldc = H;
+      g.ab_type = cd, g.c_type = cd;
+      return g;
+    }));
+  }
   if (c.use_bias) {
     RETURN_IF_ERROR(
         backend_->AddGroupBias(y, cd, Find("wo_bias")->master.as<float>(), H, plan.group_rows));
@@ -72,7 +124,8 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
 
 absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, void* d_x_expert) {
   const LayerConfig& c = config_;
-  const DType cd = c.compute_dtype;
+  const DType cd = ExpertRowDType(c);
+  const bool fp8 = c.compute_dtype == DType::kFloat8E4M3;
   const size_t cs = DTypeSize(cd);
   const int64_t H = c.hidden, F = c.ffn, up = UpWidth(c);
   const DispatchPlan& plan = s.plan;
@@ -82,17 +135,22 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   const char* wo_c = static_cast<const char*>(ComputeWeights(wo));
   const char* dy = static_cast<const char*>(d_y);
   ASSIGN_OR_RETURN(Buffer d_act, backend_->Allocate(plan.expert_rows * F * cs));
-  // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H])
-  RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
-    GemmArgs g;
-    g.trans_b = true;
-    g.m = m, g.n = F, g.k = H;
-    g.a = dy + off * H * cs, g.lda = H;
-    g.b = wo_c + el * F * H * cs, g.ldb = H;
-    g.c = d_act.as<char>() + off * F * cs, g.ldc = F;
-    g.ab_type = cd, g.c_type = cd;
-    return g;
-  }));
+  // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]); FP8: d_y quantised.
+  if (fp8) {
+    RETURN_IF_ERROR(Fp8ExpertGemm(plan.group_rows, d_y, kGradientFp8, H, wo.compute.data(),
+                                  wo.compute_scale.as<float>(), F, d_act.data()));
+  } else {
+    RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
+      GemmArgs g;
+      g.trans_b = true;
+      g.m = m, g.n = F, g.k = H;
+      g.a = dy + off * H * cs, g.lda = H;
+      g.b = wo_c + el * F * H * cs, g.ldb = H;
+      g.c = d_act.as<char>() + off * F * cs, g.ldc = F;
+      g.ab_type = cd, g.c_type = cd;
+      return g;
+    }));
+  }
   // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]), fp32 gradient; written (beta = 0) when it is
   // lazily zero (LayerParam), which covers every expert's slice, k = 0 ones included.
   const float wo_beta = wo.grad_zero ? 0.0f : 1.0f;
@@ -138,7 +196,11 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
     RETURN_IF_ERROR(
         backend_->GroupBiasGrad(d_h.data(), cd, up, plan.group_rows, wi_bias.grad.as<float>()));
   }
-  // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up])
+  // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]); FP8: d_h quantised.
+  if (fp8) {
+    return Fp8ExpertGemm(plan.group_rows, d_h.data(), kGradientFp8, up, wi.compute.data(),
+                         wi.compute_scale.as<float>(), H, d_x_expert);
+  }
   return PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
     GemmArgs g;
     g.trans_b = true;

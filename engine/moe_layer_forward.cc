@@ -83,7 +83,7 @@ absl::StatusOr<ForwardResult> MoeLayerImpl::Forward(const Tensor& x,
 
 absl::Status MoeLayerImpl::UploadInput(const Tensor& x, SavedStep& s, ForwardWork& w) {
   const int64_t T = s.tokens, H = config_.hidden;
-  const DType cd = config_.compute_dtype, xt = x.dtype();
+  const DType cd = ExpertRowDType(config_), xt = x.dtype();
   // x as uploaded, its fp32 view (router) and its compute-dtype view (experts).
   ASSIGN_OR_RETURN(Buffer x_in, Upload(x.raw(), x.num_bytes()));
   if (xt == DType::kFloat32) {
@@ -213,7 +213,7 @@ absl::Status MoeLayerImpl::PlanRows(SavedStep& s, ForwardWork& w) {
 
 absl::Status MoeLayerImpl::PermuteAndDispatch(SavedStep& s, ForwardWork& w) {
   const int64_t T = s.tokens, H = config_.hidden, E = config_.num_experts, K = config_.top_k;
-  const DType cd = config_.compute_dtype;
+  const DType cd = ExpertRowDType(config_);
   const size_t cs = DTypeSize(cd);
   const DispatchPlan& plan = s.plan;
   // 8. Permute: local layout [e0 rows | e1 rows | ...] with zero padding rows.
@@ -244,7 +244,7 @@ absl::Status MoeLayerImpl::PermuteAndDispatch(SavedStep& s, ForwardWork& w) {
 
 absl::StatusOr<Tensor> MoeLayerImpl::CombineOutput(SavedStep& s, ForwardWork& w, Tensor* into) {
   const int64_t T = s.tokens, H = config_.hidden, K = config_.top_k;
-  const DType cd = config_.compute_dtype;
+  const DType cd = ExpertRowDType(config_);
   const size_t cs = DTypeSize(cd);
   const DispatchPlan& plan = s.plan;
   // 11. Combine: back to the local layout, then the weighted sum in slot order (fp32).

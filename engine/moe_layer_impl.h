@@ -33,8 +33,12 @@ struct LayerParam {
   std::vector<int64_t> shape;     // this rank's shard
   bool has_grad = true;           // expert_bias has none
   bool grad_zero = true;          // the gradient is all zero; `grad` holds stale bytes
-  bool has_compute_copy = false;  // wi, wo under compute_dtype = BF16
+  bool has_compute_copy = false;  // wi, wo under compute_dtype = BF16 or FP8
   Buffer master, grad, compute;
+  // FP8 only (docs/SPEC.md "FP8"): `compute` holds e4m3 codes in the master's layout
+  // [El, r, c] (the backward's B operand), compute_t each expert transposed [El, c, r] (the
+  // forward's), compute_scale the [El] per-expert dequantisation scales of both.
+  Buffer compute_t, compute_scale;
   Buffer m, v;  // optimizer state (empty until needed)
   int64_t count() const { return NumElements(shape); }
 };
@@ -204,6 +208,12 @@ class MoeLayerImpl : public MoeLayer {
   absl::Status GateBackward(const SavedStep& s, BackwardWork& w);
   // Backward's output: w.d_x cast to s.x_type (into `into` when non-null, as DownloadInto).
   absl::StatusOr<Tensor> DownloadInputGradient(const SavedStep& s, BackwardWork& w, Tensor* into);
+  // FP8 expert GEMMs (moe_layer_experts.cc): GroupedGemm over the local experts of
+  // out = quantised(in) . weights^T, weights [El, n, k] e4m3 codes with [El] scales, `in`
+  // [rows, k] in ExpertRowDType quantised once (one per-tensor scale, `in_fp8` format).
+  absl::Status Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const void* in, DType in_fp8,
+                             int64_t k, const void* weights, const float* weight_scales, int64_t n,
+                             void* out);
   // Backward 3 (moe_layer_experts.cc): accumulates the expert gradients from d_y (expert
   // layout) and writes d_x_expert. Reads s.plan, s.x_expert, s.h, s.act.
   absl::Status ExpertsBackward(const SavedStep& s, const void* d_y, void* d_x_expert);

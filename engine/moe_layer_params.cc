@@ -41,8 +41,9 @@ MoeLayerImpl::MoeLayerImpl(const LayerConfig& config, Backend* backend, Communic
 
 absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled) {
   const LayerConfig& c = config_;
+  RETURN_IF_ERROR(backend_->CheckComputeDType(c));
   const int64_t H = c.hidden, E = c.num_experts, F = c.ffn, up = UpWidth(c), El = local_experts_;
-  const bool bf16 = c.compute_dtype == DType::kBFloat16;
+  const bool low_precision = c.compute_dtype != DType::kFloat32;
   // Expert tensors are initialised in groups of experts of about 4 MiB, each copied into the
   // master at its offset: the host holds one group at a time, and `cancelled` is polled
   // between groups.
@@ -58,7 +59,7 @@ absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled) {
     p.name = name;
     p.shape = std::move(shape);
     p.has_grad = has_grad;
-    p.has_compute_copy = compute_copy && bf16;
+    p.has_compute_copy = compute_copy && low_precision;
     const size_t bytes = static_cast<size_t>(p.count()) * sizeof(float);
     ASSIGN_OR_RETURN(p.master, backend_->Allocate(bytes));
     if (init != nullptr) {
@@ -84,6 +85,10 @@ absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled) {
     }
     if (p.has_compute_copy) {
       ASSIGN_OR_RETURN(p.compute, backend_->Allocate(p.count() * DTypeSize(c.compute_dtype)));
+      if (c.compute_dtype == DType::kFloat8E4M3) {
+        ASSIGN_OR_RETURN(p.compute_t, backend_->Allocate(p.count()));
+        ASSIGN_OR_RETURN(p.compute_scale, backend_->Allocate(p.shape[0] * sizeof(float)));
+      }
       RETURN_IF_ERROR(RefreshComputeCopy(p));
     }
     params_.push_back(std::move(p));
@@ -120,6 +125,18 @@ const LayerParam* MoeLayerImpl::Find(const std::string& name) const {
 
 absl::Status MoeLayerImpl::RefreshComputeCopy(LayerParam& p) {
   if (!p.has_compute_copy) return absl::OkStatus();
+  if (config_.compute_dtype == DType::kFloat8E4M3) {
+    // Per expert [r, c]: the codes as stored, then transposed; both get the same scales.
+    QuantizeArgs q;
+    q.src = p.master.data(), q.src_type = DType::kFloat32;
+    q.batch = p.shape[0], q.rows = p.shape[1], q.cols = p.shape[2];
+    q.fp8 = DType::kFloat8E4M3;
+    q.dst = p.compute.data(), q.scale = p.compute_scale.as<float>();
+    RETURN_IF_ERROR(backend_->QuantizeFp8(q));
+    q.transpose = true;
+    q.dst = p.compute_t.data();
+    return backend_->QuantizeFp8(q);
+  }
   return backend_->Convert(p.master.data(), DType::kFloat32, p.compute.data(),
                            config_.compute_dtype, p.count());
 }

@@ -60,13 +60,13 @@ absl::StatusOr<LayerConfig> ConfigFromProto(const v1::LayerConfig& p) {
   c.use_bias = p.use_bias();
   if (p.compute_dtype().empty()) {
     c.compute_dtype = kDefaultComputeDType;
-  } else if (p.compute_dtype() == "FP32") {
-    c.compute_dtype = DType::kFloat32;
-  } else if (p.compute_dtype() == "BF16") {
-    c.compute_dtype = DType::kBFloat16;
   } else {
-    return Invalid("config.compute_dtype",
-                   absl::StrCat("\"", p.compute_dtype(), "\" is not FP32 or BF16"));
+    absl::StatusOr<DType> dtype = ParseComputeDType(p.compute_dtype());
+    if (!dtype.ok()) {
+      return Invalid("config.compute_dtype",
+                     absl::StrCat("\"", p.compute_dtype(), "\" is not FP32, BF16 or FP8"));
+    }
+    c.compute_dtype = *dtype;
   }
   c.init_seed = p.init_seed();
   return c;
@@ -105,7 +105,7 @@ v1::LayerConfig ConfigToProto(const LayerConfig& c) {
   }
   p.set_gated(c.gated);
   p.set_use_bias(c.use_bias);
-  p.set_compute_dtype(DTypeName(c.compute_dtype));
+  p.set_compute_dtype(ComputeDTypeName(c.compute_dtype));
   p.set_init_seed(c.init_seed);
   return p;
 }

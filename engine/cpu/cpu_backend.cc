@@ -65,6 +65,9 @@ class CpuBackend : public Backend {
   size_t peak_allocated_bytes() const override { return peak_.load(); }
 
   absl::Status Gemm(const GemmArgs& args) override { return cpu::Gemm(args, threads_); }
+  absl::Status QuantizeFp8(const QuantizeArgs& args) override {
+    return cpu::QuantizeFp8(args, threads_);
+  }
 
   absl::Status Convert(const void* src, DType src_type, void* dst, DType dst_type,
                        int64_t count) override {

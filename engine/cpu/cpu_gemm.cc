@@ -47,6 +47,7 @@ absl::Status CheckFloatType(const char* op, const char* field, DType type) {
 }
 
 absl::Status Gemm(const GemmArgs& g, int threads) {
+  if (g.is_fp8() || g.b_fp8 != DType::kFloat32) return Fp8Gemm(g, threads);
   if (g.m < 0 || g.n < 0 || g.k < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("Gemm: negative size m=", g.m, " n=", g.n, " k=", g.k));

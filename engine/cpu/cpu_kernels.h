@@ -31,6 +31,10 @@ absl::Status CheckFloatType(const char* op, const char* field, DType type);
 // cpu_gemm.cc
 absl::Status Gemm(const GemmArgs& args, int threads);
 
+// cpu_fp8.cc (Gemm hands FP8 operands to Fp8Gemm)
+absl::Status QuantizeFp8(const QuantizeArgs& args, int threads);
+absl::Status Fp8Gemm(const GemmArgs& args, int threads);
+
 // cpu_router.cc
 absl::Status RouterForward(const RouterForwardArgs& args, int threads);
 absl::Status RouterBackward(const RouterBackwardArgs& args, int threads);

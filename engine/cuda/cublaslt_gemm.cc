@@ -19,7 +19,37 @@ struct CublasLtGemm::Plan {
 
 namespace {
 
-cudaDataType_t CudaType(DType t) { return t == DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_32F; }
+cudaDataType_t CudaType(DType t) {
+  switch (t) {
+    case DType::kBFloat16:
+      return CUDA_R_16BF;
+    case DType::kFloat8E4M3:
+      return CUDA_R_8F_E4M3;
+    case DType::kFloat8E5M2:
+      return CUDA_R_8F_E5M2;
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// The element types of our A and B (FP8 operands: a_fp8 / b_fp8, else ab_type for both).
+DType TypeOfA(const GemmArgs& g) { return g.is_fp8() ? g.a_fp8 : g.ab_type; }
+DType TypeOfB(const GemmArgs& g) { return g.is_fp8() ? g.b_fp8 : g.ab_type; }
+
+// FP8 GEMMs read their operands' dequantisation scales through the descriptor (cuBLASLt's A
+// is our B, so its A scale is our b_scale). The plan's descriptor is shared by every call in
+// the plan's bucket, so the pointers are set right before each enqueue (the Backend contract
+// serialises calls; cublasLtMatmul reads the descriptor when it is called).
+absl::Status SetScalePointers(const GemmArgs& g, cublasLtMatmulDescOpaque_t* desc) {
+  if (!g.is_fp8()) return absl::OkStatus();
+  const void* a_scale = g.b_scale;
+  const void* b_scale = g.a_scale;
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+      desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+  return absl::OkStatus();
+}
 
 // Rounds a dimension up to its bucket: multiples of 32 up to 256, then 4 buckets per octave.
 int64_t Bucket(int64_t v) {
@@ -47,12 +77,11 @@ struct Layouts {
 absl::Status InitLayouts(const GemmArgs& g, int64_t m, int64_t n, int64_t k, int64_t lda,
                          int64_t ldb, int64_t ldc, Layouts* out) {
   // cuBLASLt A = op(B)^T, [n, k]: stored [n, k] (no transpose) or [k, n] (transposed).
-  const cudaDataType_t ab = CudaType(g.ab_type);
-  CUBLASLT_RETURN_IF_ERROR(
-      cublasLtMatrixLayoutInit(&out->a, ab, g.trans_b ? k : n, g.trans_b ? n : k, ldb));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&out->a, CudaType(TypeOfB(g)),
+                                                    g.trans_b ? k : n, g.trans_b ? n : k, ldb));
   // cuBLASLt B = op(A)^T, [k, m]: stored [k, m] (no transpose) or [m, k] (transposed).
-  CUBLASLT_RETURN_IF_ERROR(
-      cublasLtMatrixLayoutInit(&out->b, ab, g.trans_a ? m : k, g.trans_a ? k : m, lda));
+  CUBLASLT_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&out->b, CudaType(TypeOfA(g)),
+                                                    g.trans_a ? m : k, g.trans_a ? k : m, lda));
   CUBLASLT_RETURN_IF_ERROR(cublasLtMatrixLayoutInit(&out->c, CudaType(g.c_type), n, m, ldc));
   return absl::OkStatus();
 }
@@ -90,6 +119,9 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(const
                                                           &op_a, sizeof(op_a)));
   CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(&plan->desc, CUBLASLT_MATMUL_DESC_TRANSB,
                                                           &op_b, sizeof(op_b)));
+  // FP8 (our trans_b = true, trans_a = false: cuBLASLt's "TN", the one FP8 layout Hopper
+  // supports) with fp32 accumulation and the default split accumulator (no fast accumulate).
+  RETURN_IF_ERROR(SetScalePointers(g, &plan->desc));
   // Leading dimensions for the query: packed at the queried size (alignment is in the key).
   const int64_t lda = g.trans_a ? m : k, ldb = g.trans_b ? k : n, ldc = n;
   Layouts layouts;
@@ -116,9 +148,9 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(const
       static_cast<cublasLtHandle_t>(handle_), &plan->desc, &layouts.a, &layouts.b, &layouts.c,
       &layouts.c, &pref, 1, &result, &found));
   if (found == 0) {
-    return absl::UnimplementedError(absl::StrCat("cuBLASLt has no algorithm for GEMM m=", m,
-                                                 " n=", n, " k=", k, " ab=", DTypeName(g.ab_type),
-                                                 " c=", DTypeName(g.c_type)));
+    return absl::UnimplementedError(absl::StrCat(
+        "cuBLASLt has no algorithm for GEMM m=", m, " n=", n, " k=", k,
+        " a=", DTypeName(TypeOfA(g)), " b=", DTypeName(TypeOfB(g)), " c=", DTypeName(g.c_type)));
   }
   plan->algo = result.algo;
   return plan;
@@ -126,14 +158,14 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(const
 
 absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
                                size_t workspace_bytes) {
-  const size_t ab_size = DTypeSize(g.ab_type), c_size = DTypeSize(g.c_type);
-  const int alignment_bits = AlignmentBytes(g.a, g.lda, ab_size) |
-                             (AlignmentBytes(g.b, g.ldb, ab_size) << 8) |
+  const size_t c_size = DTypeSize(g.c_type);
+  const int alignment_bits = AlignmentBytes(g.a, g.lda, DTypeSize(TypeOfA(g))) |
+                             (AlignmentBytes(g.b, g.ldb, DTypeSize(TypeOfB(g))) << 8) |
                              (AlignmentBytes(g.c, g.ldc, c_size) << 16);
   const int64_t bm = Bucket(g.m), bn = Bucket(g.n), bk = Bucket(g.k);
-  const Key key{
-      g.trans_a, g.trans_b,     static_cast<int>(g.ab_type), static_cast<int>(g.c_type), bm, bn,
-      bk,        alignment_bits};
+  const int operand_types = static_cast<int>(TypeOfA(g)) * 16 + static_cast<int>(TypeOfB(g));
+  const Key key{g.trans_a, g.trans_b, operand_types, static_cast<int>(g.c_type), bm,
+                bn,        bk,        alignment_bits};
   std::shared_ptr<Plan> plan;
   {
     absl::MutexLock lock(&mu_);
@@ -147,6 +179,7 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
   }
   Layouts layouts;
   RETURN_IF_ERROR(InitLayouts(g, g.m, g.n, g.k, g.lda, g.ldb, g.ldc, &layouts));
+  RETURN_IF_ERROR(SetScalePointers(g, &plan->desc));
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   cublasStatus_t st = cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), &plan->desc, &g.alpha,
                                      g.b, &layouts.a, g.a, &layouts.b, &g.beta, g.c, &layouts.c,

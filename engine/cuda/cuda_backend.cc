@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_backend_impl.h"
 #include "engine/cuda/cuda_status.h"
+#include "engine/fp8.h"
 #include "engine/status_macros.h"
 
 namespace moe {
@@ -289,7 +290,16 @@ absl::Status CudaBackend::CheckGemm(const GemmArgs& g) const {
     return absl::InvalidArgumentError(absl::StrCat("Gemm: ", what));
   };
   if (g.m < 0 || g.n < 0 || g.k < 0) return bad("negative dimension");
-  if (!IsKernelType(g.ab_type)) return bad("ab_type");
+  if (g.is_fp8() || g.b_fp8 != DType::kFloat32) {
+    if (!IsFp8(g.a_fp8) || !IsFp8(g.b_fp8)) return bad("a_fp8 and b_fp8 must both be FP8 types");
+    if (g.a_fp8 == DType::kFloat8E5M2 && g.b_fp8 == DType::kFloat8E5M2) {
+      return bad("FP8 operands cannot both be E5M2");
+    }
+    if (g.trans_a || !g.trans_b) return bad("FP8 operands need trans_a = false, trans_b = true");
+    if (g.a_scale == nullptr || g.b_scale == nullptr) return bad("FP8 operands need scales");
+  } else if (!IsKernelType(g.ab_type)) {
+    return bad("ab_type");
+  }
   if (!IsKernelType(g.c_type)) return bad("c_type");
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
   if (g.c == nullptr || g.ldc < g.n) return bad("c is null or ldc < n");

@@ -44,6 +44,10 @@ class CudaBackend : public Backend {
   size_t allocated_bytes() const override;
   size_t peak_allocated_bytes() const override;
 
+  // FP8 (cuda_backend_fp8.cc): compute capability >= 8.9, H and F multiples of 16.
+  absl::Status CheckComputeDType(const LayerConfig& config) const override;
+  absl::Status QuantizeFp8(const QuantizeArgs& args) override;
+
   absl::Status Gemm(const GemmArgs& args) override;
   absl::Status GroupedGemm(absl::Span<const GemmArgs> gemms) override;
   absl::Status Convert(const void* src, DType src_type, void* dst, DType dst_type,

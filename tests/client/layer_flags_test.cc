@@ -84,8 +84,19 @@ TEST_F(LayerFlagsTest, EveryFlagReachesItsField) {
   EXPECT_EQ(ConfigToString(*engine), ConfigToString(*ConfigFromProto(ConfigToProto(*engine))));
 }
 
+TEST_F(LayerFlagsTest, Fp8ComputeDType) {
+  absl::FlagSaver saver;
+  Parse({"--compute_dtype=fp8"});
+  auto config = LayerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->compute_dtype(), "FP8");
+  auto engine = ConfigFromProto(*config);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ(engine->compute_dtype, DType::kFloat8E4M3);
+}
+
 TEST_F(LayerFlagsTest, UnknownNamesAreInvalidArgumentNamingTheFlag) {
-  for (const char* flag : {"--score_function=tanh", "--activation=swish", "--compute_dtype=fp8"}) {
+  for (const char* flag : {"--score_function=tanh", "--activation=swish", "--compute_dtype=fp16"}) {
     absl::FlagSaver saver;
     Parse({flag});
     auto config = LayerConfigFromFlags();

@@ -103,7 +103,27 @@ TEST(ConfigTest, NumericKnobs) {
   ExpectInvalid(c, 1, "scaling_factor", "> 0");
   c = Tiny();
   c.compute_dtype = DType::kFloat64;
-  ExpectInvalid(c, 1, "compute_dtype", "FP32 or BF16");
+  ExpectInvalid(c, 1, "compute_dtype", "FP32, BF16 or FP8");
+  c.compute_dtype = DType::kFloat8E5M2;  // e5m2 is an operand format, not a compute dtype
+  ExpectInvalid(c, 1, "compute_dtype", "FP32, BF16 or FP8");
+  c.compute_dtype = DType::kFloat8E4M3;  // "FP8"
+  EXPECT_TRUE(ValidateConfig(c, 1).ok());
+}
+
+TEST(ConfigTest, ComputeDTypeNames) {
+  EXPECT_STREQ(ComputeDTypeName(DType::kFloat8E4M3), "FP8");
+  EXPECT_STREQ(ComputeDTypeName(DType::kBFloat16), "BF16");
+  EXPECT_EQ(*ParseComputeDType("FP8"), DType::kFloat8E4M3);
+  EXPECT_EQ(*ParseComputeDType("FP32"), DType::kFloat32);
+  EXPECT_FALSE(ParseComputeDType("FP8_E4M3").ok());
+  EXPECT_FALSE(ParseComputeDType("FP64").ok());
+  LayerConfig c = Tiny();
+  c.compute_dtype = DType::kFloat8E4M3;
+  EXPECT_NE(ConfigToString(c).find("compute_dtype=FP8 "), std::string::npos) << ConfigToString(c);
+  absl::StatusOr<LayerConfig> back = ConfigFromString(ConfigToString(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->compute_dtype, DType::kFloat8E4M3);
+  EXPECT_EQ(ExpertRowDType(c), DType::kBFloat16);
 }
 
 // An absurd align_size must be refused up front: rounding the per-expert row counts up to it

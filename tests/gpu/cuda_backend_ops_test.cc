@@ -2,9 +2,13 @@
 // tagged manual). Index outputs must match exactly, float outputs within fp32 rounding (or one
 // bf16 ulp where the result is stored as bf16).
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 
+#include "engine/fp8.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/backend_pair.h"
 
@@ -106,6 +110,113 @@ TEST(CudaOps, GroupedGemmMatchesCpu) {
     return be->GroupedGemm(gemms);
   });
   EXPECT_LE(MaxRelError(bp.DownloadBf16(Y, total * N)), 1e-2);
+}
+
+// FP8 quantisation: the GPU's codes and scales are bitwise the CPU emulation's (docs/SPEC.md
+// "FP8"), for fp32 and bf16 sources, both formats, as stored and transposed, several matrices
+// with their own scales, ties, saturation-sized values and NaN.
+TEST(CudaOps, QuantizeFp8IsBitwiseTheEmulation) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  struct Case {
+    int64_t batch, rows, cols;
+  };
+  const Case cases[] = {{1, 1000, 256}, {3, 37, 53}, {2, 64, 96}, {1, 1, 8}, {4, 0, 16}};
+  uint64_t seed = 900;
+  for (const Case& qc : cases) {
+    const int64_t n = qc.batch * qc.rows * qc.cols;
+    std::vector<float> v = RandomFloats(n, seed++, 3.0f);
+    if (n > 10) {
+      v[1] = 1e30f;  // a matrix with a huge amax
+      v[5] = -0.0f;
+      v[7] = NAN;  // ignored by amax, stays NaN
+    }
+    for (DType src_type : {DType::kFloat32, DType::kBFloat16}) {
+      Mirrored src = src_type == DType::kFloat32 ? bp.Upload(v) : bp.Upload(FloatsToBf16(v));
+      for (DType fp8 : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+        for (bool transpose : {false, true}) {
+          Mirrored dst = bp.Output(std::max<int64_t>(n, 1));
+          Mirrored scale = bp.Output(qc.batch * sizeof(float));
+          Both(bp, [&](Backend* be, bool g) {
+            QuantizeArgs q;
+            q.src = P(src, g), q.src_type = src_type;
+            q.batch = qc.batch, q.rows = qc.rows, q.cols = qc.cols, q.transpose = transpose;
+            q.fp8 = fp8, q.dst = P(dst, g), q.scale = P<float>(scale, g);
+            return be->QuantizeFp8(q);
+          });
+          Results<uint8_t> codes = bp.Download<uint8_t>(dst, n);
+          Results<float> scales = bp.Download<float>(scale, qc.batch);
+          SCOPED_TRACE(testing::Message()
+                       << qc.batch << "x" << qc.rows << "x" << qc.cols << " " << DTypeName(src_type)
+                       << "->" << DTypeName(fp8) << (transpose ? " transposed" : ""));
+          EXPECT_EQ(std::memcmp(scales.cpu.data(), scales.gpu.data(), qc.batch * sizeof(float)), 0);
+          // Equal values (NaN = NaN, -0 = +0: whether the hardware keeps the sign of an
+          // underflow is not the emulation's business); codes that differ are counted too.
+          int value_mismatches = 0, code_mismatches = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const float a = Fp8ToFloat(codes.cpu[i], fp8), b = Fp8ToFloat(codes.gpu[i], fp8);
+            if (!(a == b || (std::isnan(a) && std::isnan(b)))) ++value_mismatches;
+            if (codes.cpu[i] != codes.gpu[i]) ++code_mismatches;
+          }
+          EXPECT_EQ(value_mismatches, 0);
+          if (code_mismatches > 0) {
+            std::printf("QuantizeFp8: %d codes differ only as NaN payload or signed zero\n",
+                        code_mismatches);
+          }
+        }
+      }
+    }
+  }
+}
+
+// FP8 GEMMs (A . B^T, e4m3 x e4m3 and e5m2 x e4m3, bf16 and fp32 out, grouped with per-expert
+// scales) against the CPU emulation.
+TEST(CudaOps, Fp8GemmMatchesEmulation) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  const int64_t n = 96, k = 128, experts = 5;
+  std::vector<int64_t> rows = {0, 33, 1, 200, 17};
+  const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  Mirrored X = bp.Upload(FloatsToBf16(RandomFloats(total * k, 31)));
+  Mirrored W = bp.Upload(RandomFloats(experts * n * k, 32, 0.05f));
+  Mirrored Xq = bp.Output(total * k), Wq = bp.Output(experts * n * k);
+  Mirrored xs = bp.Output(sizeof(float)), ws = bp.Output(experts * sizeof(float));
+  for (DType a_fp8 : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+    for (DType c_type : {DType::kBFloat16, DType::kFloat32}) {
+      Mirrored Y = bp.Output(total * n * 4);
+      Both(bp, [&](Backend* be, bool g) {
+        QuantizeArgs q;
+        q.src = P(X, g), q.src_type = DType::kBFloat16, q.rows = total, q.cols = k;
+        q.fp8 = a_fp8, q.dst = P(Xq, g), q.scale = P<float>(xs, g);
+        absl::Status st = be->QuantizeFp8(q);
+        if (!st.ok()) return st;
+        q.src = P(W, g), q.src_type = DType::kFloat32, q.batch = experts, q.rows = n;
+        q.fp8 = DType::kFloat8E4M3, q.dst = P(Wq, g), q.scale = P<float>(ws, g);
+        st = be->QuantizeFp8(q);
+        if (!st.ok()) return st;
+        std::vector<GemmArgs> gemms;
+        int64_t off = 0;
+        for (int64_t e = 0; e < experts; ++e) {
+          GemmArgs a;
+          a.trans_b = true;
+          a.m = rows[e], a.n = n, a.k = k;
+          a.a = P<uint8_t>(Xq, g) + off * k, a.lda = k;
+          a.b = P<uint8_t>(Wq, g) + e * n * k, a.ldb = k;
+          a.c = P<char>(Y, g) + off * n * DTypeSize(c_type), a.ldc = n;
+          a.c_type = c_type;
+          a.a_fp8 = a_fp8, a.b_fp8 = DType::kFloat8E4M3;
+          a.a_scale = P<float>(xs, g), a.b_scale = P<float>(ws, g) + e;
+          gemms.push_back(a);
+          off += rows[e];
+        }
+        return be->GroupedGemm(gemms);
+      });
+      Results<float> r = c_type == DType::kBFloat16 ? bp.DownloadBf16(Y, total * n)
+                                                    : bp.Download<float>(Y, total * n);
+      EXPECT_LE(MaxRelError(r), c_type == DType::kBFloat16 ? 1e-2 : 1e-4)
+          << DTypeName(a_fp8) << " -> " << DTypeName(c_type);
+    }
+  }
 }
 
 TEST(CudaOps, ConvertAddOptimizer) {

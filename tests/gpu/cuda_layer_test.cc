@@ -1,11 +1,16 @@
 // The whole layer on the GPU vs the CPU backend (GPU machine only; tagged manual): the same
 // config, the CPU layer's parameters copied into the GPU layer, the same x and d_out; outputs,
-// losses, counts, d_x and every gradient must agree (fp32 rel. <= 1e-4, bf16 <= 2e-2), and
-// two GPU runs must agree bit for bit. The GPU layer's communicator is NCCL with one rank.
+// losses, counts, d_x and every gradient must agree (fp32 rel. <= 1e-4, bf16 <= 2e-2, FP8
+// against the CPU's exact FP8 emulation <= 3e-2, docs/SPEC.md "FP8"), and two GPU runs must
+// agree bit for bit. FP8 is also checked against the fp64 reference (SPEC's looser FP8
+// tolerances) and refused where it cannot run. The GPU layer's communicator is NCCL with one
+// rank.
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -14,9 +19,13 @@
 #include "engine/comm/nccl_communicator.h"
 #include "engine/cpu/cpu_backend.h"
 #include "engine/cuda/cuda_backend.h"
+#include "engine/fp8.h"
 #include "engine/moe_layer.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/backend_pair.h"
+#include "tests/reference/engine_adapter.h"
+#include "tests/reference/finite_difference.h"
+#include "tests/reference/reference_moe.h"
 
 namespace moe {
 namespace gpu_test {
@@ -97,6 +106,32 @@ std::vector<LayerCase> Cases() {
     LayerCase c{"silu_odd_width_bf16", Base(72, 52, 8, 2, bf16), 77};
     v.push_back(c);
   }
+  // FP8 (hidden and ffn multiples of 16, as CUDA's FP8 GEMMs need).
+  const DType fp8 = DType::kFloat8E4M3;
+  {
+    LayerCase c{"softmax_aux_z_fp8", Base(128, 256, 8, 2, fp8), 256};
+    c.config.aux_loss_coeff = 1e-2, c.config.z_loss_coeff = 1e-3;
+    v.push_back(c);
+  }
+  {
+    LayerCase c{"dsv3_like_fp8", Base(128, 64, 64, 8, fp8), 256};
+    LayerConfig& k = c.config;
+    k.score_function = ScoreFunction::kSigmoid, k.num_groups = 8, k.group_topk = 4;
+    k.use_expert_bias = true, k.aux_loss_coeff = 1e-3, k.z_loss_coeff = 1e-3;
+    k.align_size = 16, k.capacity_factor = 1.25, k.scaling_factor = 2.5;
+    v.push_back(c);
+  }
+  {
+    LayerCase c{"bias_gelu_plain_fp8", Base(64, 128, 16, 4, fp8), 200};
+    c.config.use_bias = true, c.config.activation = Activation::kGelu, c.config.gated = false;
+    v.push_back(c);
+  }
+  {
+    LayerCase c{"hot_expert_odd_tokens_fp8", Base(64, 96, 8, 2, fp8), 77};
+    c.hot = true;
+    v.push_back(c);
+  }
+  v.push_back({"zero_tokens_fp8", Base(32, 32, 8, 2, fp8), 0});
   return v;
 }
 
@@ -134,6 +169,15 @@ std::vector<float> Floats(const Tensor& t) {
   for (int64_t i = 0; i < t.num_elements(); ++i) v[i] = t.GetFloat(i);
   return v;
 }
+
+// docs/SPEC.md "FP8": max-relative error of the GPU's FP8 layer against the CPU's emulation
+// (the same codes and scales for the same inputs; the fp32 sums of the tensor cores differ in
+// order, so a bf16 h or act may differ by an ulp and then round to a neighbouring e4m3 code).
+constexpr double kFp8VsEmulation = 3e-2;
+// Norm-wise relative error against the fp64 reference fed the e4m3-rounded weights (as
+// tests/engine/fp8_layer_test.cc).
+constexpr double kFp8VsReferenceOut = 8e-2;
+constexpr double kFp8VsReferenceGrad = 1e-1;
 
 class CudaLayer : public ::testing::TestWithParam<LayerCase> {};
 
@@ -180,8 +224,8 @@ TEST_P(CudaLayer, MatchesCpuAndIsDeterministic) {
   if (lc.hot) {
     for (float& v : xv) v = std::fabs(v);
   }
-  const Tensor x = MakeInput(xv, T, H, c.compute_dtype);
-  const Tensor d_out = MakeInput(dv, T, H, c.compute_dtype);
+  const Tensor x = MakeInput(xv, T, H, ExpertRowDType(c));
+  const Tensor d_out = MakeInput(dv, T, H, ExpertRowDType(c));
   auto ref_or = Step(cpu_layer.get(), x, d_out);
   ASSERT_TRUE(ref_or.ok()) << ref_or.status();
   auto got_or = Step(gpu_layer.get(), x, d_out);
@@ -189,7 +233,9 @@ TEST_P(CudaLayer, MatchesCpuAndIsDeterministic) {
   const StepOutput& ref = ref_or.value();
   const StepOutput& got = got_or.value();
 
-  const double tol = c.compute_dtype == DType::kBFloat16 ? 2e-2 : 1e-4;
+  const double tol = c.compute_dtype == DType::kFloat8E4M3 ? kFp8VsEmulation
+                     : c.compute_dtype == DType::kBFloat16 ? 2e-2
+                                                           : 1e-4;
   EXPECT_EQ(got.fwd.tokens_per_expert, ref.fwd.tokens_per_expert);
   EXPECT_LE(MaxRelError(Floats(got.fwd.out), Floats(ref.fwd.out)), tol) << "out";
   EXPECT_NEAR(got.fwd.aux_loss, ref.fwd.aux_loss, 1e-4 * std::max(1.0, ref.fwd.aux_loss));
@@ -225,6 +271,96 @@ TEST_P(CudaLayer, MatchesCpuAndIsDeterministic) {
     const Tensor b = cpu_layer->GetParameter(name).value();
     EXPECT_LE(MaxRelError(Floats(a), Floats(b)), tol) << "parameter " << name;
   }
+}
+
+std::vector<double> RoundExpertsToE4M3(const std::vector<double>& w, int64_t experts) {
+  const size_t per = w.size() / experts;
+  std::vector<double> out(w.size());
+  for (int64_t e = 0; e < experts; ++e) {
+    float amax = 0;
+    for (size_t i = 0; i < per; ++i)
+      amax = std::fmax(amax, std::fabs(static_cast<float>(w[e * per + i])));
+    const float scale = Fp8Scale(amax, DType::kFloat8E4M3);
+    for (size_t i = 0; i < per; ++i) {
+      const uint8_t q = FloatToFp8(static_cast<float>(w[e * per + i]) / scale, DType::kFloat8E4M3);
+      out[e * per + i] = static_cast<double>(Fp8ToFloat(q, DType::kFloat8E4M3)) * scale;
+    }
+  }
+  return out;
+}
+
+// The GPU FP8 layer against the fp64 reference (tests/reference) on the same weights.
+TEST(CudaFp8, MatchesFp64Reference) {
+  if (CudaDeviceCount() == 0) {
+    if (std::getenv("MOED_REQUIRE_GPU") != nullptr) FAIL() << "no GPU";
+    GTEST_SKIP() << "no GPU";
+  }
+  for (bool sigmoid : {false, true}) {
+    LayerConfig c = Base(128, 192, 16, 4, DType::kFloat8E4M3);
+    c.aux_loss_coeff = 1e-2, c.z_loss_coeff = 1e-3;
+    if (sigmoid) c.score_function = ScoreFunction::kSigmoid, c.use_bias = true;
+    SCOPED_TRACE(ConfigToString(c));
+    auto gpu_or = MakeCudaBackend(0);
+    ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+    std::unique_ptr<Backend> gpu = std::move(gpu_or).value();
+    auto nccl_or = MakeNcclCommunicator(std::make_shared<MemoryKeyValueStore>(),
+                                        sigmoid ? "t/fp8ref1" : "t/fp8ref0", 0, 1, 0, gpu->stream(),
+                                        CommOptions{});
+    ASSERT_TRUE(nccl_or.ok()) << nccl_or.status();
+    std::unique_ptr<Communicator> nccl = std::move(nccl_or).value();
+    auto layer_or = MoeLayer::Create(c, gpu.get(), nccl.get());
+    ASSERT_TRUE(layer_or.ok()) << layer_or.status();
+    auto layer = std::move(layer_or).value();
+    std::mt19937_64 rng(sigmoid ? 17 : 16);
+    moe_ref::RefParams p = moe_ref::ReadParams(*layer).value();
+    if (c.use_bias) {
+      p.wi_bias = moe_ref::RandomNormal(p.wi_bias.size(), 0.1, &rng);
+      p.wo_bias = moe_ref::RandomNormal(p.wo_bias.size(), 0.1, &rng);
+      ASSERT_TRUE(moe_ref::WriteParams(p, layer.get()).ok());
+    }
+    const int64_t T = 300, H = c.hidden;
+    const std::vector<double> xd = moe_ref::ToDoubles(
+        moe_ref::FromDoubles(moe_ref::RandomNormal(T * H, 1.0, &rng), {T, H}, DType::kFloat32));
+    const Tensor x = moe_ref::FromDoubles(xd, {T, H}, DType::kFloat32);
+    const Tensor d_out =
+        moe_ref::FromDoubles(moe_ref::RandomNormal(T * H, 1.0, &rng), {T, H}, DType::kFloat32);
+    auto step = moe_ref::RunStep(layer.get(), x, &d_out, 0.7, 1.3);
+    ASSERT_TRUE(step.ok()) << step.status();
+    const moe_ref::RefConfig rc = moe_ref::FromLayerConfig(c);
+    p.wi = RoundExpertsToE4M3(p.wi, c.num_experts);
+    p.wo = RoundExpertsToE4M3(p.wo, c.num_experts);
+    const moe_ref::RefForwardResult ref = moe_ref::RefForward(rc, p, xd, T);
+    const moe_ref::RefGradients grad =
+        moe_ref::RefBackward(rc, p, xd, ref, moe_ref::ToDoubles(d_out), 0.7, 1.3);
+    const moe_ref::RefGradients eg = moe_ref::ReadGradients(*layer).value();
+    using moe_ref::RelativeError;
+    const double out_err = RelativeError(moe_ref::ToDoubles(step->forward.out), ref.out);
+    const double dx_err = RelativeError(moe_ref::ToDoubles(step->d_x), grad.d_x);
+    EXPECT_LE(out_err, kFp8VsReferenceOut) << "out";
+    EXPECT_LE(dx_err, kFp8VsReferenceGrad) << "d_x";
+    EXPECT_LE(RelativeError(eg.d_gate, grad.d_gate), kFp8VsReferenceGrad) << "d_gate";
+    EXPECT_LE(RelativeError(eg.d_wi, grad.d_wi), kFp8VsReferenceGrad) << "d_wi";
+    EXPECT_LE(RelativeError(eg.d_wo, grad.d_wo), kFp8VsReferenceGrad) << "d_wo";
+    std::printf("GPU FP8 vs fp64 (%s): out %.2e d_x %.2e d_wi %.2e d_wo %.2e\n",
+                sigmoid ? "sigmoid+bias" : "softmax", out_err, dx_err,
+                RelativeError(eg.d_wi, grad.d_wi), RelativeError(eg.d_wo, grad.d_wo));
+  }
+}
+
+// FP8 on CUDA needs hidden and ffn multiples of 16: refused with a clear message otherwise.
+TEST(CudaFp8, RefusesShapesItCannotRun) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no GPU";
+  auto gpu_or = MakeCudaBackend(0);
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  std::unique_ptr<Backend> gpu = std::move(gpu_or).value();
+  auto nccl_or = MakeNcclCommunicator(std::make_shared<MemoryKeyValueStore>(), "t/fp8refuse", 0, 1,
+                                      0, gpu->stream(), CommOptions{});
+  ASSERT_TRUE(nccl_or.ok()) << nccl_or.status();
+  std::unique_ptr<Communicator> nccl = std::move(nccl_or).value();
+  auto layer = MoeLayer::Create(Base(72, 52, 8, 2, DType::kFloat8E4M3), gpu.get(), nccl.get());
+  ASSERT_FALSE(layer.ok());
+  EXPECT_EQ(layer.status().code(), absl::StatusCode::kFailedPrecondition) << layer.status();
+  EXPECT_NE(layer.status().message().find("multiples of 16"), std::string::npos) << layer.status();
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CudaLayer, ::testing::ValuesIn(Cases()),

@@ -65,6 +65,17 @@ TEST(ConfigConvertTest, SetFieldsAreKeptAndRoundTrip) {
   EXPECT_EQ(ConfigToString(*back), ConfigToString(*config));
 }
 
+TEST(ConfigConvertTest, Fp8ComputeDTypeRoundTrips) {
+  v1::LayerConfig proto = Shape();
+  proto.set_compute_dtype("FP8");
+  absl::StatusOr<LayerConfig> config = ConfigFromProto(proto);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->compute_dtype, DType::kFloat8E4M3);
+  EXPECT_EQ(ConfigToProto(*config).compute_dtype(), "FP8");
+  proto.set_compute_dtype("FP8_E5M2");  // operand formats are not compute dtypes
+  EXPECT_THAT(ConfigFromProto(proto).status().message(), HasSubstr("config.compute_dtype"));
+}
+
 TEST(ConfigConvertTest, EveryActivationRoundTrips) {
   for (v1::Activation activation :
        {v1::ACTIVATION_SILU, v1::ACTIVATION_GELU, v1::ACTIVATION_RELU, v1::ACTIVATION_LINEAR}) {

@@ -40,7 +40,7 @@ def layer_config(**fields):
     """moe_pb2.LayerConfig from keyword arguments named as in proto/moe.proto.
 
     Strings are accepted for the enums ("softmax", "silu") and for compute_dtype ("fp32",
-    "bf16"); unknown names raise TypeError (caught here, not by the server).
+    "bf16", "fp8"); unknown names raise TypeError (caught here, not by the server).
     """
     fields = dict(fields)
     if isinstance(fields.get("score_function"), str):

@@ -1,0 +1,108 @@
+// FP8 on the CPU: an exact emulation of what the CUDA backend does (docs/SPEC.md "FP8").
+// Quantisation rounds with engine/fp8.h (the same codes and scales as the CUDA kernels); an
+// FP8 GEMM decodes its operands to fp32 (exact) and runs the fp32 GEMM with
+// alpha * (a_scale * b_scale), so only the summation order differs from the tensor cores.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cpu/cpu_kernels.h"
+#include "engine/cpu/parallel.h"
+#include "engine/fp8.h"
+
+namespace moe {
+namespace cpu {
+namespace {
+
+// Decodes a rows x k block of codes (leading dimension ld) into a compact fp32 array.
+std::vector<float> Decode(const void* src, DType fp8, int64_t rows, int64_t k, int64_t ld,
+                          int threads) {
+  float table[256];
+  for (int c = 0; c < 256; ++c) table[c] = Fp8ToFloat(static_cast<uint8_t>(c), fp8);
+  std::vector<float> out(static_cast<size_t>(rows * k));
+  ParallelFor(threads, rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(k, 1)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t r = begin; r < end; ++r) {
+                  const uint8_t* in = static_cast<const uint8_t*>(src) + r * ld;
+                  for (int64_t c = 0; c < k; ++c) out[r * k + c] = table[in[c]];
+                }
+              });
+  return out;
+}
+
+}  // namespace
+
+absl::Status QuantizeFp8(const QuantizeArgs& q, int threads) {
+  if (!IsFp8(q.fp8)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeFp8: fp8 must be FP8_E4M3 or FP8_E5M2, got ", DTypeName(q.fp8)));
+  }
+  if (absl::Status s = CheckFloatType("QuantizeFp8", "src_type", q.src_type); !s.ok()) return s;
+  if (q.batch < 0 || q.rows < 0 || q.cols < 0) {
+    return absl::InvalidArgumentError("QuantizeFp8: negative size");
+  }
+  const int64_t n = q.rows * q.cols;
+  if (q.batch > 0 && (q.scale == nullptr || (n > 0 && (q.src == nullptr || q.dst == nullptr)))) {
+    return absl::InvalidArgumentError("QuantizeFp8: null src, dst or scale");
+  }
+  for (int64_t b = 0; b < q.batch; ++b) {
+    const int64_t base = b * n;
+    // amax: max is exact and order-free, so threads may split it (NaN ignored, as fmaxf).
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; ++i)
+      amax = std::fmax(amax, std::fabs(LoadFloat(q.src, q.src_type, base + i)));
+    const float scale = Fp8Scale(amax, q.fp8);
+    q.scale[b] = scale;
+    uint8_t* dst = static_cast<uint8_t*>(q.dst) + base;
+    ParallelFor(threads, q.rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(q.cols, 1)),
+                [&](int64_t begin, int64_t end) {
+                  for (int64_t r = begin; r < end; ++r) {
+                    for (int64_t c = 0; c < q.cols; ++c) {
+                      const float v = LoadFloat(q.src, q.src_type, base + r * q.cols + c) / scale;
+                      dst[q.transpose ? c * q.rows + r : r * q.cols + c] = FloatToFp8(v, q.fp8);
+                    }
+                  }
+                });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Fp8Gemm(const GemmArgs& g, int threads) {
+  if (!IsFp8(g.a_fp8) || !IsFp8(g.b_fp8) ||
+      (g.a_fp8 == DType::kFloat8E5M2 && g.b_fp8 == DType::kFloat8E5M2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: FP8 operands must be FP8_E4M3/FP8_E5M2 (not both E5M2), got ",
+                     DTypeName(g.a_fp8), " x ", DTypeName(g.b_fp8)));
+  }
+  if (g.trans_a || !g.trans_b) {
+    return absl::InvalidArgumentError("Gemm: FP8 operands need trans_a = false, trans_b = true");
+  }
+  if (g.a_scale == nullptr || g.b_scale == nullptr) {
+    return absl::InvalidArgumentError("Gemm: FP8 operands need a_scale and b_scale");
+  }
+  if (g.m < 0 || g.n < 0 || g.k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: negative size m=", g.m, " n=", g.n, " k=", g.k));
+  }
+  if (g.k > 0 && (g.lda < g.k || g.ldb < g.k || g.a == nullptr || g.b == nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Gemm: bad FP8 A/B (lda=", g.lda, " ldb=", g.ldb, " k=", g.k, ")"));
+  }
+  GemmArgs f = g;
+  f.a_fp8 = f.b_fp8 = DType::kFloat32;
+  f.a_scale = f.b_scale = nullptr;
+  f.ab_type = DType::kFloat32;
+  f.alpha = g.alpha * (*g.a_scale * *g.b_scale);
+  std::vector<float> a, b;
+  if (g.k > 0 && g.m > 0 && g.n > 0) {
+    a = Decode(g.a, g.a_fp8, g.m, g.k, g.lda, threads);
+    b = Decode(g.b, g.b_fp8, g.n, g.k, g.ldb, threads);
+    f.a = a.data(), f.lda = g.k;
+    f.b = b.data(), f.ldb = g.k;
+  }
+  return Gemm(f, threads);
+}
+
+}  // namespace cpu
+}  // namespace moe

@@ -1,0 +1,221 @@
+// FP8 codec (engine/fp8.h) and the CPU backend's FP8 kernels: every code round-trips, rounding
+// is to the nearest value with ties to the even code, saturation, NaN, signed zero, the
+// per-tensor scale, and QuantizeFp8 / FP8 Gemm on the CPU backend against a direct computation.
+#include "engine/fp8.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "engine/cpu/cpu_backend.h"
+#include "gtest/gtest.h"
+
+namespace moe {
+namespace {
+
+constexpr DType kE4M3 = DType::kFloat8E4M3;
+constexpr DType kE5M2 = DType::kFloat8E5M2;
+
+bool IsNanCode(uint8_t code, DType fp8) { return std::isnan(Fp8ToFloat(code, fp8)); }
+
+TEST(Fp8Codec, EveryCodeRoundTrips) {
+  for (DType fp8 : {kE4M3, kE5M2}) {
+    int nans = 0, infinities = 0;
+    for (int c = 0; c < 256; ++c) {
+      const uint8_t code = static_cast<uint8_t>(c);
+      const float v = Fp8ToFloat(code, fp8);
+      SCOPED_TRACE(testing::Message() << DTypeName(fp8) << " code " << c << " value " << v);
+      if (std::isnan(v)) {
+        ++nans;
+        EXPECT_TRUE(IsNanCode(FloatToFp8(v, fp8), fp8));
+      } else if (std::isinf(v)) {
+        ++infinities;  // saturates (SATFINITE)
+        EXPECT_EQ(FloatToFp8(v, fp8), (c & 0x80) | (fp8 == kE4M3 ? 0x7e : 0x7b));
+      } else {
+        EXPECT_EQ(FloatToFp8(v, fp8), code);
+      }
+    }
+    EXPECT_EQ(nans, fp8 == kE4M3 ? 2 : 6);
+    EXPECT_EQ(infinities, fp8 == kE4M3 ? 0 : 2);
+  }
+}
+
+TEST(Fp8Codec, KnownValues) {
+  EXPECT_EQ(Fp8ToFloat(0x38, kE4M3), 1.0f);
+  EXPECT_EQ(Fp8ToFloat(0x7e, kE4M3), 448.0f);
+  EXPECT_EQ(Fp8ToFloat(0x01, kE4M3), std::ldexp(1.0f, -9));
+  EXPECT_EQ(Fp8ToFloat(0x08, kE4M3), std::ldexp(1.0f, -6));  // smallest normal
+  EXPECT_EQ(Fp8ToFloat(0xb8, kE4M3), -1.0f);
+  EXPECT_EQ(Fp8ToFloat(0x3c, kE5M2), 1.0f);
+  EXPECT_EQ(Fp8ToFloat(0x7b, kE5M2), 57344.0f);
+  EXPECT_EQ(Fp8ToFloat(0x01, kE5M2), std::ldexp(1.0f, -16));
+  EXPECT_EQ(Fp8ToFloat(0x7c, kE5M2), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(Fp8Max(kE4M3), 448.0f);
+  EXPECT_EQ(Fp8Max(kE5M2), 57344.0f);
+}
+
+TEST(Fp8Codec, TiesGoToTheEvenCode) {
+  // e4m3 between 1 (0x38) and 1.125 (0x39): even is 0x38; between 1.125 and 1.25: 0x3a.
+  EXPECT_EQ(FloatToFp8(1.0625f, kE4M3), 0x38);
+  EXPECT_EQ(FloatToFp8(1.1875f, kE4M3), 0x3a);
+  EXPECT_EQ(FloatToFp8(std::nextafter(1.0625f, 2.0f), kE4M3), 0x39);
+  EXPECT_EQ(FloatToFp8(std::nextafter(1.1875f, 0.0f), kE4M3), 0x39);
+  // Subnormals: half the smallest subnormal rounds to 0, 1.5 of it to 2 * 2^-9.
+  EXPECT_EQ(FloatToFp8(std::ldexp(1.0f, -10), kE4M3), 0x00);
+  EXPECT_EQ(FloatToFp8(std::ldexp(3.0f, -10), kE4M3), 0x02);
+  EXPECT_EQ(FloatToFp8(std::nextafter(std::ldexp(1.0f, -10), 1.0f), kE4M3), 0x01);
+  // e5m2 between 1 (0x3c) and 1.25 (0x3d): 0x3c; between 1.25 and 1.5: 0x3e.
+  EXPECT_EQ(FloatToFp8(1.125f, kE5M2), 0x3c);
+  EXPECT_EQ(FloatToFp8(1.375f, kE5M2), 0x3e);
+  EXPECT_EQ(FloatToFp8(-1.375f, kE5M2), 0xbe);
+  EXPECT_EQ(FloatToFp8(std::ldexp(1.0f, -17), kE5M2), 0x00);
+}
+
+TEST(Fp8Codec, SaturatesAndKeepsNanAndSignedZero) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(FloatToFp8(449.0f, kE4M3), 0x7e);
+  EXPECT_EQ(FloatToFp8(464.0f, kE4M3), 0x7e);  // max + half an ulp
+  EXPECT_EQ(FloatToFp8(1e30f, kE4M3), 0x7e);
+  EXPECT_EQ(FloatToFp8(-1e30f, kE4M3), 0xfe);
+  EXPECT_EQ(FloatToFp8(inf, kE4M3), 0x7e);
+  EXPECT_EQ(FloatToFp8(-inf, kE4M3), 0xfe);
+  EXPECT_EQ(FloatToFp8(61440.0f, kE5M2), 0x7b);
+  EXPECT_EQ(FloatToFp8(inf, kE5M2), 0x7b);
+  EXPECT_EQ(FloatToFp8(-inf, kE5M2), 0xfb);
+  EXPECT_EQ(FloatToFp8(nan, kE4M3), 0x7f);
+  EXPECT_EQ(FloatToFp8(-nan, kE4M3), 0xff);
+  EXPECT_TRUE(IsNanCode(FloatToFp8(nan, kE5M2), kE5M2));
+  EXPECT_EQ(FloatToFp8(0.0f, kE4M3), 0x00);
+  EXPECT_EQ(FloatToFp8(-0.0f, kE4M3), 0x80);
+  EXPECT_EQ(FloatToFp8(-0.0f, kE5M2), 0x80);
+  EXPECT_EQ(FloatToFp8(-std::ldexp(1.0f, -12), kE4M3), 0x80);  // underflows to -0
+}
+
+// Against a brute-force search over every finite value: nearest, ties to the even code.
+TEST(Fp8Codec, RoundsToNearestOverRandomFloats) {
+  std::mt19937_64 rng(16);
+  for (DType fp8 : {kE4M3, kE5M2}) {
+    const int max_code = fp8 == kE4M3 ? 0x7e : 0x7b;
+    for (int i = 0; i < 20000; ++i) {
+      const float v = std::ldexp(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng),
+                                 std::uniform_int_distribution<int>(-20, 17)(rng));
+      const double a = std::fabs(static_cast<double>(v));
+      int best = 0;
+      for (int c = 1; c <= max_code; ++c) {
+        const double d = std::fabs(Fp8ToFloat(static_cast<uint8_t>(c), fp8) - a);
+        const double db = std::fabs(Fp8ToFloat(static_cast<uint8_t>(best), fp8) - a);
+        if (d < db || (d == db && c % 2 == 0)) best = c;
+      }
+      if (a > Fp8Max(fp8)) best = max_code;
+      const int expected = best | (std::signbit(v) ? 0x80 : 0);
+      ASSERT_EQ(FloatToFp8(v, fp8), expected) << DTypeName(fp8) << " " << v;
+    }
+  }
+}
+
+TEST(Fp8Codec, ScaleIsAmaxOverMaxOrOne) {
+  EXPECT_EQ(Fp8Scale(448.0f, kE4M3), 1.0f);
+  EXPECT_EQ(Fp8Scale(3.5f, kE4M3), 3.5f / 448.0f);
+  EXPECT_EQ(Fp8Scale(57344.0f * 2, kE5M2), 2.0f);
+  EXPECT_EQ(Fp8Scale(0.0f, kE4M3), 1.0f);
+  EXPECT_EQ(Fp8Scale(std::numeric_limits<float>::infinity(), kE4M3), 1.0f);
+  EXPECT_EQ(Fp8Scale(std::numeric_limits<float>::quiet_NaN(), kE4M3), 1.0f);
+  EXPECT_EQ(Fp8Scale(1e-40f, kE4M3), 1.0f);  // the scale would be subnormal
+}
+
+TEST(CpuFp8, QuantizeWritesCodesAndPerMatrixScales) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+  const int64_t batch = 2, rows = 3, cols = 5;
+  std::vector<float> src(batch * rows * cols);
+  std::mt19937_64 rng(3);
+  for (float& v : src) v = std::normal_distribution<float>(0.0f, 1.0f)(rng);
+  src[7] = std::numeric_limits<float>::quiet_NaN();  // ignored by amax, stays NaN
+  src[20] = -100.0f;                                 // matrix 1's amax
+  for (bool transpose : {false, true}) {
+    for (DType fp8 : {kE4M3, kE5M2}) {
+      std::vector<uint8_t> dst(src.size());
+      std::vector<float> scale(batch);
+      QuantizeArgs q;
+      q.src = src.data(), q.src_type = DType::kFloat32;
+      q.batch = batch, q.rows = rows, q.cols = cols, q.transpose = transpose, q.fp8 = fp8;
+      q.dst = dst.data(), q.scale = scale.data();
+      ASSERT_TRUE(backend->QuantizeFp8(q).ok());
+      for (int64_t b = 0; b < batch; ++b) {
+        float amax = 0;
+        for (int64_t i = 0; i < rows * cols; ++i)
+          amax = std::fmax(amax, std::fabs(src[b * rows * cols + i]));
+        EXPECT_EQ(scale[b], Fp8Scale(amax, fp8));
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t c = 0; c < cols; ++c) {
+            const int64_t at = b * rows * cols + (transpose ? c * rows + r : r * cols + c);
+            EXPECT_EQ(dst[at], FloatToFp8(src[b * rows * cols + r * cols + c] / scale[b], fp8));
+          }
+        }
+      }
+      EXPECT_EQ(scale[1], 100.0f / Fp8Max(fp8));
+    }
+  }
+}
+
+TEST(CpuFp8, GemmIsScaledProductOfDecodedOperands) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+  const int64_t m = 7, n = 5, k = 33;
+  std::mt19937_64 rng(4);
+  std::vector<uint8_t> a(m * k), b(n * k);
+  for (uint8_t& v : a) v = static_cast<uint8_t>(rng() % 256);
+  for (uint8_t& v : b) v = static_cast<uint8_t>(rng() % 256);
+  for (uint8_t& v : a)
+    if (IsNanCode(v, kE5M2)) v = 0x11;
+  for (uint8_t& v : b)
+    if (IsNanCode(v, kE4M3)) v = 0x22;
+  for (uint8_t& v : a)
+    if ((v & 0x7f) == 0x7c) v = 0x33;  // no e5m2 infinities
+  const float sa = 0.25f, sb = 3.0f;
+  for (DType c_type : {DType::kFloat32, DType::kBFloat16}) {
+    std::vector<float> c32(m * n, 0.0f);
+    std::vector<uint16_t> c16(m * n, 0);
+    GemmArgs g;
+    g.trans_b = true;
+    g.m = m, g.n = n, g.k = k;
+    g.a = a.data(), g.lda = k, g.b = b.data(), g.ldb = k;
+    g.c = c_type == DType::kFloat32 ? static_cast<void*>(c32.data()) : c16.data(), g.ldc = n;
+    g.c_type = c_type, g.alpha = 2.0f;
+    g.a_fp8 = kE5M2, g.b_fp8 = kE4M3, g.a_scale = &sa, g.b_scale = &sb;
+    ASSERT_TRUE(backend->Gemm(g).ok());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double want = 0, mag = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const double t = static_cast<double>(Fp8ToFloat(a[i * k + p], kE5M2)) *
+                           Fp8ToFloat(b[j * k + p], kE4M3);
+          want += t;
+          mag += std::fabs(t);
+        }
+        want *= 2.0 * sa * sb;
+        mag *= 2.0 * sa * sb;
+        const double got = c_type == DType::kFloat32 ? c32[i * n + j] : Bf16ToFloat(c16[i * n + j]);
+        const double tol =
+            c_type == DType::kFloat32 ? 1e-6 * mag : 1e-2 * std::fabs(want) + 1e-6 * mag;
+        EXPECT_NEAR(got, want, tol) << i << "," << j;
+      }
+    }
+  }
+  // Wrong shapes are refused: FP8 only as A . B^T, never both e5m2.
+  GemmArgs bad;
+  bad.m = bad.n = bad.k = 1;
+  bad.a = a.data(), bad.b = b.data(), bad.lda = bad.ldb = bad.ldc = 1;
+  float c = 0;
+  bad.c = &c;
+  bad.a_fp8 = kE4M3, bad.b_fp8 = kE4M3, bad.a_scale = &sa, bad.b_scale = &sb;
+  EXPECT_FALSE(backend->Gemm(bad).ok());  // trans_b false
+  bad.trans_b = true;
+  EXPECT_TRUE(backend->Gemm(bad).ok());
+  bad.a_fp8 = bad.b_fp8 = kE5M2;
+  EXPECT_FALSE(backend->Gemm(bad).ok());
+}
+
+}  // namespace
+}  // namespace moe
