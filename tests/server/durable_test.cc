@@ -1,0 +1,333 @@
+// Durable layers (moed --state_dir; issue 14, finding 5; server/durable_store.h): a moed
+// SIGKILLed with its workers and restarted on the same state directory serves every layer
+// with the weights of its last durable optimizer step, bit for bit; a respawned worker's
+// layers reload that state instead of init_seed; a damaged state directory or one of another
+// format is refused (moed exits 2 naming the reason) without being changed; leftovers of a
+// crash are removed; nothing outside the state directory is written; without --state_dir
+// nothing is durable. Training goes through the C++ client (client/moe_client.h).
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "client/moe_client.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/server/cluster.h"
+#include "tests/server/fs_snapshot.h"
+#include "tests/server/test_util.h"
+
+namespace moe {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+using client::MoeClient;
+using Weights = std::map<std::string, std::string>;  // name -> raw fp32 bytes
+
+class DurableTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    sandbox_ = absl::StrCat(tmp ? tmp : "/tmp", "/durable_", getpid(), "_",
+                            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(sandbox_);
+    fs::create_directories(sandbox_);
+    state_dir_ = sandbox_ + "/state";
+    checkpoint_root_ = sandbox_ + "/checkpoints";
+  }
+
+  // A cluster on state_dir_ (durable every 2 optimizer steps, no time trigger).
+  void Start(bool durable = true) {
+    client_.reset();
+    cluster_.reset();
+    ClusterOptions options;
+    options.checkpoint_root = checkpoint_root_;
+    if (durable) {
+      options.moed_flags = {"--state_dir=" + state_dir_, "--durable_every_steps=2",
+                            "--durable_every_s=0"};
+    }
+    auto cluster = TestCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    auto client = MoeClient::Connect(cluster_->address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+  }
+
+  // One training step: Forward (kept), Backward, ApplyOptimizer (SGD).
+  v1::ApplyOptimizerResponse Train(const std::string& layer, uint32_t seed) {
+    v1::ApplyOptimizerResponse response;
+    const int64_t tokens = 24;
+    Tensor x = Tensor::FromFloats({tokens, 32}, RandomFloats(tokens * 32, seed));
+    auto forward = client_->Forward(layer, x, /*keep_for_backward=*/true);
+    EXPECT_TRUE(forward.ok()) << forward.status();
+    if (!forward.ok()) return response;
+    Tensor d_out = Tensor::FromFloats({tokens, 32}, RandomFloats(tokens * 32, seed + 1000));
+    auto backward = client_->Backward(layer, forward->step_id, d_out);
+    EXPECT_TRUE(backward.ok()) << backward.status();
+    v1::SgdOptimizer sgd;
+    sgd.set_lr(0.05);
+    sgd.set_momentum(0.9);  // optimizer state that must survive too
+    absl::Status applied = client_->ApplySgd(layer, sgd, {}, &response);
+    EXPECT_TRUE(applied.ok()) << applied;
+    return response;
+  }
+
+  Weights GetWeights(const std::string& layer) {
+    Weights out;
+    auto weights = client_->GetWeights(layer);
+    EXPECT_TRUE(weights.ok()) << weights.status();
+    if (!weights.ok()) return out;
+    for (const NamedTensor& named : *weights) out[named.name] = std::string(named.tensor.bytes());
+    return out;
+  }
+
+  v1::LayerInfo Info(const std::string& layer) {
+    auto info = client_->GetLayer(layer);
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? *info : v1::LayerInfo();
+  }
+
+  // Entries of a layer's durable folder L<n> ("c<sequence>" checkpoints).
+  std::vector<std::string> Checkpoints() {
+    std::vector<std::string> out;
+    for (const auto& folder : fs::directory_iterator(state_dir_ + "/layers")) {
+      const std::string name = folder.path().filename().string();
+      if (name[0] != 'L' || name == "LOCK") continue;
+      for (const auto& entry : fs::directory_iterator(folder.path())) {
+        out.push_back(name + "/" + entry.path().filename().string());
+      }
+    }
+    return out;
+  }
+
+  // Runs moed on state_dir_ alone (no workers) and returns its exit status and stderr.
+  std::pair<int, std::string> RunMoedExpectingExit() {
+    const std::string log = sandbox_ + "/moed.stderr";
+    const std::vector<std::string> args = {RunfilePath("server/moed"),
+                                           "--port=0",
+                                           "--expect_workers=2",
+                                           "--cluster_secret_file=" + TestClusterSecretFile(),
+                                           "--checkpoint_root=" + checkpoint_root_,
+                                           "--state_dir=" + state_dir_};
+    const pid_t pid = fork();
+    if (pid == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      ::dup2(fd, 2);
+      std::vector<char*> argv;
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      _exit(127);
+    }
+    int status = 0;
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (::waitpid(pid, &status, WNOHANG) == 0) {
+      if (absl::Now() > give_up) {  // it started serving: the refusal failed
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        return {-1, "moed did not exit"};
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    std::ifstream in(log);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1,
+            std::string(std::istreambuf_iterator<char>(in), {})};
+  }
+
+  // A cluster trained to a durable step, then killed: layer "d", durable at step 2.
+  void PrepareKilledState() {
+    Start();
+    ASSERT_TRUE(client_->CreateLayer("d", TinyConfig(9)).ok());
+    Train("d", 1);
+    ASSERT_EQ(Train("d", 2).durable_optimizer_step(), 2);
+    client_.reset();
+    cluster_.reset();  // SIGKILL
+  }
+
+  std::string sandbox_, state_dir_, checkpoint_root_;
+  std::unique_ptr<TestCluster> cluster_;
+  std::unique_ptr<MoeClient> client_;
+};
+
+TEST_F(DurableTest, RestartRestoresEveryLayerBitForBit) {
+  Start();
+  ASSERT_TRUE(client_->CreateLayer("a", TinyConfig(3)).ok());
+  ASSERT_TRUE(client_->CreateLayer("b", TinyConfig(5)).ok());
+  const Weights a_init = GetWeights("a");
+  const Weights b_init = GetWeights("b");
+  EXPECT_EQ(Train("a", 1).durable_optimizer_step(), 0);
+  v1::ApplyOptimizerResponse second = Train("a", 2);  // --durable_every_steps=2
+  EXPECT_EQ(second.optimizer_step(), 2);
+  EXPECT_EQ(second.durable_optimizer_step(), 2);
+  Train("a", 3);
+  v1::ApplyOptimizerResponse fourth = Train("a", 4);
+  EXPECT_EQ(fourth.optimizer_step(), 4);
+  EXPECT_EQ(fourth.durable_optimizer_step(), 4);
+  const Weights a_durable = GetWeights("a");
+  ASSERT_NE(a_durable, a_init);
+  v1::ApplyOptimizerResponse fifth = Train("a", 5);  // acknowledged, not durable
+  EXPECT_EQ(fifth.optimizer_step(), 5);
+  EXPECT_EQ(fifth.durable_optimizer_step(), 4);
+  ASSERT_NE(GetWeights("a"), a_durable);
+  EXPECT_EQ(Train("b", 7).durable_optimizer_step(), 0);  // b: only its init_seed is durable
+  v1::LayerInfo info = Info("a");
+  EXPECT_TRUE(info.durable());
+  EXPECT_EQ(info.optimizer_step(), 5);
+  EXPECT_EQ(info.durable_optimizer_step(), 4);
+  EXPECT_GT(info.durable_checkpoint_unix_ms(), 0);
+  EXPECT_EQ(Checkpoints().size(), 2u);  // steps 2 and 4: the newest two kept
+
+  // Leftovers of a crash: a registry write and a checkpoint save cut short.
+  const std::string layers = state_dir_ + "/layers";
+  const std::string a_folder = Checkpoints()[0].substr(0, Checkpoints()[0].find('/'));
+  std::ofstream(layers + "/registry.tmp.4242.0") << "half a registry";
+  const std::string orphan = layers + "/L999";  // a DeleteLayer cut short
+  fs::create_directories(orphan + "/c00000000000000000999");
+  const std::string newer = layers + "/" + a_folder + "/c00000000000000009999";
+  fs::create_directories(newer);  // a save whose registry update never happened
+  // Outside the state directory: nothing may change (the checkpoint root aside, which moed
+  // uses for its own staging).
+  fs::create_directories(sandbox_ + "/outside");
+  std::ofstream(sandbox_ + "/outside/keep.txt") << "untouched";
+  const auto outside = SnapshotTree(sandbox_ + "/outside");
+
+  client_.reset();
+  cluster_.reset();  // SIGKILL of moed and both workers
+  Start();           // returns once SERVING: the layers are restored before that
+  EXPECT_EQ(SnapshotTree(sandbox_ + "/outside"), outside);
+  EXPECT_FALSE(fs::exists(layers + "/registry.tmp.4242.0"));
+  EXPECT_FALSE(fs::exists(orphan));
+  EXPECT_FALSE(fs::exists(newer));
+
+  auto listed = client_->ListLayers();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 2u);
+  info = Info("a");
+  EXPECT_TRUE(info.durable());
+  EXPECT_FALSE(info.weights_reset());
+  EXPECT_EQ(info.optimizer_step(), 4);  // step 5 was lost: it was not durable
+  EXPECT_EQ(info.durable_optimizer_step(), 4);
+  EXPECT_EQ(info.config().init_seed(), 3u);
+  EXPECT_TRUE(GetWeights("a") == a_durable) << "weights differ from the durable step";
+  EXPECT_EQ(Info("b").durable_optimizer_step(), 0);
+  EXPECT_TRUE(GetWeights("b") == b_init);
+
+  // Training continues from the durable state; step 6 is durable, the checkpoint of step 2
+  // is pruned, and the next restart restores step 6.
+  v1::ApplyOptimizerResponse again = Train("a", 5);
+  EXPECT_EQ(again.optimizer_step(), 5);
+  EXPECT_EQ(Train("a", 6).durable_optimizer_step(), 6);
+  const Weights a_six = GetWeights("a");
+  EXPECT_EQ(Checkpoints().size(), 2u);
+
+  // DeleteLayer removes the layer's durable state; a restart does not bring it back.
+  ASSERT_TRUE(client_->DeleteLayer("b").ok());
+  EXPECT_EQ(Checkpoints().size(), 2u);  // a's only (b had none)
+  client_.reset();
+  cluster_.reset();
+  Start();
+  listed = client_->ListLayers();
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_EQ((*listed)[0].name(), "a");
+  EXPECT_EQ((*listed)[0].durable_optimizer_step(), 6);
+  EXPECT_TRUE(GetWeights("a") == a_six);
+  ASSERT_TRUE(client_->DeleteLayer("a").ok());
+  EXPECT_TRUE(Checkpoints().empty());
+}
+
+TEST_F(DurableTest, RespawnedWorkerReloadsTheDurableState) {
+  Start();
+  ASSERT_TRUE(client_->CreateLayer("w", TinyConfig(4)).ok());
+  const Weights init = GetWeights("w");
+  Train("w", 1);
+  ASSERT_EQ(Train("w", 2).durable_optimizer_step(), 2);
+  const Weights durable = GetWeights("w");
+  ASSERT_EQ(Train("w", 3).durable_optimizer_step(), 2);
+  ASSERT_TRUE(cluster_->KillWorker(1, SIGKILL));
+  ASSERT_TRUE(cluster_->RestartWorker(1).ok());
+  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
+  const v1::LayerInfo info = Info("w");
+  EXPECT_FALSE(info.weights_reset());
+  EXPECT_EQ(info.optimizer_step(), 2);
+  EXPECT_EQ(info.durable_optimizer_step(), 2);
+  EXPECT_TRUE(info.durable_error().empty()) << info.durable_error();
+  const Weights now = GetWeights("w");
+  EXPECT_TRUE(now == durable) << "the respawned cluster does not hold the durable weights";
+  EXPECT_FALSE(now == init);
+}
+
+TEST_F(DurableTest, DamagedCheckpointIsRefusedAndNothingChanges) {
+  PrepareKilledState();
+  std::vector<std::string> checkpoints = Checkpoints();
+  ASSERT_EQ(checkpoints.size(), 1u);
+  const std::string expert = state_dir_ + "/layers/" + checkpoints[0] + "/expert_00003.bin";
+  {
+    std::fstream file(expert, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(200);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte ^= 0x10;
+    file.seekp(200);
+    file.write(&byte, 1);
+  }
+  std::ofstream(state_dir_ + "/layers/registry.tmp.77.0") << "leftover";
+  const auto before = SnapshotTree(state_dir_);
+  auto [code, log] = RunMoedExpectingExit();
+  EXPECT_EQ(code, 2) << log;
+  EXPECT_THAT(log, HasSubstr("expert_00003.bin"));
+  EXPECT_THAT(log, HasSubstr("refuses to start on a damaged state directory"));
+  EXPECT_EQ(SnapshotTree(state_dir_), before);  // refused before cleaning anything
+}
+
+TEST_F(DurableTest, DamagedRegistryIsRefused) {
+  PrepareKilledState();
+  const std::string registry = state_dir_ + "/layers/registry";
+  std::string text;
+  {
+    std::ifstream in(registry);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  text[text.find("layer ") + 6] ^= 1;  // the incarnation's digit
+  std::ofstream(registry, std::ios::trunc) << text;
+  auto [code, log] = RunMoedExpectingExit();
+  EXPECT_EQ(code, 2) << log;
+  EXPECT_THAT(log, HasSubstr("checksum does not match"));
+  EXPECT_THAT(log, HasSubstr(registry));
+}
+
+TEST_F(DurableTest, OtherFormatVersionIsRefused) {
+  PrepareKilledState();
+  std::ofstream(state_dir_ + "/layers/FORMAT", std::ios::trunc) << "moed durable layers v9\n";
+  const auto before = SnapshotTree(state_dir_);
+  auto [code, log] = RunMoedExpectingExit();
+  EXPECT_EQ(code, 2) << log;
+  EXPECT_THAT(log, HasSubstr("another version of moed"));
+  EXPECT_THAT(log, HasSubstr("v9"));
+  EXPECT_EQ(SnapshotTree(state_dir_), before);
+}
+
+TEST_F(DurableTest, WithoutStateDirNothingIsDurable) {
+  Start(/*durable=*/false);
+  ASSERT_TRUE(client_->CreateLayer("n", TinyConfig(2)).ok());
+  Train("n", 1);
+  const v1::ApplyOptimizerResponse response = Train("n", 2);
+  EXPECT_EQ(response.optimizer_step(), 2);
+  EXPECT_EQ(response.durable_optimizer_step(), 0);
+  EXPECT_FALSE(Info("n").durable());
+  EXPECT_FALSE(fs::exists(state_dir_));
+}
+
+}  // namespace
+}  // namespace moe
