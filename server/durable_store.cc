@@ -55,9 +55,7 @@ uint64_t SequenceOf(const DurableLayer& layer) {
 }
 
 // A temporary file of WriteFileAtomically ("<file>.tmp.<pid>.<n>").
-bool IsTemporary(const std::string& entry) {
-  return absl::StrContains(entry, ".tmp.");
-}
+bool IsTemporary(const std::string& entry) { return absl::StrContains(entry, ".tmp."); }
 
 absl::Status Damaged(const std::string& what, absl::string_view why) {
   return absl::DataLossError(absl::StrCat(what, ": ", why,
@@ -76,8 +74,7 @@ std::string FormatRegistry(const Registry& registry) {
   std::string text = absl::StrCat(kRegistryHeader, "\nnext ", registry.next_incarnation, " ",
                                   registry.next_sequence, "\n");
   for (const DurableLayer& layer : registry.layers) {
-    const int64_t saved_ms =
-        layer.checkpoint.empty() ? 0 : absl::ToUnixMillis(layer.saved_at);
+    const int64_t saved_ms = layer.checkpoint.empty() ? 0 : absl::ToUnixMillis(layer.saved_at);
     absl::StrAppend(&text, "layer ", layer.incarnation, " ", layer.optimizer_step, " ", saved_ms,
                     " ", layer.checkpoint.empty() ? "-" : layer.checkpoint, " ", layer.name,
                     "\nconfig ", ConfigToString(layer.config), "\n");
@@ -103,7 +100,9 @@ absl::StatusOr<Registry> ParseRegistry(const std::string& path, const std::strin
                      lines.empty() ? "" : lines[0], "\", expected \"", kRegistryHeader, "\")"));
   }
   Registry registry;
-  auto bad = [&](size_t i) { return Damaged(path, absl::StrCat("line ", i + 1, " does not parse")); };
+  auto bad = [&](size_t i) {
+    return Damaged(path, absl::StrCat("line ", i + 1, " does not parse"));
+  };
   if (lines.size() < 2) return bad(1);
   std::vector<std::string> next = absl::StrSplit(lines[1], ' ');
   if (next.size() != 3 || next[0] != "next" ||
@@ -160,8 +159,8 @@ absl::Status CheckCheckpoint(const std::string& dir, const DurableLayer& layer) 
   const std::string path = absl::StrCat(dir, "/", layer.checkpoint);
   struct stat st;
   if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Damaged(path, absl::StrCat("the durable checkpoint of layer \"", layer.name,
-                                      "\" is missing"));
+    return Damaged(path,
+                   absl::StrCat("the durable checkpoint of layer \"", layer.name, "\" is missing"));
   }
   const std::string marker = absl::StrCat(path, "/", kCheckpointMarker);
   if (::lstat(marker.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -216,10 +215,10 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
   }
   if (!format.ok()) return fail(format.status());
   if (*format != kFormatText) {
-    return fail(absl::FailedPreconditionError(absl::StrCat(
-        format_path, " says \"", absl::StripTrailingAsciiWhitespace(*format),
-        "\": written by another version of moed (this one reads \"",
-        absl::StripTrailingAsciiWhitespace(kFormatText), "\")")));
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat(format_path, " says \"", absl::StripTrailingAsciiWhitespace(*format),
+                     "\": written by another version of moed (this one reads \"",
+                     absl::StripTrailingAsciiWhitespace(kFormatText), "\")")));
   }
   // 3. The registry, then every checkpoint it names: all verified before anything changes.
   const std::string registry_path = absl::StrCat(dir, "/", kRegistryFile);
@@ -234,8 +233,8 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
   } else {
     for (const std::string& entry : List(dir)) {
       if (entry[0] == 'L' && entry != kLockFile) {
-        return fail(Damaged(registry_path, absl::StrCat("missing, but layer folder ", entry,
-                                                        " is there")));
+        return fail(
+            Damaged(registry_path, absl::StrCat("missing, but layer folder ", entry, " is there")));
       }
     }
   }
@@ -247,7 +246,8 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
   // 4. Verified: take the staging root (removes a dead moed's staging) and clean leftovers.
   absl::StatusOr<std::unique_ptr<CheckpointRoot>> root = CheckpointRoot::Open(dir);
   if (!root.ok()) return fail(root.status());
-  auto store = absl::WrapUnique(new DurableStore((*root)->path(), lock_fd, std::move(*root)));
+  std::string resolved = (*root)->path();  // before the root is moved into the store
+  auto store = absl::WrapUnique(new DurableStore(std::move(resolved), lock_fd, std::move(*root)));
   absl::MutexLock lock(&store->mu_);
   store->next_incarnation_ = registry.next_incarnation;
   store->next_sequence_ = registry.next_sequence;

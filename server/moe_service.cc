@@ -247,8 +247,8 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
       absl::StatusOr<DurableLayer> record = options_.durable_store->AddLayer(layer->name, config);
       if (!record.ok()) {
         DropOnWorkers(set, layer->id);
-        return absl::Status(record.status().code(),
-                            absl::StrCat("durable state (--state_dir): ", record.status().message()));
+        return absl::Status(record.status().code(), absl::StrCat("durable state (--state_dir): ",
+                                                                 record.status().message()));
       }
       absl::MutexLock lock(&layer->mu);
       layer->durable = *record;
@@ -466,12 +466,11 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
     }
     std::fprintf(stderr, "moed: generation %lld: layer %s re-created (%s)\n",
                  static_cast<long long>(set.generation), layer->name.c_str(),
-                 restore             ? "weights kept"
-                 : !durable          ? "weights from init_seed; load a checkpoint"
-                 : reloaded.ok()     ? "durable state reloaded"
-                                     : absl::StrCat("durable state NOT reloaded: ",
-                                                    reloaded.message())
-                                           .c_str());
+                 restore    ? "weights kept"
+                 : !durable ? "weights from init_seed; load a checkpoint"
+                 : reloaded.ok()
+                     ? "durable state reloaded"
+                     : absl::StrCat("durable state NOT reloaded: ", reloaded.message()).c_str());
     absl::MutexLock lock(&layer->mu);
     layer->saved.clear();
     layer->saved_bytes = 0;

@@ -299,7 +299,7 @@ class MoeServiceImpl final : public MoeServiceBase {
     int64_t optimizer_step ABSL_GUARDED_BY(mu) = 0;
     DurableLayer durable ABSL_GUARDED_BY(mu);  // the store's record; incarnation 0: none
     bool changed_since_durable ABSL_GUARDED_BY(mu) = false;  // beyond optimizer steps
-    absl::Time durable_since ABSL_GUARDED_BY(mu);  // for durable_every
+    absl::Time durable_since ABSL_GUARDED_BY(mu);            // for durable_every
     std::string durable_error ABSL_GUARDED_BY(mu);
     // Restored from the store by this moed: its first creation on the workers loads the
     // durable checkpoint, whatever instances they hold (their layer ids are another moed's).

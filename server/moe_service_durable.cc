@@ -20,9 +20,9 @@ absl::Status MoeServiceImpl::RestoreDurableLayers() {
   for (const DurableLayer& record : options_.durable_store->layers()) {
     absl::Status valid = ValidateConfig(record.config, pool_->world_size());
     if (!valid.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("durable layer \"", record.name, "\" does not fit ",
-                       pool_->world_size(), " worker(s): ", valid.message()));
+      return absl::FailedPreconditionError(absl::StrCat("durable layer \"", record.name,
+                                                        "\" does not fit ", pool_->world_size(),
+                                                        " worker(s): ", valid.message()));
     }
     auto layer = std::make_shared<Layer>();
     layer->name = record.name;

@@ -255,9 +255,19 @@ TEST_F(DurableTest, RespawnedWorkerReloadsTheDurableState) {
   ASSERT_EQ(Train("w", 2).durable_optimizer_step(), 2);
   const Weights durable = GetWeights("w");
   ASSERT_EQ(Train("w", 3).durable_optimizer_step(), 2);
+  auto status = client_->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  const int64_t generation = status->generation();
   ASSERT_TRUE(cluster_->KillWorker(1, SIGKILL));
   ASSERT_TRUE(cluster_->RestartWorker(1).ok());
-  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
+  // Serving again with a new generation: the re-formation with the new worker is done.
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < give_up) {
+    status = client_->GetStatus();
+    if (status.ok() && status->serving() && status->generation() > generation) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ASSERT_TRUE(status.ok() && status->serving() && status->generation() > generation);
   const v1::LayerInfo info = Info("w");
   EXPECT_FALSE(info.weights_reset());
   EXPECT_EQ(info.optimizer_step(), 2);
