@@ -250,9 +250,21 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
         return absl::Status(record.status().code(), absl::StrCat("durable state (--state_dir): ",
                                                                  record.status().message()));
       }
-      absl::MutexLock lock(&layer->mu);
-      layer->durable = *record;
-      layer->durable_since = absl::Now();
+      {
+        absl::MutexLock lock(&layer->mu);
+        layer->durable = *record;
+        layer->durable_since = absl::Now();
+      }
+      // A DeleteLayer that took the layer off the books before the record was set found
+      // nothing to remove from the store: remove it here (set first, checked second, so one
+      // of the two always does).
+      bool listed = false;
+      {
+        absl::MutexLock lock(&layers_mu_);
+        auto it = layers_.find(layer->name);
+        listed = it != layers_.end() && it->second == layer;
+      }
+      if (!listed) options_.durable_store->RemoveLayer(*record).IgnoreError();
       return absl::OkStatus();
     }();
     if (!status.ok()) {

@@ -46,11 +46,13 @@ class DurableTest : public ::testing::Test {
     checkpoint_root_ = sandbox_ + "/checkpoints";
   }
 
-  // A cluster on state_dir_ (durable every 2 optimizer steps, no time trigger).
-  void Start(bool durable = true) {
+  // A cluster on state_dir_ (durable every 2 optimizer steps, no time trigger). embedded:
+  // moed starts (and respawns) its own workers.
+  void Start(bool durable = true, bool embedded = false) {
     client_.reset();
     cluster_.reset();
     ClusterOptions options;
+    options.embedded = embedded;
     options.checkpoint_root = checkpoint_root_;
     if (durable) {
       options.moed_flags = {"--state_dir=" + state_dir_, "--durable_every_steps=2",
@@ -153,6 +155,17 @@ class DurableTest : public ::testing::Test {
     ASSERT_EQ(Train("d", 2).durable_optimizer_step(), 2);
     client_.reset();
     cluster_.reset();  // SIGKILL
+  }
+
+  // Serving again with a generation after `generation`: a re-formation finished.
+  bool WaitNewGeneration(int64_t generation) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < give_up) {
+      auto status = client_->GetStatus();
+      if (status.ok() && status->serving() && status->generation() > generation) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return false;
   }
 
   std::string sandbox_, state_dir_, checkpoint_root_;
@@ -260,14 +273,7 @@ TEST_F(DurableTest, RespawnedWorkerReloadsTheDurableState) {
   const int64_t generation = status->generation();
   ASSERT_TRUE(cluster_->KillWorker(1, SIGKILL));
   ASSERT_TRUE(cluster_->RestartWorker(1).ok());
-  // Serving again with a new generation: the re-formation with the new worker is done.
-  const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while (absl::Now() < give_up) {
-    status = client_->GetStatus();
-    if (status.ok() && status->serving() && status->generation() > generation) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  ASSERT_TRUE(status.ok() && status->serving() && status->generation() > generation);
+  ASSERT_TRUE(WaitNewGeneration(generation));
   const v1::LayerInfo info = Info("w");
   EXPECT_FALSE(info.weights_reset());
   EXPECT_EQ(info.optimizer_step(), 2);
@@ -276,6 +282,24 @@ TEST_F(DurableTest, RespawnedWorkerReloadsTheDurableState) {
   const Weights now = GetWeights("w");
   EXPECT_TRUE(now == durable) << "the respawned cluster does not hold the durable weights";
   EXPECT_FALSE(now == init);
+}
+
+// The same with moed's own workers: worker_launcher respawns the killed one.
+TEST_F(DurableTest, WorkerRespawnedByMoedReloadsTheDurableState) {
+  Start(/*durable=*/true, /*embedded=*/true);
+  ASSERT_TRUE(client_->CreateLayer("e", TinyConfig(6)).ok());
+  Train("e", 1);
+  ASSERT_EQ(Train("e", 2).durable_optimizer_step(), 2);
+  const Weights durable = GetWeights("e");
+  Train("e", 3);
+  auto status = client_->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_GT(status->workers(0).pid(), 0);
+  ASSERT_EQ(::kill(static_cast<pid_t>(status->workers(0).pid()), SIGKILL), 0);
+  ASSERT_TRUE(WaitNewGeneration(status->generation()));
+  EXPECT_EQ(Info("e").optimizer_step(), 2);
+  EXPECT_FALSE(Info("e").weights_reset());
+  EXPECT_TRUE(GetWeights("e") == durable);
 }
 
 TEST_F(DurableTest, DamagedCheckpointIsRefusedAndNothingChanges) {
