@@ -4,6 +4,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "engine/dtype.h"
 #include "proto/config_convert.h"
 
@@ -129,6 +130,19 @@ std::string DescribeLayer(const v1::LayerInfo& layer) {
   std::string out = absl::StrCat("  ", layer.name(), "  ", DescribeLayerConfig(layer.config()),
                                  "  ep=", layer.ep_ranks(), " forwards=", layer.forward_count(),
                                  " saved_steps=", layer.saved_steps(), "\n");
+  if (layer.durable()) {
+    absl::StrAppend(&out, "    optimizer_step=", layer.optimizer_step(),
+                    " durable_step=", layer.durable_optimizer_step(), " last_checkpoint=",
+                    layer.durable_checkpoint_unix_ms() == 0
+                        ? std::string("none (init_seed)")
+                        : absl::FormatTime("%Y-%m-%dT%H:%M:%SZ",
+                                           absl::FromUnixMillis(layer.durable_checkpoint_unix_ms()),
+                                           absl::UTCTimeZone()),
+                    "\n");
+    if (!layer.durable_error().empty()) {
+      absl::StrAppend(&out, "    DURABLE CHECKPOINT FAILED: ", layer.durable_error(), "\n");
+    }
+  }
   if (layer.weights_reset()) {
     absl::StrAppend(
         &out, "    weights reset to init_seed after a worker was replaced: load a checkpoint\n");

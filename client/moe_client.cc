@@ -356,26 +356,28 @@ absl::Status MoeClient::ZeroGradients(const std::string& layer, const CallOption
 }
 
 absl::Status MoeClient::ApplyOptimizer(const v1::ApplyOptimizerRequest& request,
-                                       const CallOptions& call) {
+                                       const CallOptions& call,
+                                       v1::ApplyOptimizerResponse* answer) {
   v1::ApplyOptimizerResponse response;
   MOED_UNARY_CALL(ApplyOptimizer, request, response, call);
+  if (answer != nullptr) *answer = std::move(response);
   return absl::OkStatus();
 }
 
 absl::Status MoeClient::ApplySgd(const std::string& layer, const v1::SgdOptimizer& sgd,
-                                 const CallOptions& call) {
+                                 const CallOptions& call, v1::ApplyOptimizerResponse* response) {
   v1::ApplyOptimizerRequest request;
   request.set_layer(layer);
   *request.mutable_sgd() = sgd;
-  return ApplyOptimizer(request, call);
+  return ApplyOptimizer(request, call, response);
 }
 
 absl::Status MoeClient::ApplyAdamW(const std::string& layer, const v1::AdamWOptimizer& adamw,
-                                   const CallOptions& call) {
+                                   const CallOptions& call, v1::ApplyOptimizerResponse* response) {
   v1::ApplyOptimizerRequest request;
   request.set_layer(layer);
   *request.mutable_adamw() = adamw;
-  return ApplyOptimizer(request, call);
+  return ApplyOptimizer(request, call, response);
 }
 
 absl::StatusOr<std::vector<float>> MoeClient::UpdateExpertBias(const std::string& layer,

@@ -170,10 +170,14 @@ class MoeClient {
                                                         const std::vector<std::string>& names = {},
                                                         const CallOptions& call = {});
   absl::Status ZeroGradients(const std::string& layer, const CallOptions& call = {});
+  // `response` (optional) receives the layer's optimizer step and, with moed --state_dir,
+  // its durable step (ApplyOptimizerResponse).
   absl::Status ApplySgd(const std::string& layer, const v1::SgdOptimizer& sgd,
-                        const CallOptions& call = {});
+                        const CallOptions& call = {},
+                        v1::ApplyOptimizerResponse* response = nullptr);
   absl::Status ApplyAdamW(const std::string& layer, const v1::AdamWOptimizer& adamw,
-                          const CallOptions& call = {});
+                          const CallOptions& call = {},
+                          v1::ApplyOptimizerResponse* response = nullptr);
   // Returns the expert bias after the update, [E].
   absl::StatusOr<std::vector<float>> UpdateExpertBias(const std::string& layer, double rate,
                                                       const CallOptions& call = {});
@@ -229,7 +233,8 @@ class MoeClient {
                                                        const std::vector<std::string>& names,
                                                        const CallOptions& call, Open open);
   // ApplySgd / ApplyAdamW.
-  absl::Status ApplyOptimizer(const v1::ApplyOptimizerRequest& request, const CallOptions& call);
+  absl::Status ApplyOptimizer(const v1::ApplyOptimizerRequest& request, const CallOptions& call,
+                              v1::ApplyOptimizerResponse* answer);
 
   const std::string target_;
   const ClientOptions options_;

@@ -158,20 +158,24 @@ int RunApplyOptimizer(const Args& args) {
   auto client = ConnectFromFlags();
   if (!client.ok()) return ReportError("apply-optimizer", client.status());
   absl::Status status;
+  v1::ApplyOptimizerResponse response;
   if (kind == "sgd") {
     v1::SgdOptimizer sgd;
     sgd.set_lr(absl::GetFlag(FLAGS_lr));
     sgd.set_momentum(absl::GetFlag(FLAGS_momentum));
     sgd.set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
-    status = (*client)->ApplySgd(name, sgd);
+    status = (*client)->ApplySgd(name, sgd, {}, &response);
   } else {
     v1::AdamWOptimizer adamw;
     adamw.set_lr(absl::GetFlag(FLAGS_lr));
     adamw.set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
-    status = (*client)->ApplyAdamW(name, adamw);
+    status = (*client)->ApplyAdamW(name, adamw, {}, &response);
   }
   if (!status.ok()) return ReportError("apply-optimizer", status);
-  std::printf("applied %s (lr %g) to %s\n", kind.c_str(), absl::GetFlag(FLAGS_lr), name.c_str());
+  std::printf("applied %s (lr %g) to %s: optimizer step %lld (durable: %lld)\n", kind.c_str(),
+              absl::GetFlag(FLAGS_lr), name.c_str(),
+              static_cast<long long>(response.optimizer_step()),
+              static_cast<long long>(response.durable_optimizer_step()));
   return 0;
 }
 

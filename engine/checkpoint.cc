@@ -190,10 +190,11 @@ absl::Status VerifyFileTensors(const std::string& path, const LayerConfig& confi
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<StagedCheckpoint> StageCheckpoint(const MoeLayer& layer, const std::string& dir) {
-  const LayerConfig& config = layer.config();
+// Reads and verifies the checkpoint in `dir` for `config`: COMPLETE, config, router and the
+// experts [first_expert, first_expert + local). With `keep`, returns the tensors (expert
+// tensors stacked [local, ...]); without, only verifies, holding one file at a time.
+absl::StatusOr<StagedCheckpoint> ReadCheckpoint(const LayerConfig& config, const std::string& dir,
+                                                int64_t first_expert, int64_t local, bool keep) {
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return absl::NotFoundError(absl::StrCat("checkpoint directory ", dir, " does not exist"));
@@ -245,15 +246,16 @@ absl::StatusOr<StagedCheckpoint> StageCheckpoint(const MoeLayer& layer, const st
   RETURN_IF_ERROR(
       VerifyFileTensors(router_path, config, router, {"gate"}, stateless, suffixes, true));
   for (const NamedTensor& nt : router) {
+    if (!keep) break;
     (nt.name == "gate" || nt.name == "expert_bias" ? out.params : out.states)[nt.name] = nt.tensor;
   }
 
-  const int64_t local = layer.local_experts();
   const std::vector<std::string> expert_params = ExpertParams(config);
   for (int64_t i = 0; i < local; ++i) {
-    const std::string path = Join(dir, ExpertFileName(layer.first_expert() + i));
+    const std::string path = Join(dir, ExpertFileName(first_expert + i));
     ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors, ReadTensorFile(path));
     RETURN_IF_ERROR(VerifyFileTensors(path, config, tensors, expert_params, {}, suffixes, false));
+    if (!keep) continue;
     for (const NamedTensor& nt : tensors) {
       auto& target = (nt.name.find('.') == std::string::npos ? out.params : out.states);
       auto it = target.find(nt.name);
@@ -267,6 +269,17 @@ absl::StatusOr<StagedCheckpoint> StageCheckpoint(const MoeLayer& layer, const st
     }
   }
   return out;
+}
+
+}  // namespace
+
+absl::StatusOr<StagedCheckpoint> StageCheckpoint(const MoeLayer& layer, const std::string& dir) {
+  return ReadCheckpoint(layer.config(), dir, layer.first_expert(), layer.local_experts(),
+                        /*keep=*/true);
+}
+
+absl::Status VerifyCheckpoint(const LayerConfig& config, const std::string& dir) {
+  return ReadCheckpoint(config, dir, 0, config.num_experts, /*keep=*/false).status();
 }
 
 std::string ExpertFileName(int64_t expert) { return absl::StrFormat("expert_%05d.bin", expert); }

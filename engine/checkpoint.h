@@ -55,6 +55,11 @@ struct StagedCheckpoint {
 absl::StatusOr<StagedCheckpoint> StageCheckpoint(const MoeLayer& layer, const std::string& dir);
 absl::Status InstallCheckpoint(MoeLayer* layer, const StagedCheckpoint& staged);
 
+// Reads and verifies every file of the checkpoint in `dir` (COMPLETE, config, router and all
+// E experts) against `config`, with StageCheckpoint's errors, holding one file at a time and
+// keeping nothing; no layer and no collective (moed checks its durable state at start).
+absl::Status VerifyCheckpoint(const LayerConfig& config, const std::string& dir);
+
 // "expert_00042.bin" for expert 42.
 std::string ExpertFileName(int64_t expert);
 

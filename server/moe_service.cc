@@ -166,6 +166,15 @@ v1::LayerInfo MoeServiceImpl::Info(const Layer& layer) const {
   info.set_forward_count(layer.forward_count);
   info.set_weights_reset(layer.weights_reset);
   info.set_diverged(layer.diverged);
+  info.set_optimizer_step(layer.optimizer_step);
+  if (options_.durable_store != nullptr) {
+    info.set_durable(true);
+    info.set_durable_optimizer_step(layer.durable.optimizer_step);
+    if (!layer.durable.checkpoint.empty()) {
+      info.set_durable_checkpoint_unix_ms(absl::ToUnixMillis(layer.durable.saved_at));
+    }
+    info.set_durable_error(layer.durable_error);
+  }
   *info.mutable_accumulated_load() = ComputeLoad(layer.accumulated);
   return info;
 }
@@ -233,7 +242,30 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
           },
           options, &outcome);
       if (!created.ok() && outcome.partial) DropOnWorkers(set, layer->id);
-      return created;
+      if (!created.ok() || options_.durable_store == nullptr) return created;
+      // Registered before the answer: an acknowledged layer survives a restart.
+      absl::StatusOr<DurableLayer> record = options_.durable_store->AddLayer(layer->name, config);
+      if (!record.ok()) {
+        DropOnWorkers(set, layer->id);
+        return absl::Status(record.status().code(), absl::StrCat("durable state (--state_dir): ",
+                                                                 record.status().message()));
+      }
+      {
+        absl::MutexLock lock(&layer->mu);
+        layer->durable = *record;
+        layer->durable_since = absl::Now();
+      }
+      // A DeleteLayer that took the layer off the books before the record was set found
+      // nothing to remove from the store: remove it here (set first, checked second, so one
+      // of the two always does).
+      bool listed = false;
+      {
+        absl::MutexLock lock(&layers_mu_);
+        auto it = layers_.find(layer->name);
+        listed = it != layers_.end() && it->second == layer;
+      }
+      if (!listed) options_.durable_store->RemoveLayer(*record).IgnoreError();
+      return absl::OkStatus();
     }();
     if (!status.ok()) {
       absl::MutexLock lock(&layers_mu_);
@@ -267,6 +299,26 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
       }
       layers_.erase(it);
     }
+    // Out of the durable registry at once, so a restart does not bring it back. A durable
+    // checkpoint of it still running fails to commit (the store no longer has it).
+    absl::Status forgotten = absl::OkStatus();
+    if (options_.durable_store != nullptr) {
+      DurableLayer record;
+      {
+        absl::MutexLock lock(&layer->mu);
+        record = layer->durable;
+      }
+      forgotten = options_.durable_store->RemoveLayer(record);
+      if (absl::IsNotFound(forgotten)) forgotten = absl::OkStatus();
+      if (!forgotten.ok()) {
+        forgotten = absl::Status(
+            forgotten.code(),
+            absl::StrCat("layer \"", layer->name,
+                         "\" is deleted, but its durable state could not be removed (a restart "
+                         "would restore it): ",
+                         forgotten.message()));
+      }
+    }
     if (!layer->turn.Lock(absl::Now() + options_.step_timeout, nullptr)) {
       // Requests still queued for the layer must not run on it: they get NOT_FOUND. The
       // workers keep its memory until their next generation drops it.
@@ -290,9 +342,9 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
     // Under the turn: no step of this layer counts tokens after this.
     if (metrics_ != nullptr) metrics_->DropLayer(layer->name);
     absl::StatusOr<WorkerSet> set = pool_->Serving();
-    if (!set.ok()) return absl::OkStatus();
+    if (!set.ok()) return forgotten;
     DropOnWorkers(*set, layer->id);
-    return absl::OkStatus();
+    return forgotten;
   };
   return Finish("DeleteLayer", start, run());
 }
@@ -395,6 +447,12 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
   for (const auto& layer : layers) {
     bool restore = true;
     for (const auto& ids : restorable) restore = restore && ids.count(layer->id) != 0;
+    bool durable = false;
+    {
+      absl::MutexLock lock(&layer->mu);
+      if (layer->load_durable) restore = false;
+      durable = options_.durable_store != nullptr && layer->durable.incarnation != 0;
+    }
     internal::WorkerCreateLayerRequest create;
     create.set_generation(set.generation);
     create.set_layer_id(layer->id);
@@ -408,14 +466,30 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
           return FromGrpcStatus(stub->CreateLayer(ctx, create, &created));
         },
         /*collective=*/false));
+    // A durable layer the workers lost reloads its latest durable checkpoint. A failure
+    // leaves it at init_seed (weights_reset, durable_error) and the next generation retries.
+    absl::Status reloaded = absl::OkStatus();
+    if (!restore && durable) {
+      {
+        absl::MutexLock lock(&layer->mu);
+        layer->load_durable = true;
+      }
+      reloaded = LoadDurable(set, *layer);
+    }
     std::fprintf(stderr, "moed: generation %lld: layer %s re-created (%s)\n",
                  static_cast<long long>(set.generation), layer->name.c_str(),
-                 restore ? "weights kept" : "weights from init_seed; load a checkpoint");
+                 restore    ? "weights kept"
+                 : !durable ? "weights from init_seed; load a checkpoint"
+                 : reloaded.ok()
+                     ? "durable state reloaded"
+                     : absl::StrCat("durable state NOT reloaded: ", reloaded.message()).c_str());
     absl::MutexLock lock(&layer->mu);
     layer->saved.clear();
     layer->saved_bytes = 0;
     layer->accumulated.assign(layer->config.num_experts, 0);
-    if (!restore) layer->weights_reset = true;
+    if (!reloaded.ok()) layer->durable_error = std::string(reloaded.message());
+    if (!restore && (!durable || !reloaded.ok())) layer->weights_reset = true;
+    if (!restore && durable && reloaded.ok()) layer->weights_reset = false;
     // From init_seed, or kept with the gradients dropped: what a gradients-only failure left
     // different is gone; parameters or optimizer state kept from divergent workers are not.
     if (!restore || layer->diverged_gradients_only) layer->ClearDiverged();

@@ -41,6 +41,7 @@
 #include "server/auth.h"
 #include "server/callback.h"
 #include "server/checkpoint_root.h"
+#include "server/durable_store.h"
 #include "server/fifo_mutex.h"
 #include "server/metrics.h"
 #include "server/shared_memory.h"
@@ -96,6 +97,14 @@ struct ServiceOptions {
   // turn until they finished it; one still running after this long means a wedged worker:
   // the workers re-form.
   absl::Duration overdue_call_limit = absl::Minutes(10);
+  // Durable layers (moed --state_dir; server/durable_store.h), owned by the caller. Null: no
+  // durable state (a restart loses every layer). A layer's state is checkpointed into it after
+  // every `durable_every_steps` optimizer steps, and once `durable_every` passed since its last
+  // checkpoint with something changed, at its next ApplyOptimizer or UpdateExpertBias (zero:
+  // that trigger is off); and after every SetWeights and LoadCheckpoint.
+  DurableStore* durable_store = nullptr;
+  int64_t durable_every_steps = 100;
+  absl::Duration durable_every = absl::Minutes(5);
 };
 
 // Forward and Backward are registered raw (grpc::ByteBuffer in and out): moed splits the
@@ -113,10 +122,16 @@ class MoeServiceImpl final : public MoeServiceBase {
 
   // WorkerPool on_setup hook: creates every known layer on the new generation's workers.
   // A layer every worker still holds from an earlier generation keeps its parameters and
-  // optimizer state; otherwise it starts from init_seed (LayerInfo.weights_reset). Saved
-  // steps and accumulated load are dropped either way. Instances the workers still hold of
-  // layers deleted meanwhile are dropped.
+  // optimizer state; otherwise a durable layer reloads its latest durable checkpoint, and any
+  // other starts from init_seed (LayerInfo.weights_reset). Saved steps and accumulated load
+  // are dropped either way. Instances the workers still hold of layers deleted meanwhile are
+  // dropped.
   absl::Status RecreateLayers(const WorkerSet& set);
+  // With a durable store: registers every layer it holds (moe_service_durable.cc), to be
+  // created and loaded from its durable checkpoint by the first generation's RecreateLayers
+  // (before the pool reports SERVING). Call once, before the pool starts. A config that does
+  // not fit this world size is FAILED_PRECONDITION naming the layer.
+  absl::Status RestoreDurableLayers();
   // The layers' gauges for a metrics scrape (MetricsSnapshot).
   std::vector<MetricsSnapshot::Layer> LayerMetrics() const;
   // Releases the saved steps older than saved_step_ttl (the housekeeping thread calls it).
@@ -280,6 +295,15 @@ class MoeServiceImpl final : public MoeServiceBase {
     // while they agree. gradients_only: only gradients may differ (ZeroGradients mends it).
     std::string diverged ABSL_GUARDED_BY(mu);
     bool diverged_gradients_only ABSL_GUARDED_BY(mu) = false;
+    // Durable state (options_.durable_store; LayerInfo.optimizer_step, durable_*).
+    int64_t optimizer_step ABSL_GUARDED_BY(mu) = 0;
+    DurableLayer durable ABSL_GUARDED_BY(mu);  // the store's record; incarnation 0: none
+    bool changed_since_durable ABSL_GUARDED_BY(mu) = false;  // beyond optimizer steps
+    absl::Time durable_since ABSL_GUARDED_BY(mu);            // for durable_every
+    std::string durable_error ABSL_GUARDED_BY(mu);
+    // Restored from the store by this moed: its first creation on the workers loads the
+    // durable checkpoint, whatever instances they hold (their layer ids are another moed's).
+    bool load_durable ABSL_GUARDED_BY(mu) = false;
     void ClearDiverged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       diverged.clear();
       diverged_gradients_only = false;
@@ -368,6 +392,15 @@ class MoeServiceImpl final : public MoeServiceBase {
   absl::Status CommitStage(Turn& turn, const char* method, uint64_t stage_id);
   void AbortStage(Turn& turn, uint64_t stage_id, const absl::Status& why);
   v1::LayerInfo Info(const Layer& layer) const;
+  // moe_service_durable.cc. After a change to the turn's layer succeeded on every worker:
+  // checkpoints it into the durable store when a trigger is due (`force`: now). A failure is
+  // logged and kept in LayerInfo.durable_error; the change stands. No-op without a store.
+  void AfterChange(Turn& turn, bool optimizer_step, bool force);
+  // The workers save the turn's layer into a new durable checkpoint; the store commits it.
+  absl::Status SaveDurable(Turn& turn);
+  // RecreateLayers: the layer, just created from init_seed on `set`, loads its durable
+  // checkpoint (collective LoadCheckpoint). OK with nothing to load.
+  absl::Status LoadDurable(const WorkerSet& set, Layer& layer);
   absl::Time InternalDeadline(grpc::ServerContextBase* context, bool collective) const;
   // DeleteLayer of `layer_id` on every worker of `set` (best effort: a worker that misses it
   // drops the layer at its next generation).

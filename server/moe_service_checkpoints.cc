@@ -95,9 +95,12 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
       layer.accumulated.assign(layer.config.num_experts, 0);
     }
     RETURN_IF_ERROR(CommitStage(*turn, "LoadCheckpoint", call.stage_id()));
-    absl::MutexLock lock(&layer.mu);
-    layer.weights_reset = false;
-    layer.ClearDiverged();
+    {
+      absl::MutexLock lock(&layer.mu);
+      layer.weights_reset = false;
+      layer.ClearDiverged();
+    }
+    AfterChange(*turn, /*optimizer_step=*/false, /*force=*/true);  // durable before the answer
     return absl::OkStatus();
   };
   return Finish("LoadCheckpoint", start, run());

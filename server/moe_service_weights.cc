@@ -321,6 +321,7 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
       return staged;
     }
     RETURN_IF_ERROR(CommitStage(*turn, "SetWeights", stage_id));
+    AfterChange(*turn, /*optimizer_step=*/false, /*force=*/true);  // durable before the answer
     for (const auto& named : tensors) response->add_updated(named.name);
     return absl::OkStatus();
   };
@@ -354,7 +355,7 @@ grpc::Status MoeServiceImpl::DoZeroGradients(grpc::ServerContextBase* context,
 
 grpc::Status MoeServiceImpl::DoApplyOptimizer(grpc::ServerContextBase* context,
                                               const v1::ApplyOptimizerRequest* request,
-                                              v1::ApplyOptimizerResponse*) {
+                                              v1::ApplyOptimizerResponse* response) {
   const absl::Time start = absl::Now();
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
@@ -368,13 +369,20 @@ grpc::Status MoeServiceImpl::DoApplyOptimizer(grpc::ServerContextBase* context,
     if (request->has_sgd()) *call.mutable_sgd() = request->sgd();
     if (request->has_adamw()) *call.mutable_adamw() = request->adamw();
     call.set_op_id(next_step_id_++);  // applied at most once per worker: retried if partial
-    return ChangeOnWorkers(
+    RETURN_IF_ERROR(ChangeOnWorkers(
         *turn, "ApplyOptimizer", InternalDeadline(context, true),
         [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
           internal::WorkerEmpty empty;
           return FromGrpcStatus(stub->ApplyOptimizer(ctx, call, &empty));
         },
-        /*collective=*/false, /*gradients_only=*/false, /*idempotent=*/true);
+        /*collective=*/false, /*gradients_only=*/false, /*idempotent=*/true));
+    AfterChange(*turn, /*optimizer_step=*/true, /*force=*/false);
+    absl::MutexLock lock(&turn->layer().mu);
+    response->set_optimizer_step(turn->layer().optimizer_step);
+    if (options_.durable_store != nullptr) {
+      response->set_durable_optimizer_step(turn->layer().durable.optimizer_step);
+    }
+    return absl::OkStatus();
   };
   return Finish("ApplyOptimizer", start, run());
 }
@@ -407,8 +415,11 @@ grpc::Status MoeServiceImpl::DoUpdateExpertBias(grpc::ServerContextBase* context
         },
         /*collective=*/false, /*gradients_only=*/false, /*idempotent=*/true));
     *response->mutable_expert_bias() = answers[0].expert_bias();
-    absl::MutexLock lock(&turn->layer().mu);
-    turn->layer().accumulated.assign(turn->layer().config.num_experts, 0);
+    {
+      absl::MutexLock lock(&turn->layer().mu);
+      turn->layer().accumulated.assign(turn->layer().config.num_experts, 0);
+    }
+    AfterChange(*turn, /*optimizer_step=*/false, /*force=*/false);
     return absl::OkStatus();
   };
   return Finish("UpdateExpertBias", start, run());

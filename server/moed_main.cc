@@ -30,6 +30,7 @@
 #include "server/cluster_secret.h"
 #include "server/coordinator_service.h"
 #include "server/device.h"
+#include "server/durable_store.h"
 #include "server/health.h"
 #include "server/internal_tls.h"
 #include "server/metrics.h"
@@ -71,7 +72,17 @@ ABSL_FLAG(std::string, tls_client_ca_file, "",
           "public port: require client certificates signed by this CA (mutual TLS)");
 ABSL_FLAG(std::string, state_dir, "",
           "folder of moed's own state (default $XDG_STATE_HOME/moed, else "
-          "$HOME/.local/state/moed)");
+          "$HOME/.local/state/moed). Given explicitly, layers are durable: the registry and "
+          "each layer's latest durable checkpoint live in STATE_DIR/layers, and a restart "
+          "restores them (server/README.md, failure model). Not given: a restart loses every "
+          "layer");
+ABSL_FLAG(int64_t, durable_every_steps, 100,
+          "with --state_dir: checkpoint a layer after this many optimizer steps since its last "
+          "durable checkpoint (0: off)");
+ABSL_FLAG(int64_t, durable_every_s, 300,
+          "with --state_dir: checkpoint a changed layer at its next ApplyOptimizer or "
+          "UpdateExpertBias once this many seconds passed since its last durable checkpoint "
+          "(0: off)");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "the only folder SaveCheckpoint/LoadCheckpoint use (created 0700; requests name "
           "paths inside it; default STATE_DIR/checkpoints). External workers must see it at the "
@@ -279,6 +290,30 @@ int Main() {
     return 2;
   }
 
+  // Durable layers: only with an explicit --state_dir (the default folder keeps today's
+  // behaviour: nothing survives a restart). A damaged store or one of another version is
+  // refused here, before anything is loaded.
+  std::unique_ptr<DurableStore> durable_store;
+  if (!absl::GetFlag(FLAGS_state_dir).empty()) {
+    if (absl::GetFlag(FLAGS_durable_every_steps) < 0 || absl::GetFlag(FLAGS_durable_every_s) < 0) {
+      std::fprintf(stderr, "moed: --durable_every_steps and --durable_every_s must be >= 0\n");
+      return 2;
+    }
+    std::vector<std::string> cleaned;
+    absl::StatusOr<std::unique_ptr<DurableStore>> opened =
+        DurableStore::Open(AbsolutePath(absl::GetFlag(FLAGS_state_dir)) + "/layers", &cleaned);
+    if (!opened.ok()) {
+      std::fprintf(stderr, "moed: --state_dir: %s\n", opened.status().ToString().c_str());
+      return 2;
+    }
+    durable_store = std::move(*opened);
+    for (const std::string& path : cleaned) {
+      std::fprintf(stderr, "moed: --state_dir: removed leftover %s\n", path.c_str());
+    }
+    std::fprintf(stderr, "moed: durable layers in %s (%zu to restore)\n",
+                 durable_store->path().c_str(), durable_store->layers().size());
+  }
+
   // Block the shutdown signals in every thread; the main thread waits for them below.
   sigset_t signals;
   sigemptyset(&signals);
@@ -315,8 +350,16 @@ int Main() {
   service_options.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
   service_options.allow_client_shm = absl::GetFlag(FLAGS_allow_client_shm);
   service_options.shm_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_shm_idle_timeout_s));
+  service_options.durable_store = durable_store.get();
+  service_options.durable_every_steps = absl::GetFlag(FLAGS_durable_every_steps);
+  service_options.durable_every = absl::Seconds(absl::GetFlag(FLAGS_durable_every_s));
   Metrics metrics;
   MoeServiceImpl service(service_options, &pool, &metrics);
+  // Registered now, created and loaded by the first generation's setup, before SERVING.
+  if (absl::Status restored = service.RestoreDurableLayers(); !restored.ok()) {
+    std::fprintf(stderr, "moed: --state_dir: %s\n", restored.ToString().c_str());
+    return 2;
+  }
   RendezvousLimits rendezvous_limits;
   rendezvous_limits.max_bytes = absl::GetFlag(FLAGS_rendezvous_max_bytes);
   rendezvous_limits.max_keys = absl::GetFlag(FLAGS_rendezvous_max_keys);

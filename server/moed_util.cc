@@ -11,6 +11,13 @@
 
 namespace moe {
 
+std::string AbsolutePath(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof(cwd)) == nullptr) return path;
+  return absl::StrCat(cwd, "/", path);
+}
+
 absl::StatusOr<std::string> CheckpointRootPath(const std::string& checkpoint_root,
                                                const std::string& state_dir) {
   if (!checkpoint_root.empty()) return checkpoint_root;

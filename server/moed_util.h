@@ -14,6 +14,9 @@ namespace moe {
 absl::StatusOr<std::string> CheckpointRootPath(const std::string& checkpoint_root,
                                                const std::string& state_dir);
 
+// `path` made absolute against the working directory (unchanged when it already is).
+std::string AbsolutePath(const std::string& path);
+
 // Writes `port` to `path` (atomically, through a rename); nothing when `path` is empty.
 void WritePortFile(const std::string& path, int port);
 

@@ -168,6 +168,8 @@ cmd_start() {
 
   # moed writes the port it bound to `port` once it listens (also when --port is given).
   # Checkpoints are named inside ${RUN_DIR}/state/checkpoints (moed --checkpoint_root).
+  # --state_dir also makes layers durable: a restart on the same run dir restores them from
+  # ${RUN_DIR}/state/layers (server/README.md, failure model).
   local moed_cmd=("${MOED}" "--listen=127.0.0.1" "--port=${PORT:-0}" "--port_file=${RUN_DIR}/port"
                   "--internal_port_file=${RUN_DIR}/internal_port" "--state_dir=${RUN_DIR}/state" "--device=${DEVICE}")
   if [ "${MODE}" = embedded ]; then

@@ -170,6 +170,25 @@ TEST(DescribeLayerTest, SaysWhatNeedsTheOperator) {
   EXPECT_NE(text.find("LoadCheckpoint mends it"), std::string::npos) << text;
 }
 
+TEST(DescribeLayerTest, ShowsDurableStepAndLastCheckpoint) {
+  v1::LayerInfo layer;
+  layer.set_name("l0");
+  EXPECT_EQ(DescribeLayer(layer).find("durable_step"), std::string::npos);  // no --state_dir
+  layer.set_durable(true);
+  layer.set_optimizer_step(7);
+  layer.set_durable_optimizer_step(6);
+  layer.set_durable_checkpoint_unix_ms(int64_t{1764547200000});  // 2025-12-01 00:00:00 UTC
+  std::string text = DescribeLayer(layer);
+  EXPECT_NE(text.find("optimizer_step=7 durable_step=6 last_checkpoint=2025-12-01T00:00:00Z"),
+            std::string::npos)
+      << text;
+  layer.set_durable_checkpoint_unix_ms(0);
+  layer.set_durable_error("disk full");
+  text = DescribeLayer(layer);
+  EXPECT_NE(text.find("last_checkpoint=none (init_seed)"), std::string::npos) << text;
+  EXPECT_NE(text.find("DURABLE CHECKPOINT FAILED: disk full"), std::string::npos) << text;
+}
+
 }  // namespace
 }  // namespace client
 }  // namespace moe

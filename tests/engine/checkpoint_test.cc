@@ -112,6 +112,10 @@ class CheckpointTest : public ::testing::Test {
     EXPECT_EQ(s.code(), code) << s;
     EXPECT_NE(s.message().find(file), std::string::npos) << s;
     EXPECT_EQ(Snapshot(*fresh_.layer), before) << "a failed load changed the layer";
+    // moed's check of its durable state at start: the same verdict without a layer.
+    absl::Status verified = VerifyCheckpoint(fresh_.layer->config(), dir_);
+    EXPECT_EQ(verified.code(), code) << verified;
+    EXPECT_NE(verified.message().find(file), std::string::npos) << verified;
   }
 
   std::string dir_;
@@ -172,6 +176,10 @@ TEST_F(CheckpointTest, StateTheCheckpointLacksIsReset) {
               sgd->layer->GetParameter(name).value().bytes())
         << name;
   }
+}
+
+TEST_F(CheckpointTest, VerifyAcceptsAnIntactCheckpoint) {
+  EXPECT_TRUE(VerifyCheckpoint(fresh_.layer->config(), dir_).ok());
 }
 
 TEST_F(CheckpointTest, CorruptedByteIsDataLossAndChangesNothing) {
