@@ -1,7 +1,8 @@
 #!/bin/bash
 # service_bench.sh: the service path next to the engine, in one run. Starts moed with embedded
-# workers (--allow_client_shm), runs `moectl bench --shm` for each shape and writes one JSON
-# object per shape (gRPC and shared-memory latencies, the per-phase breakdown,
+# workers (--allow_client_shm), runs `moectl bench --shm` (with --device=cuda also --cuda_shm:
+# the tensors in GPU memory shared by CUDA IPC) for each shape and writes one JSON object per
+# shape (gRPC, shared-memory and CUDA IPC latencies, the per-phase breakdown,
 # service_over_engine, payload_gb_per_s, identical_to_grpc) to OUT/service_bench.jsonl.
 #
 #   bench/service_bench.sh [--device=cpu|cuda] [--workers=N] [--dtype=bf16|fp32] [SHAPE...]
@@ -33,10 +34,11 @@ for _ in $(seq 1 300); do [ -s "$port_file" ] && break; sleep 0.1; done
 server="127.0.0.1:$(cat "$port_file")"
 "$moectl" --server="$server" health --wait_ms=120000 >/dev/null || { tail "$out/moed.log"; exit 1; }
 compute=$([ "$dtype" = bf16 ] && echo bf16 || echo fp32)
+cuda_shm=$([ "${device%%:*}" = cuda ] && echo --cuda_shm || echo --nocuda_shm)
 for s in "${shapes[@]}"; do
   IFS=, read -r h f e k t <<<"$s"
   echo "== H=$h F=$f E=$e k=$k T=$t ($device x$workers, $dtype)" >&2
-  timeout 300 "$moectl" --server="$server" --deadline_ms=120000 bench --shm --progress=off \
+  timeout 300 "$moectl" --server="$server" --deadline_ms=120000 bench --shm "$cuda_shm" --progress=off \
     --hidden="$h" --ffn="$f" --experts="$e" --top_k="$k" --tokens="$t" \
     --dtype="$dtype" --compute_dtype="$compute" --steps="$steps" --warmup="$warmup" \
     | tr -d '\n' >>"$out/service_bench.jsonl"

@@ -74,7 +74,8 @@ class Buffer {
 // m, n or k may be 0 (then C is scaled by beta, or left alone when m or n is 0).
 // FP8 operands (compute_dtype = FP8, docs/SPEC.md "FP8"): a_fp8 and b_fp8 set to kFloat8E4M3 or
 // kFloat8E5M2 (not both e5m2) instead of ab_type, with a_scale / b_scale (backend memory, one
-// float each) their dequantisation scales: C = alpha * (a_scale * b_scale) * A . B^T + beta C.
+// float each, 16-byte aligned: cuBLASLt refuses others) their dequantisation scales:
+// C = alpha * (a_scale * b_scale) * A . B^T + beta C.
 // Only this "TN" shape: trans_a false, trans_b true (both operands contiguous along k, as
 // Hopper's FP8 tensor cores need).
 struct GemmArgs {
@@ -113,8 +114,13 @@ struct QuantizeArgs {
   bool transpose = false;
   DType fp8 = DType::kFloat8E4M3;
   void* dst = nullptr;     // batch * rows * cols bytes
-  float* scale = nullptr;  // [batch]
+  float* scale = nullptr;  // matrix b's scale at scale[b * scale_stride]
+  // kFp8ScaleStride keeps every matrix's scale 16-byte aligned, as an FP8 GEMM needs it.
+  int64_t scale_stride = 1;
 };
+
+// Floats between per-matrix FP8 scales that FP8 GEMMs read one by one (16 bytes).
+inline constexpr int64_t kFp8ScaleStride = 4;
 
 // Router forward over this rank's tokens (docs/SPEC.md Forward 1-6 without the collectives).
 // Slot order: the k selected experts of a token in descending selection score, ties toward the

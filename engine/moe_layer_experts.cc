@@ -56,7 +56,7 @@ absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows,
     g.c = static_cast<char*>(out) + off * n * DTypeSize(rd), g.ldc = n;
     g.c_type = rd;
     g.a_fp8 = in_fp8, g.b_fp8 = DType::kFloat8E4M3;
-    g.a_scale = in_scale, g.b_scale = weight_scales + el;
+    g.a_scale = in_scale, g.b_scale = weight_scales + el * kFp8ScaleStride;
     return g;
   });
 }

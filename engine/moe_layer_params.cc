@@ -87,7 +87,8 @@ absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled) {
       ASSIGN_OR_RETURN(p.compute, backend_->Allocate(p.count() * DTypeSize(c.compute_dtype)));
       if (c.compute_dtype == DType::kFloat8E4M3) {
         ASSIGN_OR_RETURN(p.compute_t, backend_->Allocate(p.count()));
-        ASSIGN_OR_RETURN(p.compute_scale, backend_->Allocate(p.shape[0] * sizeof(float)));
+        ASSIGN_OR_RETURN(p.compute_scale,
+                         backend_->Allocate(p.shape[0] * kFp8ScaleStride * sizeof(float)));
       }
       RETURN_IF_ERROR(RefreshComputeCopy(p));
     }
@@ -132,6 +133,7 @@ absl::Status MoeLayerImpl::RefreshComputeCopy(LayerParam& p) {
     q.batch = p.shape[0], q.rows = p.shape[1], q.cols = p.shape[2];
     q.fp8 = DType::kFloat8E4M3;
     q.dst = p.compute.data(), q.scale = p.compute_scale.as<float>();
+    q.scale_stride = kFp8ScaleStride;  // each expert's scale 16-byte aligned for its GEMM
     RETURN_IF_ERROR(backend_->QuantizeFp8(q));
     q.transpose = true;
     q.dst = p.compute_t.data();

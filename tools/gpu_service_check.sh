@@ -1,8 +1,9 @@
 #!/bin/bash
 # gpu_service_check.sh: on the GPU machine (carry .gpu from tools/pack_gpu.sh), one call: the GPU
 # tests, the engine API time (gpu_bench, te_seed at 128/4096/16384 tokens) and the service path
-# (bench/service_bench.sh, gRPC and shared memory) with WORKERS CUDA workers (default 1), with
-# a one-line summary per shape. Logs and JSON go to $OUT.
+# (bench/service_bench.sh: gRPC, shared memory and CUDA IPC) with WORKERS CUDA workers (default
+# 1), with a one-line summary per shape, and gRPC itself over TCP and Unix sockets
+# (grpc_loopback_bench). Logs and JSON go to $OUT.
 source .gpu/env.sh
 export NCCL_NVLS_ENABLE=0 MOED_REQUIRE_GPU=1
 nvidia-smi -L
@@ -14,8 +15,12 @@ python3 - <<'PY'
 import json,os
 for line in open(os.environ['OUT']+'/service_bench.jsonl'):
     if not line.strip(): continue
-    d=json.loads(line); s=d.get('shm',{})
+    d=json.loads(line); s=d.get('shm',{}); c=d.get('cuda_shm',{})
     b=d['breakdown']['forward']; sb=s.get('breakdown',{}).get('forward',{}); sbb=s.get('breakdown',{}).get('forward_backward',{})
     print(d['config'][:60], d['tokens'], 'grpc', d['forward']['latency_ms']['p50'], d['forward_backward']['latency_ms']['p50'], 'eng', b['engine_ms'], 'gbps', b['payload_gb_per_s'],
       '| shm', s['forward']['latency_ms']['p50'], s['forward_backward']['latency_ms']['p50'], 'eng', sb.get('engine_ms'), sbb.get('engine_ms'), 'moed', sb.get('moed',{}).get('moed_ms'), 'wk', sb.get('workers'), 'ident', s.get('identical_to_grpc'))
+    if c:
+        cb=c['breakdown']['forward']; cbb=c['breakdown']['forward_backward']
+        print('   cuda_ipc', c['forward']['latency_ms']['p50'], c['forward_backward']['latency_ms']['p50'], 'eng', cb.get('engine_ms'), cbb.get('engine_ms'), 'workers', cb.get('workers'), 'ident', c.get('identical_to_grpc'))
 PY
+for t in tcp unix; do timeout 60 grpc_loopback_bench --bytes=67108864 --iters=10 --parts=1,2,4 --transport=$t; done | tee $OUT/loopback.jsonl

@@ -42,6 +42,7 @@ absl::Status QuantizeFp8(const QuantizeArgs& q, int threads) {
   if (q.batch < 0 || q.rows < 0 || q.cols < 0) {
     return absl::InvalidArgumentError("QuantizeFp8: negative size");
   }
+  if (q.scale_stride < 1) return absl::InvalidArgumentError("QuantizeFp8: scale_stride < 1");
   const int64_t n = q.rows * q.cols;
   if (q.batch > 0 && (q.scale == nullptr || (n > 0 && (q.src == nullptr || q.dst == nullptr)))) {
     return absl::InvalidArgumentError("QuantizeFp8: null src, dst or scale");
@@ -53,7 +54,7 @@ absl::Status QuantizeFp8(const QuantizeArgs& q, int threads) {
     for (int64_t i = 0; i < n; ++i)
       amax = std::fmax(amax, std::fabs(LoadFloat(q.src, q.src_type, base + i)));
     const float scale = Fp8Scale(amax, q.fp8);
-    q.scale[b] = scale;
+    q.scale[b * q.scale_stride] = scale;
     uint8_t* dst = static_cast<uint8_t*>(q.dst) + base;
     ParallelFor(threads, q.rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(q.cols, 1)),
                 [&](int64_t begin, int64_t end) {
@@ -80,6 +81,11 @@ absl::Status Fp8Gemm(const GemmArgs& g, int threads) {
   }
   if (g.a_scale == nullptr || g.b_scale == nullptr) {
     return absl::InvalidArgumentError("Gemm: FP8 operands need a_scale and b_scale");
+  }
+  // As on the GPU (cuBLASLt refuses other scale pointers): the CPU tests catch a misuse too.
+  if (reinterpret_cast<uintptr_t>(g.a_scale) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(g.b_scale) % 16 != 0) {
+    return absl::InvalidArgumentError("Gemm: FP8 a_scale and b_scale must be 16-byte aligned");
   }
   if (g.m < 0 || g.n < 0 || g.k < 0) {
     return absl::InvalidArgumentError(

@@ -297,6 +297,10 @@ absl::Status CudaBackend::CheckGemm(const GemmArgs& g) const {
     }
     if (g.trans_a || !g.trans_b) return bad("FP8 operands need trans_a = false, trans_b = true");
     if (g.a_scale == nullptr || g.b_scale == nullptr) return bad("FP8 operands need scales");
+    if (reinterpret_cast<uintptr_t>(g.a_scale) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(g.b_scale) % 16 != 0) {
+      return bad("FP8 scales must be 16-byte aligned (cuBLASLt refuses others)");
+    }
   } else if (!IsKernelType(g.ab_type)) {
     return bad("ab_type");
   }

@@ -46,6 +46,7 @@ absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
     return absl::InvalidArgumentError("QuantizeFp8: negative size");
   }
   if (q.batch > 65535) return absl::InvalidArgumentError("QuantizeFp8: batch above 65535");
+  if (q.scale_stride < 1) return absl::InvalidArgumentError("QuantizeFp8: scale_stride < 1");
   if (q.batch == 0) return absl::OkStatus();
   if (q.scale == nullptr || (q.rows * q.cols > 0 && (q.src == nullptr || q.dst == nullptr))) {
     return absl::InvalidArgumentError("QuantizeFp8: null src, dst or scale");
@@ -55,7 +56,7 @@ absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
   const int err =
       LaunchQuantizeFp8(q.src, ToKType(q.src_type), q.batch, q.rows, q.cols, q.transpose,
                         q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2,
-                        static_cast<uint8_t*>(q.dst), q.scale, scratch, stream_);
+                        static_cast<uint8_t*>(q.dst), q.scale, q.scale_stride, scratch, stream_);
   RETURN_IF_ERROR(ScratchFree(scratch));
   CUDA_RETURN_IF_ERROR(err);
   return absl::OkStatus();

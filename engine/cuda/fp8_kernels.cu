@@ -69,13 +69,15 @@ __global__ void AmaxKernel(const T* __restrict__ src, int64_t per_matrix,
   }
 }
 
-// grid (blocks per matrix, batch): the cast, as stored. Block (0, b) writes scale[b].
+// grid (blocks per matrix, batch): the cast, as stored. Block (0, b) writes
+// scale[b * scale_stride].
 template <int VEC, typename T>
 __global__ void CastKernel(const T* __restrict__ src, int64_t per_matrix,
                            const uint32_t* __restrict__ amax, Fp8Kind fp8,
-                           uint8_t* __restrict__ dst, float* __restrict__ scale_out) {
+                           uint8_t* __restrict__ dst, float* __restrict__ scale_out,
+                           int64_t scale_stride) {
   const float scale = ScaleFromAmax(amax[blockIdx.y], fp8);
-  if (blockIdx.x == 0 && threadIdx.x == 0) scale_out[blockIdx.y] = scale;
+  if (blockIdx.x == 0 && threadIdx.x == 0) scale_out[blockIdx.y * scale_stride] = scale;
   const T* m = src + blockIdx.y * per_matrix;
   uint8_t* d = dst + blockIdx.y * per_matrix;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * VEC;
@@ -102,12 +104,13 @@ __global__ void CastKernel(const T* __restrict__ src, int64_t per_matrix,
 template <typename T>
 __global__ void CastTransposeKernel(const T* __restrict__ src, int64_t rows, int64_t cols,
                                     const uint32_t* __restrict__ amax, Fp8Kind fp8,
-                                    uint8_t* __restrict__ dst, float* __restrict__ scale_out) {
+                                    uint8_t* __restrict__ dst, float* __restrict__ scale_out,
+                                    int64_t scale_stride) {
   __shared__ uint8_t tile[kTile][kTile + 4];
   const int64_t b = blockIdx.z;
   const float scale = ScaleFromAmax(amax[b], fp8);
   if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
-    scale_out[b] = scale;
+    scale_out[b * scale_stride] = scale;
   }
   const T* m = src + b * rows * cols;
   uint8_t* d = dst + b * rows * cols;
@@ -135,7 +138,8 @@ int BlocksFor(int64_t elements, int vec) {
 size_t QuantizeScratchBytes(int64_t batch) { return static_cast<size_t>(batch) * sizeof(uint32_t); }
 
 int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t rows, int64_t cols,
-                      bool transpose, Fp8Kind fp8, uint8_t* dst, float* scale, void* scratch,
+                      bool transpose, Fp8Kind fp8, uint8_t* dst, float* scale,
+                      int64_t scale_stride, void* scratch,
                       void* stream) {
   if (batch <= 0) return 0;
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
@@ -154,7 +158,7 @@ int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t ro
     return SwitchType(src_type, [&](auto tag) {
       using T = typename decltype(tag)::type;
       CastKernel<1, T><<<dim3(1, static_cast<unsigned>(batch)), 32, 0, s>>>(
-          static_cast<const T*>(src), 0, amax, fp8, dst, scale);
+          static_cast<const T*>(src), 0, amax, fp8, dst, scale, scale_stride);
       return static_cast<int>(cudaGetLastError());
     });
   }
@@ -168,10 +172,11 @@ int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t ro
                          static_cast<unsigned>((rows + kTile - 1) / kTile),
                          static_cast<unsigned>(batch));
         CastTransposeKernel<T><<<tgrid, dim3(kTile, 8), 0, s>>>(static_cast<const T*>(src), rows,
-                                                                cols, amax, fp8, dst, scale);
+                                                                cols, amax, fp8, dst, scale,
+                                                                scale_stride);
       } else {
         CastKernel<V, T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(src), per_matrix, amax,
-                                                   fp8, dst, scale);
+                                                   fp8, dst, scale, scale_stride);
       }
       return static_cast<int>(cudaGetLastError());
     });

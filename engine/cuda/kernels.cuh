@@ -113,12 +113,13 @@ int LaunchOptimizerStep(const OptimizerParams& p, float* param, const float* gra
 // ---- FP8 quantisation (fp8_kernels.cu) ----
 enum class Fp8Kind : int { kE4M3 = 0, kE5M2 = 1 };
 // engine/backend.h QuantizeArgs: for each of `batch` (<= 65535) [rows, cols] matrices of src,
-// amax on the device, scale[b] = amax / fp8_max (1 when not a finite normal float), dst = the
-// codes of src / scale[b] (as stored, or each matrix transposed). `scratch` holds
+// amax on the device, scale[b * scale_stride] = amax / fp8_max (1 when not a finite normal
+// float), dst = the codes of src / that scale (as stored, or each matrix transposed). `scratch` holds
 // QuantizeScratchBytes(batch) bytes (the amax words; zeroed here).
 size_t QuantizeScratchBytes(int64_t batch);
 int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t rows, int64_t cols,
-                      bool transpose, Fp8Kind fp8, uint8_t* dst, float* scale, void* scratch,
+                      bool transpose, Fp8Kind fp8, uint8_t* dst, float* scale,
+                      int64_t scale_stride, void* scratch,
                       void* stream);
 
 }  // namespace cuda

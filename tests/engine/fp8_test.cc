@@ -173,7 +173,8 @@ TEST(CpuFp8, GemmIsScaledProductOfDecodedOperands) {
     if (IsNanCode(v, kE4M3)) v = 0x22;
   for (uint8_t& v : a)
     if ((v & 0x7f) == 0x7c) v = 0x33;  // no e5m2 infinities
-  const float sa = 0.25f, sb = 3.0f;
+  alignas(16) const float sa = 0.25f;  // FP8 GEMM scales are 16-byte aligned (backend.h)
+  alignas(16) const float sb = 3.0f;
   for (DType c_type : {DType::kFloat32, DType::kBFloat16}) {
     std::vector<float> c32(m * n, 0.0f);
     std::vector<uint16_t> c16(m * n, 0);
@@ -212,6 +213,11 @@ TEST(CpuFp8, GemmIsScaledProductOfDecodedOperands) {
   bad.a_fp8 = kE4M3, bad.b_fp8 = kE4M3, bad.a_scale = &sa, bad.b_scale = &sb;
   EXPECT_FALSE(backend->Gemm(bad).ok());  // trans_b false
   bad.trans_b = true;
+  EXPECT_TRUE(backend->Gemm(bad).ok());
+  alignas(16) float scales[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+  bad.b_scale = scales + 1;  // not 16-byte aligned: cuBLASLt would refuse it, so does the CPU
+  EXPECT_FALSE(backend->Gemm(bad).ok());
+  bad.b_scale = scales + kFp8ScaleStride;
   EXPECT_TRUE(backend->Gemm(bad).ok());
   bad.a_fp8 = bad.b_fp8 = kE5M2;
   EXPECT_FALSE(backend->Gemm(bad).ok());

@@ -180,7 +180,8 @@ TEST(CudaOps, Fp8GemmMatchesEmulation) {
   Mirrored X = bp.Upload(FloatsToBf16(RandomFloats(total * k, 31)));
   Mirrored W = bp.Upload(RandomFloats(experts * n * k, 32, 0.05f));
   Mirrored Xq = bp.Output(total * k), Wq = bp.Output(experts * n * k);
-  Mirrored xs = bp.Output(sizeof(float)), ws = bp.Output(experts * sizeof(float));
+  Mirrored xs = bp.Output(sizeof(float));
+  Mirrored ws = bp.Output(experts * kFp8ScaleStride * sizeof(float));
   for (DType a_fp8 : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
     for (DType c_type : {DType::kBFloat16, DType::kFloat32}) {
       Mirrored Y = bp.Output(total * n * 4);
@@ -192,6 +193,7 @@ TEST(CudaOps, Fp8GemmMatchesEmulation) {
         if (!st.ok()) return st;
         q.src = P(W, g), q.src_type = DType::kFloat32, q.batch = experts, q.rows = n;
         q.fp8 = DType::kFloat8E4M3, q.dst = P(Wq, g), q.scale = P<float>(ws, g);
+        q.scale_stride = kFp8ScaleStride;
         st = be->QuantizeFp8(q);
         if (!st.ok()) return st;
         std::vector<GemmArgs> gemms;
@@ -205,7 +207,7 @@ TEST(CudaOps, Fp8GemmMatchesEmulation) {
           a.c = P<char>(Y, g) + off * n * DTypeSize(c_type), a.ldc = n;
           a.c_type = c_type;
           a.a_fp8 = a_fp8, a.b_fp8 = DType::kFloat8E4M3;
-          a.a_scale = P<float>(xs, g), a.b_scale = P<float>(ws, g) + e;
+          a.a_scale = P<float>(xs, g), a.b_scale = P<float>(ws, g) + e * kFp8ScaleStride;
           gemms.push_back(a);
           off += rows[e];
         }
