@@ -215,7 +215,10 @@ TEST(CudaOps, Fp8GemmMatchesEmulation) {
       });
       Results<float> r = c_type == DType::kBFloat16 ? bp.DownloadBf16(Y, total * n)
                                                     : bp.Download<float>(Y, total * n);
-      EXPECT_LE(MaxRelError(r), c_type == DType::kBFloat16 ? 1e-2 : 1e-4)
+      // fp32 out: Hopper's FP8 MMA accumulates with fewer bits than fp32 between cuBLASLt's
+      // promotions (measured 3.5e-4 of the largest value at k = 128), so not 1e-4 as for bf16/fp32
+      // operands.
+      EXPECT_LE(MaxRelError(r), c_type == DType::kBFloat16 ? 1e-2 : 1e-3)
           << DTypeName(a_fp8) << " -> " << DTypeName(c_type);
     }
   }
