@@ -90,8 +90,7 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
     // The workers drop their saved steps of this layer on commit.
     {
       absl::MutexLock lock(&layer.mu);
-      layer.saved.clear();
-      layer.saved_bytes = 0;
+      layer.saved.Clear();
       layer.accumulated.assign(layer.config.num_experts, 0);
     }
     RETURN_IF_ERROR(CommitStage(*turn, "LoadCheckpoint", call.stage_id()));

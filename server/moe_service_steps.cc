@@ -115,18 +115,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     const bool keep = request.keep_for_backward();
     auto check_budget = [&](const Layer& layer) -> absl::Status {
       absl::MutexLock lock(&layer.mu);
-      if (static_cast<int64_t>(layer.saved.size()) >= options_.max_saved_steps) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "keep_for_backward: layer \"", layer.name, "\" already holds ", layer.saved.size(),
-            " saved steps (limit --max_saved_steps=", options_.max_saved_steps,
-            "); call Backward or ReleaseStep first"));
-      }
-      if (layer.saved_bytes >= options_.max_saved_bytes) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "keep_for_backward: layer \"", layer.name, "\" saved steps hold ", layer.saved_bytes,
-            " bytes (limit --max_saved_bytes=", options_.max_saved_bytes, ")"));
-      }
-      return absl::OkStatus();
+      return layer.saved.CheckRoom();
     };
     if (keep) RETURN_IF_ERROR(check_budget(*found));
 
@@ -200,8 +189,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
         for (size_t e = 0; e < counts.size(); ++e) layer.accumulated[e] += counts[e];
       }
       if (keep) {
-        layer.saved[step_id] = SavedStep{tokens, dtype, saved_bytes, absl::Now()};
-        layer.saved_bytes += saved_bytes;
+        layer.saved.Add(step_id, SavedStep{tokens, dtype, saved_bytes, absl::Now()});
       }
     }
     if (metrics_ != nullptr) {
@@ -220,18 +208,8 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
       if (context->IsCancelled()) refuse = absl::CancelledError("client cancelled");
       {
         absl::MutexLock lock(&layer.mu);
-        if (refuse.ok() && layer.saved_bytes > options_.max_saved_bytes) {
-          refuse = absl::ResourceExhaustedError(
-              absl::StrCat("keep_for_backward: this step needs ", saved_bytes,
-                           " bytes; the layer's saved "
-                           "steps would hold ",
-                           layer.saved_bytes,
-                           " bytes (limit --max_saved_bytes=", options_.max_saved_bytes, ")"));
-        }
-        if (!refuse.ok()) {
-          layer.saved.erase(step_id);
-          layer.saved_bytes -= saved_bytes;
-        }
+        if (refuse.ok()) refuse = layer.saved.CheckBytes(saved_bytes);
+        if (!refuse.ok()) layer.saved.Remove(step_id);
       }
       if (!refuse.ok()) {
         ReleaseOnWorkers(turn->set, layer, {step_id});
@@ -282,32 +260,15 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     SavedStep step;
     {
       absl::MutexLock lock(&layer.mu);
-      auto it = layer.saved.find(request.step_id());
-      if (it == layer.saved.end()) {
-        if (layer.expired.count(request.step_id()) != 0) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "step_id: ", request.step_id(), " expired: not used by a Backward within ",
-              absl::FormatDuration(options_.saved_step_ttl),
-              " of its Forward (server flag --saved_step_ttl_s); its saved activations were "
-              "released"));
-        }
-        const bool issued = request.step_id() < next_step_id_.load();
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step_id: ", request.step_id(),
-            issued ? " is not held by layer \"" + layer.name +
-                         "\" (released, already used by a Backward, dropped when the workers "
-                         "re-formed, or a step of another layer)"
-                   : std::string(" was never issued")));
-      }
-      if (d_out_tokens != it->second.tokens) {
+      const bool issued = request.step_id() < next_step_id_.load();
+      ASSIGN_OR_RETURN(step, layer.saved.Find(request.step_id(), issued));
+      if (d_out_tokens != step.tokens) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "d_out.shape[0]: ", d_out_tokens, " != the step's tokens ", it->second.tokens));
+            "d_out.shape[0]: ", d_out_tokens, " != the step's tokens ", step.tokens));
       }
-      RETURN_IF_ERROR(shm.CheckOutput(it->second.tokens, layer.config.hidden, it->second.dtype));
+      RETURN_IF_ERROR(shm.CheckOutput(step.tokens, layer.config.hidden, step.dtype));
       // The step is consumed by this Backward, whatever its outcome.
-      step = it->second;
-      layer.saved_bytes -= step.bytes;
-      layer.saved.erase(it);
+      layer.saved.Remove(request.step_id());
     }
     const int ranks = turn->set.size();
     const std::vector<int64_t> offsets = SplitRows(step.tokens, ranks);
@@ -392,10 +353,7 @@ grpc::Status MoeServiceImpl::DoReleaseStep(grpc::ServerContextBase* context,
     Layer& layer = turn->layer();
     {
       absl::MutexLock lock(&layer.mu);
-      auto it = layer.saved.find(request->step_id());
-      if (it == layer.saved.end()) return absl::OkStatus();  // released = false
-      layer.saved_bytes -= it->second.bytes;
-      layer.saved.erase(it);
+      if (!layer.saved.Remove(request->step_id())) return absl::OkStatus();  // released = false
     }
     response->set_released(true);
     if (metrics_ != nullptr) metrics_->CountSavedSteps("released", 1);
