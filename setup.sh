@@ -19,6 +19,8 @@ PACKAGES=(
   nlohmann-json3-dev
   # Python client and its tests (Debian's /usr/bin/python3)
   python3 python3-grpcio python3-protobuf python3-numpy python3-torch python3-yaml
+  # its install (pip from the checkout, no PyPI; client/python/README.md) and its venv
+  python3-pip python3-setuptools python3-wheel python3-venv
   # fuzzing (tests/fuzz): clang with libFuzzer and AddressSanitizer runtimes
   clang libclang-rt-dev
   # deployment checks
