@@ -191,6 +191,7 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
                                            const v1::CreateLayerRequest* request,
                                            v1::CreateLayerResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "CreateLayer");
   auto run = [&]() -> absl::Status {
     RETURN_IF_ERROR(ValidateLayerName("name", request->name()));
     if (!request->has_config()) return absl::InvalidArgumentError("config: required");
@@ -294,6 +295,7 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
                                            const v1::DeleteLayerRequest* request,
                                            v1::DeleteLayerResponse*) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "DeleteLayer");
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer, FindLayer(request->name()));
     // The layer leaves the books even when the workers are unreachable: a new generation
@@ -375,6 +377,7 @@ void MoeServiceImpl::DropOnWorkers(const WorkerSet& set, uint64_t layer_id) {
 grpc::Status MoeServiceImpl::DoListLayers(grpc::ServerContextBase*, const v1::ListLayersRequest*,
                                           v1::ListLayersResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "ListLayers");
   std::vector<std::shared_ptr<Layer>> layers;
   {
     absl::MutexLock lock(&layers_mu_);
@@ -388,6 +391,7 @@ grpc::Status MoeServiceImpl::DoGetLayer(grpc::ServerContextBase*,
                                         const v1::GetLayerRequest* request,
                                         v1::GetLayerResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "GetLayer");
   absl::StatusOr<std::shared_ptr<Layer>> layer = FindLayer(request->name());
   if (layer.ok()) *response->mutable_layer() = Info(**layer);
   return Finish("GetLayer", start, layer.status());
@@ -396,6 +400,7 @@ grpc::Status MoeServiceImpl::DoGetLayer(grpc::ServerContextBase*,
 grpc::Status MoeServiceImpl::DoGetStatus(grpc::ServerContextBase*, const v1::GetStatusRequest*,
                                          v1::GetStatusResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "GetStatus");
   response->set_serving(pool_->serving());
   response->set_generation(pool_->generation());
   response->set_world_size(pool_->world_size());

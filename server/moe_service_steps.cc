@@ -100,6 +100,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
                                        v1::ForwardResponse* response,
                                        std::vector<grpc::Slice>* output) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "Forward");
   auto run = [&]() -> absl::Status {
     // moed's own phases are always timed (metrics); the workers' only when the caller asks.
     PhaseClock clock(request.timing() || metrics_ != nullptr);
@@ -233,6 +234,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
                                         v1::BackwardResponse* response,
                                         std::vector<grpc::Slice>* output) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "Backward");
   auto run = [&]() -> absl::Status {
     PhaseClock clock(request.timing() || metrics_ != nullptr);  // as in Forward
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request.layer()));
@@ -345,6 +347,7 @@ grpc::Status MoeServiceImpl::DoReleaseStep(grpc::ServerContextBase* context,
                                            const v1::ReleaseStepRequest* request,
                                            v1::ReleaseStepResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "ReleaseStep");
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     // Works while the workers are down too: their steps are gone with their generation.

@@ -299,11 +299,17 @@ int Main() {
   if (!options.metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<MetricsExposer>> started =
         MetricsExposer::Start(options.metrics_listen, &metrics);
-    if (!started.ok()) {
+    if (started.ok()) {
+      http = std::move(*started);
+    } else if (options.metrics_listen_required) {
       std::fprintf(stderr, "moed: %s\n", started.status().ToString().c_str());
       return 1;
+    } else {
+      std::fprintf(stderr,
+                   "moed: no metrics: the default --metrics_listen=%s is taken (%s); give "
+                   "--metrics_listen=HOST:PORT, or =off\n",
+                   options.metrics_listen.c_str(), std::string(started.status().message()).c_str());
     }
-    http = std::move(*started);
   }
   // The internal port first: whoever waits for the public port file finds both.
   WritePortFile(options.internal_port_file, internal_port);

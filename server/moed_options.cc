@@ -74,10 +74,12 @@ ABSL_FLAG(int64_t, rendezvous_max_waiting_per_caller, 32,
 ABSL_FLAG(int64_t, stream_idle_timeout_s, 60,
           "cancel a GetWeights/GetGradients/SetWeights stream whose client has not taken (or "
           "sent) the next message for this many seconds, freeing what it holds");
-ABSL_FLAG(std::string, metrics_listen, "",
-          "serve Prometheus metrics over HTTP on this host:port at /metrics (e.g. "
-          "127.0.0.1:9090; empty: off). Metrics say nothing secret but "
-          "name layers: bind beyond loopback only where the scraper needs it");
+ABSL_FLAG(std::string, metrics_listen, moe::kDefaultMetricsListen,
+          "serve Prometheus metrics over HTTP at /metrics on this host:port (a bare port: "
+          "loopback; off: none). The default, loopback port 9090, is best effort: when it is "
+          "taken (another moed on this host) moed logs it and runs without metrics; a value "
+          "given here that cannot be bound stops moed. Metrics say nothing secret but name "
+          "layers: bind beyond loopback only where the scraper needs it");
 ABSL_FLAG(int64_t, max_saved_steps, 64, "per layer: steps kept for backward at once");
 ABSL_FLAG(int64_t, max_saved_bytes, int64_t{8} << 30,
           "per layer: worker memory (bytes, all workers) held by saved steps");
@@ -144,6 +146,12 @@ MoedOptions MoedOptionsFromFlags() {
   o.internal_listen = absl::GetFlag(FLAGS_internal_listen);
   o.internal_port_file = absl::GetFlag(FLAGS_internal_port_file);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  o.metrics_listen_required = o.metrics_listen != kDefaultMetricsListen;
+  if (o.metrics_listen == "off") o.metrics_listen.clear();
+  if (!o.metrics_listen.empty() &&
+      o.metrics_listen.find_first_not_of("0123456789") == std::string::npos) {
+    o.metrics_listen = "127.0.0.1:" + o.metrics_listen;  // civetweb would bind every interface
+  }
 
   o.tokens_file = absl::GetFlag(FLAGS_tokens_file);
   o.tls = TlsFiles{absl::GetFlag(FLAGS_tls_cert_file), absl::GetFlag(FLAGS_tls_key_file),

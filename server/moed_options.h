@@ -17,6 +17,10 @@
 
 namespace moe {
 
+// Loopback, like the public port without a tokens file; 9090 as in the image, Compose and
+// Kubernetes files (docs/METRICS.md).
+inline constexpr char kDefaultMetricsListen[] = "127.0.0.1:9090";
+
 struct MoedOptions {
   // Workers: embedded (moed starts `world` moe-workers) unless --expect_workers > 0.
   bool embedded = true;
@@ -33,7 +37,11 @@ struct MoedOptions {
   std::string port_file;
   std::string internal_listen = "127.0.0.1:0";
   std::string internal_port_file;
-  std::string metrics_listen;  // empty: no metrics exporter
+  // host:port of the Prometheus exporter; empty: none (--metrics_listen=off). A failure to
+  // bind it stops moed only when the flag was given (metrics_listen_required): the default
+  // is best effort, so that several moeds on one host (tests, demos) do not fail on it.
+  std::string metrics_listen = kDefaultMetricsListen;
+  bool metrics_listen_required = false;
 
   // Files: read at wiring, after validation.
   std::string tokens_file;

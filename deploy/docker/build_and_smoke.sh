@@ -85,7 +85,7 @@ buildah bud --isolation chroot --layers --format docker \
   --ignorefile deploy/docker/Dockerfile.dockerignore -f deploy/docker/Dockerfile \
   --build-arg BUILD_BASE="$base" --build-arg RUNTIME_BASE="$base" -t "$image" . 2>&1 \
   | tee "$work/bud.log" \
-  | grep --line-buffered -E '^(STEP|COMMIT|collect_runtime|setup:|INFO: (Elapsed|Build))'
+  | grep --line-buffered -E '(STEP [0-9]|^COMMIT|^collect_runtime|^setup:|^INFO: (Elapsed|Build))'
 bud_rc=${PIPESTATUS[0]}
 set -e
 if [ "$bud_rc" -ne 0 ]; then

@@ -16,6 +16,7 @@ ABSL_DECLARE_FLAG(int, expect_workers);
 ABSL_DECLARE_FLAG(int64_t, heartbeat_ms);
 ABSL_DECLARE_FLAG(int64_t, handler_threads);
 ABSL_DECLARE_FLAG(int64_t, saved_step_ttl_s);
+ABSL_DECLARE_FLAG(std::string, metrics_listen);
 
 namespace moe {
 namespace {
@@ -57,6 +58,24 @@ TEST(MoedOptionsTest, FlagsReachTheirTypedFields) {
   EXPECT_EQ(options.pool.heartbeat_interval, absl::Milliseconds(250));
   EXPECT_EQ(options.service.handler_threads, 1 << 16);
   EXPECT_EQ(options.service.saved_step_ttl, absl::ZeroDuration());
+}
+
+// Metrics are on by default, on loopback, best effort; a given address must be bound; a bare port
+// means loopback (civetweb alone would bind every interface); "off" turns them off.
+TEST(MoedOptionsTest, MetricsListenDefaultsToLoopbackBestEffort) {
+  absl::FlagSaver saver;
+  MoedOptions options = MoedOptionsFromFlags();
+  EXPECT_EQ(options.metrics_listen, "127.0.0.1:9090");
+  EXPECT_FALSE(options.metrics_listen_required);
+  absl::SetFlag(&FLAGS_metrics_listen, "9464");
+  options = MoedOptionsFromFlags();
+  EXPECT_EQ(options.metrics_listen, "127.0.0.1:9464");
+  EXPECT_TRUE(options.metrics_listen_required);
+  absl::SetFlag(&FLAGS_metrics_listen, "0.0.0.0:9090");
+  EXPECT_EQ(MoedOptionsFromFlags().metrics_listen, "0.0.0.0:9090");
+  EXPECT_TRUE(MoedOptionsFromFlags().metrics_listen_required);
+  absl::SetFlag(&FLAGS_metrics_listen, "off");
+  EXPECT_EQ(MoedOptionsFromFlags().metrics_listen, "");
 }
 
 TEST(MoedOptionsTest, RefusesNoWorkers) {
