@@ -401,6 +401,11 @@ class MoeServiceImpl final : public MoeServiceBase {
   // DeleteLayer of `layer_id` on every worker of `set` (best effort: a worker that misses it
   // drops the layer at its next generation).
   void DropOnWorkers(const WorkerSet& set, uint64_t layer_id);
+  // Forward with keep_for_backward, after the workers saved `step_id`: OK keeps it booked;
+  // CANCELLED (the client left) or RESOURCE_EXHAUSTED (over --max_saved_bytes) drops it from
+  // the books and releases it on the workers.
+  absl::Status KeepStepOrRefuse(Turn& turn, grpc::ServerContextBase* context, uint64_t step_id,
+                                int64_t saved_bytes);
   // Releases steps on the workers (best effort; they are dropped from the books anyway).
   void ReleaseOnWorkers(const WorkerSet& set, const Layer& layer,
                         const std::vector<uint64_t>& step_ids);

@@ -93,7 +93,34 @@ void FillStepTiming(const PhaseClock& clock, double queue_ms, double fanout_ms, 
   }
 }
 
+// A step's moed phases and each worker's part, in metrics (null: none).
+template <typename WorkerAnswer>
+void ObserveStep(Metrics* metrics, const std::string& layer, const char* call, double queue_ms,
+                 double fanout_ms, double gather_ms, const std::vector<double>& call_ms,
+                 const std::vector<WorkerAnswer>& answers) {
+  if (metrics == nullptr) return;
+  metrics->ObserveStep(layer, call, queue_ms / 1e3, fanout_ms / 1e3, gather_ms / 1e3);
+  for (size_t r = 0; r < answers.size(); ++r) {
+    metrics->ObserveWorker(static_cast<int>(r), call, call_ms[r] / 1e3, answers[r].timing());
+  }
+}
+
 }  // namespace
+
+absl::Status MoeServiceImpl::KeepStepOrRefuse(Turn& turn, grpc::ServerContextBase* context,
+                                              uint64_t step_id, int64_t saved_bytes) {
+  // A client that left cannot use the step; a step over the byte budget is refused.
+  Layer& layer = turn.layer();
+  absl::Status refuse;
+  if (context->IsCancelled()) refuse = absl::CancelledError("client cancelled");
+  {
+    absl::MutexLock lock(&layer.mu);
+    if (refuse.ok()) refuse = layer.saved.CheckBytes(saved_bytes);
+    if (!refuse.ok()) layer.saved.Remove(step_id);
+  }
+  if (!refuse.ok()) ReleaseOnWorkers(turn.set, layer, {step_id});
+  return refuse;
+}
 
 grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
                                        const v1::ForwardRequest& request, const TensorBytes& input,
@@ -193,30 +220,19 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
         layer.saved.Add(step_id, SavedStep{tokens, dtype, saved_bytes, absl::Now()});
       }
     }
+    ObserveStep(metrics_, layer.name, "Forward", queue_ms, fanout_ms, gather_ms, call_ms, answers);
     if (metrics_ != nullptr) {
       metrics_->CountTokens(layer.name, tokens, counts);
-      metrics_->ObserveStep(layer.name, "Forward", queue_ms / 1e3, fanout_ms / 1e3, gather_ms / 1e3);
-      for (int r = 0; r < ranks; ++r) {
-        metrics_->ObserveWorker(r, "Forward", call_ms[r] / 1e3, answers[r].timing());
-      }
       const int64_t bytes = tokens * static_cast<int64_t>(row_bytes);
       metrics_->CountPayload("Forward", bytes, bytes);
       if (keep) metrics_->CountSavedSteps("created", 1);
     }
     if (keep) {
-      // A client that left cannot use the step; a step over the byte budget is refused.
-      absl::Status refuse;
-      if (context->IsCancelled()) refuse = absl::CancelledError("client cancelled");
-      {
-        absl::MutexLock lock(&layer.mu);
-        if (refuse.ok()) refuse = layer.saved.CheckBytes(saved_bytes);
-        if (!refuse.ok()) layer.saved.Remove(step_id);
-      }
-      if (!refuse.ok()) {
-        ReleaseOnWorkers(turn->set, layer, {step_id});
+      absl::Status kept = KeepStepOrRefuse(*turn, context, step_id, saved_bytes);
+      if (!kept.ok()) {
         response->Clear();
         output->clear();
-        return refuse;
+        return kept;
       }
       response->set_step_id(step_id);
     }
@@ -265,8 +281,8 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
       const bool issued = request.step_id() < next_step_id_.load();
       ASSIGN_OR_RETURN(step, layer.saved.Find(request.step_id(), issued));
       if (d_out_tokens != step.tokens) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "d_out.shape[0]: ", d_out_tokens, " != the step's tokens ", step.tokens));
+        return absl::InvalidArgumentError(
+            absl::StrCat("d_out.shape[0]: ", d_out_tokens, " != the step's tokens ", step.tokens));
       }
       RETURN_IF_ERROR(shm.CheckOutput(step.tokens, layer.config.hidden, step.dtype));
       // The step is consumed by this Backward, whatever its outcome.
@@ -323,12 +339,8 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
         },
         output));
     const double gather_ms = clock.Lap();
+    ObserveStep(metrics_, layer.name, "Backward", queue_ms, fanout_ms, gather_ms, call_ms, answers);
     if (metrics_ != nullptr) {
-      metrics_->ObserveStep(layer.name, "Backward", queue_ms / 1e3, fanout_ms / 1e3,
-                            gather_ms / 1e3);
-      for (int r = 0; r < ranks; ++r) {
-        metrics_->ObserveWorker(r, "Backward", call_ms[r] / 1e3, answers[r].timing());
-      }
       const int64_t bytes = step.tokens * static_cast<int64_t>(row_bytes);
       metrics_->CountPayload("Backward", bytes,
                              step.tokens * layer.config.hidden * DTypeSize(step.dtype));
