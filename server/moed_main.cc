@@ -191,6 +191,22 @@ void LogStartup(const MoedOptions& options, const Loaded& loaded, int internal_p
                http ? absl::StrCat(", metrics on port ", http->port(), " (/metrics)").c_str() : "");
 }
 
+// The Prometheus exporter on --metrics_listen; null without one, or when the default address
+// is taken (logged: best effort, so that several moeds on one host do not fail on it). An
+// address given with the flag that cannot be bound is an error.
+absl::StatusOr<std::unique_ptr<MetricsExposer>> StartMetrics(const MoedOptions& options,
+                                                             const Metrics* metrics) {
+  if (options.metrics_listen.empty()) return nullptr;
+  absl::StatusOr<std::unique_ptr<MetricsExposer>> started =
+      MetricsExposer::Start(options.metrics_listen, metrics);
+  if (started.ok() || options.metrics_listen_required) return started;
+  std::fprintf(stderr,
+               "moed: no metrics: the default --metrics_listen=%s is taken (%s); give "
+               "--metrics_listen=HOST:PORT, or =off\n",
+               options.metrics_listen.c_str(), std::string(started.status().message()).c_str());
+  return nullptr;
+}
+
 // Embedded mode: the workers, handed the cluster secret through an inherited memfd that stays
 // open until moed exits.
 absl::StatusOr<std::unique_ptr<WorkerLauncher>> StartWorkers(const MoedOptions& options,
@@ -295,26 +311,15 @@ int Main() {
     }
   } stop_first{server.get(), internal_server.get(), &pool};
 
-  std::unique_ptr<MetricsExposer> http;
-  if (!options.metrics_listen.empty()) {
-    absl::StatusOr<std::unique_ptr<MetricsExposer>> started =
-        MetricsExposer::Start(options.metrics_listen, &metrics);
-    if (started.ok()) {
-      http = std::move(*started);
-    } else if (options.metrics_listen_required) {
-      std::fprintf(stderr, "moed: %s\n", started.status().ToString().c_str());
-      return 1;
-    } else {
-      std::fprintf(stderr,
-                   "moed: no metrics: the default --metrics_listen=%s is taken (%s); give "
-                   "--metrics_listen=HOST:PORT, or =off\n",
-                   options.metrics_listen.c_str(), std::string(started.status().message()).c_str());
-    }
+  absl::StatusOr<std::unique_ptr<MetricsExposer>> http = StartMetrics(options, &metrics);
+  if (!http.ok()) {
+    std::fprintf(stderr, "moed: %s\n", http.status().ToString().c_str());
+    return 1;
   }
   // The internal port first: whoever waits for the public port file finds both.
   WritePortFile(options.internal_port_file, internal_port);
   WritePortFile(options.port_file, port);
-  LogStartup(options, *loaded, internal_port, port, http.get());
+  LogStartup(options, *loaded, internal_port, port, http->get());
 
   std::unique_ptr<WorkerLauncher> launcher;
   if (options.embedded) {
