@@ -24,12 +24,15 @@
 #include "engine/backend.h"
 #include "engine/comm/communicator.h"
 #include "engine/comm/kv_store.h"
+#include "engine/comm/metered_communicator.h"
 
 namespace moe {
 
 struct WorkerDevice {
   std::unique_ptr<Backend> backend;
-  std::unique_ptr<Communicator> comm;
+  // The backend's communicator (Gloo or NCCL), metered: its all-to-all traffic per step is
+  // reported to moed (WorkerStepTiming).
+  std::unique_ptr<MeteredCommunicator> comm;
 };
 
 // Checks the flag's syntax and that the device exists here, without building anything.

@@ -43,7 +43,15 @@ class Metrics::Refreshing : public prometheus::Collectable {
 };
 
 Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
-  prometheus::Registry& r = *registry_;
+  RegisterCallFamilies(*registry_);
+  RegisterWorkerFamilies(*registry_);
+  RegisterLayerFamilies(*registry_);
+  RegisterGaugeFamilies(*registry_);
+  collectable_ = std::make_shared<Refreshing>(this);
+}
+
+// Per public call: requests, refusals, latency, in flight, moed's step phases and payload.
+void Metrics::RegisterCallFamilies(prometheus::Registry& r) {
   requests_ = &prometheus::BuildCounter()
                    .Name("moed_requests_total")
                    .Help("Public RPCs answered, by method and gRPC status code.")
@@ -70,6 +78,14 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                             "Tensor bytes of steps, by call and direction (in: x / d_out; "
                             "out: out / d_x), through messages or shared memory.")
                         .Register(r);
+  inflight_ = &prometheus::BuildGauge()
+                   .Name("moed_inflight_requests")
+                   .Help("Public RPCs being served now (received, not yet answered), by method.")
+                   .Register(r);
+}
+
+// Per worker rank: its part of each step.
+void Metrics::RegisterWorkerFamilies(prometheus::Registry& r) {
   worker_phase_seconds_ = &prometheus::BuildHistogram()
                                .Name("moed_worker_phase_seconds")
                                .Help(
@@ -82,6 +98,23 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                .Name("moed_worker_payload_bytes_total")
                                .Help("Tensor bytes of each worker's slices, by rank and direction.")
                                .Register(r);
+  worker_all_to_all_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("moed_worker_all_to_all_seconds")
+           .Help(
+               "Each worker's all-to-all exchanges (token dispatch and combine) of a step, by "
+               "rank and call: wall time of the calls on the worker (NCCL: the enqueue).")
+           .Register(r);
+  worker_all_to_all_bytes_ = &prometheus::BuildCounter()
+                                  .Name("moed_worker_all_to_all_bytes_total")
+                                  .Help(
+                                      "Bytes each worker's all-to-all exchanges sent to and "
+                                      "received from the other workers, by rank and direction.")
+                                  .Register(r);
+}
+
+// Per layer and per cluster event: tokens, saved steps, re-formations, worker deaths.
+void Metrics::RegisterLayerFamilies(prometheus::Registry& r) {
   tokens_ = &prometheus::BuildCounter()
                  .Name("moed_tokens_total")
                  .Help("Tokens processed by Forward, by layer.")
@@ -108,6 +141,10 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                             "heartbeats); embedded workers are started again.")
                         .Register(r)
                         .Add({});
+}
+
+// Gauges, set from the snapshot at each scrape (RefreshGauges).
+void Metrics::RegisterGaugeFamilies(prometheus::Registry& r) {
   serving_ = &prometheus::BuildGauge()
                   .Name("moed_serving")
                   .Help("1 when every worker is up and the service answers steps.")
@@ -132,7 +169,6 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                       .Name("moed_saved_bytes")
                       .Help("Worker memory held by saved steps, by layer.")
                       .Register(r);
-  collectable_ = std::make_shared<Refreshing>(this);
 }
 
 Metrics::~Metrics() = default;
@@ -172,6 +208,12 @@ void Metrics::ObserveWorker(int rank, const std::string& call, double call_s,
     worker_phase_seconds_->Add({{"rank", r}, {"call", call}, {"phase", phase}}, LatencyBuckets())
         .Observe(seconds);
   }
+  worker_all_to_all_seconds_->Add({{"rank", r}, {"call", call}}, LatencyBuckets())
+      .Observe(timing.all_to_all_ms() / 1e3);
+  worker_all_to_all_bytes_->Add({{"rank", r}, {"direction", "sent"}})
+      .Increment(static_cast<double>(timing.all_to_all_bytes_sent()));
+  worker_all_to_all_bytes_->Add({{"rank", r}, {"direction", "received"}})
+      .Increment(static_cast<double>(timing.all_to_all_bytes_received()));
   worker_payload_bytes_->Add({{"rank", r}, {"direction", "in"}})
       .Increment(static_cast<double>(timing.bytes_in()));
   worker_payload_bytes_->Add({{"rank", r}, {"direction", "out"}})
@@ -221,6 +263,19 @@ void Metrics::DropLayer(const std::string& layer) {
     for (prometheus::Histogram* h : histograms->second) phase_seconds_->Remove(h);
     layer_histograms_.erase(histograms);
   }
+}
+
+prometheus::Gauge* Metrics::InflightGauge(const std::string& method) {
+  return &inflight_->Add({{"method", method}});
+}
+
+InflightRequest::InflightRequest(Metrics* metrics, const std::string& method)
+    : gauge_(metrics != nullptr ? metrics->InflightGauge(method) : nullptr) {
+  if (gauge_ != nullptr) gauge_->Increment();
+}
+
+InflightRequest::~InflightRequest() {
+  if (gauge_ != nullptr) gauge_->Decrement();
 }
 
 void Metrics::set_snapshot(std::function<MetricsSnapshot()> snapshot) {

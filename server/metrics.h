@@ -77,7 +77,9 @@ class Metrics {
                    double workers_s, double gather_s);
   // One worker's part of a step, from its StepTiming (proto/moe.proto WorkerStepTiming):
   // moed_worker_phase_seconds{rank,call,phase} for phase = call (moed's round trip), handler,
-  // decode, engine, encode; moed_worker_payload_bytes_total{rank,direction}.
+  // decode, engine, encode; moed_worker_payload_bytes_total{rank,direction};
+  // moed_worker_all_to_all_seconds{rank,call} and
+  // moed_worker_all_to_all_bytes_total{rank,direction=sent|received}.
   void ObserveWorker(int rank, const std::string& call, double call_s,
                      const v1::WorkerStepTiming& timing);
   // Tensor bytes of a step: moed_payload_bytes_total{call,direction="in"|"out"}.
@@ -92,6 +94,9 @@ class Metrics {
   // Drops every series of `layer` (DeleteLayer): a name created again starts from zero.
   void DropLayer(const std::string& layer);
 
+  // moed_inflight_requests{method}: public calls whose body runs now (InflightRequest).
+  prometheus::Gauge* InflightGauge(const std::string& method);
+
   void set_snapshot(std::function<MetricsSnapshot()> snapshot);
 
   // The text exposition format of everything above (what a scrape returns).
@@ -102,6 +107,11 @@ class Metrics {
  private:
   class Refreshing;
   void RefreshGauges() const;
+  // The constructor's parts: each registers its families in `r`.
+  void RegisterCallFamilies(prometheus::Registry& r);
+  void RegisterWorkerFamilies(prometheus::Registry& r);
+  void RegisterLayerFamilies(prometheus::Registry& r);
+  void RegisterGaugeFamilies(prometheus::Registry& r);
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> collectable_;
@@ -112,6 +122,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* payload_bytes_;
   prometheus::Family<prometheus::Histogram>* worker_phase_seconds_;
   prometheus::Family<prometheus::Counter>* worker_payload_bytes_;
+  prometheus::Family<prometheus::Histogram>* worker_all_to_all_seconds_;
+  prometheus::Family<prometheus::Counter>* worker_all_to_all_bytes_;
+  prometheus::Family<prometheus::Gauge>* inflight_;
   prometheus::Family<prometheus::Counter>* tokens_;
   prometheus::Family<prometheus::Counter>* expert_tokens_;
   prometheus::Family<prometheus::Counter>* saved_steps_total_;
@@ -134,6 +147,20 @@ class Metrics {
   mutable std::map<std::pair<prometheus::Family<prometheus::Gauge>*, std::string>,
                    prometheus::Gauge*>
       gauges_ ABSL_GUARDED_BY(mu_);
+};
+
+// One public call in moed_inflight_requests{method}: +1 while it lives. `metrics` may be null.
+//
+//   const InflightRequest inflight(metrics_, "Forward");
+class InflightRequest {
+ public:
+  InflightRequest(Metrics* metrics, const std::string& method);
+  ~InflightRequest();
+  InflightRequest(const InflightRequest&) = delete;
+  InflightRequest& operator=(const InflightRequest&) = delete;
+
+ private:
+  prometheus::Gauge* const gauge_;
 };
 
 // prometheus-cpp's HTTP exposer serving a Metrics on /metrics.

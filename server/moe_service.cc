@@ -150,6 +150,14 @@ absl::Time MoeServiceImpl::InternalDeadline(grpc::ServerContextBase* context,
   return deadline;
 }
 
+SavedStepLimits MoeServiceImpl::SavedLimits() const {
+  SavedStepLimits limits;
+  limits.max_steps = options_.max_saved_steps;
+  limits.max_bytes = options_.max_saved_bytes;
+  limits.ttl = options_.saved_step_ttl;
+  return limits;
+}
+
 v1::LayerInfo MoeServiceImpl::Info(const Layer& layer) const {
   v1::LayerInfo info;
   info.set_name(layer.name);
@@ -161,8 +169,8 @@ v1::LayerInfo MoeServiceImpl::Info(const Layer& layer) const {
     for (int64_t d : p.shape) param->add_shape(d);
   }
   absl::MutexLock lock(&layer.mu);
-  info.set_saved_steps(static_cast<int64_t>(layer.saved.size()));
-  info.set_saved_bytes(layer.saved_bytes);
+  info.set_saved_steps(layer.saved.count());
+  info.set_saved_bytes(layer.saved.bytes());
   info.set_forward_count(layer.forward_count);
   info.set_weights_reset(layer.weights_reset);
   info.set_diverged(layer.diverged);
@@ -183,6 +191,7 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
                                            const v1::CreateLayerRequest* request,
                                            v1::CreateLayerResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "CreateLayer");
   auto run = [&]() -> absl::Status {
     RETURN_IF_ERROR(ValidateLayerName("name", request->name()));
     if (!request->has_config()) return absl::InvalidArgumentError("config: required");
@@ -200,8 +209,7 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
           "config: parameters, gradients and optimizer state need ~", static_cast<double>(bytes),
           " bytes, more than --max_layer_bytes=", options_.max_layer_bytes));
     }
-    auto layer = std::make_shared<Layer>();
-    layer->name = request->name();
+    auto layer = std::make_shared<Layer>(request->name(), SavedLimits());
     layer->id = next_layer_id_++;
     layer->config = config;
     layer->accumulated.assign(config.num_experts, 0);
@@ -287,6 +295,7 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
                                            const v1::DeleteLayerRequest* request,
                                            v1::DeleteLayerResponse*) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "DeleteLayer");
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer, FindLayer(request->name()));
     // The layer leaves the books even when the workers are unreachable: a new generation
@@ -368,6 +377,7 @@ void MoeServiceImpl::DropOnWorkers(const WorkerSet& set, uint64_t layer_id) {
 grpc::Status MoeServiceImpl::DoListLayers(grpc::ServerContextBase*, const v1::ListLayersRequest*,
                                           v1::ListLayersResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "ListLayers");
   std::vector<std::shared_ptr<Layer>> layers;
   {
     absl::MutexLock lock(&layers_mu_);
@@ -381,6 +391,7 @@ grpc::Status MoeServiceImpl::DoGetLayer(grpc::ServerContextBase*,
                                         const v1::GetLayerRequest* request,
                                         v1::GetLayerResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "GetLayer");
   absl::StatusOr<std::shared_ptr<Layer>> layer = FindLayer(request->name());
   if (layer.ok()) *response->mutable_layer() = Info(**layer);
   return Finish("GetLayer", start, layer.status());
@@ -389,6 +400,7 @@ grpc::Status MoeServiceImpl::DoGetLayer(grpc::ServerContextBase*,
 grpc::Status MoeServiceImpl::DoGetStatus(grpc::ServerContextBase*, const v1::GetStatusRequest*,
                                          v1::GetStatusResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "GetStatus");
   response->set_serving(pool_->serving());
   response->set_generation(pool_->generation());
   response->set_world_size(pool_->world_size());
@@ -484,8 +496,7 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
                      ? "durable state reloaded"
                      : absl::StrCat("durable state NOT reloaded: ", reloaded.message()).c_str());
     absl::MutexLock lock(&layer->mu);
-    layer->saved.clear();
-    layer->saved_bytes = 0;
+    layer->saved.Clear();
     layer->accumulated.assign(layer->config.num_experts, 0);
     if (!reloaded.ok()) layer->durable_error = std::string(reloaded.message());
     if (!restore && (!durable || !reloaded.ok())) layer->weights_reset = true;
@@ -498,8 +509,7 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
 }
 
 void MoeServiceImpl::ExpireSavedSteps() {
-  constexpr size_t kExpiredKept = 4096;
-  const absl::Time cutoff = absl::Now() - options_.saved_step_ttl;
+  const absl::Time now = absl::Now();
   std::vector<std::shared_ptr<Layer>> layers;
   {
     absl::MutexLock lock(&layers_mu_);
@@ -508,10 +518,7 @@ void MoeServiceImpl::ExpireSavedSteps() {
   for (const auto& layer : layers) {
     auto any_due = [&] {
       absl::MutexLock lock(&layer->mu);
-      for (const auto& kv : layer->saved) {
-        if (kv.second.saved_at <= cutoff) return true;
-      }
-      return false;
+      return layer->saved.AnyDue(now);
     };
     if (!any_due()) continue;
     // The step's turn, as ReleaseStep: a step being used by a queued Backward is not pulled
@@ -525,17 +532,7 @@ void MoeServiceImpl::ExpireSavedSteps() {
     {
       absl::MutexLock lock(&layer->mu);
       if (layer->deleted) continue;
-      for (auto it = layer->saved.begin(); it != layer->saved.end();) {
-        if (it->second.saved_at > cutoff) {
-          ++it;
-          continue;
-        }
-        ids.push_back(it->first);
-        layer->expired.insert(it->first);
-        layer->saved_bytes -= it->second.bytes;
-        it = layer->saved.erase(it);
-      }
-      while (layer->expired.size() > kExpiredKept) layer->expired.erase(layer->expired.begin());
+      ids = layer->saved.Expire(now);
     }
     if (ids.empty()) continue;
     std::fprintf(stderr, "moed: layer %s: %zu saved step(s) expired (--saved_step_ttl_s)\n",
@@ -551,8 +548,7 @@ std::vector<MetricsSnapshot::Layer> MoeServiceImpl::LayerMetrics() const {
   absl::MutexLock lock(&layers_mu_);
   for (const auto& kv : layers_) {
     absl::MutexLock layer_lock(&kv.second->mu);
-    layers.push_back({kv.first, static_cast<int64_t>(kv.second->saved.size()),
-                      kv.second->saved_bytes});
+    layers.push_back({kv.first, kv.second->saved.count(), kv.second->saved.bytes()});
   }
   return layers;
 }

@@ -2,7 +2,7 @@
 // any worker sees it, serialises each layer's steps in arrival order, splits batches into
 // contiguous per-worker token slices, fans calls out through the WorkerPool and gathers the
 // answers. It owns no model tensors; it remembers each layer's config (to re-create layers
-// when the workers form a new generation) and the bookkeeping of saved steps.
+// when the workers form a new generation) and its saved steps' books (server/saved_steps.h).
 //
 // Locking order: setup_mu_ (shared by operations, exclusive while layers are re-created for
 // a new generation) is taken after a layer's FIFO turn and before layers_mu_ / a layer's mu.
@@ -44,6 +44,7 @@
 #include "server/durable_store.h"
 #include "server/fifo_mutex.h"
 #include "server/metrics.h"
+#include "server/saved_steps.h"
 #include "server/shared_memory.h"
 #include "server/shm_step.h"
 #include "server/worker_pool.h"
@@ -270,14 +271,10 @@ class MoeServiceImpl final : public MoeServiceBase {
   // Housekeeping: drops regions whose object is gone or that stayed idle, then forgets them.
   void HousekeepShm();
 
-  struct SavedStep {
-    int64_t tokens = 0;
-    DType dtype = DType::kFloat32;
-    int64_t bytes = 0;
-    absl::Time saved_at;  // for saved_step_ttl
-  };
   // The front end's record of one layer.
   struct Layer {
+    Layer(std::string layer_name, SavedStepLimits limits)
+        : name(std::move(layer_name)), saved(name, limits) {}
     std::string name;
     uint64_t id = 0;
     LayerConfig config;
@@ -285,10 +282,7 @@ class MoeServiceImpl final : public MoeServiceBase {
     mutable absl::Mutex mu;
     bool deleted ABSL_GUARDED_BY(mu) = false;
     bool weights_reset ABSL_GUARDED_BY(mu) = false;  // see LayerInfo.weights_reset
-    std::map<uint64_t, SavedStep> saved ABSL_GUARDED_BY(mu);
-    // Ids of steps released by saved_step_ttl (the latest kExpiredKept), for Backward's error.
-    std::set<uint64_t> expired ABSL_GUARDED_BY(mu);
-    int64_t saved_bytes ABSL_GUARDED_BY(mu) = 0;
+    SavedSteps saved ABSL_GUARDED_BY(mu);
     int64_t forward_count ABSL_GUARDED_BY(mu) = 0;
     std::vector<int64_t> accumulated ABSL_GUARDED_BY(mu);  // [E] since the last bias update
     // Why the workers may hold different state of this layer (LayerInfo.diverged); empty
@@ -401,10 +395,17 @@ class MoeServiceImpl final : public MoeServiceBase {
   // RecreateLayers: the layer, just created from init_seed on `set`, loads its durable
   // checkpoint (collective LoadCheckpoint). OK with nothing to load.
   absl::Status LoadDurable(const WorkerSet& set, Layer& layer);
+  // The saved-step budget and ttl of every layer (options_).
+  SavedStepLimits SavedLimits() const;
   absl::Time InternalDeadline(grpc::ServerContextBase* context, bool collective) const;
   // DeleteLayer of `layer_id` on every worker of `set` (best effort: a worker that misses it
   // drops the layer at its next generation).
   void DropOnWorkers(const WorkerSet& set, uint64_t layer_id);
+  // Forward with keep_for_backward, after the workers saved `step_id`: OK keeps it booked;
+  // CANCELLED (the client left) or RESOURCE_EXHAUSTED (over --max_saved_bytes) drops it from
+  // the books and releases it on the workers.
+  absl::Status KeepStepOrRefuse(Turn& turn, grpc::ServerContextBase* context, uint64_t step_id,
+                                int64_t saved_bytes);
   // Releases steps on the workers (best effort; they are dropped from the books anyway).
   void ReleaseOnWorkers(const WorkerSet& set, const Layer& layer,
                         const std::vector<uint64_t>& step_ids);

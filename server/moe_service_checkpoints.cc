@@ -23,6 +23,7 @@ grpc::Status MoeServiceImpl::DoSaveCheckpoint(grpc::ServerContextBase* context,
                                               const v1::SaveCheckpointRequest* request,
                                               v1::SaveCheckpointResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "SaveCheckpoint");
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     ASSIGN_OR_RETURN(CheckpointRoot * root, Checkpoints());
@@ -56,6 +57,7 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
                                               const v1::LoadCheckpointRequest* request,
                                               v1::LoadCheckpointResponse*) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "LoadCheckpoint");
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     ASSIGN_OR_RETURN(CheckpointRoot * root, Checkpoints());
@@ -90,8 +92,7 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
     // The workers drop their saved steps of this layer on commit.
     {
       absl::MutexLock lock(&layer.mu);
-      layer.saved.clear();
-      layer.saved_bytes = 0;
+      layer.saved.Clear();
       layer.accumulated.assign(layer.config.num_experts, 0);
     }
     RETURN_IF_ERROR(CommitStage(*turn, "LoadCheckpoint", call.stage_id()));

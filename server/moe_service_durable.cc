@@ -24,8 +24,7 @@ absl::Status MoeServiceImpl::RestoreDurableLayers() {
                                                         "\" does not fit ", pool_->world_size(),
                                                         " worker(s): ", valid.message()));
     }
-    auto layer = std::make_shared<Layer>();
-    layer->name = record.name;
+    auto layer = std::make_shared<Layer>(record.name, SavedLimits());
     layer->id = next_layer_id_++;
     layer->config = record.config;
     {

@@ -89,6 +89,7 @@ grpc::Status MoeServiceImpl::DoRegisterSystemSharedMemory(
     grpc::ServerContextBase* context, const v1::RegisterSystemSharedMemoryRequest* request,
     v1::RegisterSystemSharedMemoryResponse*) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "RegisterSystemSharedMemory");
   absl::Status status = CheckShmAllowed(context);
   if (status.ok()) {
     status =
@@ -141,6 +142,7 @@ grpc::Status MoeServiceImpl::DoSystemSharedMemoryStatus(
     grpc::ServerContextBase* context, const v1::SystemSharedMemoryStatusRequest* request,
     v1::SystemSharedMemoryStatusResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "SystemSharedMemoryStatus");
   absl::Status status = ShmStatus(context, request->name(), response);
   ForgetRetiredShm();  // Status drops stale regions
   return Finish("SystemSharedMemoryStatus", start, status);
@@ -150,6 +152,7 @@ grpc::Status MoeServiceImpl::DoUnregisterSystemSharedMemory(
     grpc::ServerContextBase* context, const v1::UnregisterSystemSharedMemoryRequest* request,
     v1::UnregisterSystemSharedMemoryResponse*) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "UnregisterSystemSharedMemory");
   absl::Status status = CheckShmAllowed(context);
   if (status.ok()) status = shm_->Unregister(request->name());
   ForgetRetiredShm();

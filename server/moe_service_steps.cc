@@ -93,13 +93,41 @@ void FillStepTiming(const PhaseClock& clock, double queue_ms, double fanout_ms, 
   }
 }
 
+// A step's moed phases and each worker's part, in metrics (null: none).
+template <typename WorkerAnswer>
+void ObserveStep(Metrics* metrics, const std::string& layer, const char* call, double queue_ms,
+                 double fanout_ms, double gather_ms, const std::vector<double>& call_ms,
+                 const std::vector<WorkerAnswer>& answers) {
+  if (metrics == nullptr) return;
+  metrics->ObserveStep(layer, call, queue_ms / 1e3, fanout_ms / 1e3, gather_ms / 1e3);
+  for (size_t r = 0; r < answers.size(); ++r) {
+    metrics->ObserveWorker(static_cast<int>(r), call, call_ms[r] / 1e3, answers[r].timing());
+  }
+}
+
 }  // namespace
+
+absl::Status MoeServiceImpl::KeepStepOrRefuse(Turn& turn, grpc::ServerContextBase* context,
+                                              uint64_t step_id, int64_t saved_bytes) {
+  // A client that left cannot use the step; a step over the byte budget is refused.
+  Layer& layer = turn.layer();
+  absl::Status refuse;
+  if (context->IsCancelled()) refuse = absl::CancelledError("client cancelled");
+  {
+    absl::MutexLock lock(&layer.mu);
+    if (refuse.ok()) refuse = layer.saved.CheckBytes(saved_bytes);
+    if (!refuse.ok()) layer.saved.Remove(step_id);
+  }
+  if (!refuse.ok()) ReleaseOnWorkers(turn.set, layer, {step_id});
+  return refuse;
+}
 
 grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
                                        const v1::ForwardRequest& request, const TensorBytes& input,
                                        v1::ForwardResponse* response,
                                        std::vector<grpc::Slice>* output) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "Forward");
   auto run = [&]() -> absl::Status {
     // moed's own phases are always timed (metrics); the workers' only when the caller asks.
     PhaseClock clock(request.timing() || metrics_ != nullptr);
@@ -115,18 +143,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     const bool keep = request.keep_for_backward();
     auto check_budget = [&](const Layer& layer) -> absl::Status {
       absl::MutexLock lock(&layer.mu);
-      if (static_cast<int64_t>(layer.saved.size()) >= options_.max_saved_steps) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "keep_for_backward: layer \"", layer.name, "\" already holds ", layer.saved.size(),
-            " saved steps (limit --max_saved_steps=", options_.max_saved_steps,
-            "); call Backward or ReleaseStep first"));
-      }
-      if (layer.saved_bytes >= options_.max_saved_bytes) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "keep_for_backward: layer \"", layer.name, "\" saved steps hold ", layer.saved_bytes,
-            " bytes (limit --max_saved_bytes=", options_.max_saved_bytes, ")"));
-      }
-      return absl::OkStatus();
+      return layer.saved.CheckRoom();
     };
     if (keep) RETURN_IF_ERROR(check_budget(*found));
 
@@ -200,44 +217,22 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
         for (size_t e = 0; e < counts.size(); ++e) layer.accumulated[e] += counts[e];
       }
       if (keep) {
-        layer.saved[step_id] = SavedStep{tokens, dtype, saved_bytes, absl::Now()};
-        layer.saved_bytes += saved_bytes;
+        layer.saved.Add(step_id, SavedStep{tokens, dtype, saved_bytes, absl::Now()});
       }
     }
+    ObserveStep(metrics_, layer.name, "Forward", queue_ms, fanout_ms, gather_ms, call_ms, answers);
     if (metrics_ != nullptr) {
       metrics_->CountTokens(layer.name, tokens, counts);
-      metrics_->ObserveStep(layer.name, "Forward", queue_ms / 1e3, fanout_ms / 1e3, gather_ms / 1e3);
-      for (int r = 0; r < ranks; ++r) {
-        metrics_->ObserveWorker(r, "Forward", call_ms[r] / 1e3, answers[r].timing());
-      }
       const int64_t bytes = tokens * static_cast<int64_t>(row_bytes);
       metrics_->CountPayload("Forward", bytes, bytes);
       if (keep) metrics_->CountSavedSteps("created", 1);
     }
     if (keep) {
-      // A client that left cannot use the step; a step over the byte budget is refused.
-      absl::Status refuse;
-      if (context->IsCancelled()) refuse = absl::CancelledError("client cancelled");
-      {
-        absl::MutexLock lock(&layer.mu);
-        if (refuse.ok() && layer.saved_bytes > options_.max_saved_bytes) {
-          refuse = absl::ResourceExhaustedError(
-              absl::StrCat("keep_for_backward: this step needs ", saved_bytes,
-                           " bytes; the layer's saved "
-                           "steps would hold ",
-                           layer.saved_bytes,
-                           " bytes (limit --max_saved_bytes=", options_.max_saved_bytes, ")"));
-        }
-        if (!refuse.ok()) {
-          layer.saved.erase(step_id);
-          layer.saved_bytes -= saved_bytes;
-        }
-      }
-      if (!refuse.ok()) {
-        ReleaseOnWorkers(turn->set, layer, {step_id});
+      absl::Status kept = KeepStepOrRefuse(*turn, context, step_id, saved_bytes);
+      if (!kept.ok()) {
         response->Clear();
         output->clear();
-        return refuse;
+        return kept;
       }
       response->set_step_id(step_id);
     }
@@ -255,6 +250,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
                                         v1::BackwardResponse* response,
                                         std::vector<grpc::Slice>* output) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "Backward");
   auto run = [&]() -> absl::Status {
     PhaseClock clock(request.timing() || metrics_ != nullptr);  // as in Forward
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request.layer()));
@@ -282,32 +278,15 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     SavedStep step;
     {
       absl::MutexLock lock(&layer.mu);
-      auto it = layer.saved.find(request.step_id());
-      if (it == layer.saved.end()) {
-        if (layer.expired.count(request.step_id()) != 0) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "step_id: ", request.step_id(), " expired: not used by a Backward within ",
-              absl::FormatDuration(options_.saved_step_ttl),
-              " of its Forward (server flag --saved_step_ttl_s); its saved activations were "
-              "released"));
-        }
-        const bool issued = request.step_id() < next_step_id_.load();
-        return absl::FailedPreconditionError(absl::StrCat(
-            "step_id: ", request.step_id(),
-            issued ? " is not held by layer \"" + layer.name +
-                         "\" (released, already used by a Backward, dropped when the workers "
-                         "re-formed, or a step of another layer)"
-                   : std::string(" was never issued")));
+      const bool issued = request.step_id() < next_step_id_.load();
+      ASSIGN_OR_RETURN(step, layer.saved.Find(request.step_id(), issued));
+      if (d_out_tokens != step.tokens) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("d_out.shape[0]: ", d_out_tokens, " != the step's tokens ", step.tokens));
       }
-      if (d_out_tokens != it->second.tokens) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "d_out.shape[0]: ", d_out_tokens, " != the step's tokens ", it->second.tokens));
-      }
-      RETURN_IF_ERROR(shm.CheckOutput(it->second.tokens, layer.config.hidden, it->second.dtype));
+      RETURN_IF_ERROR(shm.CheckOutput(step.tokens, layer.config.hidden, step.dtype));
       // The step is consumed by this Backward, whatever its outcome.
-      step = it->second;
-      layer.saved_bytes -= step.bytes;
-      layer.saved.erase(it);
+      layer.saved.Remove(request.step_id());
     }
     const int ranks = turn->set.size();
     const std::vector<int64_t> offsets = SplitRows(step.tokens, ranks);
@@ -360,12 +339,8 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
         },
         output));
     const double gather_ms = clock.Lap();
+    ObserveStep(metrics_, layer.name, "Backward", queue_ms, fanout_ms, gather_ms, call_ms, answers);
     if (metrics_ != nullptr) {
-      metrics_->ObserveStep(layer.name, "Backward", queue_ms / 1e3, fanout_ms / 1e3,
-                            gather_ms / 1e3);
-      for (int r = 0; r < ranks; ++r) {
-        metrics_->ObserveWorker(r, "Backward", call_ms[r] / 1e3, answers[r].timing());
-      }
       const int64_t bytes = step.tokens * static_cast<int64_t>(row_bytes);
       metrics_->CountPayload("Backward", bytes,
                              step.tokens * layer.config.hidden * DTypeSize(step.dtype));
@@ -384,6 +359,7 @@ grpc::Status MoeServiceImpl::DoReleaseStep(grpc::ServerContextBase* context,
                                            const v1::ReleaseStepRequest* request,
                                            v1::ReleaseStepResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "ReleaseStep");
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     // Works while the workers are down too: their steps are gone with their generation.
@@ -392,10 +368,7 @@ grpc::Status MoeServiceImpl::DoReleaseStep(grpc::ServerContextBase* context,
     Layer& layer = turn->layer();
     {
       absl::MutexLock lock(&layer.mu);
-      auto it = layer.saved.find(request->step_id());
-      if (it == layer.saved.end()) return absl::OkStatus();  // released = false
-      layer.saved_bytes -= it->second.bytes;
-      layer.saved.erase(it);
+      if (!layer.saved.Remove(request->step_id())) return absl::OkStatus();  // released = false
     }
     response->set_released(true);
     if (metrics_ != nullptr) metrics_->CountSavedSteps("released", 1);

@@ -200,6 +200,7 @@ grpc::Status MoeServiceImpl::DoGetGradients(grpc::ServerContextBase* context,
                                             const v1::GetGradientsRequest* request,
                                             StreamWriter<v1::TensorChunk>* writer) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "GetGradients");
   return Finish("GetGradients", start,
                 ServeTensors(context, request->layer(), /*gradients=*/true, request->names(),
                              request->max_chunk_bytes(), writer));
@@ -209,6 +210,7 @@ grpc::Status MoeServiceImpl::DoGetWeights(grpc::ServerContextBase* context,
                                           const v1::GetWeightsRequest* request,
                                           StreamWriter<v1::TensorChunk>* writer) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "GetWeights");
   return Finish("GetWeights", start,
                 ServeTensors(context, request->layer(), /*gradients=*/false, request->names(),
                              request->max_chunk_bytes(), writer));
@@ -218,6 +220,7 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
                                           StreamReader<v1::SetWeightsRequest>* reader,
                                           v1::SetWeightsResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "SetWeights");
   // A client that stops sending is cancelled instead of holding what was assembled for good.
   reader->CancelIfIdle(options_.stream_idle_timeout, context);
   auto run = [&]() -> absl::Status {
@@ -332,6 +335,7 @@ grpc::Status MoeServiceImpl::DoZeroGradients(grpc::ServerContextBase* context,
                                              const v1::ZeroGradientsRequest* request,
                                              v1::ZeroGradientsResponse*) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "ZeroGradients");
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
                      TakeTurn(request->layer(), context, /*require_serving=*/true,
@@ -357,6 +361,7 @@ grpc::Status MoeServiceImpl::DoApplyOptimizer(grpc::ServerContextBase* context,
                                               const v1::ApplyOptimizerRequest* request,
                                               v1::ApplyOptimizerResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "ApplyOptimizer");
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     RETURN_IF_ERROR(OptimizerFromProto(request->has_sgd() ? &request->sgd() : nullptr,
@@ -391,6 +396,7 @@ grpc::Status MoeServiceImpl::DoUpdateExpertBias(grpc::ServerContextBase* context
                                                 const v1::UpdateExpertBiasRequest* request,
                                                 v1::UpdateExpertBiasResponse* response) {
   const absl::Time start = absl::Now();
+  const InflightRequest inflight(metrics_, "UpdateExpertBias");
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     if (!std::isfinite(request->rate()) || request->rate() < 0) {

@@ -15,6 +15,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,68 +36,142 @@
 #include "server/grpc_kv_store.h"
 #include "server/health.h"
 #include "server/internal_tls.h"
+#include "server/worker_options.h"
 #include "server/worker_service.h"
-
-ABSL_FLAG(std::string, frontend, "",
-          "host:port of moed's internal plane (moed --internal_listen; required)");
-ABSL_FLAG(std::string, cluster_secret_file, "",
-          "file holding the cluster secret the front end was given (moed "
-          "--cluster_secret_file); required unless --cluster_secret_fd");
-ABSL_FLAG(int, cluster_secret_fd, -1,
-          "embedded mode (set by moed): inherited file descriptor holding the cluster secret");
-ABSL_FLAG(std::string, device, "cpu", "device this worker runs on: cpu");
-ABSL_FLAG(int, rank, -1, "rank to ask for (-1: any free rank)");
-ABSL_FLAG(std::string, listen, "127.0.0.1:0",
-          "address of this worker's own gRPC service (port 0: pick a free one); loopback by "
-          "default, an interface's address (or 0.0.0.0) when peers are on other hosts");
-ABSL_FLAG(std::string, advertise_host, "",
-          "host name or address the front end and peers reach this worker at (empty: "
-          "127.0.0.1 when --frontend is on localhost, else this host's name)");
-ABSL_FLAG(int, cpu_threads, 0,
-          "cpu device: threads of the element-wise kernels (0: one per hardware thread); "
-          "OpenBLAS follows OPENBLAS_NUM_THREADS");
-ABSL_FLAG(int, join_timeout_s, 60, "give up when the front end does not accept the join");
-ABSL_FLAG(int, rejoin_after_s, 5,
-          "join again (same rank) when the front end has not pinged for this long: it "
-          "declared this worker dead, or it restarted");
-ABSL_FLAG(int, orphan_timeout_s, 60,
-          "exit when the front end has neither pinged nor accepted a join for this long "
-          "(0: never)");
 
 namespace moe {
 namespace {
 
-std::string AdvertiseHost(const std::string& frontend) {
-  if (!absl::GetFlag(FLAGS_advertise_host).empty()) return absl::GetFlag(FLAGS_advertise_host);
-  std::string host = frontend.substr(0, frontend.rfind(':'));
+std::string AdvertiseHost(const WorkerOptions& options) {
+  if (!options.advertise_host.empty()) return options.advertise_host;
+  std::string host = options.frontend.substr(0, options.frontend.rfind(':'));
   if (host == "localhost" || host == "127.0.0.1" || host == "[::1]") return "127.0.0.1";
   char name[256] = {0};
   if (gethostname(name, sizeof(name) - 1) == 0 && name[0] != '\0') return name;
   return "127.0.0.1";
 }
 
-int Main() {
-  const std::string frontend = absl::GetFlag(FLAGS_frontend);
-  const std::string device = absl::GetFlag(FLAGS_device);
-  if (frontend.empty()) {
-    std::fprintf(stderr, "moe-worker: --frontend=HOST:PORT is required\n");
+// Readiness (server/health.h): set up, and pinged within --rejoin_after_s (5 s if 0). Updated
+// when a Setup begins or ends and by the watchdog (pings stopping).
+class Readiness {
+ public:
+  Readiness(const WorkerService* service, absl::Duration unpinged)
+      : service_(service), unpinged_(unpinged) {}
+  // Once the server runs: from now on changes reach `health`.
+  void Attach(grpc::HealthCheckServiceInterface* health) {
+    absl::MutexLock lock(&mu_);
+    health_ = health;
+    InitHealth(health, internal::Worker::service_full_name());
+  }
+  void Update() {
+    absl::MutexLock lock(&mu_);
+    const bool ready = service_->ready() && absl::Now() - service_->last_ping() <= unpinged_;
+    if (health_ != nullptr && ready != was_ready_) {
+      SetReadiness(health_, internal::Worker::service_full_name(), ready);
+      was_ready_ = ready;
+    }
+  }
+
+ private:
+  const WorkerService* const service_;
+  const absl::Duration unpinged_;
+  absl::Mutex mu_;
+  grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool was_ready_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// This worker's own port; null when it cannot be bound (a taken port fails the start).
+std::unique_ptr<grpc::Server> StartServer(const WorkerOptions& options,
+                                          const std::shared_ptr<grpc::ServerCredentials>& creds,
+                                          grpc::Service* service, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, creds, port);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(INT_MAX);
+  builder.SetMaxSendMessageSize(INT_MAX);
+  SetBulkTransportArgs(&builder);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  return *port == 0 ? nullptr : std::move(server);
+}
+
+// Join requests to the front end's Coordinator.
+class Joiner {
+ public:
+  Joiner(const WorkerOptions& options, std::shared_ptr<grpc::Channel> channel, std::string address)
+      : options_(options),
+        coordinator_(internal::Coordinator::NewStub(std::move(channel))),
+        address_(std::move(address)) {}
+
+  grpc::Status JoinOnce(int rank, internal::JoinResponse* joined) {
+    internal::JoinRequest join;
+    join.set_requested_rank(rank);
+    join.set_address(address_);
+    join.set_device(options_.device);
+    join.set_pid(getpid());
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    return coordinator_->Join(&context, join, joined);
+  }
+
+  // Joins under --rank, retrying while the front end is not up yet (--join_timeout_s).
+  grpc::Status Join(internal::JoinResponse* joined) {
+    const absl::Time give_up = absl::Now() + options_.join_timeout;
+    while (true) {
+      grpc::Status status = JoinOnce(options_.rank, joined);
+      if (status.ok()) return status;
+      const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                         status.error_code() == grpc::StatusCode::ABORTED;
+      if (!retry || absl::Now() > give_up) return status;
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+  }
+
+ private:
+  const WorkerOptions& options_;
+  std::unique_ptr<internal::Coordinator::Stub> coordinator_;
+  const std::string address_;
+};
+
+// Watchdog, until the front end asks this worker to shut down: a worker the front end stopped
+// pinging (declared dead after a stall, or a restarted front end) joins again under its rank;
+// one whose front end stays gone exits. It also notices readiness lost to missing pings.
+void Watchdog(const WorkerOptions& options, int rank, WorkerService* service, Joiner* joiner,
+              Readiness* readiness) {
+  absl::Time last_attempt = absl::InfinitePast();
+  const absl::Duration rejoin = options.rejoin_after;
+  const absl::Duration orphan = options.orphan_timeout;
+  while (!service->HasShutdownRequest()) {
+    absl::SleepFor(absl::Milliseconds(200));
+    readiness->Update();
+    const absl::Duration silent = absl::Now() - service->last_ping();
+    if (orphan > absl::ZeroDuration() && silent > orphan) {
+      std::fprintf(stderr, "moe-worker: no contact with the front end for %ds, exiting\n",
+                   static_cast<int>(absl::ToInt64Seconds(orphan)));
+      _exit(3);
+    }
+    if (rejoin > absl::ZeroDuration() && silent > rejoin &&
+        absl::Now() - last_attempt > absl::Seconds(1)) {
+      last_attempt = absl::Now();
+      internal::JoinResponse again;
+      if (joiner->JoinOnce(rank, &again).ok()) {
+        std::fprintf(stderr, "moe-worker: rejoined as rank %d\n", again.rank());
+        service->NoteContact();
+      }
+    }
+  }
+}
+
+int Main(const WorkerOptions& options) {
+  if (absl::Status valid = ValidateWorkerOptions(options); !valid.ok()) {
+    std::fprintf(stderr, "moe-worker: %s\n", std::string(valid.message()).c_str());
     return 2;
   }
-  absl::Status device_ok = CheckDeviceFlag(device);
-  if (!device_ok.ok()) {
-    std::fprintf(stderr, "moe-worker: %s\n", device_ok.ToString().c_str());
-    return 2;
-  }
-  const int secret_fd = absl::GetFlag(FLAGS_cluster_secret_fd);
-  const std::string secret_file = absl::GetFlag(FLAGS_cluster_secret_file);
-  if ((secret_fd >= 0) == !secret_file.empty()) {
-    std::fprintf(stderr,
-                 "moe-worker: give the cluster secret with --cluster_secret_file=PATH (the file "
-                 "moed was given with its own --cluster_secret_file)\n");
-    return 2;
-  }
-  absl::StatusOr<ClusterSecret> secret =
-      secret_fd >= 0 ? ClusterSecret::FromFd(secret_fd) : ClusterSecret::FromFile(secret_file);
+  absl::StatusOr<ClusterSecret> secret = options.cluster_secret_fd >= 0
+                                             ? ClusterSecret::FromFd(options.cluster_secret_fd)
+                                             : ClusterSecret::FromFile(options.cluster_secret_file);
   if (!secret.ok()) {
     std::fprintf(stderr, "moe-worker: %s\n", secret.status().ToString().c_str());
     return 2;
@@ -111,47 +186,22 @@ int Main() {
   args.SetMaxReceiveMessageSize(INT_MAX);
   args.SetMaxSendMessageSize(INT_MAX);
   // Join and the rendezvous store's calls carry the secret.
-  std::shared_ptr<grpc::Channel> channel = secret->Channel(frontend, args);
+  std::shared_ptr<grpc::Channel> channel = secret->Channel(options.frontend, args);
   auto store = std::make_shared<GrpcKeyValueStore>(channel);
-  WorkerService service(device, store, absl::GetFlag(FLAGS_cpu_threads));
+  WorkerService service(options.device, store, options.cpu_threads);
   AuthenticatedWorkerService authenticated(&service, *secret);
-  // Readiness (server/health.h): set up, and pinged within --rejoin_after_s (5 s if 0).
-  // Updated when a Setup begins or ends and by the watchdog below (pings stopping).
-  const int rejoin_s = absl::GetFlag(FLAGS_rejoin_after_s);
-  const absl::Duration unpinged = absl::Seconds(rejoin_s > 0 ? rejoin_s : 5);
-  grpc::HealthCheckServiceInterface* health = nullptr;
-  absl::Mutex readiness_mu;
-  bool was_ready = false;
-  auto update_readiness = [&] {
-    absl::MutexLock lock(&readiness_mu);
-    const bool ready = service.ready() && absl::Now() - service.last_ping() <= unpinged;
-    if (health != nullptr && ready != was_ready) {
-      SetReadiness(health, internal::Worker::service_full_name(), ready);
-      was_ready = ready;
-    }
-  };
-  service.set_on_ready_changed(update_readiness);
+  Readiness readiness(&service, options.rejoin_after > absl::ZeroDuration() ? options.rejoin_after
+                                                                            : absl::Seconds(5));
+  service.set_on_ready_changed([&readiness] { readiness.Update(); });
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);  // a taken port fails the start
-  builder.SetMaxReceiveMessageSize(INT_MAX);
-  builder.SetMaxSendMessageSize(INT_MAX);
-  SetBulkTransportArgs(&builder);
-  builder.RegisterService(&authenticated);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    std::fprintf(stderr, "moe-worker: cannot listen on %s\n", absl::GetFlag(FLAGS_listen).c_str());
+  std::unique_ptr<grpc::Server> server = StartServer(options, *credentials, &authenticated, &port);
+  if (server == nullptr) {
+    std::fprintf(stderr, "moe-worker: cannot listen on %s\n", options.listen.c_str());
     return 1;
   }
-  {
-    absl::MutexLock lock(&readiness_mu);
-    health = server->GetHealthCheckService();
-    InitHealth(health, internal::Worker::service_full_name());
-  }
-  const std::string host = AdvertiseHost(frontend);
+  readiness.Attach(server->GetHealthCheckService());
+  const std::string host = AdvertiseHost(options);
   const std::string address = absl::StrCat(host, ":", port);
   // Gloo listens where peers can reach this worker: the advertised host, unless the operator
   // chose an interface or name for Gloo explicitly.
@@ -159,66 +209,20 @@ int Main() {
     setenv("MOED_GLOO_HOSTNAME", host.c_str(), /*overwrite=*/0);
   }
 
-  auto coordinator = internal::Coordinator::NewStub(channel);
-  auto join_once = [&](int rank, internal::JoinResponse* joined) {
-    internal::JoinRequest join;
-    join.set_requested_rank(rank);
-    join.set_address(address);
-    join.set_device(device);
-    join.set_pid(getpid());
-    grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    return coordinator->Join(&context, join, joined);
-  };
-
-  // Join, retrying while the front end is not up yet.
+  Joiner joiner(options, channel, address);
   internal::JoinResponse joined;
-  const absl::Time give_up = absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
-  while (true) {
-    grpc::Status status = join_once(absl::GetFlag(FLAGS_rank), &joined);
-    if (status.ok()) break;
-    const bool retry = status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-                       status.error_code() == grpc::StatusCode::ABORTED;
-    if (!retry || absl::Now() > give_up) {
-      std::fprintf(stderr, "moe-worker: join %s failed: %s\n", frontend.c_str(),
-                   status.error_message().c_str());
-      return 1;
-    }
-    absl::SleepFor(absl::Milliseconds(200));
+  grpc::Status join = joiner.Join(&joined);
+  if (!join.ok()) {
+    std::fprintf(stderr, "moe-worker: join %s failed: %s\n", options.frontend.c_str(),
+                 join.error_message().c_str());
+    return 1;
   }
   std::fprintf(stderr, "moe-worker: rank %d of %d at %s (front end %s, device %s)\n", joined.rank(),
-               joined.world_size(), address.c_str(), frontend.c_str(), device.c_str());
+               joined.world_size(), address.c_str(), options.frontend.c_str(),
+               options.device.c_str());
   service.NoteContact();
 
-  // Watchdog: a worker the front end stopped pinging (declared dead after a stall, or a
-  // restarted front end) joins again under its rank; one whose front end stays gone exits.
-  const int orphan_s = absl::GetFlag(FLAGS_orphan_timeout_s);
-  const int rank = joined.rank();
-  // It also notices readiness lost to missing pings.
-  std::thread watchdog([&] {
-    absl::Time last_attempt = absl::InfinitePast();
-    while (!service.HasShutdownRequest()) {
-      absl::SleepFor(absl::Milliseconds(200));
-      update_readiness();
-      const absl::Duration silent = absl::Now() - service.last_ping();
-      if (orphan_s > 0 && silent > absl::Seconds(orphan_s)) {
-        std::fprintf(stderr, "moe-worker: no contact with the front end for %ds, exiting\n",
-                     orphan_s);
-        _exit(3);
-      }
-      if (rejoin_s > 0 && silent > absl::Seconds(rejoin_s) &&
-          absl::Now() - last_attempt > absl::Seconds(1)) {
-        last_attempt = absl::Now();
-        internal::JoinResponse again;
-        grpc::Status status = join_once(rank, &again);
-        if (status.ok()) {
-          std::fprintf(stderr, "moe-worker: rejoined as rank %d\n", again.rank());
-          service.NoteContact();
-        }
-      }
-    }
-  });
+  std::thread watchdog(Watchdog, std::cref(options), joined.rank(), &service, &joiner, &readiness);
   service.WaitForShutdownRequest();
   // Server::Shutdown cancels the calls still open at its deadline but then waits for their
   // bodies to finish, and a body stuck in a collective ends only at its timeout (and layers
@@ -255,9 +259,10 @@ int main(int argc, char** argv) {
   // mark, which every step reaches again anyway. Not on the CPU device: there the layer's
   // scratch lives on the same heap, and engine_bench ran its qwen3 step 8% slower with these
   // settings (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=-1) than with glibc's defaults.
-  if (absl::GetFlag(FLAGS_device) != "cpu") {
+  const moe::WorkerOptions options = moe::WorkerOptionsFromFlags();
+  if (options.device != "cpu") {
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, -1);
   }
-  return moe::Main();
+  return moe::Main(options);
 }

@@ -22,7 +22,10 @@ grpc::Status Grpc(const absl::Status& s) { return ToGrpcStatus(s); }
 
 // The worker's phases of a step; the clock's next lap is the encode.
 void FillTiming(PhaseClock& clock, double decode_ms, double engine_ms, size_t bytes_in,
-                size_t bytes_out, v1::WorkerStepTiming* timing) {
+                size_t bytes_out, const CommTraffic& traffic, v1::WorkerStepTiming* timing) {
+  timing->set_all_to_all_bytes_sent(traffic.all_to_all_bytes_sent);
+  timing->set_all_to_all_bytes_received(traffic.all_to_all_bytes_received);
+  timing->set_all_to_all_ms(absl::ToDoubleMilliseconds(traffic.all_to_all_time));
   timing->set_decode_ms(decode_ms);
   timing->set_engine_ms(engine_ms);
   timing->set_encode_ms(clock.Lap());
@@ -285,10 +288,9 @@ grpc::Status WorkerService::Forward(grpc::ServerContext* context,
   return status;
 }
 
-absl::StatusOr<ShmTensor> WorkerService::StepInput(absl::string_view field,
-                                                  const v1::Tensor& meta,
-                                                  const internal::WorkerShmSlice* slice,
-                                                  const TensorBytes& bytes) {
+absl::StatusOr<ShmTensor> WorkerService::StepInput(absl::string_view field, const v1::Tensor& meta,
+                                                   const internal::WorkerShmSlice* slice,
+                                                   const TensorBytes& bytes) {
   if (slice != nullptr) return shm_.Input(field, meta, *slice);  // a view: read in place
   ShmTensor input;
   ASSIGN_OR_RETURN(input.tensor, TensorFromWire(field, meta, bytes));
@@ -301,9 +303,9 @@ grpc::Status WorkerService::Forward(grpc::ServerContext*,
                                     internal::WorkerForwardResponse* response, Tensor* out) {
   return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
     PhaseClock clock(request->timing());
-    ASSIGN_OR_RETURN(ShmTensor x_shm, StepInput("x", request->x(),
-                                                request->has_x_shm() ? &request->x_shm() : nullptr,
-                                                x_bytes));
+    ASSIGN_OR_RETURN(
+        ShmTensor x_shm,
+        StepInput("x", request->x(), request->has_x_shm() ? &request->x_shm() : nullptr, x_bytes));
     const Tensor& x = x_shm.tensor;
     // Into the client's region (the engine writes it in place; the response's out then holds
     // its datatype and shape only), or handed to the caller, who sends its bytes.
@@ -315,13 +317,14 @@ grpc::Status WorkerService::Forward(grpc::ServerContext*,
     const double decode_ms = clock.Lap();
     std::unique_ptr<StepContext> saved;
     const bool keep = request->step_id() != 0;
+    const CommTraffic before = s->device.comm->traffic();
     ASSIGN_OR_RETURN(ForwardResult result, s->layer->Forward(x, keep ? &saved : nullptr,
                                                              to_shm ? &out_shm.tensor : nullptr));
     const double engine_ms = clock.Lap();
     if (to_shm) SetTensorMeta(result.out, response->mutable_out());
     if (clock.enabled()) {
       FillTiming(clock, decode_ms, engine_ms, x.num_bytes(), result.out.num_bytes(),
-                 response->mutable_timing());
+                 s->device.comm->traffic() - before, response->mutable_timing());
     }
     if (!to_shm) *out = std::move(result.out);
     response->set_aux_loss(result.aux_loss);
@@ -370,16 +373,16 @@ grpc::Status WorkerService::Backward(grpc::ServerContext*,
     // One backward per step: the context is freed whatever the outcome.
     std::unique_ptr<StepContext> saved = std::move(it->second);
     s->steps.erase(it);
-    absl::StatusOr<Tensor> d_x = s->layer->Backward(*saved, d_out, request->d_aux(),
-                                                    request->d_z_loss(),
-                                                    to_shm ? &d_x_shm.tensor : nullptr);
+    const CommTraffic before = s->device.comm->traffic();
+    absl::StatusOr<Tensor> d_x = s->layer->Backward(
+        *saved, d_out, request->d_aux(), request->d_z_loss(), to_shm ? &d_x_shm.tensor : nullptr);
     saved.reset();
     if (!d_x.ok()) return d_x.status();
     const double engine_ms = clock.Lap();
     if (to_shm) SetTensorMeta(*d_x, response->mutable_d_x());
     if (clock.enabled()) {
       FillTiming(clock, decode_ms, engine_ms, d_out.num_bytes(), d_x->num_bytes(),
-                 response->mutable_timing());
+                 s->device.comm->traffic() - before, response->mutable_timing());
     }
     if (!to_shm) *d_x_out = std::move(*d_x);
     return absl::OkStatus();

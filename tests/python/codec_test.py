@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from moe_client import codec
-from proto import moe_pb2
+from moe_client.proto import moe_pb2
 
 
 class CodecTest(unittest.TestCase):

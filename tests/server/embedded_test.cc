@@ -1,7 +1,10 @@
 // Embedded mode: `moed --workers=2` starts its own moe-worker processes (found next to its
 // own executable), restarts one that dies, and stops them all on SIGTERM; with
 // --worker_log_dir their output goes to worker-<rank>.log there.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -129,6 +132,45 @@ TEST(EmbeddedTest, ExternalModeNeedsAClusterSecretFile) {
   std::ifstream in(log);
   const std::string said((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(said.find("--cluster_secret_file"), std::string::npos) << said;
+}
+
+// Metrics bind 127.0.0.1:9090 by default, best effort: with that port taken (several moeds on one
+// host) moed logs it and serves on; an address given with --metrics_listen that is taken stops
+// moed (exit 1).
+TEST(EmbeddedTest, DefaultMetricsPortTakenIsNotFatalAGivenOneIs) {
+  // Hold 9090 on loopback ourselves, unless something on this host already does.
+  const int holder = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(9090);
+  if (bind(holder, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) listen(holder, 1);
+  const std::string moed = RunfilePath("server/moed");
+  const std::string secret = TestClusterSecretFile();
+  const std::string port_file = ::testing::TempDir() + "/metrics_default.port";
+  const std::string base = absl::StrCat(moed, " --port=0 --listen=127.0.0.1 --expect_workers=1 ",
+                                        "--cluster_secret_file=", secret);
+  // Still running when `timeout` ends it (124), and listening.
+  int status = std::system(
+      absl::StrCat("timeout 3 ", base, " --port_file=", port_file, " 2>/dev/null").c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 124);
+  EXPECT_TRUE(std::ifstream(port_file).good());
+  // A given port that another socket holds (one we bound, port picked by the kernel).
+  const int taken = socket(AF_INET, SOCK_STREAM, 0);
+  addr.sin_port = 0;
+  ASSERT_EQ(bind(taken, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  listen(taken, 1);
+  socklen_t len = sizeof(addr);
+  getsockname(taken, reinterpret_cast<sockaddr*>(&addr), &len);
+  status =
+      std::system(absl::StrCat("timeout 5 ", base,
+                               " --metrics_listen=127.0.0.1:", ntohs(addr.sin_port), " 2>/dev/null")
+                      .c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 1);
+  close(taken);
+  close(holder);
 }
 
 }  // namespace

@@ -444,7 +444,6 @@ TEST_F(ClusterTest, SetWeightsDoesNotFollowARecreatedName) {
 namespace moe {
 namespace {
 
-
 // A deleted layer's series leave /metrics, and a layer created again under the same name
 // counts from zero.
 TEST_F(ClusterTest, DeleteLayerDropsItsMetrics) {
@@ -472,7 +471,6 @@ TEST_F(ClusterTest, DeleteLayerDropsItsMetrics) {
   reply = ScrapeMetrics(metrics_port_);
   EXPECT_THAT(reply, HasSubstr("moed_tokens_total{layer=\"metrics_drop\"} 3\n"));
 }
-
 
 // issue 18: a forward and backward move the request histograms, moed's phase histograms and the
 // payload bytes by exactly their amounts; a refused request is counted under its code.
@@ -531,6 +529,25 @@ TEST_F(ClusterTest, HistogramsAndErrorCountersMoveByTheStep) {
   EXPECT_EQ(delta("moed_saved_steps_total{event=\"created\"}"), 1);
   EXPECT_EQ(delta("moed_saved_steps_total{event=\"used\"}"), 1);
   EXPECT_EQ(Sample(after, "moed_saved_steps{layer=\"metrics_step\"}"), 0);
+  // Each worker's all-to-all of each step is one observation; what the workers sent each other
+  // is what they received, and with experts on both ranks some tokens crossed.
+  double sent = 0, received = 0;
+  for (int rank : {0, 1}) {
+    for (const char* call : {"Forward", "Backward"}) {
+      const std::string series = absl::StrCat("moed_worker_all_to_all_seconds_count{call=\"", call,
+                                              "\",rank=\"", rank, "\"}");
+      EXPECT_EQ(delta(series), 1) << series;
+    }
+    sent += delta(
+        absl::StrCat("moed_worker_all_to_all_bytes_total{direction=\"sent\",rank=\"", rank, "\"}"));
+    received += delta(absl::StrCat(
+        "moed_worker_all_to_all_bytes_total{direction=\"received\",rank=\"", rank, "\"}"));
+  }
+  EXPECT_GT(sent, 0);
+  EXPECT_EQ(sent, received);
+  // Every call above has been answered: nothing in flight, but the series exist.
+  EXPECT_THAT(after, HasSubstr("moed_inflight_requests{method=\"Forward\"} 0\n"));
+  EXPECT_THAT(after, HasSubstr("moed_inflight_requests{method=\"Backward\"} 0\n"));
   // Buckets are cumulative and end at +Inf with the count.
   EXPECT_THAT(after,
               HasSubstr("moed_request_duration_seconds_bucket{method=\"Backward\",le=\"+Inf\"}"));

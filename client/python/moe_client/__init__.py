@@ -9,7 +9,7 @@ Modules: client (Client, one method per RPC), errors (MoeError and one subclass 
 code), codec (numpy/torch <-> wire tensors, fp32 and bf16), torch_layer (RemoteMoE),
 shared_memory (SharedMemoryRegion: zero-copy steps on moed's host),
 jax_layer (remote_moe, a jax.custom_vjp wrapper; UNTESTED, JAX is not on the build machine).
-The generated stubs (module `proto.moe_pb2`) must be importable: see client/python/README.md.
+The generated stubs (moe_client.proto.moe_pb2) come with the install: client/python/README.md.
 """
 
 from moe_client.client import Client, ForwardResult, layer_config

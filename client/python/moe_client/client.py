@@ -20,7 +20,7 @@ import grpc
 
 from moe_client import codec
 from moe_client.errors import from_rpc_error
-from proto import moe_pb2, moe_pb2_grpc
+from moe_client.proto import moe_pb2, moe_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
 

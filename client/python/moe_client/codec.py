@@ -26,7 +26,7 @@ try:  # torch is optional for the numpy path
 except ImportError:  # pragma: no cover - torch is installed on the project's machines
     torch = None
 
-from proto import moe_pb2
+from moe_client.proto import moe_pb2
 
 if sys.byteorder != "little":  # pragma: no cover
     raise ImportError("moe_client assumes a little-endian host (the wire format's order)")

@@ -24,7 +24,7 @@ import numpy as np
 
 from moe_client import codec
 from moe_client.errors import NotFound, PermissionDenied, Unimplemented
-from proto import moe_pb2
+from moe_client.proto import moe_pb2
 
 
 def _close(client, name, shm):
