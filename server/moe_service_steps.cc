@@ -29,8 +29,8 @@ std::vector<int64_t> SplitRows(int64_t tokens, int ranks) {
 
 // [T, H] activations: FP32 or BF16, rank 2, H = hidden, `bytes` (its raw_data's size)
 // consistent.
-absl::StatusOr<DType> CheckActivation(absl::string_view field, const v1::Tensor& t,
-                                      size_t bytes, int64_t hidden) {
+absl::StatusOr<DType> CheckActivation(absl::string_view field, const v1::Tensor& t, size_t bytes,
+                                      int64_t hidden) {
   ASSIGN_OR_RETURN(DType dtype, CheckTensorHead(field, t, bytes));
   if (dtype != DType::kFloat32 && dtype != DType::kBFloat16) {
     return absl::InvalidArgumentError(
@@ -75,6 +75,43 @@ absl::Status CollectRows(const std::vector<TensorBytes>& bytes, absl::string_vie
   }
   for (const TensorBytes& b : bytes) b.AppendSlices(0, b.size(), /*borrowed=*/nullptr, output);
   return absl::OkStatus();
+}
+
+// Worker call `call` (its own fields set) completed with its slice, rows [begin, end), of the
+// step's input: shared-memory slices (no tensor bytes in the call) or references to the
+// request's bytes (EncodeRows); and the slice of the output region when the output goes there.
+template <typename Call>
+grpc::ByteBuffer EncodeStepCall(Call* call, v1::Tensor* (Call::*tensor)(),
+                                internal::WorkerShmSlice* (Call::*input_shm)(),
+                                internal::WorkerShmSlice* (Call::*output_shm)(), int tensor_field,
+                                const ShmStep& shm, const v1::Tensor& whole,
+                                const TensorBytes& input, int64_t begin, int64_t end,
+                                size_t row_bytes, BorrowedBytes* borrowed) {
+  if (shm.has_output()) shm.SliceOutput(begin, end, (call->*output_shm)());
+  if (shm.has_input()) {
+    shm.SliceInput(begin, end, (call->*tensor)(), (call->*input_shm)());
+    return EncodeMessage(*call);
+  }
+  return EncodeRows(*call, tensor_field, whole, input, begin, end, row_bytes, borrowed);
+}
+
+// A [tokens, hidden] answer tensor's datatype and shape (its bytes travel beside the message).
+void SetActivationHead(DType dtype, int64_t tokens, int64_t hidden, v1::Tensor* head) {
+  head->set_datatype(DTypeName(dtype));
+  head->add_shape(tokens);
+  head->add_shape(hidden);
+}
+
+// The fields of a Forward answer that rank 0's answer carries for all (losses, counts, load);
+// returns the per-expert counts.
+std::vector<int64_t> FillForwardAnswer(const internal::WorkerForwardResponse& first,
+                                       v1::ForwardResponse* response) {
+  response->set_aux_loss(first.aux_loss());
+  response->set_z_loss(first.z_loss());
+  std::vector<int64_t> counts(first.tokens_per_expert().begin(), first.tokens_per_expert().end());
+  for (int64_t c : counts) response->add_tokens_per_expert(c);
+  *response->mutable_load() = ComputeLoad(counts);
+  return counts;
 }
 
 // moed's phases and each worker's (the workers' own timing, with moed's round trip added).
@@ -135,9 +172,9 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     // x and/or out in a client's shared memory (moe_service_shm.cc); leased until we return.
     ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, request, found->config.hidden));
     if (!request.has_x() && !shm.has_input()) return absl::InvalidArgumentError("x: required");
-    ASSIGN_OR_RETURN(DType dtype, shm.has_input()
-                                      ? shm.dtype()
-                                      : CheckActivation("x", request.x(), input.size(), found->config.hidden));
+    ASSIGN_OR_RETURN(DType dtype, shm.has_input() ? shm.dtype()
+                                                  : CheckActivation("x", request.x(), input.size(),
+                                                                    found->config.hidden));
     const int64_t tokens = shm.has_input() ? shm.tokens() : request.x().shape(0);
     RETURN_IF_ERROR(shm.CheckOutput(tokens, found->config.hidden, dtype));
     const bool keep = request.keep_for_backward();
@@ -171,15 +208,12 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
           call.set_layer_id(layer.id);
           call.set_step_id(step_id);
           call.set_timing(clock.enabled());  // metrics too: per-worker phases
-          if (shm.has_output()) shm.SliceOutput(offsets[r], offsets[r + 1], call.mutable_out_shm());
-          grpc::ByteBuffer wire;
-          if (shm.has_input()) {  // no tensor bytes in the call
-            shm.SliceInput(offsets[r], offsets[r + 1], call.mutable_x(), call.mutable_x_shm());
-            wire = EncodeMessage(call);
-          } else {
-            wire = EncodeRows(call, internal::WorkerForwardRequest::kXFieldNumber, request.x(),
-                              input, offsets[r], offsets[r + 1], row_bytes, &borrowed);
-          }
+          const grpc::ByteBuffer wire =
+              EncodeStepCall(&call, &internal::WorkerForwardRequest::mutable_x,
+                             &internal::WorkerForwardRequest::mutable_x_shm,
+                             &internal::WorkerForwardRequest::mutable_out_shm,
+                             internal::WorkerForwardRequest::kXFieldNumber, shm, request.x(), input,
+                             offsets[r], offsets[r + 1], row_bytes, &borrowed);
           absl::Status status = CallWorkerWithTensor(
               turn->set.channels[r], ctx, kWorkerForwardMethod, wire,
               internal::WorkerForwardResponse::kOutFieldNumber, &answers[r], &out_bytes[r]);
@@ -190,26 +224,16 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     const double fanout_ms = clock.Lap();
 
     // Gather the output slices in rank order.
-    v1::Tensor* out = response->mutable_out();
-    out->set_datatype(DTypeName(dtype));
-    out->add_shape(tokens);
-    out->add_shape(layer.config.hidden);
+    SetActivationHead(dtype, tokens, layer.config.hidden, response->mutable_out());
     int64_t saved_bytes = 0;
     for (int r = 0; r < ranks; ++r) saved_bytes += answers[r].saved_bytes();
     // With out_shm the workers wrote out into the region: nothing to gather.
     RETURN_IF_ERROR(CollectRows(
         out_bytes, "output",
-        [&](size_t r) {
-          return shm.has_output() ? 0 : (offsets[r + 1] - offsets[r]) * row_bytes;
-        },
+        [&](size_t r) { return shm.has_output() ? 0 : (offsets[r + 1] - offsets[r]) * row_bytes; },
         output));
     const double gather_ms = clock.Lap();
-    const internal::WorkerForwardResponse& first = answers[0];
-    response->set_aux_loss(first.aux_loss());
-    response->set_z_loss(first.z_loss());
-    std::vector<int64_t> counts(first.tokens_per_expert().begin(), first.tokens_per_expert().end());
-    for (int64_t c : counts) response->add_tokens_per_expert(c);
-    *response->mutable_load() = ComputeLoad(counts);
+    const std::vector<int64_t> counts = FillForwardAnswer(answers[0], response);
     {
       absl::MutexLock lock(&layer.mu);
       ++layer.forward_count;
@@ -246,8 +270,8 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
 }
 
 grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
-                                        const v1::BackwardRequest& request, const TensorBytes& input,
-                                        v1::BackwardResponse* response,
+                                        const v1::BackwardRequest& request,
+                                        const TensorBytes& input, v1::BackwardResponse* response,
                                         std::vector<grpc::Slice>* output) {
   const absl::Time start = absl::Now();
   const InflightRequest inflight(metrics_, "Backward");
@@ -263,10 +287,10 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     if (!request.has_d_out() && !shm.has_input()) {
       return absl::InvalidArgumentError("d_out: required");
     }
-    ASSIGN_OR_RETURN(DType dtype, shm.has_input() ? shm.dtype()
-                                                  : CheckActivation("d_out", request.d_out(),
-                                                                    input.size(),
-                                                                    found->config.hidden));
+    ASSIGN_OR_RETURN(DType dtype, shm.has_input()
+                                      ? shm.dtype()
+                                      : CheckActivation("d_out", request.d_out(), input.size(),
+                                                        found->config.hidden));
     const int64_t d_out_tokens = shm.has_input() ? shm.tokens() : request.d_out().shape(0);
     const double d_aux = request.has_d_aux() ? request.d_aux() : 1.0;
     const double d_z_loss = request.has_d_z_loss() ? request.d_z_loss() : 1.0;
@@ -307,17 +331,12 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
           call.set_step_id(request.step_id());
           call.set_d_aux(d_aux);
           call.set_d_z_loss(d_z_loss);
-          if (shm.has_output()) shm.SliceOutput(offsets[r], offsets[r + 1], call.mutable_d_x_shm());
-          grpc::ByteBuffer wire;
-          if (shm.has_input()) {  // no tensor bytes in the call
-            shm.SliceInput(offsets[r], offsets[r + 1], call.mutable_d_out(),
-                           call.mutable_d_out_shm());
-            wire = EncodeMessage(call);
-          } else {
-            wire = EncodeRows(call, internal::WorkerBackwardRequest::kDOutFieldNumber,
-                              request.d_out(), input, offsets[r], offsets[r + 1], row_bytes,
-                              &borrowed);
-          }
+          const grpc::ByteBuffer wire = EncodeStepCall(
+              &call, &internal::WorkerBackwardRequest::mutable_d_out,
+              &internal::WorkerBackwardRequest::mutable_d_out_shm,
+              &internal::WorkerBackwardRequest::mutable_d_x_shm,
+              internal::WorkerBackwardRequest::kDOutFieldNumber, shm, request.d_out(), input,
+              offsets[r], offsets[r + 1], row_bytes, &borrowed);
           absl::Status status = CallWorkerWithTensor(
               turn->set.channels[r], ctx, kWorkerBackwardMethod, wire,
               internal::WorkerBackwardResponse::kDXFieldNumber, &answers[r], &d_x_bytes[r]);
@@ -326,10 +345,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
         },
         /*collective=*/true, request.step_id()));
     const double fanout_ms = clock.Lap();
-    v1::Tensor* d_x = response->mutable_d_x();
-    d_x->set_datatype(DTypeName(step.dtype));
-    d_x->add_shape(step.tokens);
-    d_x->add_shape(layer.config.hidden);
+    SetActivationHead(step.dtype, step.tokens, layer.config.hidden, response->mutable_d_x());
     // With d_x_shm the workers wrote d_x into the region: nothing to gather.
     const size_t d_x_row_bytes = layer.config.hidden * DTypeSize(step.dtype);
     RETURN_IF_ERROR(CollectRows(
