@@ -1,11 +1,12 @@
 // CudaBackend: device, streams, the memory pool, copies and GEMMs.
 #include "engine/cuda/cuda_backend.h"
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -38,11 +39,54 @@ absl::Status UnpinHostMemory(void* host) {
   return absl::OkStatus();
 }
 
+namespace {
+
+// The driver's cuMemGetAddressRange (base and size of the allocation holding a pointer), looked
+// up at run time: the runtime API has no equivalent and the build links only cudart.
+using GetAddressRangeFn = CUresult (*)(CUdeviceptr*, size_t*, CUdeviceptr);
+
+GetAddressRangeFn AddressRangeFunction() {
+  static const GetAddressRangeFn fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<GetAddressRangeFn>(nullptr);
+    }
+    return reinterpret_cast<GetAddressRangeFn>(f);
+  }();
+  return fn;
+}
+
+// FAILED_PRECONDITION unless [p, p + bytes) lies inside one allocation that starts at p.
+absl::Status CheckAllocationCovers(void* p, size_t bytes) {
+  GetAddressRangeFn range = AddressRangeFunction();
+  if (range == nullptr) {
+    return absl::FailedPreconditionError(
+        "cannot check the size of a CUDA IPC allocation (no cuMemGetAddressRange in this "
+        "driver)");
+  }
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  if (range(&base, &size, reinterpret_cast<CUdeviceptr>(p)) != CUDA_SUCCESS) {
+    return absl::FailedPreconditionError("cuMemGetAddressRange failed on a CUDA IPC allocation");
+  }
+  if (base != reinterpret_cast<CUdeviceptr>(p) || size < bytes) {
+    return absl::FailedPreconditionError(absl::StrCat("the CUDA allocation shared by IPC holds ",
+                                                      size, " bytes, fewer than the ", bytes,
+                                                      " registered"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<void*> OpenCudaIpcHandle(absl::string_view handle, int device, size_t bytes) {
   if (handle.size() != sizeof(cudaIpcMemHandle_t)) {
-    return absl::InvalidArgumentError(absl::StrCat("a CUDA IPC handle has ",
-                                                   sizeof(cudaIpcMemHandle_t), " bytes, not ",
-                                                   handle.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a CUDA IPC handle has ", sizeof(cudaIpcMemHandle_t), " bytes, not ", handle.size()));
   }
   cudaIpcMemHandle_t h;
   std::memcpy(&h, handle.data(), sizeof(h));
@@ -56,17 +100,13 @@ absl::StatusOr<void*> OpenCudaIpcHandle(absl::string_view handle, int device, si
                      " (the allocation must be live in a process on this host, and not opened "
                      "by the process that made it)"));
   }
-  if (bytes > 0) {  // the last byte must lie in device memory too (a short allocation)
-    cudaPointerAttributes attr;
-    const bool inside =
-        cudaPointerGetAttributes(&attr, static_cast<char*>(p) + bytes - 1) == cudaSuccess &&
-        attr.type == cudaMemoryTypeDevice;
-    if (!inside) {
-      cudaGetLastError();
-      cudaIpcCloseMemHandle(p);
-      return absl::FailedPreconditionError(
-          absl::StrCat("the CUDA allocation shared by IPC is shorter than ", bytes, " bytes"));
-    }
+  // The region must lie inside the allocation the handle shares: a client that declares more
+  // bytes than it shared would otherwise have the worker read and write past it, into
+  // whatever else is mapped there.
+  absl::Status covered = CheckAllocationCovers(p, bytes);
+  if (!covered.ok()) {
+    cudaIpcCloseMemHandle(p);
+    return covered;
   }
   return p;
 }
@@ -238,8 +278,8 @@ absl::Status CudaBackend::CopyFromHost(void* dst, const void* host_src, size_t b
     return staging_.ToDevice(dst, host_src, bytes, stream_);
   }
   // cudaMemcpyDefault: `host_src` may also be device memory (a client's CUDA IPC region).
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault,
-                                       static_cast<cudaStream_t>(stream_)));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream_)));
   return absl::OkStatus();
 }
 
@@ -249,8 +289,7 @@ absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t byt
     if (host_dst == nullptr || src == nullptr) {
       return absl::InvalidArgumentError("CopyToHost: null pointer");
     }
-    if (use_staging_ && bytes >= HostStaging::kMinBytes &&
-        !HostStaging::CopiesDirectly(host_dst)) {
+    if (use_staging_ && bytes >= HostStaging::kMinBytes && !HostStaging::CopiesDirectly(host_dst)) {
       return staging_.ToHost(host_dst, src, bytes, stream_);  // waits for the stream's work
     }
     // cudaMemcpyDefault: `host_dst` may also be device memory (a client's CUDA IPC region).

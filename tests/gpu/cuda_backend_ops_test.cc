@@ -1,13 +1,22 @@
 // Every CUDA backend operation against the CPU backend on identical inputs (GPU machine only;
 // tagged manual). Index outputs must match exactly, float outputs within fp32 rounding (or one
 // bf16 ulp where the result is stored as bf16).
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <string>
+#include <vector>
 
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "engine/cuda/cuda_backend.h"
 #include "engine/fp8.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/backend_pair.h"
@@ -515,6 +524,75 @@ TEST(CudaOps, LargeHostCopiesRoundTrip) {
     }
   }
   unsetenv("MOED_CUDA_HOST_STAGING");
+}
+
+// CUDA IPC (moe.v1 RegisterCudaSharedMemory): a handle exported by another process opens, and
+// a region declared larger than the allocation it shares is refused instead of letting the
+// worker read and write past it. The exporting process is this binary again
+// (CudaIpc.ExporterChild, run only with MOED_IPC_CHILD set): it prints its handle in hex and
+// keeps the allocation alive until its stdin closes.
+constexpr size_t kIpcBytes = 1 << 20;
+
+TEST(CudaIpc, ExporterChild) {
+  if (std::getenv("MOED_IPC_CHILD") == nullptr) GTEST_SKIP() << "the other process's half";
+  absl::StatusOr<void*> memory = AllocateSharableDeviceMemory(0, kIpcBytes);
+  ASSERT_TRUE(memory.ok()) << memory.status();
+  absl::StatusOr<std::string> handle = CudaIpcHandleOf(*memory);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  std::string hex;
+  for (unsigned char c : *handle) hex += absl::StrFormat("%02x", c);
+  std::printf("HANDLE %s\n", hex.c_str());
+  std::fflush(stdout);
+  char byte;
+  while (read(0, &byte, 1) > 0) {
+  }
+  FreeDeviceMemory(*memory).IgnoreError();
+}
+
+TEST(CudaIpc, OpensAnotherProcesssAllocationAndRefusesAShortOne) {
+  if (std::getenv("MOED_IPC_CHILD") != nullptr) GTEST_SKIP();
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  int to_child[2], from_child[2];
+  ASSERT_EQ(pipe(to_child), 0);
+  ASSERT_EQ(pipe(from_child), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    dup2(to_child[0], 0);
+    dup2(from_child[1], 1);
+    close(to_child[1]);
+    close(from_child[0]);
+    setenv("MOED_IPC_CHILD", "1", 1);
+    execl("/proc/self/exe", "cuda_backend_ops_test", "--gtest_filter=CudaIpc.ExporterChild",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  FILE* out = fdopen(from_child[0], "r");
+  std::string handle;
+  char line[512];
+  while (handle.empty() && std::fgets(line, sizeof(line), out) != nullptr) {
+    absl::string_view l(line);
+    if (absl::ConsumePrefix(&l, "HANDLE ")) {
+      for (size_t i = 0; i + 1 < l.size() && std::isxdigit(l[i]); i += 2) {
+        handle.push_back(static_cast<char>(std::stoi(std::string(l.substr(i, 2)), nullptr, 16)));
+      }
+    }
+  }
+  ASSERT_EQ(handle.size(), 64u) << "no handle from the exporting process";
+  absl::StatusOr<void*> too_big = OpenCudaIpcHandle(handle, 0, kIpcBytes + 1);
+  EXPECT_EQ(too_big.status().code(), absl::StatusCode::kFailedPrecondition) << too_big.status();
+  absl::StatusOr<void*> opened = OpenCudaIpcHandle(handle, 0, kIpcBytes);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::vector<char> back(16);
+  EXPECT_TRUE(CopyMemory(back.data(), *opened, back.size()).ok());
+  EXPECT_TRUE(CloseCudaIpcHandle(*opened).ok());
+  close(to_child[1]);  // the child frees its allocation and exits
+  int status = 0;
+  waitpid(child, &status, 0);
+  std::fclose(out);
 }
 
 }  // namespace
