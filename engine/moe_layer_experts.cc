@@ -61,39 +61,44 @@ absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows,
   });
 }
 
+absl::Status MoeLayerImpl::ExpertDataGemm(const std::vector<int64_t>& group_rows, const void* in,
+                                          int64_t k, const LayerParam& w, bool transposed,
+                                          DType in_fp8, int64_t n, void* out) {
+  if (config_.compute_dtype == DType::kFloat8E4M3) {
+    return Fp8ExpertGemm(group_rows, in, in_fp8, k,
+                         transposed ? w.compute.data() : w.compute_t.data(),
+                         w.compute_scale.as<float>(), n, out);
+  }
+  const DType cd = ExpertRowDType(config_);
+  const size_t cs = DTypeSize(cd);
+  const char* weights = static_cast<const char*>(ComputeWeights(w));
+  return PerExpert(backend_, group_rows, [&](int64_t el, int64_t off, int64_t m) {
+    GemmArgs g;
+    g.trans_b = transposed;
+    g.m = m, g.n = n, g.k = k;
+    g.a = static_cast<const char*>(in) + off * k * cs, g.lda = k;
+    g.b = weights + el * k * n * cs, g.ldb = transposed ? k : n;
+    g.c = static_cast<char*>(out) + off * n * cs, g.ldc = n;
+    g.ab_type = cd, g.c_type = cd;
+    return g;
+  });
+}
+
 absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   const LayerConfig& c = config_;
   const DType cd = ExpertRowDType(c);
-  const bool fp8 = c.compute_dtype == DType::kFloat8E4M3;
   const size_t cs = DTypeSize(cd);
   const int64_t H = c.hidden, F = c.ffn, up = UpWidth(c);
   const DispatchPlan& plan = s.plan;
   ASSIGN_OR_RETURN(s.h, backend_->Allocate(plan.expert_rows * up * cs));
   ASSIGN_OR_RETURN(s.act, backend_->Allocate(plan.expert_rows * F * cs));
   ASSIGN_OR_RETURN(w.y_expert, backend_->Allocate(plan.expert_rows * H * cs));
-  const void* x_expert = s.x_expert.data();
   void* h = s.h.data();
   void* act = s.act.data();
   void* y = w.y_expert.data();
-  const char* wi = static_cast<const char*>(ComputeWeights(*Find("wi")));
-  const char* wo = static_cast<const char*>(ComputeWeights(*Find("wo")));
-  const LayerParam& wi_p = *Find("wi");
-  const LayerParam& wo_p = *Find("wo");
-  // h = X_e . wi_e   ([rows, H] x [H, up]); FP8: quantised X_e times the transposed codes.
-  if (fp8) {
-    RETURN_IF_ERROR(Fp8ExpertGemm(plan.group_rows, x_expert, DType::kFloat8E4M3, H,
-                                  wi_p.compute_t.data(), wi_p.compute_scale.as<float>(), up, h));
-  } else {
-    RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
-      GemmArgs g;
-      g.m = m, g.n = up, g.k = H;
-      g.a = static_cast<const char*>(x_expert) + off * H * cs, g.lda = H;
-      g.b = wi + el * H * up * cs, g.ldb = up;
-      g.c = static_cast<char*>(h) + off * up * cs, g.ldc = up;
-      g.ab_type = cd, g.c_type = cd;
-      return g;
-    }));
-  }
+  // h = X_e . wi_e   ([rows, H] x [H, up])
+  RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, s.x_expert.data(), H, *Find("wi"),
+                                 /*transposed=*/false, DType::kFloat8E4M3, up, h));
   ActivationArgs aa;
   aa.activation = c.activation, aa.gated = c.gated, aa.rows = plan.expert_rows, aa.ffn = F;
   aa.dtype = cd, aa.h = h, aa.a = act;
@@ -101,20 +106,8 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   aa.group_rows = plan.group_rows;
   RETURN_IF_ERROR(backend_->ActivationForward(aa));
   // y = a . wo_e   ([rows, F] x [F, H])
-  if (fp8) {
-    RETURN_IF_ERROR(Fp8ExpertGemm(plan.group_rows, act, DType::kFloat8E4M3, F,
-                                  wo_p.compute_t.data(), wo_p.compute_scale.as<float>(), H, y));
-  } else {
-    RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
-      GemmArgs g;
-      g.m = m, g.n = H, g.k = F;
-      g.a = static_cast<const char*>(act) + off * F * cs, g.lda = F;
-      g.b = wo + el * F * H * cs, g.ldb = H;
-      g.c = static_cast<char*>(y) + off * H * cs, g.ldc = H;
-      g.ab_type = cd, g.c_type = cd;
-      return g;
-    }));
-  }
+  RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, act, F, *Find("wo"), /*transposed=*/false,
+                                 DType::kFloat8E4M3, H, y));
   if (c.use_bias) {
     RETURN_IF_ERROR(
         backend_->AddGroupBias(y, cd, Find("wo_bias")->master.as<float>(), H, plan.group_rows));
@@ -125,32 +118,16 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
 absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, void* d_x_expert) {
   const LayerConfig& c = config_;
   const DType cd = ExpertRowDType(c);
-  const bool fp8 = c.compute_dtype == DType::kFloat8E4M3;
   const size_t cs = DTypeSize(cd);
   const int64_t H = c.hidden, F = c.ffn, up = UpWidth(c);
   const DispatchPlan& plan = s.plan;
   LayerParam& wi = *Find("wi");
   LayerParam& wo = *Find("wo");
-  const char* wi_c = static_cast<const char*>(ComputeWeights(wi));
-  const char* wo_c = static_cast<const char*>(ComputeWeights(wo));
   const char* dy = static_cast<const char*>(d_y);
   ASSIGN_OR_RETURN(Buffer d_act, backend_->Allocate(plan.expert_rows * F * cs));
   // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]); FP8: d_y quantised.
-  if (fp8) {
-    RETURN_IF_ERROR(Fp8ExpertGemm(plan.group_rows, d_y, kGradientFp8, H, wo.compute.data(),
-                                  wo.compute_scale.as<float>(), F, d_act.data()));
-  } else {
-    RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
-      GemmArgs g;
-      g.trans_b = true;
-      g.m = m, g.n = F, g.k = H;
-      g.a = dy + off * H * cs, g.lda = H;
-      g.b = wo_c + el * F * H * cs, g.ldb = H;
-      g.c = d_act.as<char>() + off * F * cs, g.ldc = F;
-      g.ab_type = cd, g.c_type = cd;
-      return g;
-    }));
-  }
+  RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, d_y, H, wo, /*transposed=*/true, kGradientFp8, F,
+                                 d_act.data()));
   // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]), fp32 gradient; written (beta = 0) when it is
   // lazily zero (LayerParam), which covers every expert's slice, k = 0 ones included.
   const float wo_beta = wo.grad_zero ? 0.0f : 1.0f;
@@ -197,20 +174,8 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
         backend_->GroupBiasGrad(d_h.data(), cd, up, plan.group_rows, wi_bias.grad.as<float>()));
   }
   // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]); FP8: d_h quantised.
-  if (fp8) {
-    return Fp8ExpertGemm(plan.group_rows, d_h.data(), kGradientFp8, up, wi.compute.data(),
-                         wi.compute_scale.as<float>(), H, d_x_expert);
-  }
-  return PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
-    GemmArgs g;
-    g.trans_b = true;
-    g.m = m, g.n = H, g.k = up;
-    g.a = d_h.as<char>() + off * up * cs, g.lda = up;
-    g.b = wi_c + el * H * up * cs, g.ldb = up;
-    g.c = static_cast<char*>(d_x_expert) + off * H * cs, g.ldc = H;
-    g.ab_type = cd, g.c_type = cd;
-    return g;
-  });
+  return ExpertDataGemm(plan.group_rows, d_h.data(), up, wi, /*transposed=*/true, kGradientFp8, H,
+                        d_x_expert);
 }
 
 }  // namespace moe

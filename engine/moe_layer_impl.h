@@ -214,6 +214,14 @@ class MoeLayerImpl : public MoeLayer {
   absl::Status Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const void* in, DType in_fp8,
                              int64_t k, const void* weights, const float* weight_scales, int64_t n,
                              void* out);
+  // The experts' activation GEMMs (h, y, d_a, d_X; moe_layer_experts.cc) over every local
+  // expert's rows: out_e = in_e . w_e with w_e stored [k, n], or with `transposed`
+  // out_e = in_e . w_e^T with w_e stored [n, k]; in [rows, k] and out [rows, n] in
+  // ExpertRowDType. Under FP8, Fp8ExpertGemm: `in` quantised as `in_fp8`, times w's codes laid
+  // out [n, k] (compute_t, or compute when transposed).
+  absl::Status ExpertDataGemm(const std::vector<int64_t>& group_rows, const void* in, int64_t k,
+                              const LayerParam& w, bool transposed, DType in_fp8, int64_t n,
+                              void* out);
   // Backward 3 (moe_layer_experts.cc): accumulates the expert gradients from d_y (expert
   // layout) and writes d_x_expert. Reads s.plan, s.x_expert, s.h, s.act.
   absl::Status ExpertsBackward(const SavedStep& s, const void* d_y, void* d_x_expert);
