@@ -23,6 +23,7 @@ MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics
   if (options_.allow_client_shm) {
     shm_ = std::make_unique<SharedMemoryRegistry>(options_.shm_idle_timeout);
   }
+  if (options_.shm_relay) relay_ = std::make_unique<RelayPool>(options_.shm_relay_max_bytes);
   const bool expire_steps = options_.saved_step_ttl > absl::ZeroDuration();
   if (!expire_steps && shm_ == nullptr) return;
   // A few rounds per TTL, at most one a second.

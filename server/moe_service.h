@@ -46,6 +46,7 @@
 #include "server/metrics.h"
 #include "server/saved_steps.h"
 #include "server/shared_memory.h"
+#include "server/relay_pool.h"
 #include "server/shm_step.h"
 #include "server/worker_pool.h"
 
@@ -94,6 +95,11 @@ struct ServiceOptions {
   // set. A region no step used for shm_idle_timeout is unregistered (zero: never).
   bool allow_client_shm = false;
   absl::Duration shm_idle_timeout = absl::Seconds(600);
+  // Steps whose tensors arrive over gRPC reach workers on this host through moed's shared-
+  // memory relay buffers (server/relay_pool.h) instead of a second gRPC hop, using at most
+  // shm_relay_max_bytes of /dev/shm (past it, or with shm_relay off: over gRPC).
+  bool shm_relay = true;
+  int64_t shm_relay_max_bytes = int64_t{2} << 30;
   // A call that passed its internal deadline (step_timeout) on live workers keeps its layer's
   // turn until they finished it; one still running after this long means a wedged worker:
   // the workers re-form.
@@ -252,6 +258,16 @@ class MoeServiceImpl final : public MoeServiceBase {
                                      const v1::ForwardRequest& request, int64_t hidden);
   absl::StatusOr<ShmStep> PrepareShm(grpc::ServerContextBase* context,
                                      const v1::BackwardRequest& request, int64_t hidden);
+  // A gRPC step's tensors through the relay buffers (server/relay_pool.h) when `set` runs on
+  // this host: the input [tokens, hidden] of in_dtype, unless *shm already reads it from a
+  // client region, is copied into one and *shm set to read it there; the output [tokens,
+  // hidden] of out_dtype, unless *shm writes it to a client region, is set to be written
+  // into another (RelayStep::output; the caller answers with RelaySlice of it). Does nothing
+  // when the relay is off, the workers are remote or the pool is full.
+  absl::StatusOr<RelayStep> RelayLocally(const WorkerSet& set, absl::string_view in_field,
+                                         const TensorBytes& input, DType in_dtype,
+                                         absl::string_view out_field, DType out_dtype,
+                                         int64_t tokens, int64_t hidden, ShmStep* shm);
   grpc::Status DoRegisterSystemSharedMemory(grpc::ServerContextBase*,
                                             const v1::RegisterSystemSharedMemoryRequest*,
                                             v1::RegisterSystemSharedMemoryResponse*);
@@ -461,6 +477,8 @@ class MoeServiceImpl final : public MoeServiceBase {
 
   // Set when options_.allow_client_shm.
   std::unique_ptr<SharedMemoryRegistry> shm_;
+  // Set when options_.shm_relay.
+  std::unique_ptr<RelayPool> relay_;
 
   absl::Mutex stream_mu_;
   int64_t stream_bytes_ ABSL_GUARDED_BY(stream_mu_) = 0;    // held by open tensor streams

@@ -60,6 +60,39 @@ absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(grpc::ServerContextBase* cont
   return shm;
 }
 
+absl::StatusOr<RelayStep> MoeServiceImpl::RelayLocally(const WorkerSet& set,
+                                                       absl::string_view in_field,
+                                                       const TensorBytes& input, DType in_dtype,
+                                                       absl::string_view out_field,
+                                                       DType out_dtype, int64_t tokens,
+                                                       int64_t hidden, ShmStep* shm) {
+  RelayStep relay;
+  if (relay_ == nullptr || !set.local || tokens == 0) return relay;
+  SharedMemoryRegistry* registry = relay_->registry();
+  if (!shm->has_input() && input.size() > 0 && (relay.input = relay_->Take(input.size()))) {
+    input.CopyTo(relay.input->data);  // the one copy of the request's bytes
+    v1::SharedMemoryTensor tensor;
+    tensor.set_datatype(std::string(DTypeName(in_dtype)));
+    tensor.add_shape(tokens);
+    tensor.add_shape(hidden);
+    tensor.set_region(relay.input->name);
+    tensor.set_byte_size(static_cast<int64_t>(input.size()));
+    ASSIGN_OR_RETURN(ShmLease lease, registry->Acquire(in_field, relay.input->name));
+    RETURN_IF_ERROR(shm->SetInput(in_field, tensor, hidden, std::move(lease)));
+  }
+  const int64_t out_bytes = tokens * hidden * static_cast<int64_t>(DTypeSize(out_dtype));
+  if (!shm->has_output() && (relay.output = relay_->Take(out_bytes))) {
+    v1::SharedMemoryOutput output;
+    output.set_region(relay.output->name);
+    output.set_byte_size(out_bytes);
+    ASSIGN_OR_RETURN(ShmLease lease, registry->Acquire(out_field, relay.output->name));
+    RETURN_IF_ERROR(shm->SetOutput(out_field, output, std::move(lease)));
+    RETURN_IF_ERROR(shm->CheckOutput(tokens, hidden, out_dtype));
+    relay.output_bytes = out_bytes;
+  }
+  return relay;
+}
+
 void MoeServiceImpl::ForgetRetiredShm() {
   if (shm_ == nullptr) return;
   std::vector<uint64_t> ids = shm_->TakeRetired();

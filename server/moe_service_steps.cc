@@ -187,6 +187,9 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();
     if (keep) RETURN_IF_ERROR(check_budget(layer));
+    // Workers on this host read x from, and write out to, moed's relay buffers.
+    ASSIGN_OR_RETURN(RelayStep relay, RelayLocally(turn->set, "x", input, dtype, "out", dtype,
+                                                   tokens, layer.config.hidden, &shm));
     const int ranks = turn->set.size();
     const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
     const std::vector<int64_t> offsets = SplitRows(tokens, ranks);
@@ -199,7 +202,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     BorrowedBytes borrowed;  // slices of an x that moed assembled (ForwardStream)
     // Overdue (past --step_timeout_ms): DEADLINE_EXCEEDED here, the workers finish the step
     // and release what it saved before the layer's next call (moe_service_overdue.cc).
-    RETURN_IF_ERROR(FanOutOnLayer(
+    RETURN_IF_ERROR(relay.DiscardIfFailed(FanOutOnLayer(
         *turn, InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
           PhaseClock call_clock(clock.enabled());
@@ -220,7 +223,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
           call_ms[r] = call_clock.Total();
           return status;
         },
-        /*collective=*/true, step_id));
+        /*collective=*/true, step_id)));
     const double fanout_ms = clock.Lap();
 
     // Gather the output slices in rank order.
@@ -232,6 +235,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
         out_bytes, "output",
         [&](size_t r) { return shm.has_output() ? 0 : (offsets[r + 1] - offsets[r]) * row_bytes; },
         output));
+    if (relay.output) output->push_back(RelaySlice(relay.output, relay.output_bytes));
     const double gather_ms = clock.Lap();
     const std::vector<int64_t> counts = FillForwardAnswer(answers[0], response);
     {
@@ -312,6 +316,9 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
       // The step is consumed by this Backward, whatever its outcome.
       layer.saved.Remove(request.step_id());
     }
+    ASSIGN_OR_RETURN(RelayStep relay,
+                     RelayLocally(turn->set, "d_out", input, dtype, "d_x", step.dtype, step.tokens,
+                                  layer.config.hidden, &shm));
     const int ranks = turn->set.size();
     const std::vector<int64_t> offsets = SplitRows(step.tokens, ranks);
     const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
@@ -320,7 +327,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     std::vector<TensorBytes> d_x_bytes(ranks);  // each answer's d_x.raw_data, not copied
     std::vector<double> call_ms(ranks, 0.0);
     BorrowedBytes borrowed;  // slices of a d_out that moed assembled (BackwardStream)
-    RETURN_IF_ERROR(FanOutOnLayer(
+    RETURN_IF_ERROR(relay.DiscardIfFailed(FanOutOnLayer(
         *turn, InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
           PhaseClock call_clock(clock.enabled());
@@ -343,7 +350,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
           call_ms[r] = call_clock.Total();
           return status;
         },
-        /*collective=*/true, request.step_id()));
+        /*collective=*/true, request.step_id())));
     const double fanout_ms = clock.Lap();
     SetActivationHead(step.dtype, step.tokens, layer.config.hidden, response->mutable_d_x());
     // With d_x_shm the workers wrote d_x into the region: nothing to gather.
@@ -354,6 +361,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
           return shm.has_output() ? 0 : (offsets[r + 1] - offsets[r]) * d_x_row_bytes;
         },
         output));
+    if (relay.output) output->push_back(RelaySlice(relay.output, relay.output_bytes));
     const double gather_ms = clock.Lap();
     ObserveStep(metrics_, layer.name, "Backward", queue_ms, fanout_ms, gather_ms, call_ms, answers);
     if (metrics_ != nullptr) {

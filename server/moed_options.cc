@@ -125,6 +125,13 @@ ABSL_FLAG(bool, allow_client_shm, false,
 ABSL_FLAG(int64_t, shm_idle_timeout_s, 600,
           "unregister a client shared-memory region that no step used for this many seconds "
           "(a client that died; 0: never)");
+ABSL_FLAG(bool, shm_relay, true,
+          "steps whose tensors arrive over gRPC reach workers on this host (loopback "
+          "addresses) through moed's own shared-memory buffers (/dev/shm/moed-relay-*) instead "
+          "of a second gRPC hop; off: over gRPC. Independent of --allow_client_shm");
+ABSL_FLAG(int64_t, shm_relay_max_bytes, int64_t{2} << 30,
+          "most /dev/shm the relay buffers may use (bytes); a step that does not fit, or a "
+          "/dev/shm too small, goes over gRPC");
 
 namespace moe {
 
@@ -184,6 +191,8 @@ MoedOptions MoedOptionsFromFlags() {
   s.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
   s.allow_client_shm = absl::GetFlag(FLAGS_allow_client_shm);
   s.shm_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_shm_idle_timeout_s));
+  s.shm_relay = absl::GetFlag(FLAGS_shm_relay);
+  s.shm_relay_max_bytes = absl::GetFlag(FLAGS_shm_relay_max_bytes);
   s.durable_every_steps = absl::GetFlag(FLAGS_durable_every_steps);
   s.durable_every = absl::Seconds(absl::GetFlag(FLAGS_durable_every_s));
 

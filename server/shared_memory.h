@@ -85,7 +85,11 @@ class SharedMemoryRegistry {
  public:
   // idle_timeout: a region no step has used for this long is dropped by DropStale (zero:
   // never).
-  explicit SharedMemoryRegistry(absl::Duration idle_timeout) : idle_timeout_(idle_timeout) {}
+  // first_id: the first region id handed out; registries whose regions reach the same workers
+  // start at ids far apart, since the workers cache mappings by id (moed's relay buffers,
+  // server/relay_pool.h, start at kRelayFirstRegionId).
+  explicit SharedMemoryRegistry(absl::Duration idle_timeout, uint64_t first_id = 1)
+      : idle_timeout_(idle_timeout), next_id_(first_id) {}
 
   // Checks the name, key and range, opens the object (read-write) to check that it exists and
   // is large enough, and records its identity. Codes as RegisterSystemSharedMemoryRequest.
@@ -124,7 +128,7 @@ class SharedMemoryRegistry {
 
   const absl::Duration idle_timeout_;
   absl::Mutex mu_;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, uint64_t> by_name_ ABSL_GUARDED_BY(mu_);  // name -> id
   std::map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);        // registered or leased
   std::vector<uint64_t> retired_ ABSL_GUARDED_BY(mu_);

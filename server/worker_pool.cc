@@ -5,6 +5,7 @@
 #include <climits>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "proto/status_convert.h"
 #include "server/bulk_transport.h"
@@ -23,7 +24,22 @@ bool IsTransport(absl::StatusCode code) {
 // How often a fan-out polls its cancellation predicate.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(20);
 
+// "127.0.0.1:41234", "localhost:41234", "[::1]:41234": a worker on this host.
+bool IsLoopbackAddress(absl::string_view address) {
+  return absl::StartsWith(address, "127.") || absl::StartsWith(address, "localhost:") ||
+         absl::StartsWith(address, "[::1]:");
+}
+
 }  // namespace
+
+void WorkerPool::AddSlotsLocked(WorkerSet* set) const {
+  set->local = !slots_.empty();
+  for (const Slot& slot : slots_) {
+    set->stubs.push_back(slot.stub);
+    set->channels.push_back(slot.channel);
+    set->local = set->local && IsLoopbackAddress(slot.address);
+  }
+}
 
 std::shared_ptr<grpc::Channel> WorkerPool::MakeChannel(const std::string& address) const {
   grpc::ChannelArguments args;
@@ -163,10 +179,7 @@ absl::StatusOr<WorkerSet> WorkerPool::Serving() const {
   if (!serving_) return absl::UnavailableError(absl::StrCat("not serving: ", message_));
   WorkerSet set;
   set.generation = generation_;
-  for (const Slot& slot : slots_) {
-    set.stubs.push_back(slot.stub);
-    set.channels.push_back(slot.channel);
-  }
+  AddSlotsLocked(&set);
   return set;
 }
 
@@ -403,10 +416,7 @@ void WorkerPool::SetupLoop() {
       need_setup_ = false;
       generation = ++generation_;
       set.generation = generation;
-      for (const Slot& slot : slots_) {
-        set.stubs.push_back(slot.stub);
-        set.channels.push_back(slot.channel);
-      }
+      AddSlotsLocked(&set);
       message_ = absl::StrCat("setting up generation ", generation);
       in_setup_ = true;
     }

@@ -79,6 +79,10 @@ struct WorkerSet {
   std::vector<std::shared_ptr<internal::Worker::Stub>> stubs;
   // The stubs' channels, for the step calls that send borrowed bytes (server/worker_call.h).
   std::vector<std::shared_ptr<grpc::Channel>> channels;
+  // Every worker joined with a loopback address (127.x, ::1, localhost): they run on moed's
+  // host and share its /dev/shm, so moed relays step tensors to them through shared memory
+  // (server/relay_pool.h).
+  bool local = false;
   int size() const { return static_cast<int>(stubs.size()); }
 };
 
@@ -159,6 +163,8 @@ class WorkerPool {
     int64_t peak_memory_bytes = 0;
   };
 
+  // Appends every slot's stub and channel to *set and says whether all are on this host.
+  void AddSlotsLocked(WorkerSet* set) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void HeartbeatLoop();
   void SetupLoop();
   absl::Status RunSetup(int64_t generation, const WorkerSet& set);

@@ -1,0 +1,138 @@
+// moed's relay to local workers (server/relay_pool.h) through a real cluster: a gRPC step's
+// tensors go to the workers through /dev/shm/moed-relay-* buffers (the workers map them), the
+// answers are bit-identical to a moed started with --shm_relay=false, and a moed that was
+// killed leaves objects the next moed unlinks.
+#include <dirent.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "tests/server/cluster.h"
+#include "tests/server/test_util.h"
+
+namespace moe {
+namespace {
+
+// /dev/shm objects moed `pid` created for its relay.
+std::vector<std::string> RelayObjects(pid_t pid) {
+  std::vector<std::string> names;
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return names;
+  const std::string prefix = absl::StrCat("moed-relay-", pid, "-");
+  while (const dirent* entry = readdir(dir)) {
+    if (absl::StartsWith(entry->d_name, prefix)) names.push_back(entry->d_name);
+  }
+  closedir(dir);
+  return names;
+}
+
+bool MapsRelay(pid_t worker, pid_t moed) {
+  std::ifstream in(absl::StrCat("/proc/", worker, "/maps"));
+  std::string maps((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return maps.find(absl::StrCat("/dev/shm/moed-relay-", moed, "-")) != std::string::npos;
+}
+
+std::unique_ptr<TestCluster> StartCluster(std::vector<std::string> flags) {
+  ClusterOptions options;
+  options.workers = 2;
+  options.moed_flags = std::move(flags);
+  auto cluster = TestCluster::Start(options);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? *std::move(cluster) : nullptr;
+}
+
+struct StepAnswers {
+  v1::ForwardResponse forward;
+  v1::BackwardResponse backward;
+};
+
+// Creates layer "relay" (TinyConfig(7)) and runs one Forward + Backward of x and d_out.
+StepAnswers RunStep(TestCluster& cluster, const v1::Tensor& x, const v1::Tensor& d_out) {
+  StepAnswers answers;
+  auto deadline = [] { return std::chrono::system_clock::now() + std::chrono::seconds(30); };
+  grpc::ClientContext create_ctx;
+  create_ctx.set_deadline(deadline());
+  v1::CreateLayerRequest create;
+  create.set_name("relay");
+  *create.mutable_config() = TinyConfig(7);
+  v1::CreateLayerResponse created;
+  grpc::Status s = cluster.stub()->CreateLayer(&create_ctx, create, &created);
+  EXPECT_TRUE(s.ok() || s.error_code() == grpc::StatusCode::ALREADY_EXISTS) << s.error_message();
+
+  grpc::ClientContext fctx;
+  fctx.set_deadline(deadline());
+  v1::ForwardRequest forward;
+  forward.set_layer("relay");
+  *forward.mutable_x() = x;
+  forward.set_keep_for_backward(true);
+  s = cluster.stub()->Forward(&fctx, forward, &answers.forward);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+
+  grpc::ClientContext bctx;
+  bctx.set_deadline(deadline());
+  v1::BackwardRequest backward;
+  backward.set_layer("relay");
+  backward.set_step_id(answers.forward.step_id());
+  *backward.mutable_d_out() = d_out;
+  s = cluster.stub()->Backward(&bctx, backward, &answers.backward);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return answers;
+}
+
+v1::Tensor ToBf16(const v1::Tensor& t) {
+  v1::Tensor out;
+  TensorToProto(TensorFromProto("t", t)->ConvertTo(DType::kBFloat16), &out);
+  return out;
+}
+
+TEST(RelayTest, LocalWorkersUseTheRelayAndAnswerAsOverGrpc) {
+  std::unique_ptr<TestCluster> relayed = StartCluster({});
+  std::unique_ptr<TestCluster> plain = StartCluster({"--shm_relay=false"});
+  ASSERT_NE(relayed, nullptr);
+  ASSERT_NE(plain, nullptr);
+  const int64_t tokens = 37, hidden = 32;
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "BF16" : "FP32");
+    v1::Tensor x = FloatsToProto({tokens, hidden}, RandomFloats(tokens * hidden, 11));
+    v1::Tensor d_out = FloatsToProto({tokens, hidden}, RandomFloats(tokens * hidden, 12));
+    if (bf16) {
+      x = ToBf16(x);
+      d_out = ToBf16(d_out);
+    }
+    const StepAnswers a = RunStep(*relayed, x, d_out);
+    const StepAnswers b = RunStep(*plain, x, d_out);
+    ASSERT_EQ(a.forward.out().raw_data().size(), x.raw_data().size());
+    EXPECT_EQ(a.forward.out().datatype(), x.datatype());
+    EXPECT_EQ(a.forward.out().raw_data(), b.forward.out().raw_data());
+    EXPECT_EQ(a.forward.aux_loss(), b.forward.aux_loss());
+    EXPECT_EQ(a.forward.z_loss(), b.forward.z_loss());
+    ASSERT_EQ(a.backward.d_x().raw_data().size(), x.raw_data().size());
+    EXPECT_EQ(a.backward.d_x().raw_data(), b.backward.d_x().raw_data());
+  }
+  // The relayed cluster's workers read and wrote moed's buffers; the other moed made none.
+  EXPECT_FALSE(RelayObjects(relayed->moed_pid()).empty());
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(MapsRelay(relayed->worker_pid(r), relayed->moed_pid())) << "worker " << r;
+  }
+  EXPECT_TRUE(RelayObjects(plain->moed_pid()).empty());
+
+  // A killed moed's objects stay until the next moed starts.
+  const pid_t killed = relayed->moed_pid();
+  relayed->SignalMoed(SIGKILL);
+  relayed.reset();
+  EXPECT_FALSE(RelayObjects(killed).empty());
+  std::unique_ptr<TestCluster> next = StartCluster({});
+  ASSERT_NE(next, nullptr);
+  EXPECT_TRUE(RelayObjects(killed).empty());
+}
+
+}  // namespace
+}  // namespace moe
