@@ -4,6 +4,7 @@
 #include <chrono>
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -75,6 +76,14 @@ absl::StatusOr<ServingStatus> DecodeHealthResponse(const std::string& bytes) {
   return status <= 3 ? static_cast<ServingStatus>(status) : ServingStatus::kUnknown;
 }
 
+// "c" + 16 random hex digits: staged names of different client objects of one caller (the
+// same token or host) do not collide.
+std::string RandomStagedPrefix() {
+  std::random_device random;
+  const uint64_t bits = (static_cast<uint64_t>(random()) << 32) ^ random();
+  return absl::StrCat("c", absl::Hex(bits, absl::kZeroPad16));
+}
+
 }  // namespace
 
 const char* ServingStatusName(ServingStatus status) {
@@ -130,15 +139,26 @@ absl::StatusOr<std::unique_ptr<MoeClient>> MoeClient::Connect(const std::string&
   if (channel == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", target));
   }
-  return std::unique_ptr<MoeClient>(new MoeClient(target, options, std::move(channel)));
+  // Lanes: channels whose arguments differ get connections of their own.
+  std::vector<std::shared_ptr<grpc::Channel>> lanes;
+  for (int i = 0; options.lanes > 1 && i < options.lanes; ++i) {
+    grpc::ChannelArguments lane_args = args;
+    lane_args.SetInt("moed.client.lane", i);
+    lanes.push_back(grpc::CreateCustomChannel(target, credentials, lane_args));
+  }
+  return std::unique_ptr<MoeClient>(
+      new MoeClient(target, options, std::move(channel), std::move(lanes)));
 }
 
 MoeClient::MoeClient(std::string target, ClientOptions options,
-                     std::shared_ptr<grpc::Channel> channel)
+                     std::shared_ptr<grpc::Channel> channel,
+                     std::vector<std::shared_ptr<grpc::Channel>> lanes)
     : target_(std::move(target)),
       options_(options),
       channel_(std::move(channel)),
-      stub_(v1::MoeService::NewStub(channel_)) {}
+      stub_(v1::MoeService::NewStub(channel_)),
+      lanes_(std::move(lanes)),
+      staged_prefix_(RandomStagedPrefix()) {}
 
 bool MoeClient::NeedsStream(const Tensor& tensor) const {
   return static_cast<int64_t>(tensor.num_bytes()) + kStepMessageHeadroom >
@@ -214,6 +234,11 @@ absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const
   request.set_layer(layer);
   request.set_keep_for_backward(keep_for_backward);
   request.set_timing(clock.enabled());
+  if (UsesLanes(x)) {
+    bool sent = false;
+    absl::StatusOr<ForwardOutput> output = ForwardOverLanes(request, x, call, &sent);
+    if (sent) return output;  // else the server asked for x in the step
+  }
   v1::ForwardResponse response;
   TensorBytes out_bytes;  // out's raw_data, where it arrived
   double encode_ms = 0.0;
@@ -251,6 +276,11 @@ absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t st
   if (d_aux.has_value()) request.set_d_aux(*d_aux);
   if (d_z_loss.has_value()) request.set_d_z_loss(*d_z_loss);
   request.set_timing(clock.enabled());
+  if (UsesLanes(d_out)) {
+    bool sent = false;
+    absl::StatusOr<Tensor> d_x = BackwardOverLanes(request, d_out, call, &sent);
+    if (sent) return d_x;
+  }
   v1::BackwardResponse response;
   TensorBytes d_x_bytes;  // d_x's raw_data, where it arrived
   double encode_ms = 0.0;

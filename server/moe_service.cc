@@ -24,8 +24,9 @@ MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics
     shm_ = std::make_unique<SharedMemoryRegistry>(options_.shm_idle_timeout);
   }
   if (options_.shm_relay) relay_ = std::make_unique<RelayPool>(options_.shm_relay_max_bytes);
+  staging_ = std::make_unique<StagingTable>(relay_.get(), options_.shm_relay_max_bytes,
+                                            options_.staged_ttl);
   const bool expire_steps = options_.saved_step_ttl > absl::ZeroDuration();
-  if (!expire_steps && shm_ == nullptr) return;
   // A few rounds per TTL, at most one a second.
   const absl::Duration period =
       expire_steps ? std::max(absl::Milliseconds(10),
@@ -37,6 +38,7 @@ MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics
       housekeeping_mu_.Unlock();
       if (expire_steps) ExpireSavedSteps();
       if (shm_ != nullptr) HousekeepShm();
+      staging_->DropExpired(absl::Now());
       housekeeping_mu_.Lock();
     }
   });

@@ -48,6 +48,7 @@
 #include "server/shared_memory.h"
 #include "server/relay_pool.h"
 #include "server/shm_step.h"
+#include "server/staging.h"
 #include "server/worker_pool.h"
 
 namespace moe {
@@ -100,6 +101,9 @@ struct ServiceOptions {
   // shm_relay_max_bytes of /dev/shm (past it, or with shm_relay off: over gRPC).
   bool shm_relay = true;
   int64_t shm_relay_max_bytes = int64_t{2} << 30;
+  // Staged tensors (StageTensor / FetchStaged, in the relay buffers; off without shm_relay)
+  // unused for this long are dropped.
+  absl::Duration staged_ttl = absl::Seconds(60);
   // A call that passed its internal deadline (step_timeout) on live workers keeps its layer's
   // turn until they finished it; one still running after this long means a wedged worker:
   // the workers re-form.
@@ -118,8 +122,13 @@ struct ServiceOptions {
 // request around its tensor, hands each worker references to its rows of the received
 // bytes, and answers with references to the workers' received output bytes
 // (proto/tensor_wire.h): no tensor byte is copied, parsed or serialised in moed.
+// StageTensor and FetchStaged are raw for the same reason: a part's rows are copied once,
+// into the staging buffer, and fetched rows are sent as slices of the kept output.
 using MoeServiceBase = v1::MoeService::WithRawCallbackMethod_Forward<
-    v1::MoeService::WithRawCallbackMethod_Backward<v1::MoeService::CallbackService>>;
+    v1::MoeService::WithRawCallbackMethod_Backward<
+        v1::MoeService::WithRawCallbackMethod_StageTensor<
+            v1::MoeService::WithRawCallbackMethod_FetchStaged<
+                v1::MoeService::CallbackService>>>>;
 
 class MoeServiceImpl final : public MoeServiceBase {
  public:
@@ -264,10 +273,28 @@ class MoeServiceImpl final : public MoeServiceBase {
   // hidden] of out_dtype, unless *shm writes it to a client region, is set to be written
   // into another (RelayStep::output; the caller answers with RelaySlice of it). Does nothing
   // when the relay is off, the workers are remote or the pool is full.
+  // A staged input (`staged`, non-null) is read in place: no copy.
   absl::StatusOr<RelayStep> RelayLocally(const WorkerSet& set, absl::string_view in_field,
-                                         const TensorBytes& input, DType in_dtype,
+                                         const TensorBytes& input,
+                                         std::shared_ptr<RelayBuffer> staged, DType in_dtype,
                                          absl::string_view out_field, DType out_dtype,
                                          int64_t tokens, int64_t hidden, ShmStep* shm);
+  // Staged tensors (moe_service_staging.cc).
+  grpc::ServerUnaryReactor* StageTensor(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
+                                        grpc::ByteBuffer*) override;
+  grpc::ServerUnaryReactor* FetchStaged(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
+                                        grpc::ByteBuffer*) override;
+  // The step's staged input `name` (x_staged, d_out_staged) of the caller, taken out of the
+  // table: a [T, hidden] head and a view of its bytes.
+  absl::StatusOr<StagedStepInput> TakeStaged(const grpc::ServerContextBase& context,
+                                             const std::string& name, int64_t hidden);
+  // Checks out_staged / d_x_staged before a step runs (name free, no region output too).
+  absl::Status CheckStagedOutput(const grpc::ServerContextBase& context, absl::string_view field,
+                                 const std::string& name, bool has_shm_output);
+  // Keeps the step's output (its answer slices, *output, emptied) under `name`.
+  absl::Status KeepStagedOutput(const grpc::ServerContextBase& context, const std::string& name,
+                                DType dtype, int64_t tokens, int64_t hidden,
+                                std::vector<grpc::Slice>* output);
   grpc::Status DoRegisterSystemSharedMemory(grpc::ServerContextBase*,
                                             const v1::RegisterSystemSharedMemoryRequest*,
                                             v1::RegisterSystemSharedMemoryResponse*);
@@ -453,7 +480,8 @@ class MoeServiceImpl final : public MoeServiceBase {
   template <typename Request, typename Response, typename Step>
   grpc::ServerUnaryReactor* RunRawStep(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* wire, grpc::ByteBuffer* answer,
-                                       Role role, int tensor_field, int shm_field, int answer_field,
+                                       Role role, int tensor_field, int shm_field, int staged_field,
+                                       int answer_field,
                                        v1::Tensor* (Response::*release_answer)(), Step step);
   // max_inflight_bytes: reserves `bytes` for a streamed step's tensor, or RESOURCE_EXHAUSTED
   // naming the flag when the steps being assembled already hold too much.
@@ -479,6 +507,9 @@ class MoeServiceImpl final : public MoeServiceBase {
   std::unique_ptr<SharedMemoryRegistry> shm_;
   // Set when options_.shm_relay.
   std::unique_ptr<RelayPool> relay_;
+  // Staged tensors (StageTensor, FetchStaged, x_staged / out_staged ...); its buffers come
+  // from relay_ (UNIMPLEMENTED without it).
+  std::unique_ptr<StagingTable> staging_;
 
   absl::Mutex stream_mu_;
   int64_t stream_bytes_ ABSL_GUARDED_BY(stream_mu_) = 0;    // held by open tensor streams

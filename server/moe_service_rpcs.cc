@@ -84,7 +84,7 @@ grpc::ServerUnaryReactor* MoeServiceImpl::RunRawStep(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* wire,
                                                      grpc::ByteBuffer* answer, Role role,
                                                      int tensor_field, int shm_field,
-                                                     int answer_field,
+                                                     int staged_field, int answer_field,
                                                      v1::Tensor* (Response::*release_answer)(),
                                                      Step step) {
   absl::Status allowed = Allow(*context, role);
@@ -92,7 +92,7 @@ grpc::ServerUnaryReactor* MoeServiceImpl::RunRawStep(grpc::CallbackServerContext
   auto request = std::make_shared<Request>();
   auto input = std::make_shared<TensorBytes>();
   absl::Status decoded = DecodeWithTensor(*wire, tensor_field, request.get(), input.get(),
-                                          {shm_field});
+                                          {shm_field, staged_field});
   if (!decoded.ok()) return FinishInline(context, ToGrpcStatus(decoded));
   if constexpr (std::is_same_v<Request, v1::ForwardRequest>) {
     if (request->keep_for_backward()) {
@@ -123,7 +123,8 @@ grpc::ServerUnaryReactor* MoeServiceImpl::Forward(grpc::CallbackServerContext* c
                                                   grpc::ByteBuffer* response) {
   return RunRawStep<v1::ForwardRequest, v1::ForwardResponse>(
       context, request, response, Role::kInfer, v1::ForwardRequest::kXFieldNumber,
-      v1::ForwardRequest::kXShmFieldNumber, v1::ForwardResponse::kOutFieldNumber,
+      v1::ForwardRequest::kXShmFieldNumber, v1::ForwardRequest::kXStagedFieldNumber,
+      v1::ForwardResponse::kOutFieldNumber,
       &v1::ForwardResponse::release_out, &MoeServiceImpl::DoForward);
 }
 
@@ -132,7 +133,8 @@ grpc::ServerUnaryReactor* MoeServiceImpl::Backward(grpc::CallbackServerContext* 
                                                    grpc::ByteBuffer* response) {
   return RunRawStep<v1::BackwardRequest, v1::BackwardResponse>(
       context, request, response, Role::kTrain, v1::BackwardRequest::kDOutFieldNumber,
-      v1::BackwardRequest::kDOutShmFieldNumber, v1::BackwardResponse::kDXFieldNumber,
+      v1::BackwardRequest::kDOutShmFieldNumber, v1::BackwardRequest::kDOutStagedFieldNumber,
+      v1::BackwardResponse::kDXFieldNumber,
       &v1::BackwardResponse::release_d_x, &MoeServiceImpl::DoBackward);
 }
 

@@ -62,15 +62,21 @@ absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(grpc::ServerContextBase* cont
 
 absl::StatusOr<RelayStep> MoeServiceImpl::RelayLocally(const WorkerSet& set,
                                                        absl::string_view in_field,
-                                                       const TensorBytes& input, DType in_dtype,
+                                                       const TensorBytes& input,
+                                                       std::shared_ptr<RelayBuffer> staged,
+                                                       DType in_dtype,
                                                        absl::string_view out_field,
                                                        DType out_dtype, int64_t tokens,
                                                        int64_t hidden, ShmStep* shm) {
   RelayStep relay;
   if (relay_ == nullptr || !set.local || tokens == 0) return relay;
   SharedMemoryRegistry* registry = relay_->registry();
-  if (!shm->has_input() && input.size() > 0 && (relay.input = relay_->Take(input.size()))) {
+  if (staged != nullptr) {
+    relay.input = std::move(staged);  // already in a relay buffer: no copy
+  } else if (!shm->has_input() && input.size() > 0 && (relay.input = relay_->Take(input.size()))) {
     input.CopyTo(relay.input->data);  // the one copy of the request's bytes
+  }
+  if (relay.input != nullptr && !shm->has_input()) {
     v1::SharedMemoryTensor tensor;
     tensor.set_datatype(std::string(DTypeName(in_dtype)));
     tensor.add_shape(tokens);

@@ -171,12 +171,24 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request.layer()));
     // x and/or out in a client's shared memory (moe_service_shm.cc); leased until we return.
     ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, request, found->config.hidden));
-    if (!request.has_x() && !shm.has_input()) return absl::InvalidArgumentError("x: required");
+    // Or x staged over several connections (StageTensor), taken out of the caller's book.
+    StagedStepInput staged;
+    if (request.input_case() == v1::ForwardRequest::kXStaged) {
+      ASSIGN_OR_RETURN(staged, TakeStaged(*context, request.x_staged(), found->config.hidden));
+    }
+    const bool is_staged = staged.tensor.buffer != nullptr;
+    const v1::Tensor& x_head = is_staged ? staged.head : request.x();
+    const TensorBytes& x_bytes = is_staged ? staged.bytes : input;
+    if (!request.has_x() && !is_staged && !shm.has_input()) {
+      return absl::InvalidArgumentError("x: required");
+    }
     ASSIGN_OR_RETURN(DType dtype, shm.has_input() ? shm.dtype()
-                                                  : CheckActivation("x", request.x(), input.size(),
+                                                  : CheckActivation("x", x_head, x_bytes.size(),
                                                                     found->config.hidden));
-    const int64_t tokens = shm.has_input() ? shm.tokens() : request.x().shape(0);
+    const int64_t tokens = shm.has_input() ? shm.tokens() : x_head.shape(0);
     RETURN_IF_ERROR(shm.CheckOutput(tokens, found->config.hidden, dtype));
+    RETURN_IF_ERROR(
+        CheckStagedOutput(*context, "out_staged", request.out_staged(), request.has_out_shm()));
     const bool keep = request.keep_for_backward();
     auto check_budget = [&](const Layer& layer) -> absl::Status {
       absl::MutexLock lock(&layer.mu);
@@ -188,8 +200,9 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     Layer& layer = turn->layer();
     if (keep) RETURN_IF_ERROR(check_budget(layer));
     // Workers on this host read x from, and write out to, moed's relay buffers.
-    ASSIGN_OR_RETURN(RelayStep relay, RelayLocally(turn->set, "x", input, dtype, "out", dtype,
-                                                   tokens, layer.config.hidden, &shm));
+    ASSIGN_OR_RETURN(RelayStep relay,
+                     RelayLocally(turn->set, "x", x_bytes, staged.tensor.buffer, dtype, "out",
+                                  dtype, tokens, layer.config.hidden, &shm));
     const int ranks = turn->set.size();
     const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
     const std::vector<int64_t> offsets = SplitRows(tokens, ranks);
@@ -215,7 +228,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
               EncodeStepCall(&call, &internal::WorkerForwardRequest::mutable_x,
                              &internal::WorkerForwardRequest::mutable_x_shm,
                              &internal::WorkerForwardRequest::mutable_out_shm,
-                             internal::WorkerForwardRequest::kXFieldNumber, shm, request.x(), input,
+                             internal::WorkerForwardRequest::kXFieldNumber, shm, x_head, x_bytes,
                              offsets[r], offsets[r + 1], row_bytes, &borrowed);
           absl::Status status = CallWorkerWithTensor(
               turn->set.channels[r], ctx, kWorkerForwardMethod, wire,
@@ -264,6 +277,10 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
       }
       response->set_step_id(step_id);
     }
+    if (!request.out_staged().empty()) {
+      RETURN_IF_ERROR(KeepStagedOutput(*context, request.out_staged(), dtype, tokens,
+                                       layer.config.hidden, output));
+    }
     if (request.timing()) {
       FillStepTiming(clock, queue_ms, fanout_ms, gather_ms, call_ms, answers,
                      response->mutable_timing());
@@ -288,14 +305,24 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     }
     // d_out and/or d_x in a client's shared memory (moe_service_shm.cc).
     ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, request, found->config.hidden));
-    if (!request.has_d_out() && !shm.has_input()) {
+    StagedStepInput staged;  // or staged (StageTensor), as in Forward
+    if (request.input_case() == v1::BackwardRequest::kDOutStaged) {
+      ASSIGN_OR_RETURN(staged,
+                       TakeStaged(*context, request.d_out_staged(), found->config.hidden));
+    }
+    const bool is_staged = staged.tensor.buffer != nullptr;
+    const v1::Tensor& d_out_head = is_staged ? staged.head : request.d_out();
+    const TensorBytes& d_out_bytes = is_staged ? staged.bytes : input;
+    if (!request.has_d_out() && !is_staged && !shm.has_input()) {
       return absl::InvalidArgumentError("d_out: required");
     }
     ASSIGN_OR_RETURN(DType dtype, shm.has_input()
                                       ? shm.dtype()
-                                      : CheckActivation("d_out", request.d_out(), input.size(),
+                                      : CheckActivation("d_out", d_out_head, d_out_bytes.size(),
                                                         found->config.hidden));
-    const int64_t d_out_tokens = shm.has_input() ? shm.tokens() : request.d_out().shape(0);
+    const int64_t d_out_tokens = shm.has_input() ? shm.tokens() : d_out_head.shape(0);
+    RETURN_IF_ERROR(
+        CheckStagedOutput(*context, "d_x_staged", request.d_x_staged(), request.has_d_x_shm()));
     const double d_aux = request.has_d_aux() ? request.d_aux() : 1.0;
     const double d_z_loss = request.has_d_z_loss() ? request.d_z_loss() : 1.0;
     if (!std::isfinite(d_aux)) return absl::InvalidArgumentError("d_aux: not finite");
@@ -317,8 +344,8 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
       layer.saved.Remove(request.step_id());
     }
     ASSIGN_OR_RETURN(RelayStep relay,
-                     RelayLocally(turn->set, "d_out", input, dtype, "d_x", step.dtype, step.tokens,
-                                  layer.config.hidden, &shm));
+                     RelayLocally(turn->set, "d_out", d_out_bytes, staged.tensor.buffer, dtype,
+                                  "d_x", step.dtype, step.tokens, layer.config.hidden, &shm));
     const int ranks = turn->set.size();
     const std::vector<int64_t> offsets = SplitRows(step.tokens, ranks);
     const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
@@ -342,7 +369,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
               &call, &internal::WorkerBackwardRequest::mutable_d_out,
               &internal::WorkerBackwardRequest::mutable_d_out_shm,
               &internal::WorkerBackwardRequest::mutable_d_x_shm,
-              internal::WorkerBackwardRequest::kDOutFieldNumber, shm, request.d_out(), input,
+              internal::WorkerBackwardRequest::kDOutFieldNumber, shm, d_out_head, d_out_bytes,
               offsets[r], offsets[r + 1], row_bytes, &borrowed);
           absl::Status status = CallWorkerWithTensor(
               turn->set.channels[r], ctx, kWorkerBackwardMethod, wire,
@@ -369,6 +396,10 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
       metrics_->CountPayload("Backward", bytes,
                              step.tokens * layer.config.hidden * DTypeSize(step.dtype));
       metrics_->CountSavedSteps("used", 1);
+    }
+    if (!request.d_x_staged().empty()) {
+      RETURN_IF_ERROR(KeepStagedOutput(*context, request.d_x_staged(), step.dtype, step.tokens,
+                                       layer.config.hidden, output));
     }
     if (request.timing()) {
       FillStepTiming(clock, queue_ms, fanout_ms, gather_ms, call_ms, answers,

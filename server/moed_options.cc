@@ -132,6 +132,9 @@ ABSL_FLAG(bool, shm_relay, true,
 ABSL_FLAG(int64_t, shm_relay_max_bytes, int64_t{2} << 30,
           "most /dev/shm the relay buffers may use (bytes); a step that does not fit, or a "
           "/dev/shm too small, goes over gRPC");
+ABSL_FLAG(int64_t, staged_ttl_s, 60,
+          "drop a staged tensor (StageTensor, out_staged / d_x_staged) unused for this many "
+          "seconds (a client that died mid-step)");
 
 namespace moe {
 
@@ -193,6 +196,7 @@ MoedOptions MoedOptionsFromFlags() {
   s.shm_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_shm_idle_timeout_s));
   s.shm_relay = absl::GetFlag(FLAGS_shm_relay);
   s.shm_relay_max_bytes = absl::GetFlag(FLAGS_shm_relay_max_bytes);
+  s.staged_ttl = absl::Seconds(absl::GetFlag(FLAGS_staged_ttl_s));
   s.durable_every_steps = absl::GetFlag(FLAGS_durable_every_steps);
   s.durable_every = absl::Seconds(absl::GetFlag(FLAGS_durable_every_s));
 
