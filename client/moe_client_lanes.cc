@@ -26,21 +26,33 @@ namespace {
 constexpr char kStageTensorMethod[] = "/moe.v1.MoeService/StageTensor";
 constexpr char kFetchStagedMethod[] = "/moe.v1.MoeService/FetchStaged";
 
-// Row ranges of `rows` over at most `lanes` lanes: offsets[i] .. offsets[i + 1].
-std::vector<int64_t> LaneRows(int64_t rows, int lanes) {
-  const int64_t n = std::max<int64_t>(1, std::min<int64_t>(lanes, rows));
+// Row ranges of a [rows, row_bytes] tensor: at least one per lane, none over max_part_bytes
+// (the message limit) unless a single row is: offsets[i] .. offsets[i + 1].
+std::vector<int64_t> PartRows(int64_t rows, size_t row_bytes, size_t lanes, size_t max_part_bytes) {
+  const int64_t rows_per_part =
+      std::max<int64_t>(1, max_part_bytes / std::max<size_t>(row_bytes, 1));
+  const int64_t n = std::max<int64_t>(
+      1, std::min<int64_t>(rows,
+                           std::max<int64_t>(lanes, (rows + rows_per_part - 1) / rows_per_part)));
   std::vector<int64_t> offsets(n + 1, 0);
   for (int64_t i = 0; i < n; ++i) offsets[i + 1] = offsets[i] + rows / n + (i < rows % n ? 1 : 0);
   return offsets;
 }
 
-// Runs fn(i) for i in [0, n) concurrently (i = 0 on this thread); the first error wins.
+// Runs fn(part, lane) for every part: lane l takes parts l, l + lanes, ... in turn, the lanes
+// concurrently (lane 0 on this thread). The first error wins.
 template <typename Fn>
-absl::Status RunLanes(size_t n, Fn fn) {
-  std::vector<absl::Status> results(n);
+absl::Status RunLanes(size_t parts, size_t lanes, Fn fn) {
+  lanes = std::min(lanes, parts);
+  std::vector<absl::Status> results(lanes);
+  auto run_lane = [&](size_t lane) {
+    for (size_t part = lane; part < parts && results[lane].ok(); part += lanes) {
+      results[lane] = fn(part, lane);
+    }
+  };
   std::vector<std::thread> threads;
-  for (size_t i = 1; i < n; ++i) threads.emplace_back([&, i] { results[i] = fn(i); });
-  results[0] = fn(0);
+  for (size_t lane = 1; lane < lanes; ++lane) threads.emplace_back(run_lane, lane);
+  run_lane(0);
   for (std::thread& t : threads) t.join();
   for (absl::Status& s : results) {
     if (!s.ok()) return s;
@@ -70,26 +82,28 @@ absl::Status MoeClient::StageRows(const std::string& name, const Tensor& tensor,
                                   const CallOptions& call) {
   const int64_t rows = tensor.shape()[0];
   const size_t row_bytes = rows == 0 ? 0 : tensor.num_bytes() / rows;
-  const std::vector<int64_t> offsets = LaneRows(rows, static_cast<int>(lanes_.size()));
-  absl::Status status = RunLanes(offsets.size() - 1, [&](size_t i) -> absl::Status {
-    v1::StageTensorRequest request;
-    request.set_name(name);
-    request.set_total_rows(rows);
-    request.set_row_offset(offsets[i]);
-    v1::Tensor head;
-    head.set_datatype(DTypeName(tensor.dtype()));
-    head.add_shape(offsets[i + 1] - offsets[i]);
-    head.add_shape(tensor.shape()[1]);
-    BorrowedBytes borrowed;  // waits until gRPC let go of the rows
-    const absl::string_view part(static_cast<const char*>(tensor.raw()) + offsets[i] * row_bytes,
-                                 (offsets[i + 1] - offsets[i]) * row_bytes);
-    const grpc::ByteBuffer wire = EncodeWithTensor(
-        request, v1::StageTensorRequest::kRowsFieldNumber, head, borrowed.Borrow(part));
-    grpc::ClientContext context;
-    Prepare(call, &context);
-    grpc::ByteBuffer answer;
-    return CallUnary(lanes_[i], &context, kStageTensorMethod, wire, &answer);
-  });
+  const std::vector<int64_t> offsets = PartRows(rows, row_bytes, lanes_.size(), PieceBytes());
+  absl::Status status =
+      RunLanes(offsets.size() - 1, lanes_.size(), [&](size_t i, size_t lane) -> absl::Status {
+        v1::StageTensorRequest request;
+        request.set_name(name);
+        request.set_total_rows(rows);
+        request.set_row_offset(offsets[i]);
+        v1::Tensor head;
+        head.set_datatype(DTypeName(tensor.dtype()));
+        head.add_shape(offsets[i + 1] - offsets[i]);
+        head.add_shape(tensor.shape()[1]);
+        BorrowedBytes borrowed;  // waits until gRPC let go of the rows
+        const absl::string_view part(
+            static_cast<const char*>(tensor.raw()) + offsets[i] * row_bytes,
+            (offsets[i + 1] - offsets[i]) * row_bytes);
+        const grpc::ByteBuffer wire = EncodeWithTensor(
+            request, v1::StageTensorRequest::kRowsFieldNumber, head, borrowed.Borrow(part));
+        grpc::ClientContext context;
+        Prepare(call, &context);
+        grpc::ByteBuffer answer;
+        return CallUnary(lanes_[lane], &context, kStageTensorMethod, wire, &answer);
+      });
   if (absl::IsUnimplemented(status)) lanes_refused_ = true;
   return status;
 }
@@ -100,37 +114,39 @@ absl::StatusOr<Tensor> MoeClient::FetchRows(const std::string& name, const v1::T
   if (head.shape_size() != 2) return absl::InternalError("staged output: not [rows, hidden]");
   Tensor out = Tensor::Uninitialized(dtype, {head.shape(0), head.shape(1)});
   const size_t row_bytes = head.shape(1) * DTypeSize(dtype);
-  const std::vector<int64_t> offsets = LaneRows(head.shape(0), static_cast<int>(lanes_.size()));
-  RETURN_IF_ERROR(RunLanes(offsets.size() - 1, [&](size_t i) -> absl::Status {
-    v1::FetchStagedRequest request;
-    request.set_name(name);
-    request.set_row_offset(offsets[i]);
-    request.set_rows(offsets[i + 1] - offsets[i]);
-    grpc::ClientContext context;
-    Prepare(call, &context);
-    // The server just answered the step: a lane still connecting is waited for, not failed.
-    context.set_wait_for_ready(true);
-    grpc::ByteBuffer answer;
-    RETURN_IF_ERROR(CallUnary(lanes_[i], &context, kFetchStagedMethod, EncodeMessage(request),
-                              &answer));
-    v1::FetchStagedResponse response;
-    TensorBytes bytes;
-    RETURN_IF_ERROR(DecodeWithTensor(answer, v1::FetchStagedResponse::kRowsFieldNumber, &response,
-                                     &bytes));
-    const size_t want = (offsets[i + 1] - offsets[i]) * row_bytes;
-    if (bytes.size() != want) {
-      return absl::InternalError(absl::StrCat("FetchStaged returned ", bytes.size(),
-                                              " bytes, expected ", want));
-    }
-    bytes.CopyTo(static_cast<char*>(out.raw()) + offsets[i] * row_bytes);
-    return absl::OkStatus();
-  }));
+  const std::vector<int64_t> offsets =
+      PartRows(head.shape(0), row_bytes, lanes_.size(), PieceBytes());
+  RETURN_IF_ERROR(
+      RunLanes(offsets.size() - 1, lanes_.size(), [&](size_t i, size_t lane) -> absl::Status {
+        v1::FetchStagedRequest request;
+        request.set_name(name);
+        request.set_row_offset(offsets[i]);
+        request.set_rows(offsets[i + 1] - offsets[i]);
+        grpc::ClientContext context;
+        Prepare(call, &context);
+        // The server just answered the step: a lane still connecting is waited for, not failed.
+        context.set_wait_for_ready(true);
+        grpc::ByteBuffer answer;
+        RETURN_IF_ERROR(
+            CallUnary(lanes_[lane], &context, kFetchStagedMethod, EncodeMessage(request), &answer));
+        v1::FetchStagedResponse response;
+        TensorBytes bytes;
+        RETURN_IF_ERROR(
+            DecodeWithTensor(answer, v1::FetchStagedResponse::kRowsFieldNumber, &response, &bytes));
+        const size_t want = (offsets[i + 1] - offsets[i]) * row_bytes;
+        if (bytes.size() != want) {
+          return absl::InternalError(
+              absl::StrCat("FetchStaged returned ", bytes.size(), " bytes, expected ", want));
+        }
+        bytes.CopyTo(static_cast<char*>(out.raw()) + offsets[i] * row_bytes);
+        return absl::OkStatus();
+      }));
   return out;
 }
 
 absl::StatusOr<ForwardOutput> MoeClient::ForwardOverLanes(v1::ForwardRequest request,
-                                                          const Tensor& x,
-                                                          const CallOptions& call, bool* sent) {
+                                                          const Tensor& x, const CallOptions& call,
+                                                          bool* sent) {
   PhaseClock clock(call.timing != nullptr);
   const std::string in = NextStagedName(), out = NextStagedName();
   absl::Status staged = StageRows(in, x, call);

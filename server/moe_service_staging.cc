@@ -90,9 +90,8 @@ absl::Status MoeServiceImpl::CheckStagedOutput(const grpc::ServerContextBase& co
 }
 
 absl::Status MoeServiceImpl::KeepStagedOutput(const grpc::ServerContextBase& context,
-                                              const std::string& name, DType dtype,
-                                              int64_t tokens, int64_t hidden,
-                                              std::vector<grpc::Slice>* output) {
+                                              const std::string& name, DType dtype, int64_t tokens,
+                                              int64_t hidden, std::vector<grpc::Slice>* output) {
   std::vector<grpc::Slice> slices = std::move(*output);
   output->clear();
   return staging_->PutOutput(ClientOf(context), name, dtype, tokens, hidden, std::move(slices));

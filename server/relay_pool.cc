@@ -60,7 +60,8 @@ struct Mapped {
 }  // namespace
 
 struct RelayPool::State {
-  explicit State(int64_t max) : max_bytes(max), registry(absl::ZeroDuration(), kRelayFirstRegionId) {}
+  explicit State(int64_t max)
+      : max_bytes(max), registry(absl::ZeroDuration(), kRelayFirstRegionId) {}
   ~State() {
     for (auto& [capacity, list] : free) {
       for (Mapped& m : list) Unmap(m);
@@ -76,15 +77,15 @@ struct RelayPool::State {
     const int fd = shm_open(key.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
     if (fd < 0) return absl::InternalError(absl::StrCat("shm_open: ", std::strerror(errno)));
     const int rc = posix_fallocate(fd, 0, capacity);
-    void* data = rc == 0 ? mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
-                         : MAP_FAILED;
+    void* data =
+        rc == 0 ? mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
     const int map_errno = errno;
     close(fd);
     if (data == MAP_FAILED) {
       shm_unlink(key.c_str());
-      return absl::ResourceExhaustedError(
-          absl::StrCat(rc != 0 ? "posix_fallocate: " : "mmap: ",
-                       std::strerror(rc != 0 ? rc : map_errno), " (", capacity, " bytes)"));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          rc != 0 ? "posix_fallocate: " : "mmap: ", std::strerror(rc != 0 ? rc : map_errno), " (",
+          capacity, " bytes)"));
     }
     m.data = static_cast<char*>(data);
     m.capacity = capacity;
@@ -164,7 +165,8 @@ std::shared_ptr<RelayBuffer> RelayPool::Take(int64_t bytes) {
       absl::StatusOr<Mapped> created = s.Create(capacity);
       if (!created.ok()) {
         if (!s.warned) {
-          std::fprintf(stderr, "moed: relay buffers in shared memory unavailable (%s); steps "
+          std::fprintf(stderr,
+                       "moed: relay buffers in shared memory unavailable (%s); steps "
                        "of local workers carry their tensors over gRPC\n",
                        created.status().ToString().c_str());
           s.warned = true;

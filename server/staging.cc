@@ -63,9 +63,11 @@ void StagingTable::EraseLocked(std::map<Key, Entry>::iterator it) {
   entries_.erase(it);
 }
 
-absl::StatusOr<std::shared_ptr<RelayBuffer>> StagingTable::ReservePart(
-    const Key& key, int64_t total_rows, int64_t row_offset, int64_t rows, DType dtype,
-    int64_t hidden) {
+absl::StatusOr<std::shared_ptr<RelayBuffer>> StagingTable::ReservePart(const Key& key,
+                                                                       int64_t total_rows,
+                                                                       int64_t row_offset,
+                                                                       int64_t rows, DType dtype,
+                                                                       int64_t hidden) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) {
@@ -170,8 +172,8 @@ absl::Status StagingTable::CheckOutputName(const std::string& owner, const std::
   return absl::OkStatus();
 }
 
-absl::Status StagingTable::PutOutput(const std::string& owner, const std::string& name,
-                                     DType dtype, int64_t rows, int64_t hidden,
+absl::Status StagingTable::PutOutput(const std::string& owner, const std::string& name, DType dtype,
+                                     int64_t rows, int64_t hidden,
                                      std::vector<grpc::Slice> slices) {
   Entry e;
   e.output = true;

@@ -91,11 +91,11 @@ class StagingTable {
     int64_t rows = 0;
     int64_t hidden = 0;
     int64_t bytes = 0;
-    std::shared_ptr<RelayBuffer> buffer;     // input
-    std::map<int64_t, int64_t> parts;        // input: row_offset -> rows, reserved
-    int64_t rows_written = 0;                // input: rows whose bytes are in the buffer
-    std::vector<grpc::Slice> slices;         // output
-    std::map<int64_t, int64_t> fetched;      // output: row_offset -> rows, fetched
+    std::shared_ptr<RelayBuffer> buffer;  // input
+    std::map<int64_t, int64_t> parts;     // input: row_offset -> rows, reserved
+    int64_t rows_written = 0;             // input: rows whose bytes are in the buffer
+    std::vector<grpc::Slice> slices;      // output
+    std::map<int64_t, int64_t> fetched;   // output: row_offset -> rows, fetched
     int64_t rows_fetched = 0;
     absl::Time last_used;
   };

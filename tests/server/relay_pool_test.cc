@@ -2,10 +2,10 @@
 // eviction, discarded buffers, slices that hold a buffer, and objects a killed moed left.
 #include "server/relay_pool.h"
 
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <string>

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "client/moe_client.h"
 #include "absl/strings/str_cat.h"
+#include "client/moe_client.h"
 #include "gtest/gtest.h"
 #include "tests/server/cluster.h"
 #include "tests/server/test_util.h"
@@ -112,7 +112,9 @@ ClientStep RunClientStep(client::MoeClient& client, const Tensor& x) {
   return step;
 }
 
-std::string Bytes(const Tensor& t) { return std::string(static_cast<const char*>(t.raw()), t.num_bytes()); }
+std::string Bytes(const Tensor& t) {
+  return std::string(static_cast<const char*>(t.raw()), t.num_bytes());
+}
 
 // The C++ client over 4 lanes (every tensor staged) answers as over one call; against a moed
 // without the relay it falls back to the one call. Bad staged names are refused.

@@ -33,7 +33,8 @@ std::string Rows(int64_t first, int64_t n) {
 
 std::string Joined(const std::vector<grpc::Slice>& slices) {
   std::string out;
-  for (const grpc::Slice& s : slices) out.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  for (const grpc::Slice& s : slices)
+    out.append(reinterpret_cast<const char*>(s.begin()), s.size());
   return out;
 }
 
