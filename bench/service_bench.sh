@@ -7,6 +7,9 @@
 #
 #   bench/service_bench.sh [--device=cpu|cuda] [--workers=N] [--dtype=bf16|fp32] [SHAPE...]
 #   SHAPE = H,F,E,k,T   (default: the data-plane issue's table)
+# Environment: MOED_FLAGS / MOECTL_FLAGS (extra flags, e.g. MOED_FLAGS=--shm_relay=false
+# MOECTL_FLAGS=--lanes=1 for the gRPC path without the relay and lanes), SHM=0 (gRPC only),
+# LABEL (output file service_bench_LABEL.jsonl).
 # Binaries come from $PATH (moed, moectl) or bazel-bin.
 set -uo pipefail
 device=cpu workers=2 dtype=bf16 steps=${STEPS:-10} warmup=${WARMUP:-2}
@@ -27,21 +30,24 @@ moed=$(command -v moed || echo bazel-bin/server/moed)
 moectl=$(command -v moectl || echo bazel-bin/client/moectl)
 port_file=$(mktemp -u)
 "$moed" --device="$device" --workers="$workers" --port=0 --port_file="$port_file" \
-  --allow_client_shm --max_layer_bytes=$((1 << 40)) >"$out/moed.log" 2>&1 &
+  --allow_client_shm --max_layer_bytes=$((1 << 40)) ${MOED_FLAGS:-} >"$out/moed${LABEL:+_$LABEL}.log" 2>&1 &
 moed_pid=$!
 trap 'kill $moed_pid 2>/dev/null; wait $moed_pid 2>/dev/null' EXIT
 for _ in $(seq 1 300); do [ -s "$port_file" ] && break; sleep 0.1; done
 server="127.0.0.1:$(cat "$port_file")"
-"$moectl" --server="$server" health --wait_ms=120000 >/dev/null || { tail "$out/moed.log"; exit 1; }
+"$moectl" --server="$server" health --wait_ms=120000 >/dev/null || { tail "$out/moed${LABEL:+_$LABEL}.log"; exit 1; }
 compute=$([ "$dtype" = bf16 ] && echo bf16 || echo fp32)
 cuda_shm=$([ "${device%%:*}" = cuda ] && echo --cuda_shm || echo --nocuda_shm)
+shm=--shm
+[ "${SHM:-1}" = 0 ] && shm=--noshm cuda_shm=--nocuda_shm
+jsonl="$out/service_bench${LABEL:+_$LABEL}.jsonl"
 for s in "${shapes[@]}"; do
   IFS=, read -r h f e k t <<<"$s"
   echo "== H=$h F=$f E=$e k=$k T=$t ($device x$workers, $dtype)" >&2
-  timeout 300 "$moectl" --server="$server" --deadline_ms=120000 bench --shm "$cuda_shm" --progress=off \
+  timeout 300 "$moectl" --server="$server" --deadline_ms=120000 ${MOECTL_FLAGS:-} bench "$shm" "$cuda_shm" --progress=off \
     --hidden="$h" --ffn="$f" --experts="$e" --top_k="$k" --tokens="$t" \
     --dtype="$dtype" --compute_dtype="$compute" --steps="$steps" --warmup="$warmup" \
-    | tr -d '\n' >>"$out/service_bench.jsonl"
-  echo >>"$out/service_bench.jsonl"
+    | tr -d '\n' >>"$jsonl"
+  echo >>"$jsonl"
 done
-cat "$out/service_bench.jsonl"
+cat "$jsonl"
