@@ -23,6 +23,62 @@ bool IsTransport(absl::StatusCode code) {
 // How often a fan-out polls its cancellation predicate.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(20);
 
+// Runs call(r) for every rank r < n at once, rank 0 on this thread; with `cancelled`, every
+// rank on its own thread while this one polls the predicate and cancels every context once
+// it holds.
+void CallEveryRank(int n, const std::function<void(int)>& call,
+                   const std::function<bool()>& cancelled,
+                   const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts) {
+  std::vector<std::thread> threads;
+  if (cancelled == nullptr) {
+    for (int r = 1; r < n; ++r) threads.emplace_back(call, r);
+    if (n > 0) call(0);
+  } else {
+    // Every rank on its own thread; this one watches the predicate.
+    absl::Mutex done_mu;
+    int done = 0;
+    for (int r = 0; r < n; ++r) {
+      threads.emplace_back([&, r] {
+        call(r);
+        absl::MutexLock lock(&done_mu);
+        ++done;
+      });
+    }
+    bool cancelled_once = false;
+    absl::MutexLock lock(&done_mu);
+    auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) { return done == n; };
+    while (!done_mu.AwaitWithTimeout(absl::Condition(&all_done), kCancelPoll)) {
+      if (!cancelled_once && cancelled()) {
+        cancelled_once = true;
+        for (auto& context : contexts) context->TryCancel();
+      }
+    }
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+// The most telling error of a failed fan-out: a worker's own (DATA_LOSS naming a file) before
+// ABORTED (another rank failed) before a transport failure, prefixed by its rank; a transport
+// failure once the deadline passed is DEADLINE_EXCEEDED.
+absl::Status MostTellingError(const std::vector<absl::Status>& results, absl::Time deadline) {
+  auto rank_of = [](absl::StatusCode code) {
+    return IsTransport(code) ? 2 : code == absl::StatusCode::kAborted ? 1 : 0;
+  };
+  int pick = -1;
+  for (int r = 0; r < static_cast<int>(results.size()); ++r) {
+    if (!results[r].ok() &&
+        (pick < 0 || rank_of(results[r].code()) < rank_of(results[pick].code()))) {
+      pick = r;
+    }
+  }
+  if (absl::Now() >= deadline && IsTransport(results[pick].code())) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("workers did not answer within the deadline: ", results[pick].message()));
+  }
+  return absl::Status(results[pick].code(),
+                      absl::StrCat("worker ", pick, ": ", results[pick].message()));
+}
+
 }  // namespace
 
 std::shared_ptr<grpc::Channel> WorkerPool::MakeChannel(const std::string& address) const {
@@ -225,118 +281,100 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
   return status;
 }
 
+absl::Status WorkerPool::NotServingLocked(const WorkerSet& set) const {
+  if (generation_ != set.generation || !(serving_ || in_setup_)) {
+    return absl::UnavailableError(absl::StrCat("not serving: ", message_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerPool::StartCalls(const WorkerSet& set, absl::Time deadline,
+                                    std::vector<std::unique_ptr<grpc::ClientContext>>* contexts) {
+  absl::MutexLock lock(&mu_);
+  absl::Status serving = NotServingLocked(set);
+  if (!serving.ok()) return serving;
+  for (auto& context : *contexts) {
+    context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(absl::ToChronoTime(deadline));
+    in_flight_.insert(context.get());
+  }
+  return absl::OkStatus();
+}
+
+void WorkerPool::EndCalls(const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts) {
+  absl::MutexLock lock(&mu_);
+  for (auto& context : contexts) in_flight_.erase(context.get());
+}
+
+WorkerPool::FanOutFailures WorkerPool::CountFailures(const WorkerSet& set,
+                                                     const std::vector<absl::Status>& results,
+                                                     const std::vector<absl::Time>& ended,
+                                                     absl::Time deadline) {
+  FanOutFailures failures;
+  for (int r = 0; r < set.size(); ++r) {
+    if (results[r].ok()) continue;
+    ++failures.failed;
+    if (IsTransport(results[r].code())) {
+      ++failures.transport;
+      // Connection-level failure: is the worker itself gone?
+      if (!QuickPing(set.stubs[r].get(), options_.ping_timeout).ok()) {
+        MarkDead(r, absl::StrCat("call failed (", results[r].message(),
+                                 ") and the worker does not answer pings"));
+      } else if (results[r].code() == absl::StatusCode::kDeadlineExceeded && ended[r] >= deadline) {
+        ++failures.overdue;  // alive, and still busy with the call (or just finished it)
+      }
+    }
+  }
+  return failures;
+}
+
+absl::Status WorkerPool::CheckWorkersOf(const WorkerSet& set) const {
+  absl::MutexLock lock(&mu_);
+  for (int r = 0; r < set.size(); ++r) {
+    if (!slots_[r].alive) {
+      return absl::UnavailableError(
+          absl::StrCat("worker ", r, " (", slots_[r].address, ") gone: ", slots_[r].error));
+    }
+  }
+  return NotServingLocked(set);
+}
+
 absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline,
                                        const WorkerFn& fn, const FanOutOptions& options,
                                        FanOutOutcome* outcome) {
   *outcome = FanOutOutcome();
   const int n = set.size();
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts(n);
+  absl::Status started = StartCalls(set, deadline, &contexts);
+  if (!started.ok()) return started;
   std::vector<absl::Status> results(n);
   std::vector<absl::Time> ended(n);
-  {
-    absl::MutexLock lock(&mu_);
-    if (generation_ != set.generation || !(serving_ || in_setup_)) {
-      return absl::UnavailableError(absl::StrCat("not serving: ", message_));
-    }
-    for (int r = 0; r < n; ++r) {
-      contexts[r] = std::make_unique<grpc::ClientContext>();
-      contexts[r]->set_deadline(absl::ToChronoTime(deadline));
-      in_flight_.insert(contexts[r].get());
-    }
-  }
-  auto call = [&](int r) {
-    results[r] = fn(r, set.stubs[r].get(), contexts[r].get());
-    ended[r] = absl::Now();
-  };
-  std::vector<std::thread> threads;
-  if (options.cancelled == nullptr) {
-    for (int r = 1; r < n; ++r) threads.emplace_back(call, r);
-    if (n > 0) call(0);
-  } else {
-    // Every rank on its own thread; this one watches the predicate.
-    absl::Mutex done_mu;
-    int done = 0;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        call(r);
-        absl::MutexLock lock(&done_mu);
-        ++done;
-      });
-    }
-    bool cancelled = false;
-    absl::MutexLock lock(&done_mu);
-    auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) { return done == n; };
-    while (!done_mu.AwaitWithTimeout(absl::Condition(&all_done), kCancelPoll)) {
-      if (!cancelled && options.cancelled()) {
-        cancelled = true;
-        for (auto& context : contexts) context->TryCancel();
-      }
-    }
-  }
-  for (std::thread& t : threads) t.join();
-  {
-    absl::MutexLock lock(&mu_);
-    for (auto& context : contexts) in_flight_.erase(context.get());
-  }
+  CallEveryRank(
+      n,
+      [&](int r) {
+        results[r] = fn(r, set.stubs[r].get(), contexts[r].get());
+        ended[r] = absl::Now();
+      },
+      options.cancelled, contexts);
+  EndCalls(contexts);
 
-  int failed = 0, transport_failures = 0, overdue = 0;
-  for (int r = 0; r < n; ++r) {
-    if (results[r].ok()) continue;
-    ++failed;
-    if (IsTransport(results[r].code())) {
-      ++transport_failures;
-      // Connection-level failure: is the worker itself gone?
-      if (!QuickPing(set.stubs[r].get(), options_.ping_timeout).ok()) {
-        MarkDead(r, absl::StrCat("call failed (", results[r].message(),
-                                 ") and the worker does not answer pings"));
-      } else if (results[r].code() == absl::StatusCode::kDeadlineExceeded && ended[r] >= deadline) {
-        ++overdue;  // alive, and still busy with the call (or just finished it)
-      }
-    }
-  }
-  if (failed == 0) return absl::OkStatus();
-  outcome->partial = failed < n || transport_failures > 0;
-  outcome->overdue = overdue > 0;
-  {
-    absl::MutexLock lock(&mu_);
-    for (int r = 0; r < n; ++r) {
-      if (!slots_[r].alive) {
-        return absl::UnavailableError(
-            absl::StrCat("worker ", r, " (", slots_[r].address, ") gone: ", slots_[r].error));
-      }
-    }
-    if (generation_ != set.generation || !(serving_ || in_setup_)) {
-      return absl::UnavailableError(absl::StrCat("not serving: ", message_));
-    }
-  }
-  if (overdue == failed) {
+  const FanOutFailures failures = CountFailures(set, results, ended, deadline);
+  if (failures.failed == 0) return absl::OkStatus();
+  outcome->partial = failures.failed < n || failures.transport > 0;
+  outcome->overdue = failures.overdue > 0;
+  absl::Status workers = CheckWorkersOf(set);
+  if (!workers.ok()) return workers;
+  if (failures.overdue == failures.failed) {
     // Only slow, not broken: the ranks finish the call by themselves (a collective's ranks
     // all run it to its end, or fail it alike after --collective_timeout_ms).
     return absl::DeadlineExceededError(
-        absl::StrCat("the workers did not finish within the deadline (", overdue, " of ", n,
-                     " still running it; they finish it and its result is dropped)"));
+        absl::StrCat("the workers did not finish within the deadline (", failures.overdue, " of ",
+                     n, " still running it; they finish it and its result is dropped)"));
   }
-  if (options.collective && (failed < n || transport_failures > 0)) {
+  if (options.collective && (failures.failed < n || failures.transport > 0)) {
     Restart("a collective call failed on some workers");
   }
-  // The most telling error: a worker's own (DATA_LOSS naming a file) before ABORTED (another
-  // rank failed) before a transport failure.
-  auto rank_of = [](absl::StatusCode code) {
-    return IsTransport(code) ? 2 : code == absl::StatusCode::kAborted ? 1 : 0;
-  };
-  int pick = -1;
-  for (int r = 0; r < n; ++r) {
-    if (!results[r].ok() &&
-        (pick < 0 || rank_of(results[r].code()) < rank_of(results[pick].code()))) {
-      pick = r;
-    }
-  }
-  if (absl::Now() >= deadline && IsTransport(results[pick].code())) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("workers did not answer within the deadline: ", results[pick].message()));
-  }
-  return absl::Status(results[pick].code(),
-                      absl::StrCat("worker ", pick, ": ", results[pick].message()));
+  return MostTellingError(results, deadline);
 }
 
 void WorkerPool::HeartbeatLoop() {
