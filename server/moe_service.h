@@ -463,9 +463,10 @@ class MoeServiceImpl final : public MoeServiceBase {
                                        const grpc::ByteBuffer* wire, grpc::ByteBuffer* answer,
                                        Role role, int tensor_field, int shm_field, int answer_field,
                                        v1::Tensor* (Response::*release_answer)(), Step step);
-  // max_inflight_bytes: reserves `bytes` for a streamed step's tensor, or RESOURCE_EXHAUSTED
-  // naming the flag when the steps being assembled already hold too much.
-  absl::Status HoldInflightBytes(int64_t bytes);
+  // max_inflight_bytes: reserves `bytes` for a streamed step's tensor (*held = bytes, for
+  // ReleaseInflightBytes), or RESOURCE_EXHAUSTED naming the flag when the steps being
+  // assembled already hold too much.
+  absl::Status HoldInflightBytes(int64_t bytes, int64_t* held);
   void ReleaseInflightBytes(int64_t bytes);
   // max_stream_bytes: adds `bytes` to what this stream holds (*held) unless other streams
   // already hold something and the total would pass the limit (RESOURCE_EXHAUSTED).
