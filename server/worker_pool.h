@@ -159,8 +159,9 @@ class WorkerPool {
     int64_t peak_memory_bytes = 0;
   };
 
-  // ForEachWorker's steps. Counts of a fan-out's failed ranks: all, by transport (the answer
-  // never came), overdue (transport, past the deadline, on a worker that answers pings).
+  // ForEachWorker's steps (worker_pool_fanout.cc). Counts of a fan-out's failed ranks: all, by
+  // transport (the answer never came), overdue (transport, past the deadline, on a worker that
+  // answers pings).
   struct FanOutFailures {
     int failed = 0;
     int transport = 0;
