@@ -120,6 +120,38 @@ absl::StatusOr<Series> Measure(int64_t warmup, int64_t steps, const char* phase,
   return series;
 }
 
+// Times `warmup` + `steps` forwards, then as many forward+backward steps, each asking for its
+// StepTiming through the CallOptions it is given (a few clock reads), so that the timed steps'
+// breakdown is recorded. `label`: the progress bar's prefix. Returns {"forward",
+// "forward_backward", "breakdown": {"forward", "forward_backward"}}.
+absl::StatusOr<Json> MeasureSteps(
+    int64_t warmup, int64_t steps, const std::string& label, bool show_progress, int64_t tokens,
+    const std::function<absl::Status(const CallOptions& fwd)>& forward_step,
+    const std::function<absl::Status(const CallOptions& fwd, const CallOptions& bwd)>&
+        training_step) {
+  StepTimes fwd_times, bwd_times;
+  CallOptions fwd_call, bwd_call;
+  fwd_call.timing = &fwd_times;
+  bwd_call.timing = &bwd_times;
+  StepBreakdown forward_breakdown, training_breakdown;
+  const std::string forward_label = label + "forward";
+  const std::string training_label = label + "forward+backward";
+  auto forward_once = [&]() { return forward_step(fwd_call); };
+  auto training_once = [&]() { return training_step(fwd_call, bwd_call); };
+  auto record_forward = [&](double ms) { forward_breakdown.Add(ms, {&fwd_times}); };
+  auto record_training = [&](double ms) { training_breakdown.Add(ms, {&fwd_times, &bwd_times}); };
+  ASSIGN_OR_RETURN(Series forward, Measure(warmup, steps, forward_label.c_str(), show_progress,
+                                           forward_once, record_forward));
+  ASSIGN_OR_RETURN(Series training, Measure(warmup, steps, training_label.c_str(), show_progress,
+                                            training_once, record_training));
+  Json out;
+  out["forward"] = SeriesJson(forward, tokens);
+  out["forward_backward"] = SeriesJson(training, tokens);
+  out["breakdown"]["forward"] = forward_breakdown.ToJson();
+  out["breakdown"]["forward_backward"] = training_breakdown.ToJson();
+  return out;
+}
+
 // A region for BenchShm: `write` puts bytes at an offset, `read` gets them back.
 struct BenchRegion {
   std::function<absl::Status(int64_t offset, absl::string_view bytes)> write;
@@ -195,42 +227,50 @@ absl::StatusOr<Json> BenchShm(MoeClient& c, const std::string& layer, const Tens
     const bool identical = grpc_fwd.out.bytes() == shm_out && grpc_d_x.bytes() == shm_d_x;
     // The same per-phase breakdown as the gRPC path's (encode and decode are 0: no bytes in
     // the messages).
-    StepTimes fwd_times, bwd_times;
-    CallOptions fwd_call, bwd_call;
-    fwd_call.timing = &fwd_times;
-    bwd_call.timing = &bwd_times;
-    StepBreakdown forward_breakdown, training_breakdown;
     ASSIGN_OR_RETURN(
-        Series forward,
-        Measure(
-            warmup, steps, cuda ? "cuda shm forward" : "shm forward", show_progress,
-            [&]() { return c.ForwardShm(layer, x_ref, out_ref, false, fwd_call).status(); },
-            [&](double ms) { forward_breakdown.Add(ms, {&fwd_times}); }));
-    ASSIGN_OR_RETURN(
-        Series training,
-        Measure(
-            warmup, steps, cuda ? "cuda shm forward+backward" : "shm forward+backward",
-            show_progress,
-            [&]() -> absl::Status {
+        Json timed,
+        MeasureSteps(
+            warmup, steps, cuda ? "cuda shm " : "shm ", show_progress, x.dim(0),
+            [&](const CallOptions& fwd_call) {
+              return c.ForwardShm(layer, x_ref, out_ref, false, fwd_call).status();
+            },
+            [&](const CallOptions& fwd_call, const CallOptions& bwd_call) -> absl::Status {
               ASSIGN_OR_RETURN(ForwardOutput f,
                                c.ForwardShm(layer, x_ref, out_ref, true, fwd_call));
               absl::Status backward = c.BackwardShm(layer, f.step_id, d_out_ref, d_x_ref,
                                                     std::nullopt, std::nullopt, bwd_call);
               if (!backward.ok()) c.ReleaseStep(layer, f.step_id).IgnoreError();
               return backward;
-            },
-            [&](double ms) { training_breakdown.Add(ms, {&fwd_times, &bwd_times}); }));
+            }));
     Json out;
     out["identical_to_grpc"] = identical;
-    out["forward"] = SeriesJson(forward, x.dim(0));
-    out["forward_backward"] = SeriesJson(training, x.dim(0));
-    out["breakdown"]["forward"] = forward_breakdown.ToJson();
-    out["breakdown"]["forward_backward"] = training_breakdown.ToJson();
+    for (const auto& [key, value] : timed.items()) out[key] = value;
     return out;
   };
   absl::StatusOr<Json> json = run();
   c.UnregisterSystemSharedMemory(region).IgnoreError();
   return json;
+}
+
+// The gRPC path (MeasureSteps' JSON).
+absl::StatusOr<Json> BenchGrpc(MoeClient& c, const std::string& layer, const Tensor& x,
+                               const Tensor& d_out, int64_t warmup, int64_t steps,
+                               bool show_progress) {
+  return MeasureSteps(
+      warmup, steps, "", show_progress, x.dim(0),
+      [&](const CallOptions& fwd_call) {
+        return c.Forward(layer, x, /*keep_for_backward=*/false, fwd_call).status();
+      },
+      [&](const CallOptions& fwd_call, const CallOptions& bwd_call) -> absl::Status {
+        auto fwd = c.Forward(layer, x, /*keep_for_backward=*/true, fwd_call);
+        if (!fwd.ok()) return fwd.status();
+        absl::Status backward =
+            c.Backward(layer, fwd->step_id, d_out, std::nullopt, std::nullopt, bwd_call).status();
+        // A Backward that failed before reaching the workers leaves the step saved: free it,
+        // or an existing layer keeps it until the server's --saved_step_ttl_s.
+        if (!backward.ok()) c.ReleaseStep(layer, fwd->step_id).IgnoreError();
+        return backward;
+      });
 }
 
 }  // namespace
@@ -278,39 +318,13 @@ int RunBench(const Args& args) {
   const Tensor d_out = RandomNormal(*dtype, {tokens, hidden}, seed + 1);
   MoeClient& c = **client;
 
-  // Every step asks for its StepTiming (a few clock reads); Measure records the breakdown of
-  // the timed steps.
-  StepTimes fwd_times, bwd_times;
-  CallOptions fwd_call, bwd_call;
-  fwd_call.timing = &fwd_times;
-  bwd_call.timing = &bwd_times;
-  StepBreakdown forward_breakdown, training_breakdown;
-  auto forward = Measure(
-      warmup, steps, "forward", show_progress,
-      [&]() { return c.Forward(name, x, /*keep_for_backward=*/false, fwd_call).status(); },
-      [&](double ms) { forward_breakdown.Add(ms, {&fwd_times}); });
-  absl::StatusOr<Series> training = absl::InternalError("not run");
-  if (forward.ok()) {
-    auto step = [&]() -> absl::Status {
-      auto fwd = c.Forward(name, x, /*keep_for_backward=*/true, fwd_call);
-      if (!fwd.ok()) return fwd.status();
-      absl::Status backward =
-          c.Backward(name, fwd->step_id, d_out, std::nullopt, std::nullopt, bwd_call).status();
-      // A Backward that failed before reaching the workers leaves the step saved: free it,
-      // or an existing layer keeps it until the server's --saved_step_ttl_s.
-      if (!backward.ok()) c.ReleaseStep(name, fwd->step_id).IgnoreError();
-      return backward;
-    };
-    training = Measure(warmup, steps, "forward+backward", show_progress, step, [&](double ms) {
-      training_breakdown.Add(ms, {&fwd_times, &bwd_times});
-    });
-  }
+  absl::StatusOr<Json> grpc_json = BenchGrpc(c, name, x, d_out, warmup, steps, show_progress);
   absl::StatusOr<Json> shm_json = Json();
-  if (absl::GetFlag(FLAGS_shm) && forward.ok() && training.ok()) {
+  if (absl::GetFlag(FLAGS_shm) && grpc_json.ok()) {
     shm_json = BenchShm(c, name, x, d_out, warmup, steps, show_progress, /*cuda=*/false);
   }
   absl::StatusOr<Json> cuda_shm_json = Json();
-  if (absl::GetFlag(FLAGS_cuda_shm) && forward.ok() && training.ok() && shm_json.ok()) {
+  if (absl::GetFlag(FLAGS_cuda_shm) && grpc_json.ok() && shm_json.ok()) {
     cuda_shm_json = BenchShm(c, name, x, d_out, warmup, steps, show_progress, /*cuda=*/true);
   }
   // Gradients accumulated by the timed backwards are dropped so an existing layer is left as
@@ -320,8 +334,7 @@ int RunBench(const Args& args) {
   } else {
     c.ZeroGradients(name).IgnoreError();
   }
-  if (!forward.ok()) return ReportError("bench", forward.status());
-  if (!training.ok()) return ReportError("bench", training.status());
+  if (!grpc_json.ok()) return ReportError("bench", grpc_json.status());
   if (!shm_json.ok()) return ReportError("bench", shm_json.status());
   if (!cuda_shm_json.ok()) return ReportError("bench", cuda_shm_json.status());
 
@@ -333,10 +346,7 @@ int RunBench(const Args& args) {
   out["tokens"] = tokens;
   out["datatype"] = DTypeName(*dtype);
   out["warmup"] = warmup;
-  out["forward"] = SeriesJson(*forward, tokens);
-  out["forward_backward"] = SeriesJson(*training, tokens);
-  out["breakdown"]["forward"] = forward_breakdown.ToJson();
-  out["breakdown"]["forward_backward"] = training_breakdown.ToJson();
+  for (const auto& [key, value] : grpc_json->items()) out[key] = value;
   if (!shm_json->is_null()) out["shm"] = *std::move(shm_json);
   if (!cuda_shm_json->is_null()) out["cuda_shm"] = *std::move(cuda_shm_json);
   PrintJson(out);

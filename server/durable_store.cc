@@ -171,22 +171,9 @@ absl::Status CheckCheckpoint(const std::string& dir, const DurableLayer& layer) 
   return absl::OkStatus();
 }
 
-}  // namespace
-
-DurableStore::DurableStore(std::string path, int lock_fd, std::unique_ptr<CheckpointRoot> root)
-    : path_(std::move(path)), lock_fd_(lock_fd), root_(std::move(root)) {}
-
-DurableStore::~DurableStore() { ::close(lock_fd_); }
-
-absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
-    const std::string& dir, std::vector<std::string>* cleaned) {
-  if (dir.empty() || dir[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat("\"", dir, "\" is not an absolute path"));
-  }
-  RETURN_IF_ERROR(MakeDirectories(dir));
-  ::chmod(dir.c_str(), 0700);
-  const std::string format_path = absl::StrCat(dir, "/", kFormatFile);
-  // 1. The lock: one moed per store.
+// Open's steps, each on `dir`.
+// 1. The lock: one moed per store. Returns the descriptor that holds it.
+absl::StatusOr<int> LockStore(const std::string& dir) {
   const int lock_fd = ::open(absl::StrCat(dir, "/", kLockFile).c_str(),
                              O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (lock_fd < 0) return ErrnoStatus(errno, absl::StrCat("open ", dir, "/", kLockFile));
@@ -195,67 +182,64 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
     return absl::FailedPreconditionError(
         absl::StrCat(dir, " is in use by another moed (it holds ", kLockFile, ")"));
   }
-  auto fail = [&](absl::Status status) {
-    ::close(lock_fd);
-    return status;
-  };
-  // 2. FORMAT: written into a new (empty) store; anything else must carry ours.
+  return lock_fd;
+}
+
+// 2. FORMAT: written into a new (empty) store; anything else must carry ours.
+absl::Status CheckFormat(const std::string& dir) {
+  const std::string format_path = absl::StrCat(dir, "/", kFormatFile);
   absl::StatusOr<std::string> format = ReadWholeFile(format_path);
   if (absl::IsNotFound(format.status())) {
     for (const std::string& entry : List(dir)) {
       if (entry != kLockFile && entry != kStagingFolder && !IsTemporary(entry)) {
-        return fail(absl::FailedPreconditionError(absl::StrCat(
-            dir, " holds \"", entry, "\" but no ", kFormatFile,
-            ": not a moed state directory (give --state_dir an empty or new folder)")));
+        return absl::FailedPreconditionError(
+            absl::StrCat(dir, " holds \"", entry, "\" but no ", kFormatFile,
+                         ": not a moed state directory (give --state_dir an empty or new folder)"));
       }
     }
-    absl::Status written = WriteFileAtomically(format_path, {kFormatText});
-    if (!written.ok()) return fail(written);
+    RETURN_IF_ERROR(WriteFileAtomically(format_path, {kFormatText}));
     format = std::string(kFormatText);
   }
-  if (!format.ok()) return fail(format.status());
+  if (!format.ok()) return format.status();
   if (*format != kFormatText) {
-    return fail(absl::FailedPreconditionError(
+    return absl::FailedPreconditionError(
         absl::StrCat(format_path, " says \"", absl::StripTrailingAsciiWhitespace(*format),
                      "\": written by another version of moed (this one reads \"",
-                     absl::StripTrailingAsciiWhitespace(kFormatText), "\")")));
+                     absl::StripTrailingAsciiWhitespace(kFormatText), "\")"));
   }
-  // 3. The registry, then every checkpoint it names: all verified before anything changes.
+  return absl::OkStatus();
+}
+
+// 3. The registry (empty when there is none and no layer folder either), then every
+// checkpoint it names: all verified before anything changes.
+absl::StatusOr<Registry> ReadVerifiedRegistry(const std::string& dir) {
   const std::string registry_path = absl::StrCat(dir, "/", kRegistryFile);
   Registry registry;
   absl::StatusOr<std::string> text = ReadWholeFile(registry_path);
   if (text.ok()) {
-    absl::StatusOr<Registry> parsed = ParseRegistry(registry_path, *text);
-    if (!parsed.ok()) return fail(parsed.status());
-    registry = std::move(*parsed);
+    ASSIGN_OR_RETURN(registry, ParseRegistry(registry_path, *text));
   } else if (!absl::IsNotFound(text.status())) {
-    return fail(text.status());
+    return text.status();
   } else {
     for (const std::string& entry : List(dir)) {
       if (entry[0] == 'L' && entry != kLockFile) {
-        return fail(
-            Damaged(registry_path, absl::StrCat("missing, but layer folder ", entry, " is there")));
+        return Damaged(registry_path,
+                       absl::StrCat("missing, but layer folder ", entry, " is there"));
       }
     }
   }
   for (const DurableLayer& layer : registry.layers) {
     if (layer.checkpoint.empty()) continue;
-    absl::Status checked = CheckCheckpoint(dir, layer);
-    if (!checked.ok()) return fail(checked);
+    RETURN_IF_ERROR(CheckCheckpoint(dir, layer));
   }
-  // 4. Verified: take the staging root (removes a dead moed's staging) and clean leftovers.
-  absl::StatusOr<std::unique_ptr<CheckpointRoot>> root = CheckpointRoot::Open(dir);
-  if (!root.ok()) return fail(root.status());
-  std::string resolved = (*root)->path();  // before the root is moved into the store
-  auto store = absl::WrapUnique(new DurableStore(std::move(resolved), lock_fd, std::move(*root)));
-  absl::MutexLock lock(&store->mu_);
-  store->next_incarnation_ = registry.next_incarnation;
-  store->next_sequence_ = registry.next_sequence;
-  std::map<std::string, const DurableLayer*> by_folder;
-  for (const DurableLayer& layer : registry.layers) {
-    store->layers_[layer.name] = layer;
-    by_folder[LayerFolder(layer.incarnation)] = &layer;
-  }
+  return registry;
+}
+
+// 4. Leftovers: temporary files, layer folders the registry does not name (a DeleteLayer cut
+// short), and in each layer's folder what is not a checkpoint up to its current one.
+void CleanLeftovers(const std::string& dir,
+                    const std::map<std::string, const DurableLayer*>& by_folder,
+                    std::vector<std::string>* cleaned) {
   for (const std::string& entry : List(dir)) {
     const std::string path = absl::StrCat(dir, "/", entry);
     if (IsTemporary(entry)) {
@@ -274,6 +258,45 @@ absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
       }
     }
   }
+}
+
+}  // namespace
+
+DurableStore::DurableStore(std::string path, int lock_fd, std::unique_ptr<CheckpointRoot> root)
+    : path_(std::move(path)), lock_fd_(lock_fd), root_(std::move(root)) {}
+
+DurableStore::~DurableStore() { ::close(lock_fd_); }
+
+absl::StatusOr<std::unique_ptr<DurableStore>> DurableStore::Open(
+    const std::string& dir, std::vector<std::string>* cleaned) {
+  if (dir.empty() || dir[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat("\"", dir, "\" is not an absolute path"));
+  }
+  RETURN_IF_ERROR(MakeDirectories(dir));
+  ::chmod(dir.c_str(), 0700);
+  ASSIGN_OR_RETURN(const int lock_fd, LockStore(dir));  // 1.
+  auto fail = [&](absl::Status status) {
+    ::close(lock_fd);
+    return status;
+  };
+  absl::Status format = CheckFormat(dir);  // 2.
+  if (!format.ok()) return fail(format);
+  absl::StatusOr<Registry> registry = ReadVerifiedRegistry(dir);  // 3.
+  if (!registry.ok()) return fail(registry.status());
+  // 4. Verified: take the staging root (removes a dead moed's staging) and clean leftovers.
+  absl::StatusOr<std::unique_ptr<CheckpointRoot>> root = CheckpointRoot::Open(dir);
+  if (!root.ok()) return fail(root.status());
+  std::string resolved = (*root)->path();  // before the root is moved into the store
+  auto store = absl::WrapUnique(new DurableStore(std::move(resolved), lock_fd, std::move(*root)));
+  absl::MutexLock lock(&store->mu_);
+  store->next_incarnation_ = registry->next_incarnation;
+  store->next_sequence_ = registry->next_sequence;
+  std::map<std::string, const DurableLayer*> by_folder;
+  for (const DurableLayer& layer : registry->layers) {
+    store->layers_[layer.name] = layer;
+    by_folder[LayerFolder(layer.incarnation)] = &layer;
+  }
+  CleanLeftovers(dir, by_folder, cleaned);
   return store;
 }
 

@@ -190,6 +190,91 @@ v1::LayerInfo MoeServiceImpl::Info(const Layer& layer) const {
   return info;
 }
 
+namespace {
+
+// Memory estimate: ValidateConfig's bounds keep each parameter's element count well inside
+// int64; the sum and the bytes are taken in floating point.
+absl::Status CheckLayerBytes(const LayerConfig& config, int64_t max_layer_bytes) {
+  long double elements = 0;
+  for (const ParameterLayout& p : LayerParameters(config)) {
+    elements += static_cast<long double>(NumElements(p.shape));
+  }
+  const long double bytes = elements * 4 * sizeof(float);
+  if (bytes > static_cast<long double>(max_layer_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "config: parameters, gradients and optimizer state need ~", static_cast<double>(bytes),
+        " bytes, more than --max_layer_bytes=", max_layer_bytes));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status MoeServiceImpl::CreateOnWorkers(grpc::ServerContextBase* context,
+                                             const std::shared_ptr<Layer>& layer) {
+  ASSIGN_OR_RETURN(WorkerSet set, pool_->Serving());
+  internal::WorkerCreateLayerRequest create;
+  create.set_generation(set.generation);
+  create.set_layer_id(layer->id);
+  create.set_name(layer->name);
+  *create.mutable_config() = ConfigToProto(layer->config);
+  // The client's deadline and cancellation reach the workers, which stop initialising
+  // within about a second (engine/moe_layer.h, Create's `cancelled`). A failure re-forms
+  // nothing: the new layer has a communicator of its own, used by nothing else, and the
+  // workers that created it drop it below.
+  FanOutOptions options;
+  options.cancelled = [context] { return context->IsCancelled(); };
+  FanOutOutcome outcome;
+  absl::Status created = pool_->ForEachWorker(
+      set, InternalDeadline(context, false),
+      [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+        internal::WorkerCreateLayerResponse created;
+        return FromGrpcStatus(stub->CreateLayer(ctx, create, &created));
+      },
+      options, &outcome);
+  if (!created.ok() && outcome.partial) DropOnWorkers(set, layer->id);
+  if (!created.ok() || options_.durable_store == nullptr) return created;
+  return RegisterDurable(set, layer);
+}
+
+absl::Status MoeServiceImpl::RegisterDurable(const WorkerSet& set,
+                                             const std::shared_ptr<Layer>& layer) {
+  // Registered before the answer: an acknowledged layer survives a restart.
+  absl::StatusOr<DurableLayer> record =
+      options_.durable_store->AddLayer(layer->name, layer->config);
+  if (!record.ok()) {
+    DropOnWorkers(set, layer->id);
+    return absl::Status(record.status().code(),
+                        absl::StrCat("durable state (--state_dir): ", record.status().message()));
+  }
+  {
+    absl::MutexLock lock(&layer->mu);
+    layer->durable = *record;
+    layer->durable_since = absl::Now();
+  }
+  // A DeleteLayer that took the layer off the books before the record was set found
+  // nothing to remove from the store: remove it here (set first, checked second, so one
+  // of the two always does).
+  bool listed = false;
+  {
+    absl::MutexLock lock(&layers_mu_);
+    auto it = layers_.find(layer->name);
+    listed = it != layers_.end() && it->second == layer;
+  }
+  if (!listed) options_.durable_store->RemoveLayer(*record).IgnoreError();
+  return absl::OkStatus();
+}
+
+void MoeServiceImpl::UnlistFailedLayer(const std::shared_ptr<Layer>& layer) {
+  absl::MutexLock lock(&layers_mu_);
+  // Only this layer: a DeleteLayer may have removed it meanwhile and a CreateLayer made
+  // another under the same name.
+  auto it = layers_.find(layer->name);
+  if (it != layers_.end() && it->second == layer) layers_.erase(it);
+  absl::MutexLock layer_lock(&layer->mu);
+  layer->deleted = true;
+}
+
 grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
                                            const v1::CreateLayerRequest* request,
                                            v1::CreateLayerResponse* response) {
@@ -200,18 +285,7 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
     if (!request->has_config()) return absl::InvalidArgumentError("config: required");
     ASSIGN_OR_RETURN(LayerConfig config, ConfigFromProto(request->config()));
     RETURN_IF_ERROR(ValidateConfig(config, pool_->world_size()));  // "config.<field>: ..."
-    // Memory estimate: ValidateConfig's bounds keep each parameter's element count well inside
-    // int64; the sum and the bytes are taken in floating point.
-    long double elements = 0;
-    for (const ParameterLayout& p : LayerParameters(config)) {
-      elements += static_cast<long double>(NumElements(p.shape));
-    }
-    const long double bytes = elements * 4 * sizeof(float);
-    if (bytes > static_cast<long double>(options_.max_layer_bytes)) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "config: parameters, gradients and optimizer state need ~", static_cast<double>(bytes),
-          " bytes, more than --max_layer_bytes=", options_.max_layer_bytes));
-    }
+    RETURN_IF_ERROR(CheckLayerBytes(config, options_.max_layer_bytes));
     auto layer = std::make_shared<Layer>(request->name(), SavedLimits());
     layer->id = next_layer_id_++;
     layer->config = config;
@@ -231,61 +305,9 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
       }
       layers_[request->name()] = layer;
     }
-    absl::Status status = [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(WorkerSet set, pool_->Serving());
-      internal::WorkerCreateLayerRequest create;
-      create.set_generation(set.generation);
-      create.set_layer_id(layer->id);
-      create.set_name(layer->name);
-      *create.mutable_config() = ConfigToProto(config);
-      // The client's deadline and cancellation reach the workers, which stop initialising
-      // within about a second (engine/moe_layer.h, Create's `cancelled`). A failure re-forms
-      // nothing: the new layer has a communicator of its own, used by nothing else, and the
-      // workers that created it drop it below.
-      FanOutOptions options;
-      options.cancelled = [context] { return context->IsCancelled(); };
-      FanOutOutcome outcome;
-      absl::Status created = pool_->ForEachWorker(
-          set, InternalDeadline(context, false),
-          [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-            internal::WorkerCreateLayerResponse created;
-            return FromGrpcStatus(stub->CreateLayer(ctx, create, &created));
-          },
-          options, &outcome);
-      if (!created.ok() && outcome.partial) DropOnWorkers(set, layer->id);
-      if (!created.ok() || options_.durable_store == nullptr) return created;
-      // Registered before the answer: an acknowledged layer survives a restart.
-      absl::StatusOr<DurableLayer> record = options_.durable_store->AddLayer(layer->name, config);
-      if (!record.ok()) {
-        DropOnWorkers(set, layer->id);
-        return absl::Status(record.status().code(), absl::StrCat("durable state (--state_dir): ",
-                                                                 record.status().message()));
-      }
-      {
-        absl::MutexLock lock(&layer->mu);
-        layer->durable = *record;
-        layer->durable_since = absl::Now();
-      }
-      // A DeleteLayer that took the layer off the books before the record was set found
-      // nothing to remove from the store: remove it here (set first, checked second, so one
-      // of the two always does).
-      bool listed = false;
-      {
-        absl::MutexLock lock(&layers_mu_);
-        auto it = layers_.find(layer->name);
-        listed = it != layers_.end() && it->second == layer;
-      }
-      if (!listed) options_.durable_store->RemoveLayer(*record).IgnoreError();
-      return absl::OkStatus();
-    }();
+    absl::Status status = CreateOnWorkers(context, layer);
     if (!status.ok()) {
-      absl::MutexLock lock(&layers_mu_);
-      // Only this layer: a DeleteLayer may have removed it meanwhile and a CreateLayer made
-      // another under the same name.
-      auto it = layers_.find(layer->name);
-      if (it != layers_.end() && it->second == layer) layers_.erase(it);
-      absl::MutexLock layer_lock(&layer->mu);
-      layer->deleted = true;
+      UnlistFailedLayer(layer);
       return status;
     }
     *response->mutable_layer() = Info(*layer);

@@ -444,11 +444,26 @@ class MoeServiceImpl final : public MoeServiceBase {
   // DeleteLayer of `layer_id` on every worker of `set` (best effort: a worker that misses it
   // drops the layer at its next generation).
   void DropOnWorkers(const WorkerSet& set, uint64_t layer_id);
+  // CreateLayer's steps after the layer is listed (its turn held): create it on every serving
+  // worker (those that did drop it again on a failure), then register it in the durable store
+  // if any. UnlistFailedLayer takes it off the books after a failure.
+  absl::Status CreateOnWorkers(grpc::ServerContextBase* context,
+                               const std::shared_ptr<Layer>& layer);
+  absl::Status RegisterDurable(const WorkerSet& set, const std::shared_ptr<Layer>& layer);
+  void UnlistFailedLayer(const std::shared_ptr<Layer>& layer);
   // Forward with keep_for_backward, after the workers saved `step_id`: OK keeps it booked;
   // CANCELLED (the client left) or RESOURCE_EXHAUSTED (over --max_saved_bytes) drops it from
   // the books and releases it on the workers.
   absl::Status KeepStepOrRefuse(Turn& turn, grpc::ServerContextBase* context, uint64_t step_id,
                                 int64_t saved_bytes);
+  // After a Forward's workers answered: its per-expert counts added to the layer's load and,
+  // with `keep`, the step booked as saved.
+  void BookForward(Layer& layer, const std::vector<int64_t>& counts, bool keep, uint64_t step_id,
+                   const SavedStep& step);
+  // Backward's saved step, taken off the books (consumed, whatever the Backward's outcome)
+  // once it matches the request: d_out's tokens, and the output region if any.
+  absl::StatusOr<SavedStep> TakeSavedStep(Layer& layer, uint64_t step_id, int64_t d_out_tokens,
+                                          ShmStep* shm);
   // Releases steps on the workers (best effort; they are dropped from the books anyway).
   void ReleaseOnWorkers(const WorkerSet& set, const Layer& layer,
                         const std::vector<uint64_t>& step_ids);
@@ -464,6 +479,15 @@ class MoeServiceImpl final : public MoeServiceBase {
                             bool gradients,
                             const google::protobuf::RepeatedPtrField<std::string>& requested,
                             int64_t max_chunk_bytes, StreamWriter<v1::TensorChunk>* writer);
+  // SetWeights, first phase: the whole stream read (drained after the first error) and every
+  // value checked before any worker sees it. *layer: the layer the stream names; each tensor's
+  // bytes are added to *held (HoldStreamBytes) from its first chunk on.
+  absl::StatusOr<std::vector<NamedTensor>> ReadWeightsStream(
+      StreamReader<v1::SetWeightsRequest>* reader, std::shared_ptr<Layer>* layer, int64_t* held);
+  // SetWeights, second phase: every worker of the turn receives its shards of `tensors` and
+  // keeps them staged under `stage_id` (CommitStage applies them).
+  absl::Status StageWeights(Turn& turn, grpc::ServerContextBase* context, uint64_t stage_id,
+                            const std::vector<NamedTensor>& tensors);
   grpc::Status Finish(const char* method, absl::Time start, const absl::Status& status);
   // Authorize (server/auth.h) that counts a refusal in metrics (moed_denied_total).
   absl::Status Allow(const grpc::ServerContextBase& context, Role role) const;
@@ -483,9 +507,10 @@ class MoeServiceImpl final : public MoeServiceBase {
                                        Role role, int tensor_field, int shm_field, int staged_field,
                                        int answer_field,
                                        v1::Tensor* (Response::*release_answer)(), Step step);
-  // max_inflight_bytes: reserves `bytes` for a streamed step's tensor, or RESOURCE_EXHAUSTED
-  // naming the flag when the steps being assembled already hold too much.
-  absl::Status HoldInflightBytes(int64_t bytes);
+  // max_inflight_bytes: reserves `bytes` for a streamed step's tensor (*held = bytes, for
+  // ReleaseInflightBytes), or RESOURCE_EXHAUSTED naming the flag when the steps being
+  // assembled already hold too much.
+  absl::Status HoldInflightBytes(int64_t bytes, int64_t* held);
   void ReleaseInflightBytes(int64_t bytes);
   // max_stream_bytes: adds `bytes` to what this stream holds (*held) unless other streams
   // already hold something and the total would pass the limit (RESOURCE_EXHAUSTED).

@@ -102,6 +102,70 @@ void SetActivationHead(DType dtype, int64_t tokens, int64_t hidden, v1::Tensor* 
   head->add_shape(hidden);
 }
 
+// One step's worker calls: each rank's answer, its tensor's bytes (references to the
+// received answer, not copied) and the call's round trip.
+template <typename Answer>
+struct StepCalls {
+  explicit StepCalls(int ranks) : answers(ranks), bytes(ranks), call_ms(ranks, 0.0) {}
+  std::vector<Answer> answers;
+  std::vector<TensorBytes> bytes;
+  std::vector<double> call_ms;
+  BorrowedBytes borrowed;  // slices of an input that moed assembled (ForwardStream etc.)
+};
+
+// The fields a step call carries its input in and its answer carries the output in.
+template <typename Call>
+struct StepFields {
+  const char* method;
+  v1::Tensor* (Call::*tensor)();
+  internal::WorkerShmSlice* (Call::*input_shm)();
+  internal::WorkerShmSlice* (Call::*output_shm)();
+  int tensor_field;
+  int answer_field;
+};
+const StepFields<internal::WorkerForwardRequest> kForwardFields{
+    kWorkerForwardMethod,
+    &internal::WorkerForwardRequest::mutable_x,
+    &internal::WorkerForwardRequest::mutable_x_shm,
+    &internal::WorkerForwardRequest::mutable_out_shm,
+    internal::WorkerForwardRequest::kXFieldNumber,
+    internal::WorkerForwardResponse::kOutFieldNumber};
+const StepFields<internal::WorkerBackwardRequest> kBackwardFields{
+    kWorkerBackwardMethod,
+    &internal::WorkerBackwardRequest::mutable_d_out,
+    &internal::WorkerBackwardRequest::mutable_d_out_shm,
+    &internal::WorkerBackwardRequest::mutable_d_x_shm,
+    internal::WorkerBackwardRequest::kDOutFieldNumber,
+    internal::WorkerBackwardResponse::kDXFieldNumber};
+
+// A step's input as the workers get it: rows [offsets[r], offsets[r + 1]) of `whole` (head of
+// the request's tensor; its bytes `bytes`), each row_bytes long, or of the shared-memory input.
+struct StepInput {
+  const ShmStep& shm;
+  const v1::Tensor& whole;
+  const TensorBytes& bytes;
+  std::vector<int64_t> offsets;
+  size_t row_bytes;
+};
+
+// Worker r's step call: `head` (its own fields set) with its rows of the input, answered into
+// `calls`; the round trip timed when `head` asks the worker for timing.
+template <typename Call, typename Answer>
+absl::Status CallStepWorker(const StepFields<Call>& fields, const Call& head, const StepInput& in,
+                            const WorkerSet& set, int r, grpc::ClientContext* ctx,
+                            StepCalls<Answer>* calls) {
+  PhaseClock call_clock(head.timing());
+  Call call = head;
+  const grpc::ByteBuffer wire = EncodeStepCall(
+      &call, fields.tensor, fields.input_shm, fields.output_shm, fields.tensor_field, in.shm,
+      in.whole, in.bytes, in.offsets[r], in.offsets[r + 1], in.row_bytes, &calls->borrowed);
+  absl::Status status =
+      CallWorkerWithTensor(set.channels[r], ctx, fields.method, wire, fields.answer_field,
+                           &calls->answers[r], &calls->bytes[r]);
+  calls->call_ms[r] = call_clock.Total();
+  return status;
+}
+
 // The fields of a Forward answer that rank 0's answer carries for all (losses, counts, load);
 // returns the per-expert counts.
 std::vector<int64_t> FillForwardAnswer(const internal::WorkerForwardResponse& first,
@@ -142,6 +206,16 @@ void ObserveStep(Metrics* metrics, const std::string& layer, const char* call, d
   }
 }
 
+// A Forward's tokens, per-expert counts and payload in metrics (null: none).
+void CountForward(Metrics* metrics, const std::string& layer, int64_t tokens,
+                  const std::vector<int64_t>& counts, size_t row_bytes, bool keep) {
+  if (metrics == nullptr) return;
+  metrics->CountTokens(layer, tokens, counts);
+  const int64_t bytes = tokens * static_cast<int64_t>(row_bytes);
+  metrics->CountPayload("Forward", bytes, bytes);
+  if (keep) metrics->CountSavedSteps("created", 1);
+}
+
 }  // namespace
 
 absl::Status MoeServiceImpl::KeepStepOrRefuse(Turn& turn, grpc::ServerContextBase* context,
@@ -157,6 +231,16 @@ absl::Status MoeServiceImpl::KeepStepOrRefuse(Turn& turn, grpc::ServerContextBas
   }
   if (!refuse.ok()) ReleaseOnWorkers(turn.set, layer, {step_id});
   return refuse;
+}
+
+void MoeServiceImpl::BookForward(Layer& layer, const std::vector<int64_t>& counts, bool keep,
+                                 uint64_t step_id, const SavedStep& step) {
+  absl::MutexLock lock(&layer.mu);
+  ++layer.forward_count;
+  if (layer.accumulated.size() == counts.size()) {
+    for (size_t e = 0; e < counts.size(); ++e) layer.accumulated[e] += counts[e];
+  }
+  if (keep) layer.saved.Add(step_id, step);
 }
 
 grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
@@ -204,37 +288,23 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
                      RelayLocally(turn->set, "x", x_bytes, staged.tensor.buffer, dtype, "out",
                                   dtype, tokens, layer.config.hidden, &shm));
     const int ranks = turn->set.size();
-    const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
-    const std::vector<int64_t> offsets = SplitRows(tokens, ranks);
+    const StepInput in{shm, x_head, x_bytes, SplitRows(tokens, ranks),
+                       static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype)};
     const uint64_t step_id = keep ? next_step_id_++ : 0;
     const double queue_ms = clock.Lap();
 
-    std::vector<internal::WorkerForwardResponse> answers(ranks);
-    std::vector<TensorBytes> out_bytes(ranks);  // each answer's out.raw_data, not copied
-    std::vector<double> call_ms(ranks, 0.0);
-    BorrowedBytes borrowed;  // slices of an x that moed assembled (ForwardStream)
+    internal::WorkerForwardRequest head;
+    head.set_generation(turn->set.generation);
+    head.set_layer_id(layer.id);
+    head.set_step_id(step_id);
+    head.set_timing(clock.enabled());  // metrics too: per-worker phases
+    StepCalls<internal::WorkerForwardResponse> calls(ranks);
     // Overdue (past --step_timeout_ms): DEADLINE_EXCEEDED here, the workers finish the step
     // and release what it saved before the layer's next call (moe_service_overdue.cc).
     RETURN_IF_ERROR(relay.DiscardIfFailed(FanOutOnLayer(
         *turn, InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
-          PhaseClock call_clock(clock.enabled());
-          internal::WorkerForwardRequest call;
-          call.set_generation(turn->set.generation);
-          call.set_layer_id(layer.id);
-          call.set_step_id(step_id);
-          call.set_timing(clock.enabled());  // metrics too: per-worker phases
-          const grpc::ByteBuffer wire =
-              EncodeStepCall(&call, &internal::WorkerForwardRequest::mutable_x,
-                             &internal::WorkerForwardRequest::mutable_x_shm,
-                             &internal::WorkerForwardRequest::mutable_out_shm,
-                             internal::WorkerForwardRequest::kXFieldNumber, shm, x_head, x_bytes,
-                             offsets[r], offsets[r + 1], row_bytes, &borrowed);
-          absl::Status status = CallWorkerWithTensor(
-              turn->set.channels[r], ctx, kWorkerForwardMethod, wire,
-              internal::WorkerForwardResponse::kOutFieldNumber, &answers[r], &out_bytes[r]);
-          call_ms[r] = call_clock.Total();
-          return status;
+          return CallStepWorker(kForwardFields, head, in, turn->set, r, ctx, &calls);
         },
         /*collective=*/true, step_id)));
     const double fanout_ms = clock.Lap();
@@ -242,32 +312,21 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     // Gather the output slices in rank order.
     SetActivationHead(dtype, tokens, layer.config.hidden, response->mutable_out());
     int64_t saved_bytes = 0;
-    for (int r = 0; r < ranks; ++r) saved_bytes += answers[r].saved_bytes();
+    for (int r = 0; r < ranks; ++r) saved_bytes += calls.answers[r].saved_bytes();
     // With out_shm the workers wrote out into the region: nothing to gather.
     RETURN_IF_ERROR(CollectRows(
-        out_bytes, "output",
-        [&](size_t r) { return shm.has_output() ? 0 : (offsets[r + 1] - offsets[r]) * row_bytes; },
+        calls.bytes, "output",
+        [&](size_t r) {
+          return shm.has_output() ? 0 : (in.offsets[r + 1] - in.offsets[r]) * in.row_bytes;
+        },
         output));
     if (relay.output) output->push_back(RelaySlice(relay.output, relay.output_bytes));
     const double gather_ms = clock.Lap();
-    const std::vector<int64_t> counts = FillForwardAnswer(answers[0], response);
-    {
-      absl::MutexLock lock(&layer.mu);
-      ++layer.forward_count;
-      if (layer.accumulated.size() == counts.size()) {
-        for (size_t e = 0; e < counts.size(); ++e) layer.accumulated[e] += counts[e];
-      }
-      if (keep) {
-        layer.saved.Add(step_id, SavedStep{tokens, dtype, saved_bytes, absl::Now()});
-      }
-    }
-    ObserveStep(metrics_, layer.name, "Forward", queue_ms, fanout_ms, gather_ms, call_ms, answers);
-    if (metrics_ != nullptr) {
-      metrics_->CountTokens(layer.name, tokens, counts);
-      const int64_t bytes = tokens * static_cast<int64_t>(row_bytes);
-      metrics_->CountPayload("Forward", bytes, bytes);
-      if (keep) metrics_->CountSavedSteps("created", 1);
-    }
+    const std::vector<int64_t> counts = FillForwardAnswer(calls.answers[0], response);
+    BookForward(layer, counts, keep, step_id, SavedStep{tokens, dtype, saved_bytes, absl::Now()});
+    ObserveStep(metrics_, layer.name, "Forward", queue_ms, fanout_ms, gather_ms, calls.call_ms,
+                calls.answers);
+    CountForward(metrics_, layer.name, tokens, counts, in.row_bytes, keep);
     if (keep) {
       absl::Status kept = KeepStepOrRefuse(*turn, context, step_id, saved_bytes);
       if (!kept.ok()) {
@@ -282,12 +341,27 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
                                        layer.config.hidden, output));
     }
     if (request.timing()) {
-      FillStepTiming(clock, queue_ms, fanout_ms, gather_ms, call_ms, answers,
+      FillStepTiming(clock, queue_ms, fanout_ms, gather_ms, calls.call_ms, calls.answers,
                      response->mutable_timing());
     }
     return absl::OkStatus();
   };
   return Finish("Forward", start, run());
+}
+
+absl::StatusOr<SavedStep> MoeServiceImpl::TakeSavedStep(Layer& layer, uint64_t step_id,
+                                                        int64_t d_out_tokens, ShmStep* shm) {
+  absl::MutexLock lock(&layer.mu);
+  const bool issued = step_id < next_step_id_.load();
+  ASSIGN_OR_RETURN(SavedStep step, layer.saved.Find(step_id, issued));
+  if (d_out_tokens != step.tokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("d_out.shape[0]: ", d_out_tokens, " != the step's tokens ", step.tokens));
+  }
+  RETURN_IF_ERROR(shm->CheckOutput(step.tokens, layer.config.hidden, step.dtype));
+  // The step is consumed by this Backward, whatever its outcome.
+  layer.saved.Remove(step_id);
+  return step;
 }
 
 grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
@@ -307,8 +381,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, request, found->config.hidden));
     StagedStepInput staged;  // or staged (StageTensor), as in Forward
     if (request.input_case() == v1::BackwardRequest::kDOutStaged) {
-      ASSIGN_OR_RETURN(staged,
-                       TakeStaged(*context, request.d_out_staged(), found->config.hidden));
+      ASSIGN_OR_RETURN(staged, TakeStaged(*context, request.d_out_staged(), found->config.hidden));
     }
     const bool is_staged = staged.tensor.buffer != nullptr;
     const v1::Tensor& d_out_head = is_staged ? staged.head : request.d_out();
@@ -330,52 +403,27 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();
-    SavedStep step;
-    {
-      absl::MutexLock lock(&layer.mu);
-      const bool issued = request.step_id() < next_step_id_.load();
-      ASSIGN_OR_RETURN(step, layer.saved.Find(request.step_id(), issued));
-      if (d_out_tokens != step.tokens) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("d_out.shape[0]: ", d_out_tokens, " != the step's tokens ", step.tokens));
-      }
-      RETURN_IF_ERROR(shm.CheckOutput(step.tokens, layer.config.hidden, step.dtype));
-      // The step is consumed by this Backward, whatever its outcome.
-      layer.saved.Remove(request.step_id());
-    }
+    ASSIGN_OR_RETURN(const SavedStep step,
+                     TakeSavedStep(layer, request.step_id(), d_out_tokens, &shm));
     ASSIGN_OR_RETURN(RelayStep relay,
                      RelayLocally(turn->set, "d_out", d_out_bytes, staged.tensor.buffer, dtype,
                                   "d_x", step.dtype, step.tokens, layer.config.hidden, &shm));
     const int ranks = turn->set.size();
-    const std::vector<int64_t> offsets = SplitRows(step.tokens, ranks);
-    const size_t row_bytes = static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype);
+    const StepInput in{shm, d_out_head, d_out_bytes, SplitRows(step.tokens, ranks),
+                       static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype)};
     const double queue_ms = clock.Lap();
-    std::vector<internal::WorkerBackwardResponse> answers(ranks);
-    std::vector<TensorBytes> d_x_bytes(ranks);  // each answer's d_x.raw_data, not copied
-    std::vector<double> call_ms(ranks, 0.0);
-    BorrowedBytes borrowed;  // slices of a d_out that moed assembled (BackwardStream)
+    internal::WorkerBackwardRequest head;
+    head.set_timing(clock.enabled());  // metrics too: per-worker phases
+    head.set_generation(turn->set.generation);
+    head.set_layer_id(layer.id);
+    head.set_step_id(request.step_id());
+    head.set_d_aux(d_aux);
+    head.set_d_z_loss(d_z_loss);
+    StepCalls<internal::WorkerBackwardResponse> calls(ranks);
     RETURN_IF_ERROR(relay.DiscardIfFailed(FanOutOnLayer(
         *turn, InternalDeadline(context, true),
         [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
-          PhaseClock call_clock(clock.enabled());
-          internal::WorkerBackwardRequest call;
-          call.set_timing(clock.enabled());  // metrics too: per-worker phases
-          call.set_generation(turn->set.generation);
-          call.set_layer_id(layer.id);
-          call.set_step_id(request.step_id());
-          call.set_d_aux(d_aux);
-          call.set_d_z_loss(d_z_loss);
-          const grpc::ByteBuffer wire = EncodeStepCall(
-              &call, &internal::WorkerBackwardRequest::mutable_d_out,
-              &internal::WorkerBackwardRequest::mutable_d_out_shm,
-              &internal::WorkerBackwardRequest::mutable_d_x_shm,
-              internal::WorkerBackwardRequest::kDOutFieldNumber, shm, d_out_head, d_out_bytes,
-              offsets[r], offsets[r + 1], row_bytes, &borrowed);
-          absl::Status status = CallWorkerWithTensor(
-              turn->set.channels[r], ctx, kWorkerBackwardMethod, wire,
-              internal::WorkerBackwardResponse::kDXFieldNumber, &answers[r], &d_x_bytes[r]);
-          call_ms[r] = call_clock.Total();
-          return status;
+          return CallStepWorker(kBackwardFields, head, in, turn->set, r, ctx, &calls);
         },
         /*collective=*/true, request.step_id())));
     const double fanout_ms = clock.Lap();
@@ -383,16 +431,17 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     // With d_x_shm the workers wrote d_x into the region: nothing to gather.
     const size_t d_x_row_bytes = layer.config.hidden * DTypeSize(step.dtype);
     RETURN_IF_ERROR(CollectRows(
-        d_x_bytes, "d_x",
+        calls.bytes, "d_x",
         [&](size_t r) {
-          return shm.has_output() ? 0 : (offsets[r + 1] - offsets[r]) * d_x_row_bytes;
+          return shm.has_output() ? 0 : (in.offsets[r + 1] - in.offsets[r]) * d_x_row_bytes;
         },
         output));
     if (relay.output) output->push_back(RelaySlice(relay.output, relay.output_bytes));
     const double gather_ms = clock.Lap();
-    ObserveStep(metrics_, layer.name, "Backward", queue_ms, fanout_ms, gather_ms, call_ms, answers);
+    ObserveStep(metrics_, layer.name, "Backward", queue_ms, fanout_ms, gather_ms, calls.call_ms,
+                calls.answers);
     if (metrics_ != nullptr) {
-      const int64_t bytes = step.tokens * static_cast<int64_t>(row_bytes);
+      const int64_t bytes = step.tokens * static_cast<int64_t>(in.row_bytes);
       metrics_->CountPayload("Backward", bytes,
                              step.tokens * layer.config.hidden * DTypeSize(step.dtype));
       metrics_->CountSavedSteps("used", 1);
@@ -402,7 +451,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
                                        layer.config.hidden, output));
     }
     if (request.timing()) {
-      FillStepTiming(clock, queue_ms, fanout_ms, gather_ms, call_ms, answers,
+      FillStepTiming(clock, queue_ms, fanout_ms, gather_ms, calls.call_ms, calls.answers,
                      response->mutable_timing());
     }
     return absl::OkStatus();

@@ -105,7 +105,7 @@ absl::Status WritePieces(StreamReaderWriter<Request, Response>* stream,
 
 }  // namespace
 
-absl::Status MoeServiceImpl::HoldInflightBytes(int64_t bytes) {
+absl::Status MoeServiceImpl::HoldInflightBytes(int64_t bytes, int64_t* held) {
   absl::MutexLock lock(&stream_mu_);
   // One step alone is always admitted (--max_stream_bytes bounds it).
   if (inflight_bytes_ > 0 && bytes > options_.max_inflight_bytes - inflight_bytes_) {
@@ -115,6 +115,7 @@ absl::Status MoeServiceImpl::HoldInflightBytes(int64_t bytes) {
         "); retry later"));
   }
   inflight_bytes_ += bytes;
+  *held = bytes;
   return absl::OkStatus();
 }
 
@@ -134,11 +135,7 @@ grpc::Status MoeServiceImpl::DoForwardStream(
   };
   int64_t held = 0;  // of max_inflight_bytes, until the step's answer is out
   absl::Cleanup release = [this, &held] { ReleaseInflightBytes(held); };
-  auto admit = [&](int64_t bytes) {
-    RETURN_IF_ERROR(HoldInflightBytes(bytes));
-    held = bytes;
-    return absl::OkStatus();
-  };
+  auto admit = [&](int64_t bytes) { return HoldInflightBytes(bytes, &held); };
   absl::Status read = ReadPieces(stream, &v1::ForwardRequest::mutable_x, "x",
                                  options_.max_stream_bytes, may_keep, admit, &request);
   if (!read.ok()) return ToGrpcStatus(read);
@@ -160,11 +157,7 @@ grpc::Status MoeServiceImpl::DoBackwardStream(
   v1::BackwardRequest request;
   int64_t held = 0;  // of max_inflight_bytes, until the step's answer is out
   absl::Cleanup release = [this, &held] { ReleaseInflightBytes(held); };
-  auto admit = [&](int64_t bytes) {
-    RETURN_IF_ERROR(HoldInflightBytes(bytes));
-    held = bytes;
-    return absl::OkStatus();
-  };
+  auto admit = [&](int64_t bytes) { return HoldInflightBytes(bytes, &held); };
   absl::Status read = ReadPieces(
       stream, &v1::BackwardRequest::mutable_d_out, "d_out", options_.max_stream_bytes,
       [](const v1::BackwardRequest&) { return absl::OkStatus(); }, admit, &request);

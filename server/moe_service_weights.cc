@@ -216,6 +216,124 @@ grpc::Status MoeServiceImpl::DoGetWeights(grpc::ServerContextBase* context,
                              request->max_chunk_bytes(), writer));
 }
 
+namespace {
+
+// Every parameter of the layer, whole: what a SetWeights stream may send. *bytes_of gets each
+// one's size.
+std::unique_ptr<ChunkAssembler> WholeLayerAssembler(const LayerConfig& config,
+                                                    std::map<std::string, int64_t>* bytes_of) {
+  std::map<std::string, ExpectedTensor> expected;
+  for (const ParameterLayout& p : LayerParameters(config)) {
+    expected[p.name] = ExpectedTensor{DType::kFloat32, p.shape};
+    (*bytes_of)[p.name] = Fp32Bytes(p);
+  }
+  return std::make_unique<ChunkAssembler>(std::move(expected));
+}
+
+absl::Status CheckFinite(const std::vector<NamedTensor>& tensors) {
+  for (const auto& named : tensors) {
+    for (int64_t i = 0; i < named.tensor.num_elements(); ++i) {
+      if (!std::isfinite(named.tensor.data<float>()[i])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunk \"", named.name, "\": element ", i, " is not finite"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Worker r's shards of `tensors` (its rows of an expert-sharded tensor, all of a replicated
+// one) in chunks on one SetTensors stream, each call a copy of `head` (generation, layer,
+// stage) with its chunk.
+absl::Status SendShards(internal::Worker::Stub* stub, grpc::ClientContext* ctx,
+                        const internal::WorkerSetTensorsRequest& head,
+                        const std::vector<NamedTensor>& tensors,
+                        const std::map<std::string, ParameterLayout>& by_name, int r, int ranks) {
+  internal::WorkerEmpty empty;
+  auto writer = stub->SetTensors(ctx, &empty);
+  absl::Status written;
+  for (const auto& named : tensors) {
+    const ParameterLayout& p = by_name.at(named.name);
+    Tensor shard = named.tensor;
+    if (p.expert_sharded) {
+      const int64_t per = p.shape[0] / ranks;
+      shard = named.tensor.SliceRows(r * per, (r + 1) * per);
+    }
+    written = ChunkTensor(named.name, shard, kDefaultChunkBytes, [&](v1::TensorChunk&& chunk) {
+      internal::WorkerSetTensorsRequest call = head;
+      *call.mutable_chunk() = std::move(chunk);
+      return writer->Write(call) ? absl::OkStatus()
+                                 : absl::UnavailableError("worker stream closed");
+    });
+    if (!written.ok()) break;
+  }
+  writer->WritesDone();
+  absl::Status finished = FromGrpcStatus(writer->Finish());
+  return finished.ok() ? written : finished;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<NamedTensor>> MoeServiceImpl::ReadWeightsStream(
+    StreamReader<v1::SetWeightsRequest>* reader, std::shared_ptr<Layer>* layer, int64_t* held) {
+  v1::SetWeightsRequest message;
+  std::string name;
+  std::unique_ptr<ChunkAssembler> assembler;
+  std::map<std::string, int64_t> bytes_of;  // expected tensors' sizes
+  absl::Status invalid;
+  while (reader->Read(&message)) {
+    if (!invalid.ok()) continue;  // drain the stream, keep the first error
+    if (*layer == nullptr) {
+      absl::StatusOr<std::shared_ptr<Layer>> found = FindLayer(message.layer());
+      if (!found.ok()) {
+        invalid = found.status();
+        continue;
+      }
+      *layer = *found;
+      name = message.layer();
+      assembler = WholeLayerAssembler((*layer)->config, &bytes_of);
+    } else if (!message.layer().empty() && message.layer() != name) {
+      invalid = absl::InvalidArgumentError(absl::StrCat(
+          "layer: \"", message.layer(), "\" differs from the stream's first \"", name, "\""));
+      continue;
+    }
+    if (!message.has_chunk()) {
+      invalid = absl::InvalidArgumentError("chunk: required");
+      continue;
+    }
+    // A tensor's memory is held from its first chunk on (the assembler allocates it then).
+    auto size = bytes_of.find(message.chunk().name());
+    if (size != bytes_of.end()) {
+      invalid = HoldStreamBytes(size->second, held);
+      bytes_of.erase(size);
+      if (!invalid.ok()) continue;
+    }
+    invalid = assembler->Add(message.chunk());
+  }
+  RETURN_IF_ERROR(invalid);
+  if (*layer == nullptr) return absl::InvalidArgumentError("layer: empty stream");
+  ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors, assembler->Finish());
+  RETURN_IF_ERROR(CheckFinite(tensors));
+  return tensors;
+}
+
+absl::Status MoeServiceImpl::StageWeights(Turn& turn, grpc::ServerContextBase* context,
+                                          uint64_t stage_id,
+                                          const std::vector<NamedTensor>& tensors) {
+  const auto by_name = LayoutByName(turn.layer().config);
+  const int ranks = turn.set.size();
+  internal::WorkerSetTensorsRequest head;
+  head.set_generation(turn.set.generation);
+  head.set_layer_id(turn.layer().id);
+  head.set_stage_id(stage_id);
+  return FanOutOnLayer(
+      turn, InternalDeadline(context, false),
+      [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+        return SendShards(stub, ctx, head, tensors, by_name, r, ranks);
+      },
+      /*collective=*/false);
+}
+
 grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
                                           StreamReader<v1::SetWeightsRequest>* reader,
                                           v1::SetWeightsResponse* response) {
@@ -225,100 +343,20 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
   reader->CancelIfIdle(options_.stream_idle_timeout, context);
   auto run = [&]() -> absl::Status {
     // Read and validate the whole stream before any worker sees it.
-    v1::SetWeightsRequest message;
-    std::string name;
     std::shared_ptr<Layer> layer;
-    std::unique_ptr<ChunkAssembler> assembler;
-    std::map<std::string, int64_t> bytes_of;  // expected tensors' sizes
-    int64_t held = 0;                         // of max_stream_bytes, for the tensors begun so far
+    int64_t held = 0;  // of max_stream_bytes, for the tensors begun so far
     absl::Cleanup release = [this, &held] { ReleaseStreamBytes(held); };
-    absl::Status invalid;
-    while (reader->Read(&message)) {
-      if (!invalid.ok()) continue;  // drain the stream, keep the first error
-      if (layer == nullptr) {
-        absl::StatusOr<std::shared_ptr<Layer>> found = FindLayer(message.layer());
-        if (!found.ok()) {
-          invalid = found.status();
-          continue;
-        }
-        layer = *found;
-        name = message.layer();
-        std::map<std::string, ExpectedTensor> expected;
-        for (const ParameterLayout& p : LayerParameters(layer->config)) {
-          expected[p.name] = ExpectedTensor{DType::kFloat32, p.shape};
-          bytes_of[p.name] = Fp32Bytes(p);
-        }
-        assembler = std::make_unique<ChunkAssembler>(std::move(expected));
-      } else if (!message.layer().empty() && message.layer() != name) {
-        invalid = absl::InvalidArgumentError(absl::StrCat(
-            "layer: \"", message.layer(), "\" differs from the stream's first \"", name, "\""));
-        continue;
-      }
-      if (!message.has_chunk()) {
-        invalid = absl::InvalidArgumentError("chunk: required");
-        continue;
-      }
-      // A tensor's memory is held from its first chunk on (the assembler allocates it then).
-      auto size = bytes_of.find(message.chunk().name());
-      if (size != bytes_of.end()) {
-        invalid = HoldStreamBytes(size->second, &held);
-        bytes_of.erase(size);
-        if (!invalid.ok()) continue;
-      }
-      invalid = assembler->Add(message.chunk());
-    }
-    RETURN_IF_ERROR(invalid);
-    if (layer == nullptr) return absl::InvalidArgumentError("layer: empty stream");
-    ASSIGN_OR_RETURN(auto tensors, assembler->Finish());
-    for (const auto& named : tensors) {
-      for (int64_t i = 0; i < named.tensor.num_elements(); ++i) {
-        if (!std::isfinite(named.tensor.data<float>()[i])) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("chunk \"", named.name, "\": element ", i, " is not finite"));
-        }
-      }
-    }
+    ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors, ReadWeightsStream(reader, &layer, &held));
 
     // Allowed on a diverged layer: the tensors it sets agree afterwards (the rest may not).
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
                      TakeTurn(layer, context, /*require_serving=*/true, /*allow_diverged=*/true));
-    const auto by_name = LayoutByName(turn->layer().config);
-    const int ranks = turn->set.size();
     // Two phases: every worker receives and checks its shards and keeps them staged (changes
     // nothing); only when all did does any apply them (CommitStage). A stream that breaks, a
     // worker that stops answering or the client's deadline therefore leave the layer as it
     // was, not diverged.
     const uint64_t stage_id = next_step_id_++;
-    absl::Status staged = FanOutOnLayer(
-        *turn, InternalDeadline(context, false),
-        [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) -> absl::Status {
-          internal::WorkerEmpty empty;
-          auto writer = stub->SetTensors(ctx, &empty);
-          absl::Status written;
-          for (const auto& named : tensors) {
-            const ParameterLayout& p = by_name.at(named.name);
-            Tensor shard = named.tensor;
-            if (p.expert_sharded) {
-              const int64_t per = p.shape[0] / ranks;
-              shard = named.tensor.SliceRows(r * per, (r + 1) * per);
-            }
-            written =
-                ChunkTensor(named.name, shard, kDefaultChunkBytes, [&](v1::TensorChunk&& chunk) {
-                  internal::WorkerSetTensorsRequest call;
-                  call.set_generation(turn->set.generation);
-                  call.set_layer_id(turn->layer().id);
-                  call.set_stage_id(stage_id);
-                  *call.mutable_chunk() = std::move(chunk);
-                  return writer->Write(call) ? absl::OkStatus()
-                                             : absl::UnavailableError("worker stream closed");
-                });
-            if (!written.ok()) break;
-          }
-          writer->WritesDone();
-          absl::Status finished = FromGrpcStatus(writer->Finish());
-          return finished.ok() ? written : finished;
-        },
-        /*collective=*/false);
+    absl::Status staged = StageWeights(*turn, context, stage_id, tensors);
     if (!staged.ok()) {
       AbortStage(*turn, stage_id, staged);
       return staged;

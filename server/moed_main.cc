@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -236,6 +237,54 @@ int WaitForShutdown(const sigset_t& signals, TokenAuthenticator* auth) {
   return received;
 }
 
+// The service's options: the flags' values plus what LoadFiles made (owned by `loaded`).
+ServiceOptions ServiceOptionsFor(const MoedOptions& options, const Loaded& loaded) {
+  ServiceOptions service_options = options.service;
+  service_options.checkpoint_root = loaded.checkpoint_root.get();
+  service_options.auth = loaded.auth.get();
+  service_options.durable_store = loaded.durable_store.get();
+  return service_options;
+}
+
+// Both servers, listening; the message of an error says which address could not be bound.
+struct Servers {
+  int internal_port = 0;
+  int port = 0;
+  std::unique_ptr<grpc::Server> internal;
+  std::unique_ptr<grpc::Server> public_api;
+};
+
+absl::StatusOr<Servers> StartServers(const MoedOptions& options, const Loaded& loaded,
+                                     CoordinatorService* coordinator, MoeServiceImpl* service) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  Servers servers;
+  servers.internal = StartInternalServer(options, loaded, coordinator, &servers.internal_port);
+  if (servers.internal == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.internal_listen,
+                                               " (--internal_listen; in use?)"));
+  }
+  servers.public_api = StartPublicServer(options, loaded, service, &servers.port);
+  if (servers.public_api == nullptr) {
+    servers.internal->Shutdown();
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen, ":",
+                                               options.port, " (in use by another process?)"));
+  }
+  return servers;
+}
+
+// Readiness ("" and the service) follows the pool; "liveness" stays SERVING (server/health.h).
+// Returns the setter, for the way out.
+std::function<void(bool)> ReadinessFollowsPool(grpc::Server* server, WorkerPool* pool) {
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  InitHealth(health, v1::MoeService::service_full_name());
+  auto set_health = [health](bool serving) {
+    SetReadiness(health, v1::MoeService::service_full_name(), serving);
+  };
+  pool->set_on_serving_changed(set_health);
+  return set_health;
+}
+
 int Main() {
   const MoedOptions options = MoedOptionsFromFlags();
   if (absl::Status valid = ValidateMoedOptions(options); !valid.ok()) {
@@ -250,12 +299,8 @@ int Main() {
   const sigset_t signals = BlockShutdownSignals();
 
   WorkerPool pool(options.pool, *loaded->secret);
-  ServiceOptions service_options = options.service;
-  service_options.checkpoint_root = loaded->checkpoint_root.get();
-  service_options.auth = loaded->auth.get();
-  service_options.durable_store = loaded->durable_store.get();
   Metrics metrics;
-  MoeServiceImpl service(service_options, &pool, &metrics);
+  MoeServiceImpl service(ServiceOptionsFor(options, *loaded), &pool, &metrics);
   // Registered now, created and loaded by the first generation's setup, before SERVING.
   if (absl::Status restored = service.RestoreDurableLayers(); !restored.ok()) {
     std::fprintf(stderr, "moed: --state_dir: %s\n", restored.ToString().c_str());
@@ -269,31 +314,13 @@ int Main() {
   CoordinatorService coordinator(&pool, &rendezvous, *loaded->secret);
   ConnectMetrics(&metrics, &pool, &service);
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  int internal_port = 0;
-  std::unique_ptr<grpc::Server> internal_server =
-      StartInternalServer(options, *loaded, &coordinator, &internal_port);
-  if (internal_server == nullptr) {
-    std::fprintf(stderr, "moed: cannot listen on %s (--internal_listen; in use?)\n",
-                 options.internal_listen.c_str());
+  absl::StatusOr<Servers> servers = StartServers(options, *loaded, &coordinator, &service);
+  if (!servers.ok()) {
+    std::fprintf(stderr, "moed: %s\n", std::string(servers.status().message()).c_str());
     return 1;
   }
-  int port = 0;
-  std::unique_ptr<grpc::Server> server = StartPublicServer(options, *loaded, &service, &port);
-  if (server == nullptr) {
-    internal_server->Shutdown();
-    std::fprintf(stderr, "moed: cannot listen on %s:%d (in use by another process?)\n",
-                 options.listen.c_str(), options.port);
-    return 1;
-  }
-  // Readiness ("" and the service) follows the pool; "liveness" stays SERVING (server/health.h).
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  InitHealth(health, v1::MoeService::service_full_name());
-  auto set_health = [health](bool serving) {
-    SetReadiness(health, v1::MoeService::service_full_name(), serving);
-  };
-  pool.set_on_serving_changed(set_health);
+  const std::function<void(bool)> set_health =
+      ReadinessFollowsPool(servers->public_api.get(), &pool);
   pool.set_on_setup([&](const WorkerSet& set) { return service.RecreateLayers(set); });
   pool.Start();
   // On every way out of Main: the pool's threads call into the service and the health
@@ -309,7 +336,7 @@ int Main() {
       internal_server->Shutdown(deadline);
       pool->Stop();
     }
-  } stop_first{server.get(), internal_server.get(), &pool};
+  } stop_first{servers->public_api.get(), servers->internal.get(), &pool};
 
   absl::StatusOr<std::unique_ptr<MetricsExposer>> http = StartMetrics(options, &metrics);
   if (!http.ok()) {
@@ -317,14 +344,14 @@ int Main() {
     return 1;
   }
   // The internal port first: whoever waits for the public port file finds both.
-  WritePortFile(options.internal_port_file, internal_port);
-  WritePortFile(options.port_file, port);
-  LogStartup(options, *loaded, internal_port, port, http->get());
+  WritePortFile(options.internal_port_file, servers->internal_port);
+  WritePortFile(options.port_file, servers->port);
+  LogStartup(options, *loaded, servers->internal_port, servers->port, http->get());
 
   std::unique_ptr<WorkerLauncher> launcher;
   if (options.embedded) {
     absl::StatusOr<std::unique_ptr<WorkerLauncher>> started =
-        StartWorkers(options, *loaded, internal_port, &pool);
+        StartWorkers(options, *loaded, servers->internal_port, &pool);
     if (!started.ok()) {
       std::fprintf(stderr, "moed: %s\n", started.status().ToString().c_str());
       return 1;

@@ -165,6 +165,27 @@ class WorkerPool {
 
   // Appends every slot's stub and channel to *set and says whether all are on this host.
   void AddSlotsLocked(WorkerSet* set) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ForEachWorker's steps (worker_pool_fanout.cc). Counts of a fan-out's failed ranks: all, by
+  // transport (the answer never came), overdue (transport, past the deadline, on a worker that
+  // answers pings).
+  struct FanOutFailures {
+    int failed = 0;
+    int transport = 0;
+    int overdue = 0;
+  };
+  // UNAVAILABLE when `set` is not the generation being served (or set up).
+  absl::Status NotServingLocked(const WorkerSet& set) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A context per rank with `deadline`, registered in in_flight_ (CancelInFlightLocked reaches
+  // it) until EndCalls.
+  absl::Status StartCalls(const WorkerSet& set, absl::Time deadline,
+                          std::vector<std::unique_ptr<grpc::ClientContext>>* contexts);
+  void EndCalls(const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts);
+  // Counts the failures; a rank whose call failed in transport and that answers no quick ping
+  // is marked dead.
+  FanOutFailures CountFailures(const WorkerSet& set, const std::vector<absl::Status>& results,
+                               const std::vector<absl::Time>& ended, absl::Time deadline);
+  // UNAVAILABLE naming a dead worker of `set`, or when `set` is no longer served.
+  absl::Status CheckWorkersOf(const WorkerSet& set) const;
   void HeartbeatLoop();
   void SetupLoop();
   absl::Status RunSetup(int64_t generation, const WorkerSet& set);

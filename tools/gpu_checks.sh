@@ -10,20 +10,7 @@ what=${1:-all}
 mkdir -p "$out"
 export MOED_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0
 log="$out/tests.log"
-summary=()
-step() {  # step NAME TIMEOUT_S COMMAND...
-  local name=$1 limit=$2; shift 2
-  echo "=== $name: $*" | tee -a "$log"
-  local t0=$(date +%s)
-  if [ "$(type -t "$1")" = function ]; then
-    "$@" >>"$log" 2>&1  # shell functions cannot run under timeout; they bound themselves
-  else
-    timeout "$limit" "$@" >>"$log" 2>&1
-  fi
-  local rc=$?
-  summary+=("$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
-  return $rc
-}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_step.sh"  # step, summary
 { date -u; nvidia-smi -L; nvidia-smi topo -m 2>/dev/null | head -5; } >>"$log" 2>&1
 if [ "$what" = all ] || [ "$what" = tests ]; then
   step ops_test 120 cuda_backend_ops_test ||

@@ -18,16 +18,8 @@ mkdir -p "$out"
 source .gpu/env.sh
 export MOED_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0
 log="$out/fp8_tests.log"
-summary=()
-step() {  # step NAME TIMEOUT_S COMMAND...
-  local name=$1 limit=$2; shift 2
-  echo "=== $name: $*" | tee -a "$log"
-  local t0=$(date +%s)
-  timeout "$limit" "$@" >>"$log" 2>&1
-  local rc=$?
-  summary+=("$(printf '%-24s rc=%-3s %4ss' "$name" "$rc" "$(( $(date +%s) - t0 ))")")
-  return $rc
-}
+step_width=24
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_step.sh"  # step, summary
 { date -u; nvidia-smi -L; } >>"$log" 2>&1
 if [ -z "${SKIP_TESTS:-}" ]; then
   # The FP8 tests; FULL_TESTS=1 also runs the whole binaries (their fp32/bf16 cases).

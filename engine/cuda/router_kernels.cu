@@ -44,24 +44,16 @@ __device__ __forceinline__ void WarpArgBest(float& bv, int& bi) {
   }
 }
 
-__global__ void RouterForwardKernel(RouterParams p, const float* __restrict__ logits,
-                                    const float* __restrict__ expert_bias,
-                                    int32_t* __restrict__ topk_expert,
-                                    float* __restrict__ topk_weight, float* __restrict__ scores,
-                                    float* __restrict__ logsumexp,
-                                    int32_t* __restrict__ expert_counts,
-                                    float* __restrict__ score_sum) {
-  extern __shared__ float smem[];
+// Forward 1-2, the warp of token t: its scores (softmax or sigmoid), logsumexp and score sum,
+// and its selection values sel[E]: sigmoid score plus expert bias, softmax score (pre_softmax)
+// or logit.
+__device__ __forceinline__ void RouterScores(const RouterParams& p, int64_t t, int lane,
+                                             const float* __restrict__ z,
+                                             const float* __restrict__ expert_bias, float* sel,
+                                             float* __restrict__ scores,
+                                             float* __restrict__ logsumexp,
+                                             float* __restrict__ score_sum) {
   const int E = p.num_experts;
-  const int warps = blockDim.x / kWarp;
-  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
-  float* sel = smem + warp * E;
-  float* group_score = smem + warps * E + warp * E;
-  int* group_kept = reinterpret_cast<int*>(smem + 2 * warps * E) + warp * E;
-  const int64_t t = static_cast<int64_t>(blockIdx.x) * warps + warp;
-  if (t >= p.tokens) return;
-  const float* z = logits + t * E;
-
   float m = -INFINITY;
   for (int e = lane; e < E; e += kWarp) m = fmaxf(m, z[e]);
   m = WarpMax(m);
@@ -83,49 +75,57 @@ __global__ void RouterForwardKernel(RouterParams p, const float* __restrict__ lo
     score_sum[t] = ssum;
   }
   __syncwarp();
+}
 
-  if (p.num_groups > 0 && p.group_topk > 0) {
-    const int G = p.num_groups, gsize = E / G, per_group = p.top_k / p.group_topk;
-    for (int g = lane; g < G; g += kWarp) {
-      float pv = INFINITY, sum = 0.f;
-      int pi = -1;
-      for (int r = 0; r < per_group; ++r) {
-        float bv = 0.f;
-        int bi = -1;
-        for (int i = 0; i < gsize; ++i) {
-          const int e = g * gsize + i;
-          const float v = sel[e];
-          if (After(v, e, pv, pi) && Before(v, e, bv, bi)) {
-            bv = v;
-            bi = e;
-          }
+// Grouped top-k: a group's score is the sum of its per_group best selection values; the
+// experts of all but the group_topk best groups leave the selection (-inf).
+__device__ __forceinline__ void KeepBestGroups(const RouterParams& p, int lane, float* sel,
+                                               float* group_score, int* group_kept) {
+  const int E = p.num_experts;
+  const int G = p.num_groups, gsize = E / G, per_group = p.top_k / p.group_topk;
+  for (int g = lane; g < G; g += kWarp) {
+    float pv = INFINITY, sum = 0.f;
+    int pi = -1;
+    for (int r = 0; r < per_group; ++r) {
+      float bv = 0.f;
+      int bi = -1;
+      for (int i = 0; i < gsize; ++i) {
+        const int e = g * gsize + i;
+        const float v = sel[e];
+        if (After(v, e, pv, pi) && Before(v, e, bv, bi)) {
+          bv = v;
+          bi = e;
         }
-        if (bi < 0) break;
-        sum += bv;
-        pv = bv;
-        pi = bi;
       }
-      group_score[g] = sum;
+      if (bi < 0) break;
+      sum += bv;
+      pv = bv;
+      pi = bi;
     }
-    __syncwarp();
-    // A group is kept when fewer than group_topk groups come before it.
-    for (int g = lane; g < G; g += kWarp) {
-      int rank = 0;
-      for (int h = 0; h < G; ++h) {
-        if (h != g && Before(group_score[h], h, group_score[g], g)) ++rank;
-      }
-      group_kept[g] = rank < p.group_topk ? 1 : 0;
-    }
-    __syncwarp();
-    for (int e = lane; e < E; e += kWarp) {
-      if (!group_kept[e / gsize]) sel[e] = -INFINITY;
-    }
-    __syncwarp();
+    group_score[g] = sum;
   }
+  __syncwarp();
+  // A group is kept when fewer than group_topk groups come before it.
+  for (int g = lane; g < G; g += kWarp) {
+    int rank = 0;
+    for (int h = 0; h < G; ++h) {
+      if (h != g && Before(group_score[h], h, group_score[g], g)) ++rank;
+    }
+    group_kept[g] = rank < p.group_topk ? 1 : 0;
+  }
+  __syncwarp();
+  for (int e = lane; e < E; e += kWarp) {
+    if (!group_kept[e / gsize]) sel[e] = -INFINITY;
+  }
+  __syncwarp();
+}
 
+// Top-k by k rounds of a warp arg-max (see the top of the file); lane 0 writes experts_out[k].
+__device__ __forceinline__ void SelectTopK(const RouterParams& p, int lane, const float* sel,
+                                           int32_t* experts_out) {
+  const int E = p.num_experts;
   float pv = INFINITY;
   int pi = -1;
-  int32_t* experts_out = topk_expert + t * p.top_k;
   for (int r = 0; r < p.top_k; ++r) {
     float bv = 0.f;
     int bi = -1;
@@ -143,26 +143,59 @@ __global__ void RouterForwardKernel(RouterParams p, const float* __restrict__ lo
     if (lane == 0) experts_out[r] = bi;
   }
   __syncwarp();
-  if (lane == 0) {
-    float* w = topk_weight + t * p.top_k;
-    const int k = p.top_k;
-    if (p.sigmoid) {
-      float den = 0.f;
-      for (int j = 0; j < k; ++j) den += scores[t * E + experts_out[j]];
-      for (int j = 0; j < k; ++j) {
-        const float sj = scores[t * E + experts_out[j]];
-        w[j] = p.scaling_factor * (k > 1 ? sj / (den + 1e-20f) : sj);
-      }
-    } else if (p.pre_softmax) {
-      for (int j = 0; j < k; ++j) w[j] = p.scaling_factor * scores[t * E + experts_out[j]];
-    } else {
-      float mz = -INFINITY, den = 0.f;
-      for (int j = 0; j < k; ++j) mz = fmaxf(mz, z[experts_out[j]]);
-      for (int j = 0; j < k; ++j) den += expf(z[experts_out[j]] - mz);
-      for (int j = 0; j < k; ++j) w[j] = p.scaling_factor * expf(z[experts_out[j]] - mz) / den;
+}
+
+// One thread per token t: the routing weights of its k experts, and the experts' counts.
+__device__ __forceinline__ void TopKWeights(const RouterParams& p, int64_t t,
+                                            const float* __restrict__ z,
+                                            const float* __restrict__ scores,
+                                            const int32_t* experts_out,
+                                            float* __restrict__ topk_weight,
+                                            int32_t* __restrict__ expert_counts) {
+  const int E = p.num_experts;
+  float* w = topk_weight + t * p.top_k;
+  const int k = p.top_k;
+  if (p.sigmoid) {
+    float den = 0.f;
+    for (int j = 0; j < k; ++j) den += scores[t * E + experts_out[j]];
+    for (int j = 0; j < k; ++j) {
+      const float sj = scores[t * E + experts_out[j]];
+      w[j] = p.scaling_factor * (k > 1 ? sj / (den + 1e-20f) : sj);
     }
-    for (int j = 0; j < k; ++j) atomicAdd(&expert_counts[experts_out[j]], 1);  // integers
+  } else if (p.pre_softmax) {
+    for (int j = 0; j < k; ++j) w[j] = p.scaling_factor * scores[t * E + experts_out[j]];
+  } else {
+    float mz = -INFINITY, den = 0.f;
+    for (int j = 0; j < k; ++j) mz = fmaxf(mz, z[experts_out[j]]);
+    for (int j = 0; j < k; ++j) den += expf(z[experts_out[j]] - mz);
+    for (int j = 0; j < k; ++j) w[j] = p.scaling_factor * expf(z[experts_out[j]] - mz) / den;
   }
+  for (int j = 0; j < k; ++j) atomicAdd(&expert_counts[experts_out[j]], 1);  // integers
+}
+
+__global__ void RouterForwardKernel(RouterParams p, const float* __restrict__ logits,
+                                    const float* __restrict__ expert_bias,
+                                    int32_t* __restrict__ topk_expert,
+                                    float* __restrict__ topk_weight, float* __restrict__ scores,
+                                    float* __restrict__ logsumexp,
+                                    int32_t* __restrict__ expert_counts,
+                                    float* __restrict__ score_sum) {
+  extern __shared__ float smem[];
+  const int E = p.num_experts;
+  const int warps = blockDim.x / kWarp;
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp;
+  float* sel = smem + warp * E;
+  float* group_score = smem + warps * E + warp * E;
+  int* group_kept = reinterpret_cast<int*>(smem + 2 * warps * E) + warp * E;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  if (t >= p.tokens) return;
+  const float* z = logits + t * E;
+
+  RouterScores(p, t, lane, z, expert_bias, sel, scores, logsumexp, score_sum);
+  if (p.num_groups > 0 && p.group_topk > 0) KeepBestGroups(p, lane, sel, group_score, group_kept);
+  int32_t* experts_out = topk_expert + t * p.top_k;
+  SelectTopK(p, lane, sel, experts_out);
+  if (lane == 0) TopKWeights(p, t, z, scores, experts_out, topk_weight, expert_counts);
 }
 
 // partial[b, e] = sum over block b's tokens of P[t, e] (e < E) or lse^2 (e == E), fixed order.
@@ -195,6 +228,100 @@ __global__ void LossFinalKernel(int blocks, int E, const double* partial, double
   }
 }
 
+// Backward 5 on the token's selected set S (experts ex[k], the weights' gradient dw[k]), one
+// thread: g on S (for sigmoid the gradient of the selection scores; for softmax the final d_z
+// on S). `rest`: the score mass outside S (softmax pre-selection). Returns sum over S of
+// g_j s_j for softmax pre-selection, else 0.
+__device__ __forceinline__ float SelectedSetGrad(const RouterParams& p, const float* z,
+                                                 const float* s, const int32_t* ex, const float* dw,
+                                                 float rest, float* g) {
+  const int k = p.top_k;
+  const float sf = p.scaling_factor;
+  float dot_pre = 0.f;
+  if (p.sigmoid) {
+    if (k > 1) {
+      // p_j = s_j / den; d s_i = (1/den) [sum_j p_j (g_i - g_j) + g_i (1 - sum_j p_j)].
+      float den = 0.f;
+      for (int j = 0; j < k; ++j) den += s[ex[j]];
+      den += 1e-20f;
+      for (int i = 0; i < k; ++i) {
+        const float gi = sf * dw[i];
+        float acc = gi * (1e-20f / den);
+        for (int j = 0; j < k; ++j) {
+          if (j != i) acc += (s[ex[j]] / den) * (gi - sf * dw[j]);
+        }
+        g[ex[i]] = acc / den;
+      }
+    } else {
+      g[ex[0]] = sf * dw[0];
+    }
+  } else if (p.pre_softmax) {
+    for (int j = 0; j < k; ++j) dot_pre += sf * dw[j] * s[ex[j]];
+    for (int i = 0; i < k; ++i) {
+      const float gi = sf * dw[i];
+      float acc = gi * rest;
+      for (int j = 0; j < k; ++j) {
+        if (j != i) acc += s[ex[j]] * (gi - sf * dw[j]);
+      }
+      g[ex[i]] = s[ex[i]] * acc;  // the final d_z on S
+    }
+  } else {
+    float mz = -INFINITY, den = 0.f;
+    for (int j = 0; j < k; ++j) mz = fmaxf(mz, z[ex[j]]);
+    for (int j = 0; j < k; ++j) den += expf(z[ex[j]] - mz);
+    for (int i = 0; i < k; ++i) {
+      const float gi = sf * dw[i];
+      float acc = 0.f;
+      for (int j = 0; j < k; ++j) {
+        if (j != i) acc += (expf(z[ex[j]] - mz) / den) * (gi - sf * dw[j]);
+      }
+      g[ex[i]] = (expf(z[ex[i]] - mz) / den) * acc;
+    }
+  }
+  return dot_pre;
+}
+
+// The warp of token t: its d_logits through the score function (g and membership in_s on S),
+// plus the aux loss's gradient (aux_grad [E]; null: none) and the z-loss's (z_scale; 0: none).
+__device__ __forceinline__ void WriteLogitGrad(const RouterParams& p, int64_t t, int lane,
+                                               const float* z, const float* s, const float* g,
+                                               const int* in_s, float dot_pre,
+                                               const float* __restrict__ aux_grad, float z_scale,
+                                               float lse, float* __restrict__ d_logits) {
+  const int E = p.num_experts;
+  float ssum = 0.f, adot = 0.f;
+  if (aux_grad != nullptr) {
+    for (int e = lane; e < E; e += kWarp) {
+      ssum += s[e];
+      adot += aux_grad[e] * s[e];
+    }
+    ssum = WarpSum(ssum);
+    adot = WarpSum(adot);
+  }
+  for (int e = lane; e < E; e += kWarp) {
+    const float se = s[e], ge = g[e];
+    float dz;
+    if (p.sigmoid) {
+      dz = ge * se * (1.f - se);
+    } else if (p.pre_softmax) {
+      dz = in_s[e] ? ge : -se * dot_pre;
+    } else {
+      dz = ge;
+    }
+    if (aux_grad != nullptr) {
+      if (p.sigmoid) {
+        // P = s / sum(s): dP/ds_e = (a_e - sum_j a_j P_j) / sum(s), then through the sigmoid.
+        const float ds = (aux_grad[e] - adot / ssum) / ssum;
+        dz += ds * se * (1.f - se);
+      } else {
+        dz += se * (aux_grad[e] - adot);
+      }
+    }
+    if (z_scale != 0.f) dz += z_scale * 2.f * lse * expf(z[e] - lse);
+    d_logits[t * E + e] = dz;
+  }
+}
+
 // Backward through the routing weights (docs/SPEC.md Backward 5). The Jacobian-vector products
 // g_i - sum_j g_j p_j are evaluated pairwise, sum_{j != i} p_j (g_i - g_j) (+ g_i times the
 // probability mass outside the sum), which is the same in exact arithmetic but keeps its
@@ -219,7 +346,6 @@ __global__ void RouterBackwardKernel(RouterParams p, const float* __restrict__ l
   const float* s = scores + t * E;
   const int32_t* ex = topk_expert + t * k;
   const float* dw = d_topk_weight + t * k;
-  const float sf = p.scaling_factor;
   for (int e = lane; e < E; e += kWarp) {
     g[e] = 0.f;
     in_s[e] = 0;
@@ -234,82 +360,10 @@ __global__ void RouterBackwardKernel(RouterParams p, const float* __restrict__ l
     rest = WarpSum(rest);
   }
   float dot_pre = 0.f;  // softmax pre-selection: sum over S of g_j s_j
-  if (lane == 0) {
-    if (p.sigmoid) {
-      if (k > 1) {
-        // p_j = s_j / den; d s_i = (1/den) [sum_j p_j (g_i - g_j) + g_i (1 - sum_j p_j)].
-        float den = 0.f;
-        for (int j = 0; j < k; ++j) den += s[ex[j]];
-        den += 1e-20f;
-        for (int i = 0; i < k; ++i) {
-          const float gi = sf * dw[i];
-          float acc = gi * (1e-20f / den);
-          for (int j = 0; j < k; ++j) {
-            if (j != i) acc += (s[ex[j]] / den) * (gi - sf * dw[j]);
-          }
-          g[ex[i]] = acc / den;
-        }
-      } else {
-        g[ex[0]] = sf * dw[0];
-      }
-    } else if (p.pre_softmax) {
-      for (int j = 0; j < k; ++j) dot_pre += sf * dw[j] * s[ex[j]];
-      for (int i = 0; i < k; ++i) {
-        const float gi = sf * dw[i];
-        float acc = gi * rest;
-        for (int j = 0; j < k; ++j) {
-          if (j != i) acc += s[ex[j]] * (gi - sf * dw[j]);
-        }
-        g[ex[i]] = s[ex[i]] * acc;  // the final d_z on S
-      }
-    } else {
-      float mz = -INFINITY, den = 0.f;
-      for (int j = 0; j < k; ++j) mz = fmaxf(mz, z[ex[j]]);
-      for (int j = 0; j < k; ++j) den += expf(z[ex[j]] - mz);
-      for (int i = 0; i < k; ++i) {
-        const float gi = sf * dw[i];
-        float acc = 0.f;
-        for (int j = 0; j < k; ++j) {
-          if (j != i) acc += (expf(z[ex[j]] - mz) / den) * (gi - sf * dw[j]);
-        }
-        g[ex[i]] = (expf(z[ex[i]] - mz) / den) * acc;
-      }
-    }
-  }
+  if (lane == 0) dot_pre = SelectedSetGrad(p, z, s, ex, dw, rest, g);
   dot_pre = __shfl_sync(0xffffffffu, dot_pre, 0);
   __syncwarp();
-  float ssum = 0.f, adot = 0.f;
-  if (aux_grad != nullptr) {
-    for (int e = lane; e < E; e += kWarp) {
-      ssum += s[e];
-      adot += aux_grad[e] * s[e];
-    }
-    ssum = WarpSum(ssum);
-    adot = WarpSum(adot);
-  }
-  const float lse = logsumexp[t];
-  for (int e = lane; e < E; e += kWarp) {
-    const float se = s[e], ge = g[e];
-    float dz;
-    if (p.sigmoid) {
-      dz = ge * se * (1.f - se);
-    } else if (p.pre_softmax) {
-      dz = in_s[e] ? ge : -se * dot_pre;
-    } else {
-      dz = ge;
-    }
-    if (aux_grad != nullptr) {
-      if (p.sigmoid) {
-        // P = s / sum(s): dP/ds_e = (a_e - sum_j a_j P_j) / sum(s), then through the sigmoid.
-        const float ds = (aux_grad[e] - adot / ssum) / ssum;
-        dz += ds * se * (1.f - se);
-      } else {
-        dz += se * (aux_grad[e] - adot);
-      }
-    }
-    if (z_scale != 0.f) dz += z_scale * 2.f * lse * expf(z[e] - lse);
-    d_logits[t * E + e] = dz;
-  }
+  WriteLogitGrad(p, t, lane, z, s, g, in_s, dot_pre, aux_grad, z_scale, logsumexp[t], d_logits);
 }
 
 int WarpsPerBlock(int num_experts, int arrays) {

@@ -11,17 +11,14 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/auth.h"
-#include "server/cluster_secret.h"
-#include "server/metrics.h"
-#include "server/moe_service.h"
-#include "server/worker_pool.h"
+#include "tests/server/frontend_fixture.h"
 
 namespace moe {
 namespace {
 
 using ::testing::HasSubstr;
 
-class DeniedTest : public ::testing::Test {
+class DeniedTest : public FrontEndTest {
  protected:
   void SetUp() override {
     const std::string tokens = ::testing::TempDir() + "/denied_tokens";
@@ -30,35 +27,16 @@ class DeniedTest : public ::testing::Test {
     auto auth = TokenAuthenticator::Load(tokens);
     ASSERT_TRUE(auth.ok()) << auth.status();
     auth_ = std::move(*auth);
-    WorkerPoolOptions pool_options;
-    pool_options.world_size = 2;
-    pool_ = std::make_unique<WorkerPool>(pool_options, *ClusterSecret::Generate());
     ServiceOptions options;
     options.auth = auth_.get();
     options.handler_threads = 1;
-    service_ = std::make_unique<MoeServiceImpl>(options, pool_.get(), &metrics_);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(port, 0);
-    stub_ = v1::MoeService::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    StartFrontEnd(options);
   }
-  void TearDown() override { server_->Shutdown(); }
 
   static void WithToken(grpc::ClientContext* ctx, const std::string& token) {
     ctx->AddMetadata("authorization", "Bearer " + token);
     ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   }
-
-  Metrics metrics_;
-  std::unique_ptr<TokenAuthenticator> auth_;
-  std::unique_ptr<WorkerPool> pool_;
-  std::unique_ptr<MoeServiceImpl> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<v1::MoeService::Stub> stub_;
 };
 
 TEST_F(DeniedTest, RefusedCallsAreCountedByRoleAndCode) {

@@ -5,10 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/cluster_secret.h"
-#include "server/metrics.h"
-#include "server/moe_service.h"
-#include "server/worker_pool.h"
+#include "tests/server/frontend_fixture.h"
 #include "tests/server/test_util.h"
 
 namespace moe {
@@ -16,24 +13,9 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class ValidationTest : public ::testing::Test {
+class ValidationTest : public FrontEndTest {
  protected:
-  void SetUp() override {
-    WorkerPoolOptions pool_options;
-    pool_options.world_size = 2;
-    pool_ = std::make_unique<WorkerPool>(  // never started: nobody joins
-        pool_options, *ClusterSecret::Generate());
-    service_ = std::make_unique<MoeServiceImpl>(ServiceOptions{}, pool_.get(), &metrics_);
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(port, 0);
-    stub_ = v1::MoeService::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
-  }
-  void TearDown() override { server_->Shutdown(); }
+  void SetUp() override { StartFrontEnd(ServiceOptions{}); }
 
   grpc::Status Create(const std::string& name, const v1::LayerConfig& config) {
     grpc::ClientContext ctx;
@@ -43,12 +25,6 @@ class ValidationTest : public ::testing::Test {
     v1::CreateLayerResponse response;
     return stub_->CreateLayer(&ctx, request, &response);
   }
-
-  Metrics metrics_;
-  std::unique_ptr<WorkerPool> pool_;
-  std::unique_ptr<MoeServiceImpl> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<v1::MoeService::Stub> stub_;
 };
 
 TEST_F(ValidationTest, BadConfigsNameTheirField) {

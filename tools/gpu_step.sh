@@ -1,0 +1,21 @@
+# gpu_step.sh: the step runner of the GPU check scripts (gpu_checks.sh, gpu_fp8_check.sh);
+# sourced, not run. Set `log` (the log file) first, and `step_width` for a summary column other
+# than 28 characters.
+#
+#   log="$out/tests.log"; source "$(dirname "${BASH_SOURCE[0]}")/gpu_step.sh"
+#   step layer_test 120 cuda_layer_test   # output into $log, a line into summary
+#   printf '%s\n' "${summary[@]}"
+summary=()
+step() {  # step NAME TIMEOUT_S COMMAND...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: $*" | tee -a "$log"
+  local t0=$(date +%s)
+  if [ "$(type -t "$1")" = function ]; then
+    "$@" >>"$log" 2>&1  # shell functions cannot run under timeout; they bound themselves
+  else
+    timeout "$limit" "$@" >>"$log" 2>&1
+  fi
+  local rc=$?
+  summary+=("$(printf "%-${step_width:-28}s rc=%-3s %4ss" "$name" "$rc" "$(( $(date +%s) - t0 ))")")
+  return $rc
+}
