@@ -49,8 +49,8 @@ class RemoteMoETrainingTest(unittest.TestCase):
         self.client = Client(CLUSTER.address)
 
     def tearDown(self):
-        for name in self.client.list_layers():
-            self.client.delete_layer(name)
+        for info in self.client.list_layers():
+            self.client.delete_layer(info.name)
         self.client.close()
 
     def test_state_dict_carries_the_server_weights(self):

@@ -1,8 +1,10 @@
 """Data-parallel training of the tiny model (train_tiny.py) with one shared remote MoE layer.
 
     deploy/local/cluster.sh start --workers=2 --device=cpu --port=50051
-    /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node=2 \\
-        client/python/examples/train_dp.py --server=localhost:50051
+    /usr/bin/python3 -m torch.distributed.run --standalone --redirects=9:1 --tee=9:1 \\
+        --nproc_per_node=2 client/python/examples/train_dp.py --server=localhost:50051
+    (--redirects/--tee: Debian's PyTorch 1.13 on Python 3.11 crashes on their default 0,
+    client/python/README.md)
     (PYTHONPATH as in client/python/README.md)
 
 Every rank builds the same model: the embeddings, norm and head are local and replicated with
