@@ -40,8 +40,10 @@ Contract:
 - torch.autocast: an fp32/fp16/bf16 x is cast to autocast's dtype first, so under
   autocast(dtype=torch.bfloat16) the wire carries BF16 and out is bf16, as autocast expects
   of a linear layer (fp16: sent as FP32, out fp16). aux_loss / z_loss stay fp32.
-- torch.compile (PyTorch 2): the RPCs are a graph break (the autograd.Function runs eagerly);
-  not tested here (Debian's PyTorch 1.13 has no torch.compile).
+- torch.compile (PyTorch >= 2.1): forward is wrapped in torch.compiler.disable, so the layer
+  is meant to be one explicit graph break that runs eagerly while the model's other parts
+  compile. Untested: Debian's PyTorch 1.13 has no torch.compile (the wrapper is then a no-op),
+  and examples/compile_check.py, which checks it, has not been run on a PyTorch 2 machine.
 - The wire carries FP32 or BF16: fp64 inputs are sent as fp32 (the server computes in fp32)
   and the results cast back; bf16 inputs travel as bf16. Tensors on a GPU are copied to the
   host for the wire and the results copied back to x's device.
@@ -72,6 +74,13 @@ _RELEASE_TIMEOUT_S = 5.0
 # The gradient each backward gives grad_marker: non-zero, so a reset is seen, and negligible
 # in a gradient norm (clipping) or an fp16 GradScaler's unscaling.
 _MARKER_GRAD = 2.0 ** -64
+
+
+def _eager_under_compile(fn):
+    """torch.compile (PyTorch >= 2.1) runs `fn` eagerly, a graph break: its RPCs cannot be
+    traced. PyTorch 1.x has no torch.compile: `fn` as is."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler.disable(fn) if hasattr(compiler, "disable") else fn
 
 
 def _autocast_dtype(device_type):
@@ -263,6 +272,7 @@ class RemoteMoE(torch.nn.Module):
                                      (self.name, field.name, have, value))
         return info
 
+    @_eager_under_compile
     def forward(self, x, return_z_loss=False):
         # A wrong last dimension goes to the server as is: it answers INVALID_ARGUMENT, raised
         # here as moe_client.InvalidArgument with the gRPC code.
