@@ -241,8 +241,8 @@ absl::Status MoeLayerImpl::ApplyOptimizer(const OptimizerConfig& o) {
   if (!std::isfinite(o.lr) || o.lr < 0 || !std::isfinite(o.weight_decay) || o.weight_decay < 0 ||
       !std::isfinite(o.momentum) || o.momentum < 0 || o.momentum >= 1 ||
       !std::isfinite(o.grad_scale) || !(o.grad_scale > 0) ||
-      (adamw && (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) ||
-                 !(o.eps > 0)))) {
+      (adamw &&
+       (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.eps > 0)))) {
     return absl::InvalidArgumentError(
         "optimizer: lr, weight_decay >= 0; momentum, beta1, beta2 in [0, 1); eps, grad_scale > "
         "0");

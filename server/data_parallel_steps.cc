@@ -25,13 +25,12 @@ std::string OptimizerBytes(const v1::ApplyOptimizerRequest& request) {
 absl::Status ParseDataParallelCall(const v1::ApplyOptimizerRequest& request,
                                    DataParallelCall* call) {
   if (request.num_ranks() < 2 || request.num_ranks() > kMaxDataParallelRanks) {
-    return absl::InvalidArgumentError(absl::StrCat("num_ranks: must be in [0, ",
-                                                   kMaxDataParallelRanks, "], got ",
-                                                   request.num_ranks()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "num_ranks: must be in [0, ", kMaxDataParallelRanks, "], got ", request.num_ranks()));
   }
   if (request.rank() < 0 || request.rank() >= request.num_ranks()) {
-    return absl::InvalidArgumentError(absl::StrCat("rank: must be in [0, num_ranks = ",
-                                                   request.num_ranks(), "), got ", request.rank()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank: must be in [0, num_ranks = ", request.num_ranks(), "), got ", request.rank()));
   }
   if (request.step() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", request.step()));
@@ -86,10 +85,9 @@ absl::Status DataParallelSteps::Admit(const DataParallelCall& call, absl::Durati
     return absl::OkStatus();
   }
   if (call.step <= last_applied_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("step: ", call.step, " is older than step ", last_applied_, " of run \"",
-                     run_id_, "\", already applied, and no longer recorded (the last ",
-                     kAppliedStepsKept, " are)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "step: ", call.step, " is older than step ", last_applied_, " of run \"", run_id_,
+        "\", already applied, and no longer recorded (the last ", kAppliedStepsKept, " are)"));
   }
   std::shared_ptr<Pending>& slot = pending_[call.step];
   if (slot == nullptr) {
@@ -102,8 +100,8 @@ absl::Status DataParallelSteps::Admit(const DataParallelCall& call, absl::Durati
                                                    call.step, " was first called with ",
                                                    slot->num_ranks));
   } else if (slot->optimizer != call.optimizer) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "optimizer: differs from the one step ", call.step, " was first called with"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer: differs from the one step ", call.step, " was first called with"));
   }
   *pending = slot;
   return absl::OkStatus();
@@ -185,14 +183,12 @@ std::string DataParallelSteps::Timeout(int64_t step, const Pending& pending) con
   for (int r = 0; r < pending.num_ranks && missing.size() < 16; ++r) {
     if (pending.ranks.count(r) == 0) missing.push_back(r);
   }
+  const bool more_missing =
+      pending.num_ranks - static_cast<int>(pending.ranks.size()) > static_cast<int>(missing.size());
   return absl::StrCat("step ", step, " of run \"", run_id_, "\": only ", pending.ranks.size(),
                       " of ", pending.num_ranks,
                       " ranks called ApplyOptimizer within --dp_step_timeout_ms (missing ranks: ",
-                      absl::StrJoin(missing, ", "),
-                      pending.num_ranks - static_cast<int>(pending.ranks.size()) >
-                              static_cast<int>(missing.size())
-                          ? ", ..."
-                          : "",
+                      absl::StrJoin(missing, ", "), more_missing ? ", ..." : "",
                       "); the step is dropped, the gradients stay accumulated");
 }
 

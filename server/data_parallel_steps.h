@@ -83,8 +83,8 @@ class DataParallelSteps {
   struct Pending {
     int num_ranks = 0;
     std::string optimizer;
-    std::set<int> ranks;  // those that called
-    absl::Time expires;   // first call + step_timeout
+    std::set<int> ranks;   // those that called
+    absl::Time expires;    // first call + step_timeout
     bool leading = false;  // every rank called; the lead is applying it
     bool done = false;
     absl::Status status;

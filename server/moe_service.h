@@ -394,8 +394,7 @@ class MoeServiceImpl final : public MoeServiceBase {
   // ApplyOptimizer with num_ranks > 1 (server/data_parallel_steps.h): the call that completes
   // its step applies it with the gradients times 1/num_ranks; the others wait for its answer,
   // within their deadline and options_.dp_step_timeout.
-  absl::Status ApplyDataParallelStep(grpc::ServerContextBase* context,
-                                     std::shared_ptr<Layer> layer,
+  absl::Status ApplyDataParallelStep(grpc::ServerContextBase* context, std::shared_ptr<Layer> layer,
                                      const v1::ApplyOptimizerRequest& request,
                                      v1::ApplyOptimizerResponse* response);
   // Two-phase changes (LoadCheckpoint, SetWeights): the workers staged the change under

@@ -368,9 +368,8 @@ grpc::Status MoeServiceImpl::DoApplyOptimizer(grpc::ServerContextBase* context,
                                        request->has_adamw() ? &request->adamw() : nullptr)
                         .status());
     if (request->num_ranks() < 0 || request->num_ranks() > kMaxDataParallelRanks) {
-      return absl::InvalidArgumentError(absl::StrCat("num_ranks: must be in [0, ",
-                                                     kMaxDataParallelRanks, "], got ",
-                                                     request->num_ranks()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "num_ranks: must be in [0, ", kMaxDataParallelRanks, "], got ", request->num_ranks()));
     }
     if (request->num_ranks() > 1) {
       return ApplyDataParallelStep(context, std::move(found), *request, response);

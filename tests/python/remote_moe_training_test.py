@@ -141,6 +141,13 @@ class RemoteMoETrainingTest(unittest.TestCase):
         again = ranks[0].step(sgd={"lr": 0.1}, step=0, num_ranks=2, rank=0, run_id="t")
         self.assertTrue(again.already_applied)
         self.assertEqual(self.client.get_layer("ranks").optimizer_step, 1)
+        # The gradients are shared by the ranks: a zero_grad() between a backward and step()
+        # cannot take back one rank's share.
+        x = inputs(12)
+        ranks[0](x)[0].sum().backward()
+        Parent(ranks[0]).zero_grad()  # resets grad_marker only (a parent's zero_grad)
+        with self.assertRaisesRegex(RuntimeError, "data parallel"):
+            ranks[0](x)[0].sum().backward()
         ranks[1].client.close()
 
 

@@ -30,12 +30,10 @@ DataParallelCall Call(int rank, int64_t step, int num_ranks = 2, std::string run
 bool Never() { return false; }
 
 // Arrive on a thread of its own (a rank that waits).
-std::future<DataParallelSteps::Arrival> ArriveAsync(DataParallelSteps* steps,
-                                                    DataParallelCall call,
+std::future<DataParallelSteps::Arrival> ArriveAsync(DataParallelSteps* steps, DataParallelCall call,
                                                     absl::Duration timeout = kLong) {
-  return std::async(std::launch::async, [=] {
-    return steps->Arrive(call, timeout, absl::Now() + kLong, Never);
-  });
+  return std::async(std::launch::async,
+                    [=] { return steps->Arrive(call, timeout, absl::Now() + kLong, Never); });
 }
 
 v1::ApplyOptimizerResponse Answer(int64_t optimizer_step) {
@@ -108,9 +106,8 @@ TEST(DataParallelStepsTest, AStepNotEveryRankReachedIsDroppedAtItsTimeout) {
   EXPECT_THAT(alone.status.message(), HasSubstr("missing ranks: 1, 2, 3"));
   // Expired with nobody waiting (the caller's own deadline came first): the next call sees it
   // dropped and gathers anew, so the late rank waits for a new set of ranks.
-  DataParallelSteps::Arrival early =
-      steps.Arrive(Call(0, 2), absl::Milliseconds(100), absl::Now() + absl::Milliseconds(20),
-                   Never);
+  DataParallelSteps::Arrival early = steps.Arrive(Call(0, 2), absl::Milliseconds(100),
+                                                  absl::Now() + absl::Milliseconds(20), Never);
   EXPECT_TRUE(absl::IsDeadlineExceeded(early.status));
   absl::SleepFor(absl::Milliseconds(150));
   DataParallelSteps::Arrival late =

@@ -32,9 +32,9 @@ class DataParallelTest : public ClusterTest {
     cluster_ = cluster->release();
   }
 
-  static v1::ApplyOptimizerRequest StepRequest(const std::string& layer, int rank,
-                                               int64_t step, const std::string& run = "run-a",
-                                               int num_ranks = 2, double lr = 0.1) {
+  static v1::ApplyOptimizerRequest StepRequest(const std::string& layer, int rank, int64_t step,
+                                               const std::string& run = "run-a", int num_ranks = 2,
+                                               double lr = 0.1) {
     v1::ApplyOptimizerRequest request;
     request.set_layer(layer);
     request.mutable_sgd()->set_lr(lr);
@@ -44,8 +44,8 @@ class DataParallelTest : public ClusterTest {
     request.set_run_id(run);
     return request;
   }
-  grpc::Status Apply(const v1::ApplyOptimizerRequest& request,
-                     v1::ApplyOptimizerResponse* response, int deadline_ms = 20000) {
+  grpc::Status Apply(const v1::ApplyOptimizerRequest& request, v1::ApplyOptimizerResponse* response,
+                     int deadline_ms = 20000) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
     return stub()->ApplyOptimizer(&ctx, request, response);
@@ -159,8 +159,8 @@ TEST_F(DataParallelTest, ARankThatNeverComesEndsTheStep) {
   const auto start = std::chrono::steady_clock::now();
   v1::ApplyOptimizerResponse response;
   grpc::Status alone = Apply(StepRequest("missing", 0, 1, "run-m", 3), &response);
-  const double waited_ms = std::chrono::duration<double, std::milli>(
-                               std::chrono::steady_clock::now() - start).count();
+  const double waited_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(alone.error_code(), grpc::StatusCode::ABORTED);
   EXPECT_THAT(alone.error_message(), HasSubstr("missing ranks: 1, 2"));
   EXPECT_GE(waited_ms, kStepTimeoutMs - 100);

@@ -239,6 +239,7 @@ class RemoteMoE(torch.nn.Module):
         self.grad_marker = torch.nn.Parameter(torch.zeros(()))
         self._server_has_grads = False  # this process' backwards since the last step / zero
         self._ranks = None  # DataParallelRanks, found at the first data-parallel step()
+        self._shared_by_ranks = False  # a data-parallel step() ran: other ranks share the grads
         self._next_step = 0  # the data-parallel step number step() sends next
         if config is None and config_fields:
             from moe_client.client import layer_config
@@ -317,6 +318,7 @@ class RemoteMoE(torch.nn.Module):
                 self.name, sgd=sgd, adamw=adamw, timeout=timeout, num_ranks=ranks.num_ranks,
                 rank=ranks.rank, step=number, run_id=ranks.run_id())
             self._next_step = number + 1
+            self._shared_by_ranks = True
         self._server_has_grads = False
         return answer
 
@@ -342,8 +344,8 @@ class RemoteMoE(torch.nn.Module):
         grad = self.grad_marker.grad
         if grad is not None and bool(grad.detach().ne(0).any()):
             return
-        if self._ranks is not None or (self.data_parallel is not False and
-                                       DataParallelRanks.from_torch_distributed() is not None):
+        if self._shared_by_ranks or (self.data_parallel is not False and
+                                     DataParallelRanks.from_torch_distributed() is not None):
             raise RuntimeError(
                 "RemoteMoE %r: zero_grad() ran between a backward and step() under data "
                 "parallel training; the server's gradients are the sum over every rank and "
