@@ -65,7 +65,7 @@ class TrainDpTest(unittest.TestCase):
         dp = torch.load(save)
         with Client(self.cluster.address) as client:
             self.assertEqual(client.get_layer("dp").optimizer_step, STEPS)  # once per step
-            model, _, _ = train_dp.train(client, layer="single", steps=STEPS, optimizer="sgd",
+            model, _, _, _ = train_dp.train(client, layer="single", steps=STEPS, optimizer="sgd",
                                          lr=LR, aux_loss_coeff=0)
             single = model.state_dict()
             self.assertEqual(client.get_layer("single").optimizer_step, STEPS)

@@ -10,8 +10,9 @@ train_dp.py` (gloo, CPU) and reads rank 0's JSON line: the steps after the first
 rank 0 (a step ends when the shared layer's data-parallel ApplyOptimizer answered, so every
 rank finished it). --tokens is the global batch of a step (each rank trains on tokens/N:
 strong scaling); --per_rank makes it each rank's batch (weak scaling: the job's tokens per
-step grow with N). Prints one JSON object: {"ranks": [...], "results": [{"ranks": N,
-"steps_per_s": ..., "tokens_per_s": ...}, ...]}.
+step grow with N). Prints one JSON object: {"steps", "per_rank", "results": [{"ranks": N,
+"steps_per_s", "tokens_per_s", "rank0_step_ms" (rank 0's mean time in moe.step(): the wait
+for the other ranks plus the optimizer step)}, ...]}.
 """
 
 import argparse
@@ -57,7 +58,8 @@ def main():
         tokens = args.tokens * ranks if args.per_rank else args.tokens
         r = run(args.server, ranks, args.steps, tokens, args.timeout)
         results.append({"ranks": ranks, "global_tokens": tokens, "steps_per_s": r["steps_per_s"],
-                        "tokens_per_s": round(r["steps_per_s"] * tokens, 1)})
+                        "tokens_per_s": round(r["steps_per_s"] * tokens, 1),
+                        "rank0_step_ms": r["rank0_step_ms"]})
         print(json.dumps(results[-1]), file=sys.stderr)
     print(json.dumps({"steps": args.steps, "per_rank": args.per_rank, "results": results}))
     return 0

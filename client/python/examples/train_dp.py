@@ -17,7 +17,9 @@ as one process on the global batch (--nproc_per_node=1), up to fp32 summation or
 losses that are means over tokens: the load-balancing aux loss is a statistic of each rank's
 batch (as under DDP with a local MoE), so the equality needs --aux_loss_coeff=0.
 
-Rank 0 prints a JSON line: {"ranks", "steps", "seconds", "steps_per_s", "final_loss", ...};
+Rank 0 prints a JSON line: {"ranks", "steps", "seconds", "steps_per_s", "rank0_step_ms" (mean
+time rank 0 spent in moe.step(): waiting for the other ranks' calls plus the optimizer step),
+"final_loss", ...};
 --save=PATH writes the whole model's state_dict() (the remote layer's weights included).
 """
 
@@ -59,7 +61,8 @@ def shared_layer(client, layer, rank, world, seed, aux_loss_coeff, keep_existing
 def train(client, layer="train-dp", steps=50, tokens=256, lr=1e-2, optimizer="adamw",
           seed=0, aux_loss_coeff=1e-2, rank=0, world=1, timeout=120.0, log=None):
     """Trains; returns (model, per-step losses of the global batch, seconds of the steps after
-    the first). world > 1 needs torch.distributed initialised (gloo)."""
+    the first, seconds this rank spent in moe.step() in those steps). world > 1 needs
+    torch.distributed initialised (gloo)."""
     if tokens % world:
         raise ValueError("--tokens=%d must be a multiple of the %d ranks" % (tokens, world))
     torch.manual_seed(seed)
@@ -71,10 +74,11 @@ def train(client, layer="train-dp", steps=50, tokens=256, lr=1e-2, optimizer="ad
     local_optimizer = make(model.parameters(), lr=lr)
     remote_optimizer = {optimizer: {"lr": lr}}
     share = tokens // world
-    losses, start = [], None
+    losses, start, in_step = [], None, 0.0
     for step in range(steps):
         if step == 1:
             start = time.time()  # the first step pays for connections and allocations
+            in_step = 0.0
         cur, prev, target = (t[rank * share:(rank + 1) * share]
                              for t in batch(VOCAB, tokens, generator))
         logits, aux = trained(cur, prev)
@@ -82,7 +86,9 @@ def train(client, layer="train-dp", steps=50, tokens=256, lr=1e-2, optimizer="ad
         local_optimizer.zero_grad()
         (loss + aux).backward()
         local_optimizer.step()
-        moe.step(timeout=timeout, **remote_optimizer)
+        before = time.time()
+        moe.step(timeout=timeout, **remote_optimizer)  # waits for every rank's call
+        in_step += time.time() - before
         global_loss = loss.detach().clone()
         if world > 1:
             dist.all_reduce(global_loss)
@@ -91,7 +97,7 @@ def train(client, layer="train-dp", steps=50, tokens=256, lr=1e-2, optimizer="ad
         if log and (step % 25 == 0 or step == steps - 1):
             log("step %4d  loss %.4f" % (step, losses[-1]))
     seconds = time.time() - start if start is not None else 0.0
-    return model, losses, seconds
+    return model, losses, seconds, in_step
 
 
 def main():
@@ -114,7 +120,7 @@ def main():
         dist.init_process_group("gloo")
     rank = dist.get_rank() if world > 1 else 0
     with Client(args.server) as client:
-        model, losses, seconds = train(
+        model, losses, seconds, in_step = train(
             client, layer=args.layer, steps=args.steps, tokens=args.tokens, lr=args.lr,
             optimizer=args.optimizer, seed=args.seed, aux_loss_coeff=args.aux_loss_coeff,
             rank=rank, world=world, log=print if rank == 0 else None)
@@ -129,6 +135,7 @@ def main():
             print(json.dumps({"ranks": world, "steps": args.steps, "tokens": args.tokens,
                               "seconds": round(seconds, 3),
                               "steps_per_s": round(timed / seconds, 2) if seconds else None,
+                              "rank0_step_ms": round(1000 * in_step / timed, 2),
                               "first_loss": losses[0], "final_loss": losses[-1]}))
     if world > 1:
         dist.destroy_process_group()
