@@ -25,8 +25,9 @@ std::string OptimizerBytes(const v1::ApplyOptimizerRequest& request) {
 absl::Status ParseDataParallelCall(const v1::ApplyOptimizerRequest& request,
                                    DataParallelCall* call) {
   if (request.num_ranks() < 2 || request.num_ranks() > kMaxDataParallelRanks) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "num_ranks: must be in [0, ", kMaxDataParallelRanks, "], got ", request.num_ranks()));
+    return absl::InvalidArgumentError(absl::StrCat("num_ranks: a data-parallel step has 2 to ",
+                                                   kMaxDataParallelRanks, " ranks, got ",
+                                                   request.num_ranks()));
   }
   if (request.rank() < 0 || request.rank() >= request.num_ranks()) {
     return absl::InvalidArgumentError(absl::StrCat(
