@@ -287,9 +287,11 @@ class Backend {
   // ---- optimizers (fp32 masters) ----
   // SGD: m = momentum * m + g (+ wd * p); p -= lr * m (momentum 0: plain step).
   // AdamW: m, v moments; p -= lr * (m_hat / (sqrt(v_hat) + eps) + wd * p); `step` counts from 1.
+  // g is the stored gradient times grad_scale (data-parallel mean over ranks; 1: as stored).
   struct OptimizerArgs {
     bool adamw = false;
     double lr = 0, momentum = 0, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0;
+    double grad_scale = 1;
     int64_t step = 1;
   };
   virtual absl::Status OptimizerStep(const OptimizerArgs& args, float* param, const float* grad,

@@ -39,6 +39,10 @@ struct OptimizerConfig {
   double beta2 = 0.999;        // AdamW
   double eps = 1e-8;           // AdamW
   double weight_decay = 0.0;
+  // Multiplies the accumulated gradient before the step (weight decay is not scaled): the
+  // front end's data-parallel steps pass 1/num_ranks, so N ranks' summed gradients become
+  // their mean. > 0; 1 = the gradient as accumulated.
+  double grad_scale = 1.0;
   static OptimizerConfig Sgd(double lr, double momentum = 0.0, double weight_decay = 0.0);
   static OptimizerConfig AdamW(double lr, double weight_decay = 0.0);
 };

@@ -240,10 +240,12 @@ absl::Status MoeLayerImpl::ApplyOptimizer(const OptimizerConfig& o) {
   const bool adamw = o.kind == OptimizerConfig::Kind::kAdamW;
   if (!std::isfinite(o.lr) || o.lr < 0 || !std::isfinite(o.weight_decay) || o.weight_decay < 0 ||
       !std::isfinite(o.momentum) || o.momentum < 0 || o.momentum >= 1 ||
-      (adamw && (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) ||
-                 !(o.eps > 0)))) {
+      !std::isfinite(o.grad_scale) || !(o.grad_scale > 0) ||
+      (adamw &&
+       (!(o.beta1 >= 0 && o.beta1 < 1) || !(o.beta2 >= 0 && o.beta2 < 1) || !(o.eps > 0)))) {
     return absl::InvalidArgumentError(
-        "optimizer: lr, weight_decay >= 0; momentum, beta1, beta2 in [0, 1); eps > 0");
+        "optimizer: lr, weight_decay >= 0; momentum, beta1, beta2 in [0, 1); eps, grad_scale > "
+        "0");
   }
   Backend::OptimizerArgs args;
   args.adamw = adamw;
@@ -253,6 +255,7 @@ absl::Status MoeLayerImpl::ApplyOptimizer(const OptimizerConfig& o) {
   args.beta2 = o.beta2;
   args.eps = o.eps;
   args.weight_decay = o.weight_decay;
+  args.grad_scale = o.grad_scale;
   if (adamw) args.step = ++optimizer_step_;
   const bool needs_m = adamw || o.momentum != 0.0;
   for (LayerParam& p : params_) {

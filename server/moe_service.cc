@@ -333,6 +333,8 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
       }
       layers_.erase(it);
     }
+    layer->dp_steps.AbortAll(absl::NotFoundError(absl::StrCat(
+        "layer: \"", layer->name, "\" was deleted while this step waited for its ranks")));
     // Out of the durable registry at once, so a restart does not bring it back. A durable
     // checkpoint of it still running fails to commit (the store no longer has it).
     absl::Status forgotten = absl::OkStatus();

@@ -41,6 +41,7 @@
 #include "server/auth.h"
 #include "server/callback.h"
 #include "server/checkpoint_root.h"
+#include "server/data_parallel_steps.h"
 #include "server/durable_store.h"
 #include "server/fifo_mutex.h"
 #include "server/metrics.h"
@@ -108,6 +109,10 @@ struct ServiceOptions {
   // turn until they finished it; one still running after this long means a wedged worker:
   // the workers re-form.
   absl::Duration overdue_call_limit = absl::Minutes(10);
+  // A data-parallel ApplyOptimizer step (num_ranks > 1) whose ranks have not all called this
+  // long after its first call is dropped; its waiting calls are ABORTED
+  // (server/data_parallel_steps.h).
+  absl::Duration dp_step_timeout = absl::Minutes(5);
   // Durable layers (moed --state_dir; server/durable_store.h), owned by the caller. Null: no
   // durable state (a restart loses every layer). A layer's state is checkpointed into it after
   // every `durable_every_steps` optimizer steps, and once `durable_every` passed since its last
@@ -338,6 +343,9 @@ class MoeServiceImpl final : public MoeServiceBase {
     bool changed_since_durable ABSL_GUARDED_BY(mu) = false;  // beyond optimizer steps
     absl::Time durable_since ABSL_GUARDED_BY(mu);            // for durable_every
     std::string durable_error ABSL_GUARDED_BY(mu);
+    // Data-parallel ApplyOptimizer steps (num_ranks > 1): their ranks' calls, the answers of
+    // the last applied ones. Its own lock; taken before the turn, never under mu.
+    DataParallelSteps dp_steps;
     // Restored from the store by this moed: its first creation on the workers loads the
     // durable checkpoint, whatever instances they hold (their layer ids are another moed's).
     bool load_durable ABSL_GUARDED_BY(mu) = false;
@@ -421,6 +429,17 @@ class MoeServiceImpl final : public MoeServiceBase {
   // after options_.overdue_call_limit means a wedged worker: the pool re-forms.
   void DrainThenRelease(std::shared_ptr<Layer> layer, const WorkerSet& set, uint64_t step_id);
   void Drain(const std::shared_ptr<Layer>& layer, const WorkerSet& set, uint64_t step_id);
+  // ApplyOptimizer, validated: one optimizer step on the layer's workers, with the gradients
+  // times grad_scale.
+  absl::Status ApplyOptimizerNow(grpc::ServerContextBase* context, std::shared_ptr<Layer> layer,
+                                 const v1::ApplyOptimizerRequest& request, double grad_scale,
+                                 v1::ApplyOptimizerResponse* response);
+  // ApplyOptimizer with num_ranks > 1 (server/data_parallel_steps.h): the call that completes
+  // its step applies it with the gradients times 1/num_ranks; the others wait for its answer,
+  // within their deadline and options_.dp_step_timeout.
+  absl::Status ApplyDataParallelStep(grpc::ServerContextBase* context, std::shared_ptr<Layer> layer,
+                                     const v1::ApplyOptimizerRequest& request,
+                                     v1::ApplyOptimizerResponse* response);
   // Two-phase changes (LoadCheckpoint, SetWeights): the workers staged the change under
   // `stage_id`; CommitStage applies it on every worker (a failure part-way diverges the
   // layer, as ChangeOnWorkers); AbortStage drops it after a failed stage (best effort; not

@@ -405,29 +405,66 @@ grpc::Status MoeServiceImpl::DoApplyOptimizer(grpc::ServerContextBase* context,
     RETURN_IF_ERROR(OptimizerFromProto(request->has_sgd() ? &request->sgd() : nullptr,
                                        request->has_adamw() ? &request->adamw() : nullptr)
                         .status());
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
-    internal::WorkerOptimizerRequest call;
-    call.set_generation(turn->set.generation);
-    call.set_layer_id(turn->layer().id);
-    if (request->has_sgd()) *call.mutable_sgd() = request->sgd();
-    if (request->has_adamw()) *call.mutable_adamw() = request->adamw();
-    call.set_op_id(next_step_id_++);  // applied at most once per worker: retried if partial
-    RETURN_IF_ERROR(ChangeOnWorkers(
-        *turn, "ApplyOptimizer", InternalDeadline(context, true),
-        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-          internal::WorkerEmpty empty;
-          return FromGrpcStatus(stub->ApplyOptimizer(ctx, call, &empty));
-        },
-        /*collective=*/false, /*gradients_only=*/false, /*idempotent=*/true));
-    AfterChange(*turn, /*optimizer_step=*/true, /*force=*/false);
-    absl::MutexLock lock(&turn->layer().mu);
-    response->set_optimizer_step(turn->layer().optimizer_step);
-    if (options_.durable_store != nullptr) {
-      response->set_durable_optimizer_step(turn->layer().durable.optimizer_step);
+    if (request->num_ranks() < 0 || request->num_ranks() > kMaxDataParallelRanks) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "num_ranks: must be in [0, ", kMaxDataParallelRanks, "], got ", request->num_ranks()));
     }
-    return absl::OkStatus();
+    if (request->num_ranks() > 1) {
+      return ApplyDataParallelStep(context, std::move(found), *request, response);
+    }
+    return ApplyOptimizerNow(context, std::move(found), *request, /*grad_scale=*/1.0, response);
   };
   return Finish("ApplyOptimizer", start, run());
+}
+
+absl::Status MoeServiceImpl::ApplyDataParallelStep(grpc::ServerContextBase* context,
+                                                   std::shared_ptr<Layer> layer,
+                                                   const v1::ApplyOptimizerRequest& request,
+                                                   v1::ApplyOptimizerResponse* response) {
+  DataParallelCall call;
+  RETURN_IF_ERROR(ParseDataParallelCall(request, &call));
+  DataParallelSteps::Arrival arrival =
+      layer->dp_steps.Arrive(call, options_.dp_step_timeout, absl::FromChrono(context->deadline()),
+                             [context] { return context->IsCancelled(); });
+  if (!arrival.lead) {
+    if (arrival.status.ok()) *response = arrival.answer;
+    return arrival.status;
+  }
+  // Every rank's Backward has summed into the gradients: their mean is the sum / num_ranks.
+  // In double on the workers; exact when num_ranks is a power of two.
+  const absl::Status applied =
+      ApplyOptimizerNow(context, layer, request, 1.0 / call.num_ranks, response);
+  layer->dp_steps.Finish(call, applied, *response);
+  return applied;
+}
+
+absl::Status MoeServiceImpl::ApplyOptimizerNow(grpc::ServerContextBase* context,
+                                               std::shared_ptr<Layer> layer,
+                                               const v1::ApplyOptimizerRequest& request,
+                                               double grad_scale,
+                                               v1::ApplyOptimizerResponse* response) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(std::move(layer), context));
+  internal::WorkerOptimizerRequest call;
+  call.set_generation(turn->set.generation);
+  call.set_layer_id(turn->layer().id);
+  if (request.has_sgd()) *call.mutable_sgd() = request.sgd();
+  if (request.has_adamw()) *call.mutable_adamw() = request.adamw();
+  if (grad_scale != 1.0) call.set_grad_scale(grad_scale);
+  call.set_op_id(next_step_id_++);  // applied at most once per worker: retried if partial
+  RETURN_IF_ERROR(ChangeOnWorkers(
+      *turn, "ApplyOptimizer", InternalDeadline(context, true),
+      [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+        internal::WorkerEmpty empty;
+        return FromGrpcStatus(stub->ApplyOptimizer(ctx, call, &empty));
+      },
+      /*collective=*/false, /*gradients_only=*/false, /*idempotent=*/true));
+  AfterChange(*turn, /*optimizer_step=*/true, /*force=*/false);
+  absl::MutexLock lock(&turn->layer().mu);
+  response->set_optimizer_step(turn->layer().optimizer_step);
+  if (options_.durable_store != nullptr) {
+    response->set_durable_optimizer_step(turn->layer().durable.optimizer_step);
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status MoeServiceImpl::DoUpdateExpertBias(grpc::ServerContextBase* context,

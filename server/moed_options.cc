@@ -89,6 +89,9 @@ ABSL_FLAG(int64_t, saved_step_ttl_s, 600,
 ABSL_FLAG(int64_t, step_timeout_ms, 30000,
           "deadline of every internal step call; a step past it fails alone (DEADLINE_EXCEEDED) "
           "and its layer waits until the workers finished it");
+ABSL_FLAG(int64_t, dp_step_timeout_ms, 300000,
+          "a data-parallel ApplyOptimizer step (num_ranks > 1) whose ranks did not all call "
+          "within this long of its first call is dropped: the waiting calls are ABORTED");
 ABSL_FLAG(int64_t, overdue_call_limit_s, 600,
           "a call still running on live workers this long after its deadline means a wedged "
           "worker: the workers re-form");
@@ -182,6 +185,7 @@ MoedOptions MoedOptionsFromFlags() {
   s.max_saved_bytes = absl::GetFlag(FLAGS_max_saved_bytes);
   s.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
   s.overdue_call_limit = absl::Seconds(absl::GetFlag(FLAGS_overdue_call_limit_s));
+  s.dp_step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_dp_step_timeout_ms));
   s.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   s.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);
   s.handler_threads =
@@ -222,6 +226,7 @@ absl::Status ValidateMoedOptions(const MoedOptions& o) {
            {"ping_timeout_ms", absl::ToInt64Milliseconds(o.pool.ping_timeout)},
            {"worker_dead_after_ms", absl::ToInt64Milliseconds(o.pool.dead_after)},
            {"step_timeout_ms", absl::ToInt64Milliseconds(s.step_timeout)},
+           {"dp_step_timeout_ms", absl::ToInt64Milliseconds(s.dp_step_timeout)},
            {"overdue_call_limit_s", absl::ToInt64Seconds(s.overdue_call_limit)},
            {"collective_timeout_ms", absl::ToInt64Milliseconds(o.pool.collective_timeout)},
            {"max_stream_bytes", s.max_stream_bytes},

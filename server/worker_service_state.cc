@@ -93,6 +93,7 @@ grpc::Status WorkerService::ApplyOptimizer(grpc::ServerContext*,
     ASSIGN_OR_RETURN(OptimizerConfig optimizer,
                      OptimizerFromProto(request->has_sgd() ? &request->sgd() : nullptr,
                                         request->has_adamw() ? &request->adamw() : nullptr));
+    if (request->grad_scale() != 0) optimizer.grad_scale = request->grad_scale();
     RETURN_IF_ERROR(s->layer->ApplyOptimizer(optimizer));
     s->last_op = request->op_id();
     return absl::OkStatus();

@@ -186,7 +186,7 @@ absl::Status OptimizerStep(const Backend::OptimizerArgs& o, float* param, const 
     const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(o.step));
     ParallelFor(threads, count, 4096, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const double g = grad[i];
+        const double g = grad[i] * o.grad_scale;
         const double mi = o.beta1 * m[i] + (1.0 - o.beta1) * g;
         const double vi = o.beta2 * v[i] + (1.0 - o.beta2) * g * g;
         m[i] = static_cast<float>(mi);
@@ -202,7 +202,7 @@ absl::Status OptimizerStep(const Backend::OptimizerArgs& o, float* param, const 
   }
   ParallelFor(threads, count, 4096, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      double d = static_cast<double>(grad[i]) + o.weight_decay * param[i];
+      double d = static_cast<double>(grad[i]) * o.grad_scale + o.weight_decay * param[i];
       if (o.momentum != 0.0) {
         d = o.momentum * m[i] + d;
         m[i] = static_cast<float>(d);

@@ -281,6 +281,7 @@ absl::Status CudaBackend::OptimizerStep(const OptimizerArgs& a, float* param, co
   p.beta2 = static_cast<float>(a.beta2);
   p.eps = static_cast<float>(a.eps);
   p.weight_decay = static_cast<float>(a.weight_decay);
+  p.grad_scale = static_cast<float>(a.grad_scale);
   if (a.adamw) {
     if (state1 == nullptr || state2 == nullptr) {
       return Invalid("OptimizerStep", "AdamW needs both moment buffers");

@@ -169,7 +169,7 @@ __global__ void OptimizerKernel(OptimizerParams p, float* __restrict__ param,
                                 float* __restrict__ v, int64_t count) {
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float w = param[i], g = grad[i];
+    const float w = param[i], g = grad[i] * p.grad_scale;
     if (p.adamw) {
       const float mi = p.beta1 * m[i] + (1.f - p.beta1) * g;
       const float vi = p.beta2 * v[i] + (1.f - p.beta2) * g * g;

@@ -106,6 +106,7 @@ struct OptimizerParams {
   bool adamw = false;
   float lr = 0, momentum = 0, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0;
   float bias_correction1 = 1, bias_correction2 = 1;  // 1 - beta^step (AdamW)
+  float grad_scale = 1;  // the gradient is used times this (Backend::OptimizerArgs)
 };
 int LaunchOptimizerStep(const OptimizerParams& p, float* param, const float* grad,
                         float* state1, float* state2, int64_t count, void* stream);

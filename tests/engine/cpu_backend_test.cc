@@ -268,6 +268,16 @@ TEST_F(CpuBackendTest, Optimizers) {
   adam.adamw = true, adam.lr = 0.01, adam.weight_decay = 0.1, adam.step = 1;
   ASSERT_TRUE(backend_->OptimizerStep(adam, p.data(), g.data(), m.data(), v.data(), 1).ok());
   EXPECT_NEAR(p[0], 1.0 - 0.01 * (1.0 + 0.1), 1e-6);
+  // grad_scale (data-parallel mean over ranks) scales the gradient, not the weight decay.
+  p = {1.0f}, m = {0.0f}, v = {0.0f};
+  Backend::OptimizerArgs scaled;
+  scaled.lr = 0.1, scaled.weight_decay = 0.1, scaled.grad_scale = 0.25;
+  ASSERT_TRUE(backend_->OptimizerStep(scaled, p.data(), g.data(), nullptr, nullptr, 1).ok());
+  EXPECT_FLOAT_EQ(p[0], 1.0f - 0.1f * (0.125f + 0.1f));
+  adam.grad_scale = 0.25;
+  ASSERT_TRUE(backend_->OptimizerStep(adam, p.data(), g.data(), m.data(), v.data(), 1).ok());
+  EXPECT_FLOAT_EQ(m[0], 0.1f * 0.125f);
+  EXPECT_FLOAT_EQ(v[0], 0.001f * 0.125f * 0.125f);
 }
 
 TEST_F(CpuBackendTest, MemoryAccountingAndCopies) {

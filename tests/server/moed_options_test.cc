@@ -98,6 +98,8 @@ TEST(MoedOptionsTest, RefusesNonPositiveTimingAndSizeFlags) {
                 "--collective_timeout_ms must be > 0, got -1");
   ExpectRefused([](MoedOptions& o) { o.service.step_timeout = absl::ZeroDuration(); },
                 "--step_timeout_ms");
+  ExpectRefused([](MoedOptions& o) { o.service.dp_step_timeout = absl::ZeroDuration(); },
+                "--dp_step_timeout_ms must be > 0");
   ExpectRefused([](MoedOptions& o) { o.service.overdue_call_limit = absl::ZeroDuration(); },
                 "--overdue_call_limit_s");
   ExpectRefused([](MoedOptions& o) { o.service.handler_threads = 0; }, "--handler_threads");

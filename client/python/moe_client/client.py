@@ -289,21 +289,27 @@ class Client:
     def zero_gradients(self, layer, timeout=None):
         self._call("ZeroGradients", moe_pb2.ZeroGradientsRequest(layer=layer), timeout)
 
-    def apply_optimizer(self, layer, sgd=None, adamw=None, timeout=None):
+    def apply_optimizer(self, layer, sgd=None, adamw=None, timeout=None, num_ranks=0, rank=0,
+                        step=0, run_id=""):
         """One optimizer step on the server, then gradients are zeroed. Exactly one of
         sgd={"lr":..., "momentum":..., "weight_decay":...} or
         adamw={"lr":..., "beta1":..., "beta2":..., "eps":..., "weight_decay":...}
-        (dicts or the moe_pb2 messages)."""
+        (dicts or the moe_pb2 messages). Returns the ApplyOptimizerResponse.
+
+        num_ranks > 1: data-parallel step `step` of run `run_id`, called by every rank
+        0..num_ranks-1; the server steps once, on the mean of the ranks' gradients, when all
+        called, and every call waits until then (README "Training with several ranks")."""
         if (sgd is None) == (adamw is None):
             raise TypeError("apply_optimizer needs exactly one of sgd=, adamw=")
-        request = moe_pb2.ApplyOptimizerRequest(layer=layer)
+        request = moe_pb2.ApplyOptimizerRequest(layer=layer, num_ranks=num_ranks, rank=rank,
+                                                step=step, run_id=run_id)
         if sgd is not None:
             request.sgd.CopyFrom(sgd if isinstance(sgd, moe_pb2.SgdOptimizer)
                                  else moe_pb2.SgdOptimizer(**sgd))
         else:
             request.adamw.CopyFrom(adamw if isinstance(adamw, moe_pb2.AdamWOptimizer)
                                    else moe_pb2.AdamWOptimizer(**adamw))
-        self._call("ApplyOptimizer", request, timeout)
+        return self._call("ApplyOptimizer", request, timeout)
 
     def update_expert_bias(self, layer, rate, timeout=None):
         """Aux-loss-free balancing step; returns the new expert bias [E] (list of floats)."""

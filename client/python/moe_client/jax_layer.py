@@ -26,6 +26,10 @@ Contract (as RemoteMoE):
   for a dropped residual.
 - The callbacks are side-effecting host calls: do not jit-compile a function that vmaps over
   this layer, and expect one RPC per call, not per traced use.
+- jit: ordered io_callback is allowed under jax.jit. pmap / vmap (and shard_map): JAX refuses
+  ordered effects there with its own error; this file adds no check of its own. Data parallel:
+  one process per rank, each calling Client.apply_optimizer(..., num_ranks=N, rank=r, step=s,
+  run_id=...) (client/python/README.md "Training with several ranks").
 """
 
 import threading

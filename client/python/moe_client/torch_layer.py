@@ -22,13 +22,35 @@ Contract:
 - backward through the same graph more than once (retain_graph=True, gradcheck) works: the
   server supports one Backward per step, so later backwards re-run Forward on the saved input
   (the server is deterministic, so the answer is identical) and use the new step.
-- The layer's own parameters (gate, wi, wo, biases) and their gradients stay on the server:
-  the module has no local parameters. step() / zero_grad() map to ApplyOptimizer /
-  ZeroGradients; a parent model's zero_grad() does not reach the server (ApplyOptimizer zeroes
-  the server's gradients itself).
+- The layer's own parameters (gate, wi, wo, biases) and their gradients stay on the server.
+  step() / zero_grad() map to ApplyOptimizer / ZeroGradients. The module's one local
+  parameter, `grad_marker` (a scalar used for nothing else), tells when a parent's zero_grad()
+  or a torch optimizer's zero_grad() ran: every backward gives it a gradient of 2**-64 (too
+  small to matter to gradient clipping or an optimizer), and when the next backward or step()
+  finds that gradient reset (None or 0) while the server holds gradients of this process'
+  backwards since its last step, it sends ZeroGradients first. So a parent's zero_grad()
+  reaches the server, lazily. With several data-parallel ranks that is an error instead
+  (RuntimeError): the server's gradients are shared by every rank.
+- state_dict() / load_state_dict() carry the layer's weights (GetWeights / SetWeights, in
+  chunks), under the module's prefix and the server's parameter names ("ffn.gate",
+  "ffn.wi", ...), as fp32 CPU tensors; the optimizer state stays on the server. With
+  checkpoint_state="NAME" they carry a reference instead: state_dict() saves the layer
+  (weights and optimizer state) as server checkpoint NAME inside moed's --checkpoint_root and
+  holds the string under "<prefix>checkpoint"; load_state_dict() loads that checkpoint.
+- torch.autocast: an fp32/fp16/bf16 x is cast to autocast's dtype first, so under
+  autocast(dtype=torch.bfloat16) the wire carries BF16 and out is bf16, as autocast expects
+  of a linear layer (fp16: sent as FP32, out fp16). aux_loss / z_loss stay fp32.
+- torch.compile (PyTorch >= 2.1): forward is wrapped in torch.compiler.disable, so the layer
+  is meant to be one explicit graph break that runs eagerly while the model's other parts
+  compile. Untested: Debian's PyTorch 1.13 has no torch.compile (the wrapper is then a no-op),
+  and examples/compile_check.py, which checks it, has not been run on a PyTorch 2 machine.
 - The wire carries FP32 or BF16: fp64 inputs are sent as fp32 (the server computes in fp32)
   and the results cast back; bf16 inputs travel as bf16. Tensors on a GPU are copied to the
   host for the wire and the results copied back to x's device.
+- Data parallel: under torch.distributed with a world of N > 1 processes (torchrun), step()
+  is the data-parallel ApplyOptimizer of step number 0, 1, 2, ... (counted by the module) for
+  N ranks: the server steps once, on the mean of the ranks' gradients, when every rank called
+  (README "Training with several ranks").
 """
 
 import logging
@@ -39,6 +61,7 @@ import torch
 
 from moe_client import codec
 from moe_client.client import Client
+from moe_client.data_parallel import DataParallelRanks
 from moe_client.errors import AlreadyExists
 from moe_client.shared_memory import ShmStepper
 
@@ -47,6 +70,32 @@ _log = logging.getLogger("moe_client")
 # How long a background ReleaseStep may take before it is abandoned (the server also frees
 # steps of a deleted layer, and a lost release only costs server memory until then).
 _RELEASE_TIMEOUT_S = 5.0
+
+# The gradient each backward gives grad_marker: non-zero, so a reset is seen, and negligible
+# in a gradient norm (clipping) or an fp16 GradScaler's unscaling.
+_MARKER_GRAD = 2.0 ** -64
+
+
+def _eager_under_compile(fn):
+    """torch.compile (PyTorch >= 2.1) runs `fn` eagerly, a graph break: its RPCs cannot be
+    traced. PyTorch 1.x has no torch.compile: `fn` as is."""
+    compiler = getattr(torch, "compiler", None)
+    return compiler.disable(fn) if hasattr(compiler, "disable") else fn
+
+
+def _autocast_dtype(device_type):
+    """The dtype torch.autocast casts to on `device_type` now, or None when it is off."""
+    if hasattr(torch, "get_autocast_dtype"):  # PyTorch >= 2.4
+        try:
+            enabled = torch.is_autocast_enabled(device_type)
+        except (TypeError, RuntimeError):
+            return None
+        return torch.get_autocast_dtype(device_type) if enabled else None
+    if device_type == "cpu":
+        return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+    if device_type == "cuda":
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    return None
 
 
 def _release(client, layer, step_id, state):
@@ -114,14 +163,15 @@ def _run_forward(module, x2d, keep):
 
 
 class _RemoteMoEFunction(torch.autograd.Function):
-    """(x2d, anchor) -> (out, aux_loss, z_loss). `anchor` is a scalar that requires grad so
-    that backward runs even when x does not require grad (the server's weights still need
-    their gradients)."""
+    """(x2d, anchor) -> (out, aux_loss, z_loss). `anchor` is the module's grad_marker, a
+    scalar that requires grad: backward runs even when x does not require grad (the server's
+    weights still need their gradients), and its gradient shows a later zero_grad()."""
 
     @staticmethod
     def forward(ctx, x2d, anchor, module):
         out, aux, z, step_id = _run_forward(module, x2d, keep=True)
         ctx.module = module
+        ctx.anchor = (anchor.dtype, anchor.device)
         ctx.step = _Step(module.client, module.name, step_id)
         ctx.save_for_backward(x2d)
         loss_dtype = _loss_dtype(x2d.dtype)
@@ -133,6 +183,7 @@ class _RemoteMoEFunction(torch.autograd.Function):
     def backward(ctx, d_out, d_aux, d_z):
         module = ctx.module
         (x2d,) = ctx.saved_tensors
+        module._zero_server_if_reset()
         step = ctx.step
         if not step.consume():  # a second backward through this graph: run Forward again
             _, _, _, step_id = _run_forward(module, x2d, keep=True)
@@ -148,14 +199,17 @@ class _RemoteMoEFunction(torch.autograd.Function):
             d_x = codec.to_torch(module.client.backward(
                 module.name, step.step_id, d_out, d_aux=float(d_aux), d_z_loss=float(d_z),
                 datatype=datatype, raw=True))
-        return d_x.to(device=x2d.device, dtype=x2d.dtype), None, None
+        module._server_has_grads = True
+        d_anchor = torch.full((), _MARKER_GRAD, dtype=ctx.anchor[0], device=ctx.anchor[1])
+        return d_x.to(device=x2d.device, dtype=x2d.dtype), d_anchor, None
 
 
 class RemoteMoE(torch.nn.Module):
     """A moed MoE layer used like a local module (see the module docstring)."""
 
     def __init__(self, client, name, create="if_missing", config=None, optimizer=None,
-                 shared_memory=False, **config_fields):
+                 shared_memory=False, data_parallel="auto", checkpoint_state=None,
+                 **config_fields):
         """client: a Client or an address. name: the layer's name on the server.
 
         create: True creates the layer (ALREADY_EXISTS if it exists), False attaches to an
@@ -168,13 +222,25 @@ class RemoteMoE(torch.nn.Module):
         (moe_client.shared_memory) instead of the socket when the server can use it: moed on
         this host with --allow_client_shm. Otherwise (another host, the flag off) the module
         uses gRPC as usual; `module.uses_shared_memory` says which.
+        data_parallel: "auto" makes step() a data-parallel step when torch.distributed is
+        initialised with more than one process; False never; True requires it.
+        checkpoint_state: None, or a checkpoint name inside moed's --checkpoint_root that
+        state_dict() saves to and load_state_dict() loads from (a reference in the state
+        dict instead of the weights; includes the optimizer state).
         """
         super().__init__()
         self.client = client if isinstance(client, Client) else Client(client)
         self.name = name
         self.optimizer = optimizer
+        self.data_parallel = data_parallel
+        self.checkpoint_state = checkpoint_state
         self.last_z_loss = None
         self.last_tokens_per_expert = None
+        self.grad_marker = torch.nn.Parameter(torch.zeros(()))
+        self._server_has_grads = False  # this process' backwards since the last step / zero
+        self._ranks = None  # DataParallelRanks, found at the first data-parallel step()
+        self._shared_by_ranks = False  # a data-parallel step() ran: other ranks share the grads
+        self._next_step = 0  # the data-parallel step number step() sends next
         if config is None and config_fields:
             from moe_client.client import layer_config
             config = layer_config(**config_fields)
@@ -207,14 +273,17 @@ class RemoteMoE(torch.nn.Module):
                                      (self.name, field.name, have, value))
         return info
 
+    @_eager_under_compile
     def forward(self, x, return_z_loss=False):
         # A wrong last dimension goes to the server as is: it answers INVALID_ARGUMENT, raised
         # here as moe_client.InvalidArgument with the gRPC code.
+        cast = _autocast_dtype(x.device.type)
+        if cast is not None and x.dtype in (torch.float32, torch.float16, torch.bfloat16):
+            x = x.to(cast)
         shape = x.shape
         x2d = x.reshape(-1, x.shape[-1]) if x.dim() > 0 else x
         if torch.is_grad_enabled():
-            anchor = torch.zeros((), requires_grad=True)
-            out, aux, z = _RemoteMoEFunction.apply(x2d, anchor, self)
+            out, aux, z = _RemoteMoEFunction.apply(x2d, self.grad_marker, self)
         else:
             out, aux, z, _ = _run_forward(self, x2d, keep=False)
             loss_dtype = _loss_dtype(x2d.dtype)
@@ -224,19 +293,72 @@ class RemoteMoE(torch.nn.Module):
         self.last_z_loss = float(z)
         return (out, aux, z) if return_z_loss else (out, aux)
 
-    def step(self, sgd=None, adamw=None):
+    def step(self, sgd=None, adamw=None, step=None, num_ranks=None, rank=None, run_id=None,
+             timeout=None):
         """ApplyOptimizer with the given optimizer, or the constructor's default; zeroes the
-        server's gradients afterwards."""
+        server's gradients afterwards. Returns the server's ApplyOptimizerResponse.
+
+        Data parallel (see __init__'s data_parallel): the step number is `step`, else the
+        module's count of its data-parallel steps (0, 1, ...). num_ranks / rank / run_id
+        given explicitly replace what torch.distributed says (num_ranks <= 1: a plain step).
+        A data-parallel call waits for the other ranks: give a `timeout` (seconds) long
+        enough for the slowest rank to arrive."""
         if sgd is None and adamw is None:
             if not self.optimizer:
                 raise TypeError("step() needs sgd= or adamw= (or optimizer= at construction)")
             sgd, adamw = self.optimizer.get("sgd"), self.optimizer.get("adamw")
-        self.client.apply_optimizer(self.name, sgd=sgd, adamw=adamw)
+        self._zero_server_if_reset()
+        ranks = self._data_parallel_ranks(num_ranks, rank, run_id)
+        if ranks is None:
+            answer = self.client.apply_optimizer(self.name, sgd=sgd, adamw=adamw,
+                                                 timeout=timeout)
+        else:
+            number = self._next_step if step is None else step
+            answer = self.client.apply_optimizer(
+                self.name, sgd=sgd, adamw=adamw, timeout=timeout, num_ranks=ranks.num_ranks,
+                rank=ranks.rank, step=number, run_id=ranks.run_id())
+            self._next_step = number + 1
+            self._shared_by_ranks = True
+        self._server_has_grads = False
+        return answer
+
+    def _data_parallel_ranks(self, num_ranks, rank, run_id):
+        if num_ranks is not None:
+            if num_ranks <= 1:
+                return None
+            return DataParallelRanks(num_ranks, rank or 0, run_id or "")
+        if self.data_parallel is False:
+            return None
+        if self._ranks is None:
+            self._ranks = DataParallelRanks.from_torch_distributed()
+            if self._ranks is None and self.data_parallel is True:
+                raise RuntimeError("RemoteMoE(data_parallel=True): torch.distributed is not "
+                                   "initialised with more than one process")
+        return self._ranks
+
+    def _zero_server_if_reset(self):
+        """A zero_grad() of a parent module or optimizer since this process' last backward
+        reset grad_marker's gradient: the server's gradients of those backwards go too."""
+        if not self._server_has_grads:
+            return
+        grad = self.grad_marker.grad
+        if grad is not None and bool(grad.detach().ne(0).any()):
+            return
+        if self._shared_by_ranks or (self.data_parallel is not False and
+                                     DataParallelRanks.from_torch_distributed() is not None):
+            raise RuntimeError(
+                "RemoteMoE %r: zero_grad() ran between a backward and step() under data "
+                "parallel training; the server's gradients are the sum over every rank and "
+                "cannot be zeroed for this rank alone (call zero_grad() after step(), or "
+                "moe.client.zero_gradients() on purpose)" % self.name)
+        self.client.zero_gradients(self.name)
+        self._server_has_grads = False
 
     def zero_grad(self, set_to_none=True):
         """ZeroGradients on the server (and the usual zero_grad of local submodules)."""
         super().zero_grad(set_to_none=set_to_none)
         self.client.zero_gradients(self.name)
+        self._server_has_grads = False
 
     def weights(self):
         """{name: fp32 numpy array} of the layer's parameters (GetWeights)."""
@@ -244,7 +366,37 @@ class RemoteMoE(torch.nn.Module):
 
     def gradients(self):
         """{name: fp32 numpy array} of the accumulated gradients (GetGradients)."""
+        self._zero_server_if_reset()
         return self.client.get_gradients(self.name)
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        # grad_marker is bookkeeping, not state: never saved.
+        if self.checkpoint_state is not None:
+            destination[prefix + "checkpoint"] = self.client.save_checkpoint(
+                self.name, self.checkpoint_state)
+            return
+        for name, array in self.client.get_weights(self.name).items():
+            destination[prefix + name] = torch.from_numpy(array)
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
+                              unexpected_keys, error_msgs):
+        ours = {key[len(prefix):]: value for key, value in state_dict.items()
+                if key.startswith(prefix) and "." not in key[len(prefix):]}
+        ours.pop("grad_marker", None)  # tolerated, never used
+        if "checkpoint" in ours:
+            self.client.load_checkpoint(self.name, ours.pop("checkpoint"))
+            unexpected_keys.extend(prefix + name for name in ours)
+            return
+        names = [p.name for p in self.info.parameters]
+        tensors = {}
+        for name in names:
+            if name in ours:
+                tensors[name] = ours.pop(name).detach().to("cpu", torch.float32).numpy()
+            else:
+                missing_keys.append(prefix + name)
+        unexpected_keys.extend(prefix + name for name in ours)
+        if tensors:  # one SetWeights: all of them or none
+            self.client.set_weights(self.name, tensors)
 
     def extra_repr(self):
         c = self.info.config
