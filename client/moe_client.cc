@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 #include <random>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -140,6 +141,9 @@ absl::StatusOr<std::unique_ptr<MoeClient>> MoeClient::Connect(const std::string&
     return absl::InvalidArgumentError(absl::StrCat("cannot create a channel to ", target));
   }
   // Lanes: channels whose arguments differ get connections of their own.
+  if (options.lanes <= 0) {
+    options.lanes = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+  }
   std::vector<std::shared_ptr<grpc::Channel>> lanes;
   for (int i = 0; options.lanes > 1 && i < options.lanes; ++i) {
     grpc::ChannelArguments lane_args = args;

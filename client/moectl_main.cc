@@ -36,10 +36,11 @@ ABSL_FLAG(std::string, layer, "",
 ABSL_FLAG(int64_t, tokens, 32, "T: tokens of a random input (forward, backward, smoke, bench).");
 ABSL_FLAG(std::string, dtype, "fp32", "Datatype of random inputs: fp32|bf16.");
 ABSL_FLAG(uint64_t, input_seed, 1, "Seed of random inputs (x, d_out).");
-ABSL_FLAG(int32_t, lanes, 4,
+ABSL_FLAG(int32_t, lanes, 0,
           "Forward / Backward tensors of --lane_min_bytes or more go, and come back, in row "
           "ranges over this many connections at once (moed's StageTensor / FetchStaged; a "
-          "moed with --shm_relay=false gets them in the step); 1: one connection");
+          "moed with --shm_relay=false gets them in the step); 1: one connection; 0: half "
+          "this host's cores, 1 to 8");
 ABSL_FLAG(int64_t, lane_min_bytes, int64_t{4} << 20,
           "smallest tensor (bytes) sent over --lanes connections");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
@@ -135,7 +136,7 @@ absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags() {
   options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
   options.max_message_bytes = static_cast<int>(
       std::clamp<int64_t>(absl::GetFlag(FLAGS_max_message_bytes), int64_t{1} << 16, INT32_MAX));
-  options.lanes = std::clamp(absl::GetFlag(FLAGS_lanes), 1, 64);
+  options.lanes = std::clamp(absl::GetFlag(FLAGS_lanes), 0, 64);
   options.lane_min_bytes = absl::GetFlag(FLAGS_lane_min_bytes);
   return MoeClient::Connect(target, options);
 }
