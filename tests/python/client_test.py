@@ -104,6 +104,31 @@ class ClientTest(unittest.TestCase):
             with self.assertRaises(NotFound):
                 tiny.forward("nope", x)
 
+    def test_steps_over_lanes_equal_one_call(self):
+        # A client with 4 lanes and no size threshold stages x / d_out in row ranges over 4
+        # connections (StageTensor) and fetches out / d_x the same way (FetchStaged); the
+        # results equal the one-call path's bit for bit, in FP32 and BF16.
+        self.client.create_layer("lanes", hidden=32, ffn=16, num_experts=4, top_k=2, init_seed=5)
+        rng = np.random.default_rng(4)
+        x = rng.standard_normal((37, 32)).astype(np.float32)
+        d_out = rng.standard_normal((37, 32)).astype(np.float32)
+        with Client(CLUSTER.address, timeout=30, lanes=1) as one, \
+                Client(CLUSTER.address, timeout=30, lanes=4, lane_min_bytes=0) as lanes:
+            self.assertEqual(len(lanes._lanes), 4)
+            for datatype in (None, "BF16"):
+                a = one.forward("lanes", x, keep_for_backward=True, datatype=datatype)
+                b = lanes.forward("lanes", x, keep_for_backward=True, datatype=datatype)
+                self.assertEqual(b.out.tobytes(), a.out.tobytes())
+                self.assertEqual(b.aux_loss, a.aux_loss)
+                self.assertEqual(b.tokens_per_expert, a.tokens_per_expert)
+                d_a = one.backward("lanes", a.step_id, d_out, datatype=datatype)
+                d_b = lanes.backward("lanes", b.step_id, d_out, datatype=datatype)
+                self.assertEqual(d_b.tobytes(), d_a.tobytes())
+            self.assertEqual(lanes.steps_over_lanes, 4)
+            self.assertEqual(one.steps_over_lanes, 0)
+            with self.assertRaises(NotFound):
+                lanes.forward("nope", x)
+
     def test_expert_bias(self):
         self.client.create_layer("eb", hidden=8, ffn=16, num_experts=4, top_k=2,
                                  score_function="sigmoid", use_expert_bias=True)

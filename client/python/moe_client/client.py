@@ -14,7 +14,10 @@ numpy arrays (see codec.py for dtypes and copies); chunked streams are split and
 """
 
 import collections
+import concurrent.futures
+import itertools
 import os
+import secrets
 
 import grpc
 
@@ -89,12 +92,18 @@ class _Health:
 _STEP_HEADROOM = 64 << 10
 
 
+def _row_bytes(head):
+    """Bytes of one row of a [rows, hidden] tensor head (datatype, shape)."""
+    return head.shape[1] * codec.element_size(head.datatype)
+
+
 class Client:
     """A connection to moed. Thread-safe (a gRPC channel and stub are)."""
 
     def __init__(self, address=None, timeout=60.0, max_message_bytes=256 << 20,
                  chunk_bytes=1 << 20, channel=None, token=None, tls_ca_file=None,
-                 tls_cert_file=None, tls_key_file=None, tls_server_name=None):
+                 tls_cert_file=None, tls_key_file=None, tls_server_name=None, lanes=0,
+                 lane_min_bytes=4 << 20):
         """address: host:port (default $MOED_SERVER, else localhost:50051). timeout: default
         deadline of every call, s. token: bearer token for moed --tokens_file (default
         $MOED_TOKEN). tls_ca_file: PEM roots that signed moed's certificate (default
@@ -103,7 +112,11 @@ class Client:
         against moed's certificate when it differs from the address's host. max_message_bytes:
         largest message sent, at most moed's --max_message_bytes (both default to 256 MiB);
         forward/backward whose tensor does not fit in one message go through
-        ForwardStream/BackwardStream in pieces, so tensors of any size work."""
+        ForwardStream/BackwardStream in pieces, so tensors of any size work. lanes,
+        lane_min_bytes: a forward/backward tensor of lane_min_bytes or more goes, and its answer
+        comes back, as row ranges over `lanes` connections at once (StageTensor / FetchStaged,
+        proto/moe.proto "Staged tensors"; as the C++ client); 0: half this host's cores, 1 to
+        8; 1: one connection. A server that refuses staging gets the tensor in the step."""
         self.address = address or os.environ.get("MOED_SERVER") or DEFAULT_ADDRESS
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
@@ -115,6 +128,8 @@ class Client:
                    ("grpc.http2.max_frame_size", (16 << 20) - 1),  # server/bulk_transport.h
                    ("grpc.http2.lookahead_bytes", 64 << 20)]
         tls_ca_file = tls_ca_file or os.environ.get("MOED_TLS_CA_FILE")
+        own_channel = channel is None  # lanes need channels of our own
+        credentials = None
         if channel is None and tls_ca_file:
             def read(path):
                 with open(path, "rb") as f:
@@ -127,15 +142,32 @@ class Client:
                 certificate_chain=read(tls_cert_file) if tls_cert_file else None)
             if tls_server_name:
                 options.append(("grpc.ssl_target_name_override", tls_server_name))
-            channel = grpc.secure_channel(self.address, credentials, options=options)
-        self._channel = channel or grpc.insecure_channel(self.address, options=options)
+
+        def make_channel(extra):
+            if credentials is not None:
+                return grpc.secure_channel(self.address, credentials, options=options + extra)
+            return grpc.insecure_channel(self.address, options=options + extra)
+        self._channel = channel or make_channel([])
         self._stub = moe_pb2_grpc.MoeServiceStub(self._channel)
+        if lanes <= 0:
+            lanes = min(8, max(1, (os.cpu_count() or 2) // 2))
+        # One connection per lane (a distinct channel argument); none with a caller's channel.
+        self._lane_channels = [] if not own_channel or lanes <= 1 else [
+            make_channel([("moed.client.lane", i)]) for i in range(lanes)]
+        self._lanes = [moe_pb2_grpc.MoeServiceStub(c) for c in self._lane_channels]
+        self.lane_min_bytes = lane_min_bytes
+        self._staged_prefix = "p" + secrets.token_hex(8)
+        self._staged_counter = itertools.count()
+        self._lanes_refused = False
+        self.steps_over_lanes = 0  # steps whose tensors went over the lanes
         self._health = self._channel.unary_unary(
             "/grpc.health.v1.Health/Check", request_serializer=_Health.encode,
             response_deserializer=_Health.decode)
 
     def close(self):
         self._channel.close()
+        for lane in self._lane_channels:
+            lane.close()
 
     def __enter__(self):
         return self
@@ -160,10 +192,16 @@ class Client:
             raise from_rpc_error(e, rpc) from None
 
     def _step(self, rpc, request, field, answer_field, timeout):
-        """Forward / Backward: unary when the request's tensor `field` fits in one message,
-        else the streaming call (proto/moe.proto: ForwardStream) with the tensor's raw_data
-        in pieces; the answer's `answer_field` raw_data pieces are joined."""
+        """Forward / Backward: over lanes for a tensor of lane_min_bytes or more (_step_staged);
+        unary when the request's tensor `field` fits in one message, else the streaming call
+        (proto/moe.proto: ForwardStream) with the tensor's raw_data in pieces; the answer's
+        `answer_field` raw_data pieces are joined."""
         raw = getattr(request, field).raw_data
+        if (self._lanes and not self._lanes_refused and len(raw) >= self.lane_min_bytes
+                and len(getattr(request, field).shape) == 2):
+            answer = self._step_staged(rpc, request, field, answer_field, timeout)
+            if answer is not None:
+                return answer
         if len(raw) + _STEP_HEADROOM <= self.max_message_bytes:
             return self._call(rpc, request, timeout)
         piece = max(self.max_message_bytes - _STEP_HEADROOM, 4096)
@@ -189,6 +227,64 @@ class Client:
             tensor = getattr(first, answer_field)
             tensor.raw_data = b"".join([tensor.raw_data] + rest)
         return first
+
+    # ---- over several connections (proto/moe.proto "Staged tensors") ----
+    def _parts(self, rows, row_bytes):
+        """Row ranges: one per lane at least, none above a message."""
+        per_part = max(1, (self.max_message_bytes - _STEP_HEADROOM) // max(row_bytes, 1))
+        n = max(1, min(rows, max(len(self._lanes), -(-rows // per_part))))
+        bounds = [rows * i // n for i in range(n + 1)]
+        return list(zip(bounds[:-1], bounds[1:]))
+
+    def _on_lanes(self, rpc, requests, timeout):
+        """Sends requests[i] on lane i % lanes, concurrently; the answers in order."""
+        def call(i):
+            return getattr(self._lanes[i % len(self._lanes)], rpc)(
+                requests[i], timeout=timeout or self.timeout, metadata=self._metadata,
+                wait_for_ready=rpc == "FetchStaged")
+        with concurrent.futures.ThreadPoolExecutor(len(self._lanes)) as pool:
+            return list(pool.map(call, range(len(requests))))
+
+    def _step_staged(self, rpc, request, field, answer_field, timeout):
+        """Stages the tensor in row ranges over the lanes, runs the step on it with its
+        output kept, fetches the output the same way. None when the server asks for the
+        tensor in the step instead (staging off or full, a lane not connecting)."""
+        tensor = getattr(request, field)
+        rows, hidden = tensor.shape
+        row_bytes = len(tensor.raw_data) // max(rows, 1)
+        name_in = "%s-%d" % (self._staged_prefix, next(self._staged_counter))
+        name_out = "%s-%d" % (self._staged_prefix, next(self._staged_counter))
+        parts = self._parts(rows, row_bytes)
+        stage = [moe_pb2.StageTensorRequest(
+            name=name_in, total_rows=rows, row_offset=a,
+            rows=moe_pb2.Tensor(datatype=tensor.datatype, shape=[b - a, hidden],
+                                raw_data=tensor.raw_data[a * row_bytes:b * row_bytes]))
+            for a, b in parts]
+        try:
+            self._on_lanes("StageTensor", stage, timeout)
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+                self._lanes_refused = True
+            if e.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                            grpc.StatusCode.UNAVAILABLE):
+                return None
+            raise from_rpc_error(e, "StageTensor") from None
+        staged = type(request)()
+        staged.CopyFrom(request)
+        staged.ClearField(field)
+        setattr(staged, field + "_staged", name_in)
+        setattr(staged, answer_field + "_staged", name_out)
+        answer = self._call(rpc, staged, timeout)
+        head = getattr(answer, answer_field)
+        fetch = [moe_pb2.FetchStagedRequest(name=name_out, row_offset=a, rows=b - a)
+                 for a, b in self._parts(head.shape[0], _row_bytes(head))]
+        try:
+            pieces = self._on_lanes("FetchStaged", fetch, timeout)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, "FetchStaged") from None
+        head.raw_data = b"".join(p.rows.raw_data for p in pieces)
+        self.steps_over_lanes += 1
+        return answer
 
     # ---- layers ----
     def create_layer(self, name, config=None, timeout=None, **fields):
