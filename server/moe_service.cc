@@ -525,6 +525,7 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
     absl::MutexLock lock(&layer->mu);
     layer->saved.Clear();
     layer->accumulated.assign(layer->config.num_experts, 0);
+    layer->gradients_dropped = true;
     if (!reloaded.ok()) layer->durable_error = std::string(reloaded.message());
     if (!restore && (!durable || !reloaded.ok())) layer->weights_reset = true;
     if (!restore && durable && reloaded.ok()) layer->weights_reset = false;
