@@ -452,6 +452,11 @@ class MoeServiceImpl final : public MoeServiceBase {
   absl::Status CommitStage(Turn& turn, const char* method, uint64_t stage_id);
   void AbortStage(Turn& turn, uint64_t stage_id, const absl::Status& why);
   v1::LayerInfo Info(const Layer& layer) const;
+  // RecreateLayers: whether `layer` keeps the weights its workers hold (it is on every worker
+  // of the new set, was not restored from the store by this moed, and is not a durable layer
+  // with diverged parameters, which reloads its durable state instead). *durable: whether it
+  // has durable state to reload.
+  bool KeepsWeights(Layer& layer, bool on_every_worker, bool* durable) const;
   // ApplyOptimizer's expected_optimizer_step (proto/moe.proto): ABORTED unless the layer is
   // at `expected` with its gradients intact (not dropped since the last step or zeroing).
   static absl::Status CheckExpectedStep(Layer& layer, int64_t expected);
