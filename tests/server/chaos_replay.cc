@@ -38,7 +38,8 @@ absl::StatusOr<Parameters> ReplayRank(const ChaosLayer& plan, const LayerConfig&
                    MoeLayer::Create(config, backend.get(), comm.get()));
   // moed's token split: T/R rows each, one more for the first T%R ranks.
   const int64_t count = kChaosTokens / ranks + (rank < kChaosTokens % ranks ? 1 : 0);
-  const int64_t first = rank * (kChaosTokens / ranks) + std::min<int64_t>(rank, kChaosTokens % ranks);
+  const int64_t first =
+      rank * (kChaosTokens / ranks) + std::min<int64_t>(rank, kChaosTokens % ranks);
   for (int64_t step = 1; step <= steps; ++step) {
     const StepInputs inputs = ChaosInputs(plan, step);
     std::unique_ptr<StepContext> saved;
@@ -83,17 +84,16 @@ StepInputs ChaosInputs(const ChaosLayer& layer, int64_t step) {
 
 absl::StatusOr<Parameters> ReplayChaosLayer(const ChaosLayer& layer, int ranks, int64_t steps) {
   ASSIGN_OR_RETURN(const LayerConfig config, ConfigFromProto(layer.config));
-  ASSIGN_OR_RETURN(const OptimizerConfig optimizer,
-                   OptimizerFromProto(layer.optimizer.has_sgd() ? &layer.optimizer.sgd() : nullptr,
-                                      layer.optimizer.has_adamw() ? &layer.optimizer.adamw()
-                                                                  : nullptr));
+  ASSIGN_OR_RETURN(
+      const OptimizerConfig optimizer,
+      OptimizerFromProto(layer.optimizer.has_sgd() ? &layer.optimizer.sgd() : nullptr,
+                         layer.optimizer.has_adamw() ? &layer.optimizer.adamw() : nullptr));
   auto store = std::make_shared<MemoryKeyValueStore>();
   std::vector<absl::StatusOr<Parameters>> shards(ranks, Parameters());
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
-    threads.emplace_back([&, r] {
-      shards[r] = ReplayRank(layer, config, optimizer, store, r, ranks, steps);
-    });
+    threads.emplace_back(
+        [&, r] { shards[r] = ReplayRank(layer, config, optimizer, store, r, ranks, steps); });
   }
   for (std::thread& thread : threads) thread.join();
   for (const auto& shard : shards) RETURN_IF_ERROR(shard.status());

@@ -45,8 +45,9 @@ StepInputs ChaosInputs(const ChaosLayer& layer, int64_t step);
 
 // The layer's whole-layer fp32 parameters (GetWeights' names and layout) after `steps`
 // optimizer steps from init_seed, computed on `ranks` in-process ranks.
-absl::StatusOr<std::map<std::string, std::vector<float>>> ReplayChaosLayer(
-    const ChaosLayer& layer, int ranks, int64_t steps);
+absl::StatusOr<std::map<std::string, std::vector<float>>> ReplayChaosLayer(const ChaosLayer& layer,
+                                                                           int ranks,
+                                                                           int64_t steps);
 
 inline bool BitEqual(float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; }
 

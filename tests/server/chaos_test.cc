@@ -114,9 +114,9 @@ class Figures {
 struct TrainedLayer {
   ChaosLayer plan;
   std::mutex mu;
-  int64_t known_step = 0;          // the layer's optimizer step as last seen
-  int64_t acked_durable = 0;       // highest durable_optimizer_step acknowledged
-  bool needs_resync = false;       // a call failed: read the step and zero the gradients
+  int64_t known_step = 0;     // the layer's optimizer step as last seen
+  int64_t acked_durable = 0;  // highest durable_optimizer_step acknowledged
+  bool needs_resync = false;  // a call failed: read the step and zero the gradients
 };
 
 // A trainer with its own channel (short reconnect backoff: moed comes back within seconds).
@@ -173,9 +173,8 @@ class Trainer {
     if (info.optimizer_step() < layer.acked_durable ||
         info.durable_optimizer_step() < layer.acked_durable) {
       figures_->Violation(absl::StrCat(layer.plan.name, ": at step ", info.optimizer_step(),
-                                       " (durable ", info.durable_optimizer_step(),
-                                       ") after step ", layer.acked_durable,
-                                       " was acknowledged as durable"));
+                                       " (durable ", info.durable_optimizer_step(), ") after step ",
+                                       layer.acked_durable, " was acknowledged as durable"));
     }
     if (info.optimizer_step() < layer.known_step) {
       figures_->Retrained(layer.known_step - info.optimizer_step());
@@ -184,8 +183,9 @@ class Trainer {
     v1::ZeroGradientsRequest zero;
     zero.set_layer(layer.plan.name);
     v1::ZeroGradientsResponse zeroed;
-    if (!Timed("ZeroGradients", [&](auto* c) { return stub_->ZeroGradients(c, zero, &zeroed); })
-             .ok()) {
+    if (!Timed("ZeroGradients", [&](auto* c) {
+           return stub_->ZeroGradients(c, zero, &zeroed);
+         }).ok()) {
       return false;
     }
     layer.needs_resync = false;
@@ -210,8 +210,9 @@ class Trainer {
     backward.set_step_id(forwarded.step_id());
     *backward.mutable_d_out() = FloatsToProto({kChaosTokens, inputs.hidden}, inputs.d_out);
     v1::BackwardResponse backwarded;
-    if (!Timed("Backward", [&](auto* c) { return stub_->Backward(c, backward, &backwarded); })
-             .ok()) {
+    if (!Timed("Backward", [&](auto* c) {
+           return stub_->Backward(c, backward, &backwarded);
+         }).ok()) {
       Release(layer, forwarded.step_id());
       return false;
     }
@@ -223,8 +224,9 @@ class Trainer {
     apply.set_layer(layer.plan.name);
     apply.set_expected_optimizer_step(step - 1);
     v1::ApplyOptimizerResponse applied;
-    if (!Timed("ApplyOptimizer", [&](auto* c) { return stub_->ApplyOptimizer(c, apply, &applied); })
-             .ok()) {
+    if (!Timed("ApplyOptimizer", [&](auto* c) {
+           return stub_->ApplyOptimizer(c, apply, &applied);
+         }).ok()) {
       return false;
     }
     if (applied.optimizer_step() != step) {
@@ -273,9 +275,10 @@ class ChaosTest : public ::testing::Test {
     options.workers = kWorkers;
     // Pings decide liveness (a stop shorter than --worker_dead_after_ms is a slow worker, a
     // step past its deadline); durable every 3 steps so restarts roll layers back.
-    options.moed_flags = {"--state_dir=" + state_dir_, "--durable_every_steps=3",
-                          "--durable_every_s=0", absl::StrCat("--step_timeout_ms=", kStepTimeoutMs),
-                          "--worker_dead_after_ms=4000", "--metrics_listen=off"};
+    options.moed_flags = {
+        "--state_dir=" + state_dir_,   "--durable_every_steps=3",
+        "--durable_every_s=0",         absl::StrCat("--step_timeout_ms=", kStepTimeoutMs),
+        "--worker_dead_after_ms=4000", "--metrics_listen=off"};
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);
@@ -326,7 +329,8 @@ class ChaosTest : public ::testing::Test {
       Inject(fault, victim, random);
       ++faults_[FaultName(fault)];
       absl::Status serving = cluster_->WaitServing(absl::Seconds(30));
-      if (!serving.ok()) figures_.Violation(absl::StrCat(FaultName(fault), ": ", serving.message()));
+      if (!serving.ok())
+        figures_.Violation(absl::StrCat(FaultName(fault), ": ", serving.message()));
       recovery_s_.push_back(WaitRecovered(injected));
     }
     driver_done_ = true;
@@ -395,8 +399,8 @@ class ChaosTest : public ::testing::Test {
       const bool same = it != served.end() && it->second.size() == values.size() &&
                         std::equal(values.begin(), values.end(), it->second.begin(),
                                    [](float a, float b) { return BitEqual(a, b); });
-      EXPECT_TRUE(same) << layer.plan.name << "/" << name << " differs from the replay of "
-                        << steps << " steps, max rel error "
+      EXPECT_TRUE(same) << layer.plan.name << "/" << name << " differs from the replay of " << steps
+                        << " steps, max rel error "
                         << (it == served.end() ? -1 : MaxRelError(it->second, values));
     }
     return steps;
@@ -409,7 +413,8 @@ class ChaosTest : public ::testing::Test {
       return sorted.empty() ? 0.0 : sorted[std::min(sorted.size() - 1, size_t(p * sorted.size()))];
     };
     std::string kinds;
-    for (const auto& [kind, n] : faults_) absl::StrAppend(&kinds, kinds.empty() ? "" : ", ", kind, " ", n);
+    for (const auto& [kind, n] : faults_)
+      absl::StrAppend(&kinds, kinds.empty() ? "" : ", ", kind, " ", n);
     std::printf(
         "chaos: seed %u; %d clients, %zu layers; faults injected: %s\n"
         "chaos: calls failed: %s\n"
@@ -435,7 +440,8 @@ TEST_F(ChaosTest, AcknowledgedDurableStepsSurviveKillsStopsAndRestarts) {
   CreateLayers();
   const absl::Time give_up = absl::Now() + kTestBudget;
   std::vector<std::thread> clients;
-  for (int c = 0; c < kClients; ++c) clients.emplace_back([this, c, give_up] { RunClient(c, give_up); });
+  for (int c = 0; c < kClients; ++c)
+    clients.emplace_back([this, c, give_up] { RunClient(c, give_up); });
   std::thread driver([this] { RunDriver(); });
   driver.join();
   for (std::thread& client : clients) client.join();
