@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "tests/server/chaos_replay.h"
@@ -327,11 +328,10 @@ class ChaosTest : public ::testing::Test {
       const int victim = static_cast<int>(random() % kWorkers);
       const absl::Time injected = absl::Now();
       Inject(fault, victim, random);
-      ++faults_[FaultName(fault)];
       absl::Status serving = cluster_->WaitServing(absl::Seconds(30));
       if (!serving.ok())
         figures_.Violation(absl::StrCat(FaultName(fault), ": ", serving.message()));
-      recovery_s_.push_back(WaitRecovered(injected));
+      recovery_s_[FaultName(fault)].push_back(WaitRecovered(injected));
     }
     driver_done_ = true;
   }
@@ -407,14 +407,19 @@ class ChaosTest : public ::testing::Test {
   }
 
   void PrintFigures(int64_t replayed) {
-    std::vector<double> sorted = recovery_s_;
+    std::vector<double> sorted;
+    std::string kinds;
+    for (const auto& [kind, seconds] : recovery_s_) {
+      absl::StrAppend(&kinds, kinds.empty() ? "" : ", ", kind, " ", seconds.size(),
+                      " (recovered in");
+      for (double s : seconds) absl::StrAppend(&kinds, absl::StrFormat(" %.2f", s));
+      absl::StrAppend(&kinds, " s)");
+      sorted.insert(sorted.end(), seconds.begin(), seconds.end());
+    }
     std::sort(sorted.begin(), sorted.end());
     auto percentile = [&](double p) {
       return sorted.empty() ? 0.0 : sorted[std::min(sorted.size() - 1, size_t(p * sorted.size()))];
     };
-    std::string kinds;
-    for (const auto& [kind, n] : faults_)
-      absl::StrAppend(&kinds, kinds.empty() ? "" : ", ", kind, " ", n);
     std::printf(
         "chaos: seed %u; %d clients, %zu layers; faults injected: %s\n"
         "chaos: calls failed: %s\n"
@@ -432,8 +437,8 @@ class ChaosTest : public ::testing::Test {
   std::vector<std::unique_ptr<TrainedLayer>> layers_;
   Figures figures_;
   std::atomic<bool> driver_done_{false};
-  std::map<std::string, int> faults_;  // driver thread, read after it joined
-  std::vector<double> recovery_s_;     // likewise
+  // Seconds from each fault to recovery, by kind: the driver's, read after it joined.
+  std::map<std::string, std::vector<double>> recovery_s_;
 };
 
 TEST_F(ChaosTest, AcknowledgedDurableStepsSurviveKillsStopsAndRestarts) {
