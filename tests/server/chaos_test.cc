@@ -431,8 +431,8 @@ class ChaosTest : public ::testing::Test {
       first = std::min(first, i);
     }
     if (count == 0) return "no difference";
-    return absl::StrFormat("%zu of %zu elements, the first [%zu] served %.9g, replayed %.9g",
-                           count, served.size(), first, served[first], replayed[first]);
+    return absl::StrFormat("%zu of %zu elements, the first [%zu] served %.9g, replayed %.9g", count,
+                           served.size(), first, served[first], replayed[first]);
   }
 
   void PrintFigures(int64_t replayed) {
