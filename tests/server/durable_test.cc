@@ -495,6 +495,30 @@ TEST_F(DurableTest, DivergedLayerIsRepairedFromItsDurableState) {
   EXPECT_TRUE(GetWeights("v") == durable) << "the repaired layer does not hold the durable step";
 }
 
+// moed relays step tensors to workers on its host through its shared-memory buffers
+// (--shm_relay, server/relay_pool.h), whose region ids start again in every moed. Workers that
+// outlive a moed restart must not keep using their mappings of the dead moed's buffers: the
+// same input gives the same output before and after the restart (found by chaos_test).
+TEST_F(DurableTest, RelayAfterMoedRestartReadsTheNewBuffers) {
+  Start();
+  ASSERT_TRUE(client_->CreateLayer("r", TinyConfig(14)).ok());
+  const int64_t tokens = 24;
+  const Tensor x = Tensor::FromFloats({tokens, 32}, RandomFloats(tokens * 32, 5));
+  auto before = client_->Forward("r", x);
+  ASSERT_TRUE(before.ok()) << before.status();
+  // Another input through the same buffers, so that the dead moed's last bytes differ from x.
+  ASSERT_TRUE(
+      client_->Forward("r", Tensor::FromFloats({tokens, 32}, RandomFloats(tokens * 32, 6))).ok());
+  ASSERT_TRUE(cluster_->RestartMoed().ok());  // the workers stay and rejoin
+  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
+  client::CallOptions wait;
+  wait.wait_for_ready = true;
+  auto after = client_->Forward("r", x, /*keep_for_backward=*/false, wait);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(TensorFloats(after->out), TensorFloats(before->out))
+      << "a worker used a buffer of the moed that was killed";
+}
+
 TEST_F(DurableTest, DamagedCheckpointIsRefusedAndNothingChanges) {
   PrepareKilledState();
   std::vector<std::string> checkpoints = Checkpoints();
