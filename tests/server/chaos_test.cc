@@ -280,18 +280,14 @@ class ChaosTest : public ::testing::Test {
     ClusterOptions options;
     options.workers = kWorkers;
     // Pings decide liveness (a stop shorter than --worker_dead_after_ms is a slow worker, a
-    // step past its deadline); durable every 3 steps so restarts roll layers back.
-    // --shm_relay=false: with moed's shared-memory relay (the default) the AdamW layers end
-    // with NaN weights after a SIGSTOP whose steps went overdue (docs/RELIABILITY.md, "Known
-    // failure"); CHAOS_SHM_RELAY=1 runs the test with the relay to reproduce it.
-    const bool relay = std::getenv("CHAOS_SHM_RELAY") != nullptr;
+    // step past its deadline); durable every 3 steps so restarts roll layers back. Step
+    // tensors go through moed's shared-memory relay (the default with workers on its host).
     options.moed_flags = {"--state_dir=" + state_dir_,
                           "--durable_every_steps=3",
                           "--durable_every_s=0",
                           absl::StrCat("--step_timeout_ms=", kStepTimeoutMs),
                           "--worker_dead_after_ms=4000",
-                          "--metrics_listen=off",
-                          absl::StrCat("--shm_relay=", relay ? "true" : "false")};
+                          "--metrics_listen=off"};
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);
