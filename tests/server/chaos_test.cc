@@ -50,15 +50,15 @@ constexpr int kWorkers = 2;
 constexpr int kClients = 3;
 constexpr int kMinSteps = 8;  // every client's own layer reaches at least this step
 constexpr int kFaultsPerKind = 3;  // CHAOS_FAULTS_PER_KIND overrides (0: a fault-free control)
+constexpr int kStepTimeoutMs = 1500;
+constexpr absl::Duration kCallDeadline = absl::Seconds(5);
+constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(750);
+constexpr absl::Duration kTestBudget = absl::Seconds(70);  // clients stop trying after it
 
 int FaultsPerKind() {
   const char* value = std::getenv("CHAOS_FAULTS_PER_KIND");
   return value != nullptr ? std::atoi(value) : kFaultsPerKind;
 }
-constexpr int kStepTimeoutMs = 1500;
-constexpr absl::Duration kCallDeadline = absl::Seconds(5);
-constexpr absl::Duration kDeadlineSlack = absl::Milliseconds(750);
-constexpr absl::Duration kTestBudget = absl::Seconds(70);  // clients stop trying after it
 
 // Shared figures of the run and its violations. Thread-safe.
 class Figures {
