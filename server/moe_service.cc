@@ -442,6 +442,16 @@ grpc::Status MoeServiceImpl::DoGetStatus(grpc::ServerContextBase*, const v1::Get
   return Finish("GetStatus", start, absl::OkStatus());
 }
 
+bool MoeServiceImpl::KeepsWeights(Layer& layer, bool on_every_worker, bool* durable) const {
+  absl::MutexLock lock(&layer.mu);
+  *durable = options_.durable_store != nullptr && layer.durable.incarnation != 0;
+  if (!on_every_worker || layer.load_durable) return false;
+  // A durable layer whose workers may hold different parameters (a worker lost in the middle
+  // of a change, then back as the same process) is repaired from its durable state: keeping
+  // its weights would keep the mix (issue 14: "diverged" is repaired automatically).
+  return !(*durable && !layer.diverged.empty() && !layer.diverged_gradients_only);
+}
+
 absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
   absl::WriterMutexLock setup_lock(&setup_mu_);
   std::vector<std::shared_ptr<Layer>> layers;
@@ -484,14 +494,10 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
           /*collective=*/false)
       .IgnoreError();
   for (const auto& layer : layers) {
-    bool restore = true;
-    for (const auto& ids : restorable) restore = restore && ids.count(layer->id) != 0;
+    bool on_every_worker = true;
+    for (const auto& ids : restorable) on_every_worker = on_every_worker && ids.count(layer->id);
     bool durable = false;
-    {
-      absl::MutexLock lock(&layer->mu);
-      if (layer->load_durable) restore = false;
-      durable = options_.durable_store != nullptr && layer->durable.incarnation != 0;
-    }
+    const bool restore = KeepsWeights(*layer, on_every_worker, &durable);
     internal::WorkerCreateLayerRequest create;
     create.set_generation(set.generation);
     create.set_layer_id(layer->id);
@@ -525,6 +531,7 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
     absl::MutexLock lock(&layer->mu);
     layer->saved.Clear();
     layer->accumulated.assign(layer->config.num_experts, 0);
+    layer->gradients_dropped = true;
     if (!reloaded.ok()) layer->durable_error = std::string(reloaded.message());
     if (!restore && (!durable || !reloaded.ok())) layer->weights_reset = true;
     if (!restore && durable && reloaded.ok()) layer->weights_reset = false;

@@ -349,6 +349,10 @@ class MoeServiceImpl final : public MoeServiceBase {
     // Restored from the store by this moed: its first creation on the workers loads the
     // durable checkpoint, whatever instances they hold (their layer ids are another moed's).
     bool load_durable ABSL_GUARDED_BY(mu) = false;
+    // A re-formation or this moed's restore dropped the gradients since the last
+    // ZeroGradients or optimizer step: a conditional ApplyOptimizer (expected_optimizer_step)
+    // is ABORTED until one of those clears it, so no step is taken from partial gradients.
+    bool gradients_dropped ABSL_GUARDED_BY(mu) = false;
     void ClearDiverged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       diverged.clear();
       diverged_gradients_only = false;
@@ -448,6 +452,14 @@ class MoeServiceImpl final : public MoeServiceBase {
   absl::Status CommitStage(Turn& turn, const char* method, uint64_t stage_id);
   void AbortStage(Turn& turn, uint64_t stage_id, const absl::Status& why);
   v1::LayerInfo Info(const Layer& layer) const;
+  // RecreateLayers: whether `layer` keeps the weights its workers hold (it is on every worker
+  // of the new set, was not restored from the store by this moed, and is not a durable layer
+  // with diverged parameters, which reloads its durable state instead). *durable: whether it
+  // has durable state to reload.
+  bool KeepsWeights(Layer& layer, bool on_every_worker, bool* durable) const;
+  // ApplyOptimizer's expected_optimizer_step (proto/moe.proto): ABORTED unless the layer is
+  // at `expected` with its gradients intact (not dropped since the last step or zeroing).
+  static absl::Status CheckExpectedStep(Layer& layer, int64_t expected);
   // moe_service_durable.cc. After a change to the turn's layer succeeded on every worker:
   // checkpoints it into the durable store when a trigger is due (`force`: now). A failure is
   // logged and kept in LayerInfo.durable_error; the change stands. No-op without a store.

@@ -34,6 +34,7 @@ absl::Status MoeServiceImpl::RestoreDurableLayers() {
       layer->durable = record;
       layer->durable_since = now;
       layer->load_durable = true;
+      layer->gradients_dropped = true;  // whatever a client accumulated before the restart
     }
     absl::MutexLock lock(&layers_mu_);
     layers_[record.name] = layer;

@@ -390,9 +390,27 @@ grpc::Status MoeServiceImpl::DoZeroGradients(grpc::ServerContextBase* context,
         /*collective=*/false, /*gradients_only=*/true));
     absl::MutexLock lock(&turn->layer().mu);
     if (turn->layer().diverged_gradients_only) turn->layer().ClearDiverged();
+    turn->layer().gradients_dropped = false;
     return absl::OkStatus();
   };
   return Finish("ZeroGradients", start, run());
+}
+
+absl::Status MoeServiceImpl::CheckExpectedStep(Layer& layer, int64_t expected) {
+  absl::MutexLock lock(&layer.mu);
+  if (layer.optimizer_step != expected) {
+    return absl::AbortedError(absl::StrCat("layer \"", layer.name, "\" is at optimizer step ",
+                                           layer.optimizer_step, ", not ", expected,
+                                           " (expected_optimizer_step); nothing applied"));
+  }
+  if (layer.gradients_dropped) {
+    return absl::AbortedError(absl::StrCat(
+        "layer \"", layer.name,
+        "\": a re-formation or moed restart dropped its gradients since the last ZeroGradients "
+        "or optimizer step (expected_optimizer_step); nothing applied: ZeroGradients, then run "
+        "the step's Forward and Backward again"));
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status MoeServiceImpl::DoApplyOptimizer(grpc::ServerContextBase* context,
@@ -444,6 +462,9 @@ absl::Status MoeServiceImpl::ApplyOptimizerNow(grpc::ServerContextBase* context,
                                                double grad_scale,
                                                v1::ApplyOptimizerResponse* response) {
   ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(std::move(layer), context));
+  if (request.has_expected_optimizer_step()) {
+    RETURN_IF_ERROR(CheckExpectedStep(turn->layer(), request.expected_optimizer_step()));
+  }
   internal::WorkerOptimizerRequest call;
   call.set_generation(turn->set.generation);
   call.set_layer_id(turn->layer().id);
@@ -458,6 +479,10 @@ absl::Status MoeServiceImpl::ApplyOptimizerNow(grpc::ServerContextBase* context,
         return FromGrpcStatus(stub->ApplyOptimizer(ctx, call, &empty));
       },
       /*collective=*/false, /*gradients_only=*/false, /*idempotent=*/true));
+  {
+    absl::MutexLock lock(&turn->layer().mu);
+    turn->layer().gradients_dropped = false;  // the step zeroed them
+  }
   AfterChange(*turn, /*optimizer_step=*/true, /*force=*/false);
   absl::MutexLock lock(&turn->layer().mu);
   response->set_optimizer_step(turn->layer().optimizer_step);

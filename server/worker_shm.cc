@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,17 @@ struct WorkerShmMappings::Mapping {
   int fd = -1;           // kept open: the size is checked again before every access
   bool pinned = false;   // page-locked for the GPU (unpinned before munmap)
   void* cuda = nullptr;  // a CUDA region opened by IPC (base, length unused)
+  // The object as moed named it: region ids are unique for one moed only, and a worker
+  // outlives a moed restart (the next moed hands out the same ids for other objects).
+  std::string key;
+  uint64_t device = 0, inode = 0;
+  int64_t region_offset = 0;
+  std::string cuda_handle;
+  bool Names(const internal::WorkerShmSlice& slice) const {
+    return key == slice.key() && device == slice.device() && inode == slice.inode() &&
+           region_offset == slice.region_offset() && region_bytes == slice.region_byte_size() &&
+           cuda_handle == slice.cuda_handle();
+  }
   ~Mapping() {
     if (cuda != nullptr) {
       absl::Status status = OptionalCloseCudaIpcHandle(cuda);
@@ -115,6 +127,17 @@ absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::O
   return made;
 }
 
+std::shared_ptr<WorkerShmMappings::Mapping> WorkerShmMappings::CachedLocked(
+    const internal::WorkerShmSlice& slice) {
+  auto it = mappings_.find(slice.region_id());
+  if (it == mappings_.end()) return nullptr;
+  if (it->second->Names(slice)) return it->second;
+  // Another object under a known id (a mapping of a moed that was restarted): forget it; steps
+  // still holding it keep it mapped until they are done.
+  mappings_.erase(it);
+  return nullptr;
+}
+
 absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::Map(
     absl::string_view field, const internal::WorkerShmSlice& slice, char** bytes) {
   if (slice.offset() < 0 || slice.byte_size() < 0 ||
@@ -125,8 +148,7 @@ absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::M
   std::shared_ptr<Mapping> mapping;
   {
     absl::MutexLock lock(&mu_);
-    auto it = mappings_.find(slice.region_id());
-    if (it != mappings_.end()) mapping = it->second;
+    mapping = CachedLocked(slice);
     last_used_[slice.region_id()] = absl::Now();
   }
   if (mapping == nullptr) {
@@ -134,8 +156,7 @@ absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::M
     absl::MutexLock opening(&open_mu_);
     {
       absl::MutexLock lock(&mu_);
-      auto it = mappings_.find(slice.region_id());
-      if (it != mappings_.end()) mapping = it->second;
+      mapping = CachedLocked(slice);
     }
     if (mapping == nullptr) {
       if (slice.cuda_handle().empty()) {
@@ -143,8 +164,13 @@ absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::M
       } else {
         ASSIGN_OR_RETURN(mapping, OpenCuda(field, slice));
       }
+      mapping->key = slice.key();
+      mapping->device = slice.device();
+      mapping->inode = slice.inode();
+      mapping->region_offset = slice.region_offset();
+      mapping->cuda_handle = slice.cuda_handle();
       absl::MutexLock lock(&mu_);
-      mappings_.emplace(slice.region_id(), mapping);
+      mappings_[slice.region_id()] = mapping;
     }
   }
   if (mapping->cuda != nullptr) {

@@ -9,7 +9,8 @@
 // instead, and the engine's tensor views point at device memory: host<->device copies become
 // device-to-device copies, no host copy at all.
 //
-// Each region is mapped once (MAP_SHARED, read-write) and cached under moed's region id. A
+// Each region is mapped once (MAP_SHARED, read-write) and cached under moed's region id (and
+// mapped again when that id names another object: ids restart with every moed). A
 // step holds its mapping through ShmTensor::hold, so Forget (moed: no step uses the region any
 // more) or DropIdle unmaps it only after steps still using it are done.
 //
@@ -76,6 +77,10 @@ class WorkerShmMappings {
   // The region's mapping (mapped now if not cached) and the slice's bytes within it.
   absl::StatusOr<std::shared_ptr<Mapping>> Map(absl::string_view field,
                                                const internal::WorkerShmSlice& slice, char** bytes);
+  // The cached mapping of the slice's region id if it maps the object the slice names (key,
+  // device, inode, CUDA handle, size); a mapping of another object is dropped from the cache.
+  std::shared_ptr<Mapping> CachedLocked(const internal::WorkerShmSlice& slice)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<std::shared_ptr<Mapping>> MapSystem(absl::string_view field,
                                                      const internal::WorkerShmSlice& slice);
   absl::StatusOr<std::shared_ptr<Mapping>> OpenCuda(absl::string_view field,

@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -120,26 +122,9 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
     args.push_back(absl::StrCat("--cluster_secret_file=", cluster->cluster_secret_file_));
   }
   args.insert(args.end(), options.moed_flags.begin(), options.moed_flags.end());
-  absl::StatusOr<pid_t> moed = Spawn(args);
-  if (!moed.ok()) return moed.status();
-  cluster->moed_ = *moed;
-  // Wait for the port file.
-  int port = 0;
-  const absl::Time give_up = absl::Now() + absl::Seconds(20);
-  while (port == 0) {
-    std::ifstream in(port_file);
-    if (in >> port && port > 0) break;
-    port = 0;
-    if (absl::Now() > give_up) return absl::DeadlineExceededError("moed did not start");
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  cluster->address_ = absl::StrCat("127.0.0.1:", port);
-  // moed writes the internal port file before the public one.
-  int internal_port = 0;
-  if (!(std::ifstream(port_file + ".internal") >> internal_port) || internal_port <= 0) {
-    return absl::InternalError("moed wrote no --internal_port_file");
-  }
-  cluster->internal_address_ = absl::StrCat("127.0.0.1:", internal_port);
+  cluster->moed_args_ = std::move(args);
+  cluster->port_file_ = port_file;
+  if (absl::Status spawned = cluster->SpawnMoed(); !spawned.ok()) return spawned;
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(256 << 20);
   channel_args.SetMaxSendMessageSize(256 << 20);
@@ -159,6 +144,46 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
   absl::Status serving = cluster->WaitServing(absl::Seconds(30));
   if (!serving.ok()) return serving;
   return cluster;
+}
+
+absl::Status TestCluster::SpawnMoed() {
+  std::remove(port_file_.c_str());
+  std::remove((port_file_ + ".internal").c_str());
+  absl::StatusOr<pid_t> moed = Spawn(moed_args_);
+  if (!moed.ok()) return moed.status();
+  moed_ = *moed;
+  int port = 0;
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (port == 0) {
+    std::ifstream in(port_file_);
+    if (in >> port && port > 0) break;
+    port = 0;
+    if (absl::Now() > give_up) return absl::DeadlineExceededError("moed did not start");
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  address_ = absl::StrCat("127.0.0.1:", port);
+  // moed writes the internal port file before the public one.
+  int internal_port = 0;
+  if (!(std::ifstream(port_file_ + ".internal") >> internal_port) || internal_port <= 0) {
+    return absl::InternalError("moed wrote no --internal_port_file");
+  }
+  internal_address_ = absl::StrCat("127.0.0.1:", internal_port);
+  return absl::OkStatus();
+}
+
+absl::Status TestCluster::RestartMoed() {
+  KillAndReap(moed_);
+  moed_ = -1;
+  // The same ports: flags given later win over "--port=0" and the default internal_listen.
+  const std::string port = address_.substr(address_.rfind(':') + 1);
+  const std::string pinned[] = {absl::StrCat("--port=", port),
+                                absl::StrCat("--internal_listen=", internal_address_)};
+  for (const std::string& flag : pinned) {
+    if (std::find(moed_args_.begin(), moed_args_.end(), flag) == moed_args_.end()) {
+      moed_args_.push_back(flag);
+    }
+  }
+  return SpawnMoed();
 }
 
 absl::StatusOr<pid_t> TestCluster::SpawnWorker(int rank) {

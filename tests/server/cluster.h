@@ -66,6 +66,10 @@ class TestCluster {
   // answered; false if it did not stop.
   bool KillWorker(int rank, int signal);
   absl::Status RestartWorker(int rank);
+  // SIGKILLs moed and starts it again with the same flags on the same public and internal
+  // ports, so the test's channels and the running workers (which rejoin by themselves) find
+  // the new instance. Returns once it listens; WaitServing waits for the workers.
+  absl::Status RestartMoed();
   bool MoedRunning();
   // Sends `signal` to moed; with wait, reaps it and returns its exit status (-1 if signalled).
   int SignalMoed(int signal);
@@ -77,7 +81,11 @@ class TestCluster {
  private:
   TestCluster() = default;
   absl::StatusOr<pid_t> SpawnWorker(int rank);
+  // Spawns moed with moed_args_ and waits for its port files.
+  absl::Status SpawnMoed();
 
+  std::vector<std::string> moed_args_;
+  std::string port_file_;
   std::string moed_path_;
   std::string worker_path_;
   std::string address_;

@@ -111,6 +111,31 @@ class DurableTest : public ::testing::Test {
     return client_->ApplySgd(layer, sgd, {}, response);
   }
 
+  // Forward (kept) and Backward of data `seed`, without the optimizer step.
+  void ForwardBackward(const std::string& layer, uint32_t seed) {
+    const int64_t tokens = 24;
+    Tensor x = Tensor::FromFloats({tokens, 32}, RandomFloats(tokens * 32, seed));
+    auto forward = client_->Forward(layer, x, /*keep_for_backward=*/true);
+    ASSERT_TRUE(forward.ok()) << forward.status();
+    Tensor d_out = Tensor::FromFloats({tokens, 32}, RandomFloats(tokens * 32, seed + 1000));
+    ASSERT_TRUE(client_->Backward(layer, forward->step_id, d_out).ok());
+  }
+
+  // ApplyOptimizer (SGD) with expected_optimizer_step = `expected`; the layer's step after it.
+  grpc::Status ApplyExpecting(const std::string& layer, int64_t expected, int64_t* step) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    context.set_wait_for_ready(true);  // moed may just have restarted
+    v1::ApplyOptimizerRequest request;
+    request.set_layer(layer);
+    request.mutable_sgd()->set_lr(0.05);
+    request.set_expected_optimizer_step(expected);
+    v1::ApplyOptimizerResponse response;
+    grpc::Status status = client_->stub()->ApplyOptimizer(&context, request, &response);
+    *step = status.ok() ? response.optimizer_step() : Info(layer).optimizer_step();
+    return status;
+  }
+
   Weights GetWeights(const std::string& layer) {
     Weights out;
     auto weights = client_->GetWeights(layer);
@@ -392,6 +417,106 @@ TEST_F(DurableTest, ChaosKilledWorkersLoseNothingDurable) {
   ASSERT_TRUE(client_->CreateLayer("c", TinyConfig(8)).ok());
   for (uint32_t seed : kept) Train("c", seed);
   EXPECT_TRUE(GetWeights("c") == chaos) << "the chaos run's weights differ from the replay";
+}
+
+// ApplyOptimizer's expected_optimizer_step: a trainer that retries never has a step applied
+// on another step than the one it computed for, nor from gradients a re-formation or a moed
+// restart dropped (tests/server/chaos_test.cc relies on it).
+TEST_F(DurableTest, ConditionalStepRefusesAnotherStepAndDroppedGradients) {
+  Start();
+  ASSERT_TRUE(client_->CreateLayer("g", TinyConfig(12)).ok());
+  int64_t step = 0;
+  ForwardBackward("g", 1);
+  grpc::Status applied = ApplyExpecting("g", 1, &step);
+  EXPECT_EQ(applied.error_code(), grpc::StatusCode::ABORTED) << applied.error_message();
+  EXPECT_THAT(applied.error_message(), HasSubstr("at optimizer step 0, not 1"));
+  EXPECT_EQ(step, 0);
+  ASSERT_TRUE(ApplyExpecting("g", 0, &step).ok());
+  EXPECT_EQ(step, 1);
+
+  // A re-formation (a worker replaced) dropped the gradients of the step: refused until a
+  // ZeroGradients, then the step runs again.
+  ForwardBackward("g", 2);
+  auto status = client_->GetStatus();
+  ASSERT_TRUE(status.ok());
+  ASSERT_TRUE(cluster_->KillWorker(1, SIGKILL));
+  ASSERT_TRUE(cluster_->RestartWorker(1).ok());
+  ASSERT_TRUE(WaitNewGeneration(status->generation()));
+  ASSERT_EQ(Info("g").optimizer_step(), 0);  // durable every 2 steps: back to step 0
+  applied = ApplyExpecting("g", 0, &step);
+  EXPECT_EQ(applied.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(applied.error_message(), HasSubstr("dropped its gradients"));
+  EXPECT_EQ(step, 0);
+  ASSERT_TRUE(client_->ZeroGradients("g").ok());
+  ForwardBackward("g", 1);
+  ASSERT_TRUE(ApplyExpecting("g", 0, &step).ok());
+  ForwardBackward("g", 2);
+  ASSERT_TRUE(ApplyExpecting("g", 1, &step).ok());
+  EXPECT_EQ(Info("g").durable_optimizer_step(), 2);
+
+  // A moed restart: the restored layer's gradients are gone too.
+  ForwardBackward("g", 3);
+  ASSERT_TRUE(cluster_->RestartMoed().ok());
+  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
+  applied = ApplyExpecting("g", 2, &step);
+  EXPECT_EQ(applied.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(applied.error_message(), HasSubstr("dropped its gradients"));
+  EXPECT_EQ(step, 2);
+  ASSERT_TRUE(client_->ZeroGradients("g").ok());
+  ForwardBackward("g", 3);
+  ASSERT_TRUE(ApplyExpecting("g", 2, &step).ok());
+  EXPECT_EQ(step, 3);
+}
+
+// A durable layer diverged by a worker lost in the middle of ApplyOptimizer, which then comes
+// back as the same process (SIGSTOP, SIGCONT), is repaired from its durable state at the
+// re-formation instead of keeping its workers' mixed weights.
+TEST_F(DurableTest, DivergedLayerIsRepairedFromItsDurableState) {
+  Start();
+  ASSERT_TRUE(client_->CreateLayer("v", TinyConfig(13)).ok());
+  Train("v", 1);
+  ASSERT_EQ(Train("v", 2).durable_optimizer_step(), 2);
+  const Weights durable = GetWeights("v");
+  Train("v", 3);
+  ForwardBackward("v", 4);
+  auto status = client_->GetStatus();
+  ASSERT_TRUE(status.ok());
+  ASSERT_TRUE(cluster_->KillWorker(1, SIGSTOP));
+  v1::SgdOptimizer sgd;
+  sgd.set_lr(0.05);
+  EXPECT_FALSE(client_->ApplySgd("v", sgd).ok());  // worker 0 applied it, worker 1 did not
+  EXPECT_THAT(Info("v").diverged(), HasSubstr("ApplyOptimizer"));
+  ASSERT_TRUE(cluster_->KillWorker(1, SIGCONT));  // the same process rejoins
+  ASSERT_TRUE(WaitNewGeneration(status->generation()));
+  const v1::LayerInfo info = Info("v");
+  EXPECT_TRUE(info.diverged().empty()) << info.diverged();
+  EXPECT_FALSE(info.weights_reset());
+  EXPECT_EQ(info.optimizer_step(), 2);
+  EXPECT_TRUE(GetWeights("v") == durable) << "the repaired layer does not hold the durable step";
+}
+
+// moed relays step tensors to workers on its host through its shared-memory buffers
+// (--shm_relay, server/relay_pool.h), whose region ids start again in every moed. Workers that
+// outlive a moed restart must not keep using their mappings of the dead moed's buffers: the
+// same input gives the same output before and after the restart (found by chaos_test).
+TEST_F(DurableTest, RelayAfterMoedRestartReadsTheNewBuffers) {
+  Start();
+  ASSERT_TRUE(client_->CreateLayer("r", TinyConfig(14)).ok());
+  const int64_t tokens = 24;
+  const Tensor x = Tensor::FromFloats({tokens, 32}, RandomFloats(tokens * 32, 5));
+  auto before = client_->Forward("r", x);
+  ASSERT_TRUE(before.ok()) << before.status();
+  // Another input through the same buffers, so that the dead moed's last bytes differ from x.
+  ASSERT_TRUE(
+      client_->Forward("r", Tensor::FromFloats({tokens, 32}, RandomFloats(tokens * 32, 6))).ok());
+  ASSERT_TRUE(cluster_->RestartMoed().ok());  // the workers stay and rejoin
+  ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
+  client::CallOptions wait;
+  wait.wait_for_ready = true;
+  auto after = client_->Forward("r", x, /*keep_for_backward=*/false, wait);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(TensorFloats(after->out), TensorFloats(before->out))
+      << "a worker used a buffer of the moed that was killed";
 }
 
 TEST_F(DurableTest, DamagedCheckpointIsRefusedAndNothingChanges) {
