@@ -1,5 +1,5 @@
 // moed's own shared-memory buffers for the tensor bytes of gRPC steps whose workers run on
-// moed's host (docs/DECISIONS.md, "moed relays to local workers through shared memory").
+// moed's host (docs/DECISIONS.md, the row "moed forwards received bytes").
 //
 // A step that arrives over gRPC used to cross a second socket to every worker and back
 // (moed -> worker -> moed), as gRPC messages on one connection each: on the H200 host that hop
