@@ -71,6 +71,7 @@ bool AsksForTensorInStep(const absl::Status& status) {
 
 bool MoeClient::UsesLanes(const Tensor& tensor) const {
   return !lanes_.empty() && !lanes_refused_.load() && tensor.shape().size() == 2 &&
+         tensor.num_bytes() > 0 &&
          static_cast<int64_t>(tensor.num_bytes()) >= options_.lane_min_bytes;
 }
 

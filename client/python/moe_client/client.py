@@ -197,7 +197,8 @@ class Client:
         (proto/moe.proto: ForwardStream) with the tensor's raw_data in pieces; the answer's
         `answer_field` raw_data pieces are joined."""
         raw = getattr(request, field).raw_data
-        if (self._lanes and not self._lanes_refused and len(raw) >= self.lane_min_bytes
+        if (self._lanes and not self._lanes_refused and len(raw) > 0
+                and len(raw) >= self.lane_min_bytes
                 and len(getattr(request, field).shape) == 2):
             answer = self._step_staged(rpc, request, field, answer_field, timeout)
             if answer is not None:
