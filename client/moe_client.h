@@ -251,6 +251,15 @@ class MoeClient {
   // each copied once into the returned tensor.
   absl::StatusOr<Tensor> FetchRows(const std::string& name, const v1::Tensor& head,
                                    const CallOptions& call);
+  // The staged step both use: stages `tensor`, has name(&request, in, out) name it and the
+  // output to keep, calls rpc(context, request, response) and fetches (response->*answer)();
+  // StepTimes as in ClientOptions::lanes. *sent: false when the server asked for the tensor in
+  // the step instead.
+  template <typename Request, typename Response, typename Name, typename Rpc>
+  absl::StatusOr<Tensor> StepOverLanes(Request request, const Tensor& tensor,
+                                       const CallOptions& call, bool* sent, Name name, Rpc rpc,
+                                       const v1::Tensor& (Response::*answer)() const,
+                                       Response* response);
   // Forward / Backward of a staged input, the output staged too and fetched.
   absl::StatusOr<ForwardOutput> ForwardOverLanes(v1::ForwardRequest request, const Tensor& x,
                                                  const CallOptions& call, bool* sent);

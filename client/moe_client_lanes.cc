@@ -145,29 +145,48 @@ absl::StatusOr<Tensor> MoeClient::FetchRows(const std::string& name, const v1::T
   return out;
 }
 
-absl::StatusOr<ForwardOutput> MoeClient::ForwardOverLanes(v1::ForwardRequest request,
-                                                          const Tensor& x, const CallOptions& call,
-                                                          bool* sent) {
+template <typename Request, typename Response, typename Name, typename Rpc>
+absl::StatusOr<Tensor> MoeClient::StepOverLanes(Request request, const Tensor& tensor,
+                                                const CallOptions& call, bool* sent, Name name,
+                                                Rpc rpc,
+                                                const v1::Tensor& (Response::*answer)() const,
+                                                Response* response) {
   PhaseClock clock(call.timing != nullptr);
   const std::string in = NextStagedName(), out = NextStagedName();
-  absl::Status staged = StageRows(in, x, call);
+  absl::Status staged = StageRows(in, tensor, call);
   *sent = staged.ok() || !AsksForTensorInStep(staged);
   RETURN_IF_ERROR(staged);
   const double stage_ms = clock.Lap();
-  request.set_x_staged(in);
-  request.set_out_staged(out);
-  v1::ForwardResponse response;
+  name(&request, in, out);
   {
     grpc::ClientContext context;
     Prepare(call, &context);
-    RETURN_IF_ERROR(FromGrpcStatus(stub_->Forward(&context, request, &response)));
+    RETURN_IF_ERROR(FromGrpcStatus(rpc(&context, request, response)));
   }
   const double call_ms = clock.Lap();
-  ForwardOutput output;
-  ASSIGN_OR_RETURN(output.out, FetchRows(out, response.out(), call));
+  ASSIGN_OR_RETURN(Tensor result, FetchRows(out, (response->*answer)(), call));
   if (call.timing != nullptr) {
-    *call.timing = StepTimes{stage_ms, call_ms, clock.Lap(), std::move(*response.mutable_timing())};
+    *call.timing =
+        StepTimes{stage_ms, call_ms, clock.Lap(), std::move(*response->mutable_timing())};
   }
+  return result;
+}
+
+absl::StatusOr<ForwardOutput> MoeClient::ForwardOverLanes(v1::ForwardRequest request,
+                                                          const Tensor& x, const CallOptions& call,
+                                                          bool* sent) {
+  v1::ForwardResponse response;
+  ForwardOutput output;
+  ASSIGN_OR_RETURN(output.out,
+                   StepOverLanes(
+                       std::move(request), x, call, sent,
+                       [](v1::ForwardRequest* r, const std::string& in, const std::string& out) {
+                         r->set_x_staged(in);
+                         r->set_out_staged(out);
+                       },
+                       [this](grpc::ClientContext* context, const v1::ForwardRequest& r,
+                              v1::ForwardResponse* a) { return stub_->Forward(context, r, a); },
+                       &v1::ForwardResponse::out, &response));
   TakeForwardResults(&response, &output);
   return output;
 }
@@ -175,26 +194,17 @@ absl::StatusOr<ForwardOutput> MoeClient::ForwardOverLanes(v1::ForwardRequest req
 absl::StatusOr<Tensor> MoeClient::BackwardOverLanes(v1::BackwardRequest request,
                                                     const Tensor& d_out, const CallOptions& call,
                                                     bool* sent) {
-  PhaseClock clock(call.timing != nullptr);
-  const std::string in = NextStagedName(), out = NextStagedName();
-  absl::Status staged = StageRows(in, d_out, call);
-  *sent = staged.ok() || !AsksForTensorInStep(staged);
-  RETURN_IF_ERROR(staged);
-  const double stage_ms = clock.Lap();
-  request.set_d_out_staged(in);
-  request.set_d_x_staged(out);
   v1::BackwardResponse response;
-  {
-    grpc::ClientContext context;
-    Prepare(call, &context);
-    RETURN_IF_ERROR(FromGrpcStatus(stub_->Backward(&context, request, &response)));
-  }
-  const double call_ms = clock.Lap();
-  ASSIGN_OR_RETURN(Tensor d_x, FetchRows(out, response.d_x(), call));
-  if (call.timing != nullptr) {
-    *call.timing = StepTimes{stage_ms, call_ms, clock.Lap(), std::move(*response.mutable_timing())};
-  }
-  return d_x;
+  return StepOverLanes(
+      std::move(request), d_out, call, sent,
+      [](v1::BackwardRequest* r, const std::string& in, const std::string& out) {
+        r->set_d_out_staged(in);
+        r->set_d_x_staged(out);
+      },
+      [this](grpc::ClientContext* context, const v1::BackwardRequest& r, v1::BackwardResponse* a) {
+        return stub_->Backward(context, r, a);
+      },
+      &v1::BackwardResponse::d_x, &response);
 }
 
 }  // namespace client

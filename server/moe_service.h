@@ -45,9 +45,9 @@
 #include "server/durable_store.h"
 #include "server/fifo_mutex.h"
 #include "server/metrics.h"
+#include "server/relay_pool.h"
 #include "server/saved_steps.h"
 #include "server/shared_memory.h"
-#include "server/relay_pool.h"
 #include "server/shm_step.h"
 #include "server/staging.h"
 #include "server/worker_pool.h"
@@ -129,11 +129,10 @@ struct ServiceOptions {
 // (proto/tensor_wire.h): no tensor byte is copied, parsed or serialised in moed.
 // StageTensor and FetchStaged are raw for the same reason: a part's rows are copied once,
 // into the staging buffer, and fetched rows are sent as slices of the kept output.
-using MoeServiceBase = v1::MoeService::WithRawCallbackMethod_Forward<
-    v1::MoeService::WithRawCallbackMethod_Backward<
+using MoeServiceBase =
+    v1::MoeService::WithRawCallbackMethod_Forward<v1::MoeService::WithRawCallbackMethod_Backward<
         v1::MoeService::WithRawCallbackMethod_StageTensor<
-            v1::MoeService::WithRawCallbackMethod_FetchStaged<
-                v1::MoeService::CallbackService>>>>;
+            v1::MoeService::WithRawCallbackMethod_FetchStaged<v1::MoeService::CallbackService>>>>;
 
 class MoeServiceImpl final : public MoeServiceBase {
  public:
@@ -293,6 +292,22 @@ class MoeServiceImpl final : public MoeServiceBase {
   // table: a [T, hidden] head and a view of its bytes.
   absl::StatusOr<StagedStepInput> TakeStaged(const grpc::ServerContextBase& context,
                                              const std::string& name, int64_t hidden);
+  // A step's input tensor `field` ("x", "d_out") as the step reads it: staged (staged_name
+  // non-null: taken out of the caller's book into *staged), in a client region (shm), or in the
+  // message (message_head, message_bytes; in_message). head and bytes point at *staged's or
+  // the message's (the message's also for a region, whose bytes the step reads there);
+  // INVALID_ARGUMENT when no input is given or it is not an activation [T, hidden].
+  struct StepTensor {
+    const v1::Tensor* head = nullptr;
+    const TensorBytes* bytes = nullptr;
+    DType dtype = DType::kFloat32;
+    int64_t tokens = 0;
+  };
+  absl::StatusOr<StepTensor> ResolveStepInput(const grpc::ServerContextBase& context,
+                                              const char* field, const std::string* staged_name,
+                                              bool in_message, const v1::Tensor& message_head,
+                                              const TensorBytes& message_bytes, const ShmStep& shm,
+                                              int64_t hidden, StagedStepInput* staged);
   // Checks out_staged / d_x_staged before a step runs (name free, no region output too).
   absl::Status CheckStagedOutput(const grpc::ServerContextBase& context, absl::string_view field,
                                  const std::string& name, bool has_shm_output);
@@ -536,8 +551,8 @@ class MoeServiceImpl final : public MoeServiceBase {
   grpc::ServerUnaryReactor* RunRawStep(grpc::CallbackServerContext* context,
                                        const grpc::ByteBuffer* wire, grpc::ByteBuffer* answer,
                                        Role role, int tensor_field, int shm_field, int staged_field,
-                                       int answer_field,
-                                       v1::Tensor* (Response::*release_answer)(), Step step);
+                                       int answer_field, v1::Tensor* (Response::*release_answer)(),
+                                       Step step);
   // max_inflight_bytes: reserves `bytes` for a streamed step's tensor (*held = bytes, for
   // ReleaseInflightBytes), or RESOURCE_EXHAUSTED naming the flag when the steps being
   // assembled already hold too much.

@@ -218,6 +218,30 @@ void CountForward(Metrics* metrics, const std::string& layer, int64_t tokens,
 
 }  // namespace
 
+absl::StatusOr<MoeServiceImpl::StepTensor> MoeServiceImpl::ResolveStepInput(
+    const grpc::ServerContextBase& context, const char* field, const std::string* staged_name,
+    bool in_message, const v1::Tensor& message_head, const TensorBytes& message_bytes,
+    const ShmStep& shm, int64_t hidden, StagedStepInput* staged) {
+  if (staged_name != nullptr) {
+    ASSIGN_OR_RETURN(*staged, TakeStaged(context, *staged_name, hidden));
+  }
+  const bool is_staged = staged->tensor.buffer != nullptr;
+  StepTensor t;
+  t.head = is_staged ? &staged->head : &message_head;
+  t.bytes = is_staged ? &staged->bytes : &message_bytes;
+  if (!in_message && !is_staged && !shm.has_input()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
+  }
+  if (shm.has_input()) {
+    t.dtype = shm.dtype();
+    t.tokens = shm.tokens();
+    return t;
+  }
+  ASSIGN_OR_RETURN(t.dtype, CheckActivation(field, *t.head, t.bytes->size(), hidden));
+  t.tokens = t.head->shape(0);
+  return t;
+}
+
 absl::Status MoeServiceImpl::KeepStepOrRefuse(Turn& turn, grpc::ServerContextBase* context,
                                               uint64_t step_id, int64_t saved_bytes) {
   // A client that left cannot use the step; a step over the byte budget is refused.
@@ -257,19 +281,14 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, request, found->config.hidden));
     // Or x staged over several connections (StageTensor), taken out of the caller's book.
     StagedStepInput staged;
-    if (request.input_case() == v1::ForwardRequest::kXStaged) {
-      ASSIGN_OR_RETURN(staged, TakeStaged(*context, request.x_staged(), found->config.hidden));
-    }
-    const bool is_staged = staged.tensor.buffer != nullptr;
-    const v1::Tensor& x_head = is_staged ? staged.head : request.x();
-    const TensorBytes& x_bytes = is_staged ? staged.bytes : input;
-    if (!request.has_x() && !is_staged && !shm.has_input()) {
-      return absl::InvalidArgumentError("x: required");
-    }
-    ASSIGN_OR_RETURN(DType dtype, shm.has_input() ? shm.dtype()
-                                                  : CheckActivation("x", x_head, x_bytes.size(),
-                                                                    found->config.hidden));
-    const int64_t tokens = shm.has_input() ? shm.tokens() : x_head.shape(0);
+    ASSIGN_OR_RETURN(
+        const StepTensor x,
+        ResolveStepInput(
+            *context, "x",
+            request.input_case() == v1::ForwardRequest::kXStaged ? &request.x_staged() : nullptr,
+            request.has_x(), request.x(), input, shm, found->config.hidden, &staged));
+    const DType dtype = x.dtype;
+    const int64_t tokens = x.tokens;
     RETURN_IF_ERROR(shm.CheckOutput(tokens, found->config.hidden, dtype));
     RETURN_IF_ERROR(
         CheckStagedOutput(*context, "out_staged", request.out_staged(), request.has_out_shm()));
@@ -285,10 +304,10 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     if (keep) RETURN_IF_ERROR(check_budget(layer));
     // Workers on this host read x from, and write out to, moed's relay buffers.
     ASSIGN_OR_RETURN(RelayStep relay,
-                     RelayLocally(turn->set, "x", x_bytes, staged.tensor.buffer, dtype, "out",
+                     RelayLocally(turn->set, "x", *x.bytes, staged.tensor.buffer, dtype, "out",
                                   dtype, tokens, layer.config.hidden, &shm));
     const int ranks = turn->set.size();
-    const StepInput in{shm, x_head, x_bytes, SplitRows(tokens, ranks),
+    const StepInput in{shm, *x.head, *x.bytes, SplitRows(tokens, ranks),
                        static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype)};
     const uint64_t step_id = keep ? next_step_id_++ : 0;
     const double queue_ms = clock.Lap();
@@ -380,20 +399,14 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     // d_out and/or d_x in a client's shared memory (moe_service_shm.cc).
     ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, request, found->config.hidden));
     StagedStepInput staged;  // or staged (StageTensor), as in Forward
-    if (request.input_case() == v1::BackwardRequest::kDOutStaged) {
-      ASSIGN_OR_RETURN(staged, TakeStaged(*context, request.d_out_staged(), found->config.hidden));
-    }
-    const bool is_staged = staged.tensor.buffer != nullptr;
-    const v1::Tensor& d_out_head = is_staged ? staged.head : request.d_out();
-    const TensorBytes& d_out_bytes = is_staged ? staged.bytes : input;
-    if (!request.has_d_out() && !is_staged && !shm.has_input()) {
-      return absl::InvalidArgumentError("d_out: required");
-    }
-    ASSIGN_OR_RETURN(DType dtype, shm.has_input()
-                                      ? shm.dtype()
-                                      : CheckActivation("d_out", d_out_head, d_out_bytes.size(),
-                                                        found->config.hidden));
-    const int64_t d_out_tokens = shm.has_input() ? shm.tokens() : d_out_head.shape(0);
+    ASSIGN_OR_RETURN(const StepTensor d_out,
+                     ResolveStepInput(*context, "d_out",
+                                      request.input_case() == v1::BackwardRequest::kDOutStaged
+                                          ? &request.d_out_staged()
+                                          : nullptr,
+                                      request.has_d_out(), request.d_out(), input, shm,
+                                      found->config.hidden, &staged));
+    const DType dtype = d_out.dtype;
     RETURN_IF_ERROR(
         CheckStagedOutput(*context, "d_x_staged", request.d_x_staged(), request.has_d_x_shm()));
     const double d_aux = request.has_d_aux() ? request.d_aux() : 1.0;
@@ -404,12 +417,12 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();
     ASSIGN_OR_RETURN(const SavedStep step,
-                     TakeSavedStep(layer, request.step_id(), d_out_tokens, &shm));
+                     TakeSavedStep(layer, request.step_id(), d_out.tokens, &shm));
     ASSIGN_OR_RETURN(RelayStep relay,
-                     RelayLocally(turn->set, "d_out", d_out_bytes, staged.tensor.buffer, dtype,
+                     RelayLocally(turn->set, "d_out", *d_out.bytes, staged.tensor.buffer, dtype,
                                   "d_x", step.dtype, step.tokens, layer.config.hidden, &shm));
     const int ranks = turn->set.size();
-    const StepInput in{shm, d_out_head, d_out_bytes, SplitRows(step.tokens, ranks),
+    const StepInput in{shm, *d_out.head, *d_out.bytes, SplitRows(step.tokens, ranks),
                        static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype)};
     const double queue_ms = clock.Lap();
     internal::WorkerBackwardRequest head;

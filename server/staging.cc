@@ -185,10 +185,11 @@ absl::Status StagingTable::PutOutput(const std::string& owner, const std::string
   e.last_used = absl::Now();
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(Admit(e.bytes));
-  if (!entries_.emplace(Key(owner, name), std::move(e)).second) {
+  auto [it, added] = entries_.emplace(Key(owner, name), std::move(e));
+  if (!added) {
     return absl::AlreadyExistsError(absl::StrCat("a staged tensor \"", name, "\" exists"));
   }
-  bytes_ += rows * hidden * static_cast<int64_t>(DTypeSize(dtype));
+  bytes_ += it->second.bytes;
   return absl::OkStatus();
 }
 

@@ -252,7 +252,7 @@ class Client:
         tensor in the step instead (staging off or full, a lane not connecting)."""
         tensor = getattr(request, field)
         rows, hidden = tensor.shape
-        row_bytes = len(tensor.raw_data) // max(rows, 1)
+        row_bytes = _row_bytes(tensor)
         name_in = "%s-%d" % (self._staged_prefix, next(self._staged_counter))
         name_out = "%s-%d" % (self._staged_prefix, next(self._staged_counter))
         parts = self._parts(rows, row_bytes)
