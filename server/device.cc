@@ -1,5 +1,7 @@
 #include "server/device.h"
 
+#include <unistd.h>
+
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -59,6 +61,15 @@ std::string DeviceName(const std::string& device_flag, int rank) {
 int CudaOrdinal(const std::string& device_flag, int rank) {
   absl::StatusOr<int> index = CudaIndex(device_flag, rank);
   return index.ok() ? *index : -1;
+}
+
+int64_t DeviceMemoryCapacity(const std::string& device_flag, int rank) {
+  const int cuda = CudaOrdinal(device_flag, rank);
+  if (cuda >= 0) return OptionalCudaDeviceMemoryBytes(cuda);
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<int64_t>(pages) * page_size;
 }
 
 absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,

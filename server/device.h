@@ -16,6 +16,7 @@
 #ifndef MOED_SERVER_DEVICE_H_
 #define MOED_SERVER_DEVICE_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -47,6 +48,10 @@ int DefaultEmbeddedWorkers(const std::string& device_flag);
 std::string DeviceName(const std::string& device_flag, int rank);
 // The GPU a worker of `rank` runs on (as DeviceName), -1 for the CPU device.
 int CudaOrdinal(const std::string& device_flag, int rank);
+
+// Memory of the device a worker of `rank` runs on: a GPU's total memory, or the host's
+// physical memory for the CPU device; 0 when unknown (PingResponse.memory_capacity_bytes).
+int64_t DeviceMemoryCapacity(const std::string& device_flag, int rank);
 
 // Collective: every rank of the group calls it with the same prefix and size.
 // cpu_threads: threads of the CPU backend's element-wise kernels (0: one per hardware thread).

@@ -12,6 +12,7 @@
 #include "proto/config_convert.h"
 #include "proto/layer_info.h"
 #include "proto/status_convert.h"
+#include "server/step_memory.h"
 
 namespace moe {
 
@@ -286,6 +287,8 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
     ASSIGN_OR_RETURN(LayerConfig config, ConfigFromProto(request->config()));
     RETURN_IF_ERROR(ValidateConfig(config, pool_->world_size()));  // "config.<field>: ..."
     RETURN_IF_ERROR(CheckLayerBytes(config, options_.max_layer_bytes));
+    RETURN_IF_ERROR(AdmitWorkerMemory("CreateLayer", request->name(), -1,
+                                      LayerBytesPerWorker(config, pool_->world_size())));
     auto layer = std::make_shared<Layer>(request->name(), SavedLimits());
     layer->id = next_layer_id_++;
     layer->config = config;

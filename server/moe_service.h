@@ -62,6 +62,12 @@ struct ServiceOptions {
   // A layer whose parameters, gradients and two optimizer states (4 x fp32 per parameter,
   // summed over all workers) would exceed this is refused at CreateLayer.
   int64_t max_layer_bytes = int64_t{1} << 40;
+  // Admission control (server/step_memory.h): the memory one worker may hold for its layers
+  // (LayerBytesPerWorker), the steps kept for backward and one running step's estimate
+  // (ForwardStepBytes / BackwardStepBytes). A CreateLayer, Forward or Backward that would pass
+  // it is RESOURCE_EXHAUSTED naming --worker_memory_bytes before any worker is called.
+  // 0: derived from the workers' reported memory (WorkerMemoryBudget); -1: off.
+  int64_t worker_memory_bytes = 0;
   // A saved step not used by Backward within this long is released on the workers (a client
   // that died must not hold the layer's budget); a later Backward on it is
   // FAILED_PRECONDITION saying it expired. Zero: never.
@@ -484,6 +490,21 @@ class MoeServiceImpl final : public MoeServiceBase {
   // RecreateLayers: the layer, just created from init_seed on `set`, loads its durable
   // checkpoint (collective LoadCheckpoint). OK with nothing to load.
   absl::Status LoadDurable(const WorkerSet& set, Layer& layer);
+  // moe_service_admission.cc. Admission control by estimated worker memory: OK when `need`
+  // more bytes per worker (server/step_memory.h) fit in WorkerMemoryBudget() beside what the
+  // workers hold (HeldWorkerBytes), else RESOURCE_EXHAUSTED naming the call, the layer, the
+  // step's tokens (tokens < 0: none), the figures and --worker_memory_bytes. Called before any
+  // worker is asked to allocate.
+  absl::Status AdmitWorkerMemory(absl::string_view call, absl::string_view layer, int64_t tokens,
+                                 int64_t need) const;
+  // Bytes per worker: options_.worker_memory_bytes when > 0, else derived from the workers'
+  // reported memory (90% of a GPU's; 80% of a host's physical memory, divided among the CPU
+  // workers that report that host); 0 when off or nothing is known yet (no admission control).
+  // *derived says which.
+  int64_t WorkerMemoryBudget(bool* derived) const;
+  // What one worker holds (estimated): every layer's LayerBytesPerWorker plus the bytes of
+  // the steps kept for backward (summed over workers, divided by the worker count).
+  int64_t HeldWorkerBytes() const;
   // The saved-step budget and ttl of every layer (options_).
   SavedStepLimits SavedLimits() const;
   absl::Time InternalDeadline(grpc::ServerContextBase* context, bool collective) const;

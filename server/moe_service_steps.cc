@@ -13,6 +13,7 @@
 #include "proto/tensor_convert.h"
 #include "server/moe_service.h"
 #include "server/phase_clock.h"
+#include "server/step_memory.h"
 #include "server/worker_call.h"
 
 namespace moe {
@@ -298,6 +299,10 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
       return layer.saved.CheckRoom();
     };
     if (keep) RETURN_IF_ERROR(check_budget(*found));
+    // Admission control: refused here, before any worker allocates (moe_service_admission.cc).
+    RETURN_IF_ERROR(
+        AdmitWorkerMemory("Forward", found->name, tokens,
+                          ForwardStepBytes(found->config, tokens, pool_->world_size(), dtype)));
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();
@@ -413,6 +418,10 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     const double d_z_loss = request.has_d_z_loss() ? request.d_z_loss() : 1.0;
     if (!std::isfinite(d_aux)) return absl::InvalidArgumentError("d_aux: not finite");
     if (!std::isfinite(d_z_loss)) return absl::InvalidArgumentError("d_z_loss: not finite");
+    // Admission control, as in Forward (d_out has the saved step's tokens, checked below).
+    RETURN_IF_ERROR(AdmitWorkerMemory(
+        "Backward", found->name, d_out.tokens,
+        BackwardStepBytes(found->config, d_out.tokens, pool_->world_size(), dtype)));
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();

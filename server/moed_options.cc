@@ -104,6 +104,13 @@ ABSL_FLAG(int64_t, setup_timeout_ms, 60000, "deadline of the workers' communicat
 ABSL_FLAG(int64_t, max_layer_bytes, int64_t{1} << 40,
           "refuse layers whose parameters + gradients + optimizer state (4 x fp32 per "
           "parameter, all workers) exceed this many bytes");
+ABSL_FLAG(int64_t, worker_memory_bytes, 0,
+          "memory one worker may hold for layers and steps: its layers (parameters, gradients, "
+          "optimizer state), the steps kept for backward and a running step's estimated "
+          "working memory; a CreateLayer, Forward or Backward that would pass it is refused "
+          "(RESOURCE_EXHAUSTED) before any worker allocates. 0: derived from the memory the "
+          "workers report (90% of a GPU's, 80% of a host's physical memory shared by the "
+          "CPU workers on it); -1: no admission control");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
           "largest public request/response message (bytes)");
 ABSL_FLAG(int64_t, handler_threads, 1024,
@@ -194,6 +201,7 @@ MoedOptions MoedOptionsFromFlags() {
       static_cast<int>(std::min<int64_t>(absl::GetFlag(FLAGS_handler_threads_per_client), 1 << 16));
   s.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   s.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
+  s.worker_memory_bytes = absl::GetFlag(FLAGS_worker_memory_bytes);
   s.saved_step_ttl = absl::Seconds(absl::GetFlag(FLAGS_saved_step_ttl_s));
   s.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
   s.allow_client_shm = absl::GetFlag(FLAGS_allow_client_shm);
@@ -249,6 +257,10 @@ absl::Status ValidateMoedOptions(const MoedOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--saved_step_ttl_s must be >= 0 (0: never), got ",
                      absl::ToInt64Seconds(s.saved_step_ttl)));
+  }
+  if (s.worker_memory_bytes < -1) {
+    return absl::InvalidArgumentError(
+        "--worker_memory_bytes must be > 0, 0 (derived from the workers) or -1 (off)");
   }
   if (s.max_message_bytes < (1 << 16) || s.max_message_bytes > INT32_MAX) {
     return absl::InvalidArgumentError("--max_message_bytes must be in [65536, 2^31)");

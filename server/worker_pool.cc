@@ -242,6 +242,7 @@ void WorkerPool::HeartbeatLoop() {
           slot.last_seen = absl::Now();
           slot.memory_bytes = response.memory_bytes();
           slot.peak_memory_bytes = response.peak_memory_bytes();
+          slot.memory_capacity_bytes = response.memory_capacity_bytes();
           if (!response.device().empty()) slot.device = response.device();
         }
       });
@@ -356,6 +357,7 @@ std::vector<v1::WorkerStatus> WorkerPool::WorkerStatuses() const {
     status.set_alive(slot.alive);
     status.set_memory_bytes(slot.memory_bytes);
     status.set_peak_memory_bytes(slot.peak_memory_bytes);
+    status.set_memory_capacity_bytes(slot.memory_capacity_bytes);
     status.set_last_seen_ms_ago(slot.filled ? absl::ToInt64Milliseconds(now - slot.last_seen) : -1);
     status.set_error(slot.filled ? slot.error : "not joined yet");
     status.set_pid(slot.pid);

@@ -161,6 +161,7 @@ class WorkerPool {
     std::string error;
     int64_t memory_bytes = 0;
     int64_t peak_memory_bytes = 0;
+    int64_t memory_capacity_bytes = 0;  // PingResponse.memory_capacity_bytes
   };
 
   // Appends every slot's stub and channel to *set and says whether all are on this host.

@@ -421,6 +421,7 @@ grpc::Status WorkerService::Ping(grpc::ServerContext*, const internal::PingReque
   response->set_layers(static_cast<int32_t>(layers_.size()));
   for (const auto& kv : retired_) response->add_restorable_layers(kv.first);
   response->set_pid(getpid());
+  response->set_memory_capacity_bytes(DeviceMemoryCapacity(device_, rank_));
   return grpc::Status::OK;
 }
 

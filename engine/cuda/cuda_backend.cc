@@ -27,6 +27,15 @@ int CudaDeviceCount() {
   return count;
 }
 
+int64_t CudaDeviceMemoryBytes(int device) {
+  cudaDeviceProp prop;
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return static_cast<int64_t>(prop.totalGlobalMem);
+}
+
 absl::Status PinHostMemory(void* host, size_t bytes) {
   if (host == nullptr || bytes == 0) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(cudaHostRegister(host, bytes, cudaHostRegisterPortable));

@@ -13,6 +13,7 @@
 #define MOED_ENGINE_CUDA_CUDA_BACKEND_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include <string>
@@ -28,6 +29,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
 
 // Number of visible CUDA devices (0 when none or no driver).
 int CudaDeviceCount();
+// Total memory of CUDA device `device` in bytes (cudaGetDeviceProperties: no context is
+// created and the calling thread's current device is left alone); 0 when it cannot be read.
+int64_t CudaDeviceMemoryBytes(int device);
 
 // Page-locks [host, host + bytes) for every device of the process (cudaHostRegister,
 // portable), so copies from and to it run at PCIe speed without staging; for long-lived

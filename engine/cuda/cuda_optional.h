@@ -10,6 +10,7 @@
 #define MOED_ENGINE_CUDA_CUDA_OPTIONAL_H_
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -25,6 +26,8 @@ namespace moe {
 bool CudaBuilt();
 // Visible CUDA devices (0 without CUDA, driver or GPU).
 int VisibleCudaDevices();
+// Total memory of CUDA device `device` in bytes; 0 without CUDA or when unknown.
+int64_t OptionalCudaDeviceMemoryBytes(int device);
 absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int device);
 // See PinHostMemory / UnpinHostMemory in cuda_backend.h (UNIMPLEMENTED without CUDA).
 absl::Status OptionalPinHostMemory(void* host, size_t bytes);

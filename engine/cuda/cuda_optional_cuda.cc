@@ -9,6 +9,8 @@ bool CudaBuilt() { return true; }
 
 int VisibleCudaDevices() { return CudaDeviceCount(); }
 
+int64_t OptionalCudaDeviceMemoryBytes(int device) { return CudaDeviceMemoryBytes(device); }
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int device) {
   return MakeCudaBackend(device);
 }

@@ -7,6 +7,8 @@ bool CudaBuilt() { return false; }
 
 int VisibleCudaDevices() { return 0; }
 
+int64_t OptionalCudaDeviceMemoryBytes(int) { return 0; }
+
 absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int) {
   return absl::UnimplementedError("this binary was built without CUDA");
 }

@@ -185,7 +185,9 @@ TEST_F(IsolationTest, OverdueStepFailsAlone) {
 // gives up (its own deadline) stops on the workers within about a second: no CPU, its memory
 // freed, no re-formation; the name is free for another CreateLayer.
 TEST_F(IsolationTest, TimedOutCreateLayerStopsOnTheWorkers) {
-  StartCluster({"--step_timeout_ms=2000", "--max_layer_bytes=68719476736"});
+  // Admission control off: this layer must be admitted (and cancelled) on any host.
+  StartCluster(
+      {"--step_timeout_ms=2000", "--max_layer_bytes=68719476736", "--worker_memory_bytes=-1"});
   const uint64_t bystander = SaveBystanderStep();
   const int64_t generation = Status().generation();
   // 32768 experts of H 64, F 128 (gated): ~800 M parameters, many seconds of
