@@ -83,10 +83,11 @@ int RunStatus(const Args& args) {
               static_cast<long long>(status->generation()), status->world_size());
   if (!status->message().empty()) std::printf("message: %s\n", status->message().c_str());
   for (const v1::WorkerStatus& w : status->workers()) {
-    std::printf("  rank %d  %s  %s  %s  pid %lld  memory %s (peak %s)%s%s\n", w.rank(),
+    std::printf("  rank %d  %s  %s  %s  pid %lld  memory %s (peak %s) of %s%s%s\n", w.rank(),
                 w.address().empty() ? "(not joined)" : w.address().c_str(), w.device().c_str(),
                 w.alive() ? "alive" : "DEAD", static_cast<long long>(w.pid()),
                 Mib(w.memory_bytes()).c_str(), Mib(w.peak_memory_bytes()).c_str(),
+                w.memory_capacity_bytes() > 0 ? Mib(w.memory_capacity_bytes()).c_str() : "?",
                 w.error().empty() ? "" : "  error: ", w.error().c_str());
   }
   std::printf("layers: %d\n", status->layers_size());
