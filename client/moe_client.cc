@@ -399,18 +399,22 @@ absl::Status MoeClient::ApplyOptimizer(const v1::ApplyOptimizerRequest& request,
 }
 
 absl::Status MoeClient::ApplySgd(const std::string& layer, const v1::SgdOptimizer& sgd,
-                                 const CallOptions& call, v1::ApplyOptimizerResponse* response) {
+                                 const CallOptions& call, v1::ApplyOptimizerResponse* response,
+                                 std::optional<int64_t> expected_optimizer_step) {
   v1::ApplyOptimizerRequest request;
   request.set_layer(layer);
   *request.mutable_sgd() = sgd;
+  if (expected_optimizer_step) request.set_expected_optimizer_step(*expected_optimizer_step);
   return ApplyOptimizer(request, call, response);
 }
 
 absl::Status MoeClient::ApplyAdamW(const std::string& layer, const v1::AdamWOptimizer& adamw,
-                                   const CallOptions& call, v1::ApplyOptimizerResponse* response) {
+                                   const CallOptions& call, v1::ApplyOptimizerResponse* response,
+                                   std::optional<int64_t> expected_optimizer_step) {
   v1::ApplyOptimizerRequest request;
   request.set_layer(layer);
   *request.mutable_adamw() = adamw;
+  if (expected_optimizer_step) request.set_expected_optimizer_step(*expected_optimizer_step);
   return ApplyOptimizer(request, call, response);
 }
 

@@ -184,12 +184,20 @@ class MoeClient {
   absl::Status ZeroGradients(const std::string& layer, const CallOptions& call = {});
   // `response` (optional) receives the layer's optimizer step and, with moed --state_dir,
   // its durable step (ApplyOptimizerResponse).
+  // `expected_optimizer_step` (optional; ApplyOptimizerRequest.expected_optimizer_step): the
+  // step is applied only if the layer is at that optimizer step and no re-formation or moed
+  // restart dropped its gradients since the last ZeroGradients or optimizer step; otherwise
+  // ABORTED and nothing changes. A trainer passes the step its gradients were computed on
+  // (LayerInfo.optimizer_step, then each answer's optimizer_step), so gradients lost in a
+  // re-formation are never applied; after ABORTED: GetLayer, ZeroGradients, run the batch again.
   absl::Status ApplySgd(const std::string& layer, const v1::SgdOptimizer& sgd,
                         const CallOptions& call = {},
-                        v1::ApplyOptimizerResponse* response = nullptr);
+                        v1::ApplyOptimizerResponse* response = nullptr,
+                        std::optional<int64_t> expected_optimizer_step = std::nullopt);
   absl::Status ApplyAdamW(const std::string& layer, const v1::AdamWOptimizer& adamw,
                           const CallOptions& call = {},
-                          v1::ApplyOptimizerResponse* response = nullptr);
+                          v1::ApplyOptimizerResponse* response = nullptr,
+                          std::optional<int64_t> expected_optimizer_step = std::nullopt);
   // Returns the expert bias after the update, [E].
   absl::StatusOr<std::vector<float>> UpdateExpertBias(const std::string& layer, double rate,
                                                       const CallOptions& call = {});

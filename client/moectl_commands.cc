@@ -1,13 +1,14 @@
 // moectl subcommands that manage the service: health, status, layers, checkpoints.
 #include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "client/layer_flags.h"
 #include "client/json_output.h"
+#include "client/layer_flags.h"
 #include "client/moectl.h"
 
 ABSL_FLAG(int64_t, wait_ms, 0,
@@ -24,12 +25,15 @@ ABSL_FLAG(std::string, optimizer, "sgd", "apply-optimizer: sgd|adamw.");
 ABSL_FLAG(double, lr, 1e-3, "apply-optimizer: learning rate.");
 ABSL_FLAG(double, momentum, 0.0, "apply-optimizer: SGD momentum.");
 ABSL_FLAG(double, weight_decay, 0.0, "apply-optimizer: weight decay (AdamW: decoupled).");
+ABSL_FLAG(int64_t, expected_optimizer_step, -1,
+          "apply-optimizer: apply only if the layer is at this optimizer step and its "
+          "gradients were not dropped by a re-formation or restart since the last "
+          "ZeroGradients or step (else ABORTED, nothing applied); -1: unconditional.");
 
 namespace moe {
 namespace client {
 namespace cli {
 namespace {
-
 
 std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
@@ -160,17 +164,23 @@ int RunApplyOptimizer(const Args& args) {
   if (!client.ok()) return ReportError("apply-optimizer", client.status());
   absl::Status status;
   v1::ApplyOptimizerResponse response;
+  std::optional<int64_t> expected;
+  if (absl::GetFlag(FLAGS_expected_optimizer_step) >= 0) {
+    expected = absl::GetFlag(FLAGS_expected_optimizer_step);
+  } else if (absl::GetFlag(FLAGS_expected_optimizer_step) != -1) {
+    return UsageError("apply-optimizer", "--expected_optimizer_step is a step >= 0, or -1");
+  }
   if (kind == "sgd") {
     v1::SgdOptimizer sgd;
     sgd.set_lr(absl::GetFlag(FLAGS_lr));
     sgd.set_momentum(absl::GetFlag(FLAGS_momentum));
     sgd.set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
-    status = (*client)->ApplySgd(name, sgd, {}, &response);
+    status = (*client)->ApplySgd(name, sgd, {}, &response, expected);
   } else {
     v1::AdamWOptimizer adamw;
     adamw.set_lr(absl::GetFlag(FLAGS_lr));
     adamw.set_weight_decay(absl::GetFlag(FLAGS_weight_decay));
-    status = (*client)->ApplyAdamW(name, adamw, {}, &response);
+    status = (*client)->ApplyAdamW(name, adamw, {}, &response, expected);
   }
   if (!status.ok()) return ReportError("apply-optimizer", status);
   std::printf("applied %s (lr %g) to %s: optimizer step %lld (durable: %lld)\n", kind.c_str(),

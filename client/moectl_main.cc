@@ -70,8 +70,10 @@ commands:
   backward        --layer=NAME --step_id=ID [--d_out=d.npy | --tokens=T (random d_out)]
                     [--d_aux=1 --d_z_loss=1] [--output=d_x.npy]
   apply-optimizer --layer=NAME [--optimizer=sgd|adamw --lr=1e-3 --momentum=0
-                    --weight_decay=0]: one step from the accumulated gradients, which it zeroes;
-                    prints the layer's optimizer step and its durable step (moed --state_dir).
+                    --weight_decay=0 --expected_optimizer_step=S]: one step from the accumulated
+                    gradients, which it zeroes; prints the layer's optimizer step and its durable
+                    step (moed --state_dir). With --expected_optimizer_step only if the layer is
+                    at step S with its gradients intact (else ABORTED, nothing applied).
   checkpoint      save|load --layer=NAME --dir=DIR (a directory on the server's disk).
   smoke           creates a layer from the layer flags, runs a forward and a backward through
                     the service and the same step in-process on the local CPU engine, compares

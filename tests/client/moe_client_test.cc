@@ -355,6 +355,49 @@ TEST_F(MoeClientTest, GradientsOptimizersAndCheckpoints) {
   ASSERT_TRUE(client_->DeleteLayer("biased").ok());
 }
 
+// expected_optimizer_step: a step expected on another optimizer step than the layer's is
+// ABORTED and changes nothing (weights, gradients, the step count); the right one applies.
+TEST_F(MoeClientTest, ConditionalStepRefusesAnotherStep) {
+  ASSERT_TRUE(client_->CreateLayer("cond", TinyConfig()).ok());
+  const Tensor x = RandomNormal(DType::kFloat32, {12, 32}, 9);
+  auto fwd = client_->Forward("cond", x, true);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  ASSERT_TRUE(client_->Backward("cond", fwd->step_id, x).ok());
+  auto before = client_->GetWeights("cond");
+  auto grads = client_->GetGradients("cond");
+  ASSERT_TRUE(before.ok() && grads.ok());
+  auto info = client_->GetLayer("cond");
+  ASSERT_TRUE(info.ok());
+  ASSERT_EQ(info->optimizer_step(), 0);
+
+  v1::SgdOptimizer sgd;
+  sgd.set_lr(0.25);
+  v1::ApplyOptimizerResponse answer;
+  absl::Status refused = client_->ApplySgd("cond", sgd, {}, &answer, /*expected=*/3);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAborted) << refused;
+  EXPECT_NE(refused.message().find("nothing applied"), absl::string_view::npos) << refused;
+  v1::AdamWOptimizer adamw;
+  adamw.set_lr(0.01);
+  EXPECT_EQ(client_->ApplyAdamW("cond", adamw, {}, &answer, /*expected=*/1).code(),
+            absl::StatusCode::kAborted);
+  auto unchanged = client_->GetWeights("cond");
+  auto grads_kept = client_->GetGradients("cond");
+  ASSERT_TRUE(unchanged.ok() && grads_kept.ok());
+  for (const NamedTensor& w : *unchanged) {
+    EXPECT_EQ(w.tensor.bytes(), Find(*before, w.name)->bytes()) << w.name;
+  }
+  for (const NamedTensor& g : *grads_kept) {
+    EXPECT_EQ(g.tensor.bytes(), Find(*grads, g.name)->bytes()) << g.name;
+  }
+  EXPECT_EQ(client_->GetLayer("cond")->optimizer_step(), 0);
+
+  ASSERT_TRUE(client_->ApplySgd("cond", sgd, {}, &answer, /*expected=*/0).ok());
+  EXPECT_EQ(answer.optimizer_step(), 1);
+  EXPECT_NE(client_->GetWeights("cond", {"wi"})->at(0).tensor.bytes(),
+            Find(*before, "wi")->bytes());
+  ASSERT_TRUE(client_->DeleteLayer("cond").ok());
+}
+
 TEST_F(MoeClientTest, OneClientManyThreads) {
   ASSERT_TRUE(client_->CreateLayer("threads", TinyConfig()).ok());
   const Tensor x = RandomNormal(DType::kFloat32, {9, 32}, 11);
