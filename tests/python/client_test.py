@@ -9,7 +9,7 @@ import unittest
 import numpy as np
 
 from local_cluster import LocalCluster, binaries_from_argv
-from moe_client import Client, DataLoss, FailedPrecondition, NotFound
+from moe_client import Aborted, Client, DataLoss, FailedPrecondition, NotFound
 
 CLUSTER = None
 MOED = WORKER = None
@@ -84,6 +84,28 @@ class ClientTest(unittest.TestCase):
         self.assertGreater(np.abs(after["wo"] - before["wo"]).max(), 0)
         with self.assertRaises(TypeError):
             self.client.apply_optimizer("s")
+
+    def test_conditional_step_refuses_another_step(self):
+        # expected_optimizer_step: another step than the layer's is Aborted and changes nothing
+        # (weights, gradients, optimizer_step); the layer's own step applies.
+        self.client.create_layer("c", hidden=8, ffn=16, num_experts=4, top_k=2, init_seed=3)
+        x = np.random.default_rng(1).standard_normal((6, 8)).astype(np.float32)
+        fwd = self.client.forward("c", x, keep_for_backward=True)
+        self.client.backward("c", fwd.step_id, np.ones_like(x))
+        before, grads = self.client.get_weights("c"), self.client.get_gradients("c")
+        self.assertEqual(self.client.get_layer("c").optimizer_step, 0)
+        for expected in (1, 7):
+            with self.assertRaises(Aborted) as refused:
+                self.client.apply_optimizer("c", sgd={"lr": 0.5}, expected_optimizer_step=expected)
+            self.assertIn("nothing applied", str(refused.exception))
+        for name, value in self.client.get_weights("c").items():
+            np.testing.assert_array_equal(value, before[name])
+        for name, value in self.client.get_gradients("c").items():
+            np.testing.assert_array_equal(value, grads[name])
+        self.assertEqual(self.client.get_layer("c").optimizer_step, 0)
+        answer = self.client.apply_optimizer("c", sgd={"lr": 0.5}, expected_optimizer_step=0)
+        self.assertEqual(answer.optimizer_step, 1)
+        self.assertGreater(np.abs(self.client.get_weights("c")["wo"] - before["wo"]).max(), 0)
 
     def test_steps_larger_than_one_message_are_streamed(self):
         # A client limited to 64 KiB messages sends x / d_out (128 KB) through ForwardStream /

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from local_cluster import LocalCluster, binaries_from_argv
-from moe_client import Client, NotFound, RemoteMoE
+from moe_client import Aborted, Client, NotFound, RemoteMoE
 
 CLUSTER = None
 MOED = WORKER = None
@@ -153,6 +153,30 @@ class RemoteMoETest(unittest.TestCase):
         self.assertFalse(out.requires_grad)
         info = self.client.get_layer("release")
         self.assertEqual((info.saved_steps, info.forward_count), (0, 3))
+
+    def test_step_is_conditional_on_the_layers_optimizer_step(self):
+        # Another process steps the layer between this module's backward and its step(): the
+        # module's gradients were computed on step 0, the layer is at step 1, so step() is
+        # Aborted and applies nothing; the module resyncs (step 1, gradients zeroed) and the
+        # batch run again steps normally.
+        moe = fresh_layer(self.client, "cond", hidden=16, ffn=32, num_experts=4, top_k=2)
+        x = torch.randn(10, 16)
+        out, aux = moe(x)
+        (out.square().sum() + aux).backward()
+        other = Client(CLUSTER.address, timeout=30)
+        self.assertEqual(other.apply_optimizer("cond", sgd={"lr": 0.1}).optimizer_step, 1)
+        other.close()
+        before = self.client.get_weights("cond")
+        with self.assertRaises(Aborted):
+            moe.step(sgd={"lr": 0.1})
+        after = self.client.get_weights("cond")
+        for name in before:
+            np.testing.assert_array_equal(after[name], before[name])
+        self.assertEqual(np.abs(self.client.get_gradients("cond")["wo"]).max(), 0)
+        out, aux = moe(x)
+        (out.square().sum() + aux).backward()
+        self.assertEqual(moe.step(sgd={"lr": 0.1}).optimizer_step, 2)
+        self.assertEqual(moe.step(sgd={"lr": 0.1}).optimizer_step, 3)  # no backward: still ok
 
     def test_backward_twice_through_a_retained_graph(self):
         moe = fresh_layer(self.client, "twice", hidden=16, ffn=32, num_experts=4, top_k=2)

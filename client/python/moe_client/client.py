@@ -387,7 +387,7 @@ class Client:
         self._call("ZeroGradients", moe_pb2.ZeroGradientsRequest(layer=layer), timeout)
 
     def apply_optimizer(self, layer, sgd=None, adamw=None, timeout=None, num_ranks=0, rank=0,
-                        step=0, run_id=""):
+                        step=0, run_id="", expected_optimizer_step=None):
         """One optimizer step on the server, then gradients are zeroed. Exactly one of
         sgd={"lr":..., "momentum":..., "weight_decay":...} or
         adamw={"lr":..., "beta1":..., "beta2":..., "eps":..., "weight_decay":...}
@@ -395,11 +395,20 @@ class Client:
 
         num_ranks > 1: data-parallel step `step` of run `run_id`, called by every rank
         0..num_ranks-1; the server steps once, on the mean of the ranks' gradients, when all
-        called, and every call waits until then (README "Training with several ranks")."""
+        called, and every call waits until then (README "Training with several ranks").
+
+        expected_optimizer_step (int, optional): apply only if the layer is at this optimizer
+        step (LayerInfo.optimizer_step; each answer's optimizer_step after it) and no
+        re-formation or moed restart dropped its gradients since the last zero_gradients or
+        optimizer step; otherwise moe_client.Aborted and nothing changes. Pass the step the
+        gradients were computed on, so gradients lost in a re-formation are never applied;
+        after Aborted: get_layer, zero_gradients, run the batch again."""
         if (sgd is None) == (adamw is None):
             raise TypeError("apply_optimizer needs exactly one of sgd=, adamw=")
         request = moe_pb2.ApplyOptimizerRequest(layer=layer, num_ranks=num_ranks, rank=rank,
                                                 step=step, run_id=run_id)
+        if expected_optimizer_step is not None:
+            request.expected_optimizer_step = int(expected_optimizer_step)
         if sgd is not None:
             request.sgd.CopyFrom(sgd if isinstance(sgd, moe_pb2.SgdOptimizer)
                                  else moe_pb2.SgdOptimizer(**sgd))

@@ -47,6 +47,14 @@ Contract:
 - The wire carries FP32 or BF16: fp64 inputs are sent as fp32 (the server computes in fp32)
   and the results cast back; bf16 inputs travel as bf16. Tensors on a GPU are copied to the
   host for the wire and the results copied back to x's device.
+- Conditional steps (conditional_steps=True, the default): a plain step() sends the layer's
+  optimizer step its gradients were computed on (ApplyOptimizer's expected_optimizer_step:
+  LayerInfo.optimizer_step when the module attached, then each step's answer). If the layer
+  moved on meanwhile (another process stepped it, a restart rolled it back to its durable
+  step) or a re-formation dropped the gradients, step() raises moe_client.Aborted and nothing
+  was applied; the module has then re-read the layer's step and zeroed its gradients on the
+  server, so running the batch again and calling step() again trains on whole gradients.
+  Data-parallel steps are not conditional (the server's step numbers order them).
 - Data parallel: under torch.distributed with a world of N > 1 processes (torchrun), step()
   is the data-parallel ApplyOptimizer of step number 0, 1, 2, ... (counted by the module) for
   N ranks: the server steps once, on the mean of the ranks' gradients, when every rank called
@@ -62,7 +70,7 @@ import torch
 from moe_client import codec
 from moe_client.client import Client
 from moe_client.data_parallel import DataParallelRanks
-from moe_client.errors import AlreadyExists
+from moe_client.errors import AlreadyExists, Aborted
 from moe_client.shared_memory import ShmStepper
 
 _log = logging.getLogger("moe_client")
@@ -209,7 +217,7 @@ class RemoteMoE(torch.nn.Module):
 
     def __init__(self, client, name, create="if_missing", config=None, optimizer=None,
                  shared_memory=False, data_parallel="auto", checkpoint_state=None,
-                 **config_fields):
+                 conditional_steps=True, **config_fields):
         """client: a Client or an address. name: the layer's name on the server.
 
         create: True creates the layer (ALREADY_EXISTS if it exists), False attaches to an
@@ -227,6 +235,9 @@ class RemoteMoE(torch.nn.Module):
         checkpoint_state: None, or a checkpoint name inside moed's --checkpoint_root that
         state_dict() saves to and load_state_dict() loads from (a reference in the state
         dict instead of the weights; includes the optimizer state).
+        conditional_steps: step() applies only on the optimizer step its gradients were
+        computed on, else raises Aborted (module docstring, "Conditional steps"); False sends
+        unconditional steps.
         """
         super().__init__()
         self.client = client if isinstance(client, Client) else Client(client)
@@ -241,6 +252,7 @@ class RemoteMoE(torch.nn.Module):
         self._ranks = None  # DataParallelRanks, found at the first data-parallel step()
         self._shared_by_ranks = False  # a data-parallel step() ran: other ranks share the grads
         self._next_step = 0  # the data-parallel step number step() sends next
+        self.conditional_steps = conditional_steps
         if config is None and config_fields:
             from moe_client.client import layer_config
             config = layer_config(**config_fields)
@@ -254,6 +266,8 @@ class RemoteMoE(torch.nn.Module):
         else:
             self.info = self._attach(config)
         self.hidden = self.info.config.hidden
+        # The layer's optimizer step as this module last saw it (expected_optimizer_step).
+        self._optimizer_step = self.info.optimizer_step
         self._shm = ShmStepper.create(self.client) if shared_memory else None
         if shared_memory and self._shm is None:
             _log.info("moe_client: %s: the server cannot use this host's shared memory; "
@@ -310,8 +324,7 @@ class RemoteMoE(torch.nn.Module):
         self._zero_server_if_reset()
         ranks = self._data_parallel_ranks(num_ranks, rank, run_id)
         if ranks is None:
-            answer = self.client.apply_optimizer(self.name, sgd=sgd, adamw=adamw,
-                                                 timeout=timeout)
+            answer = self._plain_step(sgd, adamw, timeout)
         else:
             number = self._next_step if step is None else step
             answer = self.client.apply_optimizer(
@@ -320,7 +333,22 @@ class RemoteMoE(torch.nn.Module):
             self._next_step = number + 1
             self._shared_by_ranks = True
         self._server_has_grads = False
+        self._optimizer_step = answer.optimizer_step
         return answer
+
+    def _plain_step(self, sgd, adamw, timeout):
+        """ApplyOptimizer, conditional on this module's optimizer step (conditional_steps)."""
+        expected = self._optimizer_step if self.conditional_steps else None
+        try:
+            return self.client.apply_optimizer(self.name, sgd=sgd, adamw=adamw, timeout=timeout,
+                                               expected_optimizer_step=expected)
+        except Aborted:
+            # Nothing was applied. Start the next batch from the layer as it is: its step,
+            # and no gradients (what the server still holds was partly dropped or stale).
+            self._optimizer_step = self.client.get_layer(self.name).optimizer_step
+            self.client.zero_gradients(self.name)
+            self._server_has_grads = False
+            raise
 
     def _data_parallel_ranks(self, num_ranks, rank, run_id):
         if num_ranks is not None:
