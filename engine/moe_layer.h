@@ -120,6 +120,9 @@ class MoeLayer {
   virtual std::vector<std::string> StateNames() const = 0;
   virtual absl::StatusOr<Tensor> GetState(const std::string& name) const = 0;
   virtual absl::Status SetState(const std::string& name, const Tensor& value) = 0;
+  // Drops every optimizer state (StateNames() empty again, as on a new layer: the next step
+  // starts momentum and AdamW's moments and step count from zero) and frees its memory.
+  virtual absl::Status ResetOptimizerState() = 0;
 
   // Aux-loss-free balancing (docs/SPEC.md Updates): b_e += rate * sign(mean(f) - f_e) over the
   // global counts accumulated by forwards since the last update; then the counts restart at zero.

@@ -132,6 +132,7 @@ class MoeLayerImpl : public MoeLayer {
   absl::Status ZeroGradients() override;
   absl::Status ApplyOptimizer(const OptimizerConfig& optimizer) override;
   std::vector<std::string> StateNames() const override;
+  absl::Status ResetOptimizerState() override;
   absl::StatusOr<Tensor> GetState(const std::string& name) const override;
   absl::Status SetState(const std::string& name, const Tensor& value) override;
   absl::Status UpdateExpertBias(double rate) override;

@@ -280,6 +280,15 @@ absl::Status MoeLayerImpl::ApplyOptimizer(const OptimizerConfig& o) {
   return backend_->Synchronize();
 }
 
+absl::Status MoeLayerImpl::ResetOptimizerState() {
+  for (LayerParam& p : params_) {
+    p.m.Reset();
+    p.v.Reset();
+  }
+  optimizer_step_ = 0;
+  return absl::OkStatus();
+}
+
 std::vector<std::string> MoeLayerImpl::StateNames() const {
   std::vector<std::string> names;
   for (const LayerParam& p : params_) {

@@ -104,7 +104,9 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
           "layer \"", name, "\": its workers may hold different state (", layer->diverged, "); ",
           layer->diverged_gradients_only
               ? "ZeroGradients makes them agree again"
-              : "LoadCheckpoint (or DeleteLayer, then CreateLayer) makes them agree again"));
+              : "LoadCheckpoint, or SetWeights of every parameter (the optimizer state then "
+                "starts again from zero), makes them agree again (or DeleteLayer, then "
+                "CreateLayer)"));
     }
   }
   absl::StatusOr<WorkerSet> set = pool_->Serving();

@@ -467,10 +467,12 @@ class MoeServiceImpl final : public MoeServiceBase {
                                      v1::ApplyOptimizerResponse* response);
   // Two-phase changes (LoadCheckpoint, SetWeights): the workers staged the change under
   // `stage_id`; CommitStage applies it on every worker (a failure part-way diverges the
-  // layer, as ChangeOnWorkers); AbortStage drops it after a failed stage (best effort; not
-  // after a deadline: the stage calls still running keep nothing, and the turn waits for
-  // them).
-  absl::Status CommitStage(Turn& turn, const char* method, uint64_t stage_id);
+  // layer, as ChangeOnWorkers; reset_optimizer: a SetWeights repair, the workers also drop
+  // the optimizer state and zero the gradients); AbortStage drops it after a failed stage
+  // (best effort; not after a deadline: the stage calls still running keep nothing, and the
+  // turn waits for them).
+  absl::Status CommitStage(Turn& turn, const char* method, uint64_t stage_id,
+                           bool reset_optimizer = false);
   void AbortStage(Turn& turn, uint64_t stage_id, const absl::Status& why);
   v1::LayerInfo Info(const Layer& layer) const;
   // RecreateLayers: whether `layer` keeps the weights its workers hold (it is on every worker
@@ -551,6 +553,9 @@ class MoeServiceImpl final : public MoeServiceBase {
   // bytes are added to *held (HoldStreamBytes) from its first chunk on.
   absl::StatusOr<std::vector<NamedTensor>> ReadWeightsStream(
       StreamReader<v1::SetWeightsRequest>* reader, std::shared_ptr<Layer>* layer, int64_t* held);
+  // SetWeights on a diverged layer that sets every parameter: it repairs the layer (the commit
+  // also resets the optimizer state and gradients on every worker).
+  static bool RepairsDiverged(Layer& layer, const std::vector<NamedTensor>& tensors);
   // SetWeights, second phase: every worker of the turn receives its shards of `tensors` and
   // keeps them staged under `stage_id` (CommitStage applies them).
   absl::Status StageWeights(Turn& turn, grpc::ServerContextBase* context, uint64_t stage_id,

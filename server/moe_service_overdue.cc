@@ -71,11 +71,13 @@ void MoeServiceImpl::Drain(const std::shared_ptr<Layer>& layer, const WorkerSet&
                status.ok() ? "OK" : std::string(status.message()).c_str());
 }
 
-absl::Status MoeServiceImpl::CommitStage(Turn& turn, const char* method, uint64_t stage_id) {
+absl::Status MoeServiceImpl::CommitStage(Turn& turn, const char* method, uint64_t stage_id,
+                                         bool reset_optimizer) {
   internal::WorkerCommitRequest call;
   call.set_generation(turn.set.generation);
   call.set_layer_id(turn.layer().id);
   call.set_stage_id(stage_id);
+  call.set_reset_optimizer(reset_optimizer);
   // Not the client's deadline: a commit given up part-way would diverge the layer.
   return ChangeOnWorkers(
       turn, method, absl::Now() + options_.step_timeout,

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -317,6 +318,19 @@ absl::StatusOr<std::vector<NamedTensor>> MoeServiceImpl::ReadWeightsStream(
   return tensors;
 }
 
+bool MoeServiceImpl::RepairsDiverged(Layer& layer, const std::vector<NamedTensor>& tensors) {
+  {
+    absl::MutexLock lock(&layer.mu);
+    if (layer.diverged.empty()) return false;
+  }
+  std::set<std::string> set;
+  for (const NamedTensor& named : tensors) set.insert(named.name);
+  for (const ParameterLayout& p : LayerParameters(layer.config)) {
+    if (set.count(p.name) == 0) return false;
+  }
+  return true;
+}
+
 absl::Status MoeServiceImpl::StageWeights(Turn& turn, grpc::ServerContextBase* context,
                                           uint64_t stage_id,
                                           const std::vector<NamedTensor>& tensors) {
@@ -349,8 +363,11 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
     ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors, ReadWeightsStream(reader, &layer, &held));
 
     // Allowed on a diverged layer: the tensors it sets agree afterwards (the rest may not).
+    // One that sets every parameter repairs it: the workers also drop their optimizer state
+    // and gradients (which may differ too), and the layer is no longer diverged.
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
                      TakeTurn(layer, context, /*require_serving=*/true, /*allow_diverged=*/true));
+    const bool repair = RepairsDiverged(turn->layer(), tensors);
     // Two phases: every worker receives and checks its shards and keeps them staged (changes
     // nothing); only when all did does any apply them (CommitStage). A stream that breaks, a
     // worker that stops answering or the client's deadline therefore leave the layer as it
@@ -361,7 +378,14 @@ grpc::Status MoeServiceImpl::DoSetWeights(grpc::ServerContextBase* context,
       AbortStage(*turn, stage_id, staged);
       return staged;
     }
-    RETURN_IF_ERROR(CommitStage(*turn, "SetWeights", stage_id));
+    RETURN_IF_ERROR(CommitStage(*turn, "SetWeights", stage_id, /*reset_optimizer=*/repair));
+    if (repair) {
+      absl::MutexLock lock(&turn->layer().mu);
+      turn->layer().ClearDiverged();
+      turn->layer().gradients_dropped = false;
+      std::fprintf(stderr, "moed: layer %s repaired by SetWeights (optimizer state reset)\n",
+                   turn->layer().name.c_str());
+    }
     AfterChange(*turn, /*optimizer_step=*/false, /*force=*/true);  // durable before the answer
     for (const auto& named : tensors) response->add_updated(named.name);
     return absl::OkStatus();

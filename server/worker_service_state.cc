@@ -165,7 +165,9 @@ grpc::Status WorkerService::CommitStage(grpc::ServerContext*,
     for (const NamedTensor& named : tensors) {
       RETURN_IF_ERROR(s->layer->SetParameter(named.name, named.tensor));
     }
-    return absl::OkStatus();
+    if (!request->reset_optimizer()) return absl::OkStatus();
+    RETURN_IF_ERROR(s->layer->ResetOptimizerState());
+    return s->layer->ZeroGradients();
   });
 }
 
