@@ -130,6 +130,15 @@ TEST(MoedOptionsTest, RefusesMessageAndInflightSizesThatDisagree) {
                 "--handler_threads_per_client");
 }
 
+TEST(MoedOptionsTest, WorkerMemoryBytesIsALimitDerivedOrOff) {
+  ExpectRefused([](MoedOptions& o) { o.service.worker_memory_bytes = -2; },
+                "--worker_memory_bytes");
+  for (int64_t value : {int64_t{-1}, int64_t{0}, int64_t{1} << 30}) {
+    EXPECT_TRUE(Validate([value](MoedOptions& o) { o.service.worker_memory_bytes = value; }).ok())
+        << value;
+  }
+}
+
 TEST(MoedOptionsTest, BeyondLoopbackNeedsATokensFile) {
   ExpectRefused([](MoedOptions& o) { o.listen = "0.0.0.0"; }, "--tokens_file");
   EXPECT_TRUE(Validate([](MoedOptions& o) {
