@@ -2,7 +2,9 @@
 // set at once, and what its failures say about the workers.
 #include <grpcpp/grpcpp.h>
 
+#include <cstdio>
 #include <functional>
+#include <string>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -183,6 +185,16 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
                      n, " still running it; they finish it and its result is dropped)"));
   }
   if (options.collective && (failures.failed < n || failures.transport > 0)) {
+    // Logged: a re-formation of live workers should be rare and explainable.
+    std::string ranks;
+    for (int r = 0; r < n; ++r) {
+      absl::StrAppend(&ranks, " rank ", r, ": ", absl::StatusCodeToString(results[r].code()),
+                      results[r].ok() ? "" : absl::StrCat(" (", results[r].message(), ")"),
+                      ", ended ", absl::FormatDuration(ended[r] - deadline),
+                      " after the deadline;");
+    }
+    std::fprintf(stderr, "moed: a collective call failed on some workers, re-forming:%s\n",
+                 ranks.c_str());
     Restart("a collective call failed on some workers");
   }
   return MostTellingError(results, deadline);
