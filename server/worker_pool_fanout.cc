@@ -4,8 +4,8 @@
 
 #include <cstdio>
 #include <functional>
-#include <string>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
