@@ -139,6 +139,42 @@ TEST_F(AdmissionTest, KeptStepsCountAgainstTheLimit) {
   EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
+// A Backward is admitted the same way, before it consumes its kept step: refused, the step is
+// still there for a Backward that fits (here none does: it is released instead).
+TEST_F(AdmissionTest, OversizedBackwardIsRefusedAndKeepsItsStep) {
+  const v1::LayerConfig tiny = TinyConfig(7);
+  const LayerConfig config = EngineConfig(tiny);
+  constexpr int64_t kTokens = 512;
+  const int64_t layer_bytes = LayerBytesPerWorker(config, kRanks);
+  const int64_t budget = layer_bytes + ForwardStepBytes(config, kTokens, kRanks, DType::kFloat32);
+  StartCluster({absl::StrCat("--worker_memory_bytes=", budget)});
+  ASSERT_TRUE(Create("b", tiny).ok());
+  v1::ForwardResponse kept;
+  ASSERT_TRUE(Forward("b", kTokens, /*keep=*/true, &kept).ok());
+  const int64_t saved = Info("b").saved_bytes();
+  ASSERT_GT(
+      layer_bytes + saved / kRanks + BackwardStepBytes(config, kTokens, kRanks, DType::kFloat32),
+      budget)
+      << "this Backward would fit: the test proves nothing";
+  grpc::ClientContext ctx;
+  v1::BackwardRequest request;
+  request.set_layer("b");
+  request.set_step_id(kept.step_id());
+  *request.mutable_d_out() = FloatsToProto({kTokens, kHidden}, RandomFloats(kTokens * kHidden, 3));
+  v1::BackwardResponse response;
+  grpc::Status s = cluster_->stub()->Backward(&ctx, request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("Backward of 512 tokens on layer \"b\""));
+  EXPECT_EQ(Info("b").saved_steps(), 1);  // not consumed
+  grpc::ClientContext release_ctx;
+  v1::ReleaseStepRequest release;
+  release.set_layer("b");
+  release.set_step_id(kept.step_id());
+  v1::ReleaseStepResponse released;
+  ASSERT_TRUE(cluster_->stub()->ReleaseStep(&release_ctx, release, &released).ok());
+  EXPECT_TRUE(released.released());
+}
+
 TEST_F(AdmissionTest, CreateLayerOverTheLimitIsRefused) {
   const v1::LayerConfig tiny = TinyConfig(3);
   const int64_t layer_bytes = LayerBytesPerWorker(EngineConfig(tiny), kRanks);
