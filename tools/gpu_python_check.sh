@@ -2,8 +2,10 @@
 # gpu_python_check.sh: the Python client on the GPU machine (issue 19), one call, from the folder
 # `PYTHON_CLIENT=1 tools/pack_gpu.sh` made (carry .gpu): moed with WORKERS CUDA workers (default
 # 1), then client/python/examples/compile_check.py (torch.compile around a model with a
-# RemoteMoE: graph count, graph breaks, eager vs compiled) and bench_dp.py (steps per second of
-# a data-parallel job of N torchrun ranks sharing the layer, RANKS default 1,2,4,8). The
+# RemoteMoE: graph count, graph breaks, eager vs compiled), bench_client.py next to `moectl
+# bench` (the Python client's step latency against the C++ client's, same shapes, same moed)
+# and bench_dp.py (steps per second of a data-parallel job of N torchrun ranks sharing the
+# layer, RANKS default 1,2,4,8). The
 # carried gRPC/protobuf modules are Debian's for Python 3.11: on another Python the import check
 # says so and the script stops. Logs and JSON go to $OUT.
 #
@@ -33,6 +35,18 @@ timeout 300 python3 client/python/examples/compile_check.py --server="$server" \
   2>"$out/compile_check.err" | tee "$out/compile_check.json"
 echo "compile_check exit ${PIPESTATUS[0]}"
 tail -5 "$out/compile_check.err"
+echo "== bench_client (Python) vs moectl bench (C++), bf16"
+for t in ${CLIENT_TOKENS:-4096 16384}; do
+  timeout 120 python3 client/python/examples/bench_client.py --server="$server" --tokens="$t" \
+    --hidden=1024 --ffn=4096 --experts=8 --top_k=2 --dtype=bf16 2>>"$out/bench_client.err" |
+    tee -a "$out/bench_client.jsonl"
+  timeout 120 moectl --server="$server" bench --steps=10 --warmup=2 --tokens="$t" --hidden=1024 \
+    --ffn=4096 --experts=8 --top_k=2 --dtype=bf16 --compute_dtype=bf16 2>/dev/null |
+    tee -a "$out/moectl_bench.jsonl" | python3 -c "import json, sys; d = json.load(sys.stdin); \
+print('moectl', $t, 'fwd', d['forward']['latency_ms']['p50'], 'f+b', \
+d['forward_backward']['latency_ms']['p50'])"
+done
+tail -3 "$out/bench_client.err"
 echo "== bench_dp"
 timeout 240 python3 client/python/examples/bench_dp.py --server="$server" \
   --ranks="${RANKS:-1,2,4,8}" --steps="${DP_STEPS:-30}" --tokens="${DP_TOKENS:-4096}" \
