@@ -7,7 +7,10 @@
 //   train_bench --device=cpu --tokens=256 --hidden=64 --ffn=128 --experts=4 --steps=60
 //
 // Task (teacher-student regression): a teacher layer of the same shape with another init seed,
-// in FP32, maps --batches fixed random inputs x (normal, fixed seed) to targets t; each student
+// in FP32, maps --batches fixed random inputs x (normal, fixed seed) to targets t, plus fixed
+// label noise of --noise times the teacher's RMS (so the loss has a floor, noise^2 / (1 +
+// noise^2), as a real task's loss has; with --noise=0 the student can fit the teacher exactly
+// and the curves end at each datatype's rounding floor instead); each student
 // (one per compute datatype, all from the same init seed) trains on them in turn with AdamW.
 // Loss = mean((y - t)^2) / mean(t^2) (1 = predicting zero), so d_out = 2 (y - t) / (N mean(t^2)),
 // computed on the host in double precision; the aux loss is on (coefficient 1e-2), its gradient
@@ -47,6 +50,7 @@ ABSL_FLAG(int, batches, 4, "fixed input batches, used in turn");
 ABSL_FLAG(int, steps, 60, "optimizer steps per student");
 ABSL_FLAG(double, lr, 1e-3, "AdamW learning rate");
 ABSL_FLAG(int, log_every, 10, "loss recorded in the JSON every this many steps");
+ABSL_FLAG(double, noise, 0.5, "label noise added to the teacher's outputs, times their RMS");
 ABSL_FLAG(uint64_t, seed, 1, "students' init seed (the teacher uses seed + 1000, inputs seed + 7)");
 
 namespace moe {
@@ -84,9 +88,16 @@ absl::StatusOr<std::vector<Batch>> MakeBatches(Backend* backend, Communicator* c
     for (int64_t i = 0; i < T * H; ++i) x[i] = normal(rng);
     ASSIGN_OR_RETURN(ForwardResult r, teacher->Forward(b.x, nullptr));
     b.target = std::move(r.out);
-    const float* t = b.target.data<float>();
+    float* t = b.target.data<float>();
     double power = 0.0;
     for (int64_t i = 0; i < T * H; ++i) power += static_cast<double>(t[i]) * t[i];
+    const float noise = static_cast<float>(absl::GetFlag(FLAGS_noise) *
+                                           std::sqrt(power / static_cast<double>(T * H)));
+    power = 0.0;
+    for (int64_t i = 0; i < T * H; ++i) {
+      t[i] += noise * normal(rng);
+      power += static_cast<double>(t[i]) * t[i];
+    }
     b.target_power = power / static_cast<double>(T * H);
     if (!(b.target_power > 0.0)) return absl::InternalError("teacher output is all zero");
   }
@@ -126,9 +137,9 @@ absl::StatusOr<Curve> Train(Backend* backend, Communicator* comm, DType compute_
                             const std::vector<Batch>& batches) {
   Curve curve;
   curve.dtype = ComputeDTypeName(compute_dtype);
-  ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> student,
-                   MoeLayer::Create(ConfigFromFlags(compute_dtype, absl::GetFlag(FLAGS_seed)),
-                                    backend, comm));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<MoeLayer> student,
+      MoeLayer::Create(ConfigFromFlags(compute_dtype, absl::GetFlag(FLAGS_seed)), backend, comm));
   const OptimizerConfig adamw = OptimizerConfig::AdamW(absl::GetFlag(FLAGS_lr));
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < absl::GetFlag(FLAGS_steps); ++step) {
@@ -144,8 +155,7 @@ absl::StatusOr<Curve> Train(Backend* backend, Communicator* comm, DType compute_
     RETURN_IF_ERROR(student->Backward(*saved, d_out, /*d_aux=*/1.0, /*d_z_loss=*/0.0).status());
     RETURN_IF_ERROR(student->ApplyOptimizer(adamw));
   }
-  curve.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  curve.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return curve;
 }
 
@@ -159,6 +169,7 @@ std::string CurveJson(const Curve& c) {
       ", \"hidden\": ", absl::GetFlag(FLAGS_hidden), ", \"ffn\": ", absl::GetFlag(FLAGS_ffn),
       ", \"experts\": ", absl::GetFlag(FLAGS_experts), ", \"top_k\": ", absl::GetFlag(FLAGS_top_k),
       ", \"steps\": ", c.losses.size(), ", \"lr\": ", absl::GetFlag(FLAGS_lr),
+      ", \"noise\": ", absl::GetFlag(FLAGS_noise),
       ", \"loss_first\": ", c.losses.empty() ? 0.0 : c.losses.front(),
       ", \"loss_final\": ", c.Final(), ", \"seconds\": ", c.seconds, ", \"log_every\": ", every,
       ", \"losses\": [", absl::StrJoin(logged, ", "), "]}");
@@ -187,9 +198,10 @@ absl::Status Run() {
   for (const Curve& c : curves) {
     ratios.push_back(absl::StrCat("\"", c.dtype, "\": ", c.Final() / curves.front().Final()));
   }
-  std::printf("{\"bench\": \"train_bench\", \"summary\": \"final loss / %s's final loss\", "
-              "\"final_ratio\": {%s}}\n",
-              curves.front().dtype.c_str(), absl::StrJoin(ratios, ", ").c_str());
+  std::printf(
+      "{\"bench\": \"train_bench\", \"summary\": \"final loss / %s's final loss\", "
+      "\"final_ratio\": {%s}}\n",
+      curves.front().dtype.c_str(), absl::StrJoin(ratios, ", ").c_str());
   return absl::OkStatus();
 }
 

@@ -12,7 +12,6 @@
 #       //tests/gpu:ep2_gpu_test //bench:gpu_bench
 #   tools/pack_gpu.sh            # -> .gpu/{bin,lib,env.sh}
 #   # on the GPU machine: source .gpu/env.sh && tools/gpu_checks.sh
-#   PYTHON_CLIENT=1 tools/pack_gpu.sh   # also the Python client, see below
 set -euo pipefail
 out=${1:-.gpu}
 shift || true
@@ -38,24 +37,6 @@ for b in "${bins[@]}"; do
     [ -f "$path" ] && cp -Lu "$path" "$out/lib/"
   done
 done
-# PYTHON_CLIENT=1: also the Python client (moe_client with generated stubs) and Debian's gRPC
-# and protobuf modules in OUTDIR/py, for the GPU machine's Python, which has PyTorch but no
-# gRPC (issue 19's torch.compile check; only where its Python is 3.11, the modules' ABI).
-if [ -n "${PYTHON_CLIENT:-}" ]; then
-  dist=/usr/lib/python3/dist-packages
-  mkdir -p "$out/py/google"
-  cp -r "$dist/grpc" "$out/py/"
-  cp -r "$dist/google/protobuf" "$out/py/google/"
-  cp -r "$(dirname "$0")/../client/python/moe_client" "$out/py/"
-  find "$out/py" -name __pycache__ -prune -exec rm -rf {} +
-  "$(dirname "$0")/../client/python/gen_stubs.sh" "$out/py"
-  find "$out/py" -name '*.so' | while read -r so; do
-    ldd "$so" | awk '/=>/ {print $1, $3}' | while read -r name path; do
-      [[ $name =~ $skip ]] && continue
-      [ -f "$path" ] && cp -Lu "$path" "$out/lib/"
-    done
-  done
-fi
 # The libraries travel compressed (OpenBLAS alone is 36 MB); env.sh unpacks them there.
 tar -C "$out" -cf - lib | xz -6 -T0 > "$out/lib.tar.xz"
 rm -rf "$out/lib"
@@ -68,7 +49,6 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 export PATH="$here/bin:$PATH"
 export NCCL_NVLS_ENABLE=0
-[ -d "$here/py" ] && export PYTHONPATH="$here/py:${PYTHONPATH:-}"
 ENV
 size_kb=$(du -sk "$out" | cut -f1)
 echo "packed ${#bins[@]} binaries, $((size_kb / 1024)) MiB into $out"
