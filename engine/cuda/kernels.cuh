@@ -122,6 +122,16 @@ int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t ro
                       bool transpose, Fp8Kind fp8, uint8_t* dst, float* scale,
                       int64_t scale_stride, void* scratch,
                       void* stream);
+// The same for one matrix [rows, cols] whose rows form `groups` groups (host list group_rows,
+// summing to rows): the codes go to dst (as stored; nullptr: not written) and to
+// dst_grouped_t [cols, ld_grouped], each group's rows transposed into its own run of columns
+// rounded up to 16 with zero codes in the pads (engine/backend.h QuantizeArgs::dst_grouped_t;
+// ld_grouped = the sum of the rounded group sizes). cols <= 65535 * 32. `scratch` holds
+// QuantizeScratchBytes(1) bytes.
+int LaunchQuantizeFp8Grouped(const void* src, KType src_type, int64_t rows, int64_t cols,
+                             const int64_t* group_rows, int64_t groups, Fp8Kind fp8,
+                             uint8_t* dst, uint8_t* dst_grouped_t, int64_t ld_grouped,
+                             float* scale, void* scratch, void* stream);
 
 }  // namespace cuda
 }  // namespace moe
