@@ -232,6 +232,39 @@ TEST(Fp8Layer, TwoRunsAreBitwiseEqual) {
   }
 }
 
+// Two backwards without ZeroGradients add up (the FP8 weight-gradient GEMMs with beta 1) to
+// the two steps' gradients taken one at a time.
+TEST(Fp8Layer, GradientsAccumulateOverBackwards) {
+  LayerConfig c = Fp8Config();
+  c.use_bias = true;
+  absl::StatusOr<CpuLayer> together = MakeCpuLayer(c), apart = MakeCpuLayer(c);
+  ASSERT_TRUE(together.ok() && apart.ok());
+  std::mt19937_64 rng(1603);
+  std::vector<Tensor> xs, d_outs;
+  for (int step = 0; step < 2; ++step) {
+    xs.push_back(FromDoubles(RandomNormal(40 * c.hidden, 1.0, &rng), {40, c.hidden},
+                             DType::kFloat32));
+    d_outs.push_back(FromDoubles(RandomNormal(40 * c.hidden, 1.0, &rng), {40, c.hidden},
+                                 DType::kFloat32));
+  }
+  std::vector<std::vector<double>> sums(3);
+  const char* names[] = {"wi", "wo", "wi_bias"};
+  for (int step = 0; step < 2; ++step) {
+    ASSERT_TRUE(RunStep(together->layer.get(), xs[step], &d_outs[step], 0.5, 0.5).ok());
+    ASSERT_TRUE(apart->layer->ZeroGradients().ok());
+    ASSERT_TRUE(RunStep(apart->layer.get(), xs[step], &d_outs[step], 0.5, 0.5).ok());
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<double> g = ToDoubles(*apart->layer->GetGradient(names[i]));
+      sums[i].resize(g.size());
+      for (size_t j = 0; j < g.size(); ++j) sums[i][j] += g[j];
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_LE(RelativeError(ToDoubles(*together->layer->GetGradient(names[i])), sums[i]), 1e-6)
+        << names[i];
+  }
+}
+
 // The e4m3 weight copies are rebuilt after SetParameter and after an optimizer step: the
 // next step matches the reference on the new weights.
 TEST(Fp8Layer, WeightCopiesFollowEveryWeightChange) {
