@@ -129,6 +129,9 @@ struct QuantizeArgs {
   int64_t scale_stride = 1;
   void* dst_grouped_t = nullptr;  // optional, see above (batch 1, transpose false)
   absl::Span<const int64_t> group_rows;  // host; sums to rows (with dst_grouped_t only)
+  // Optional (batch 1): max |src| already computed by the kernel that wrote src (backend
+  // memory, e.g. ActivationArgs::amax); the quantisation then skips its own amax pass.
+  const float* amax = nullptr;
 };
 
 // Floats between per-matrix FP8 scales that FP8 GEMMs read one by one (16 bytes).
@@ -230,6 +233,10 @@ struct ActivationArgs {
   void* d_h = nullptr;      // [rows, up] backward output
   const float* up_bias = nullptr;  // [groups, up] or nullptr
   GroupRows group_rows;     // rows of each local expert (needed when up_bias is set)
+  // Optional (FP8, docs/SPEC.md "FP8"): max(*amax, max |output as stored|) (a forward, d_h
+  // backward; NaN ignored) is written to *amax (backend memory, zeroed by the caller first):
+  // the amax a QuantizeFp8 of the output would compute, for QuantizeArgs::amax.
+  float* amax = nullptr;
 };
 
 class Backend {

@@ -30,23 +30,29 @@ absl::Status PerExpert(Backend* backend, const std::vector<int64_t>& group_rows,
 
 }  // namespace
 
-absl::StatusOr<Fp8Rows> MoeLayerImpl::QuantizeExpertRows(const std::vector<int64_t>& group_rows,
-                                                         const void* in, int64_t cols,
-                                                         DType fp8) {
-  Fp8Rows q;
-  if (config_.compute_dtype != DType::kFloat8E4M3) return q;
+absl::Status MoeLayerImpl::PrepareFp8Amax(Fp8Rows& q) {
+  if (config_.compute_dtype != DType::kFloat8E4M3) return absl::OkStatus();
+  ASSIGN_OR_RETURN(q.scale, backend_->Allocate(kFp8ScaleStride * sizeof(float)));
+  RETURN_IF_ERROR(backend_->Memset(q.scale.data(), 0, kFp8ScaleStride * sizeof(float)));
+  q.amax_from_producer = true;
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayerImpl::QuantizeExpertRows(const std::vector<int64_t>& group_rows,
+                                              const void* in, int64_t cols, Fp8Rows& q) {
+  if (config_.compute_dtype != DType::kFloat8E4M3) return absl::OkStatus();
   int64_t rows = 0;
   for (int64_t r : group_rows) rows += r;
-  q.fp8 = fp8;
-  ASSIGN_OR_RETURN(q.scale, backend_->Allocate(kFp8ScaleStride * sizeof(float)));
+  if (!q.amax_from_producer) {
+    ASSIGN_OR_RETURN(q.scale, backend_->Allocate(kFp8ScaleStride * sizeof(float)));
+  }
   ASSIGN_OR_RETURN(q.rows, backend_->Allocate(rows * cols));
   ASSIGN_OR_RETURN(q.columns, backend_->Allocate(cols * Fp8GroupedColumns(group_rows)));
   QuantizeArgs a;
-  a.src = in, a.src_type = ExpertRowDType(config_), a.rows = rows, a.cols = cols, a.fp8 = fp8;
-  a.dst = q.rows.data(), a.scale = q.scale.as<float>();
+  a.src = in, a.src_type = ExpertRowDType(config_), a.rows = rows, a.cols = cols, a.fp8 = q.fp8;
+  a.dst = q.rows.data(), a.scale = q.scale.as<float>(), a.amax = q.amax();
   a.dst_grouped_t = q.columns.data(), a.group_rows = group_rows;
-  RETURN_IF_ERROR(backend_->QuantizeFp8(a));
-  return q;
+  return backend_->QuantizeFp8(a);
 }
 
 absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows,
@@ -153,8 +159,7 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   void* h = s.h.data();
   void* y = w.y_expert.data();
   // h = X_e . wi_e   ([rows, H] x [H, up])
-  ASSIGN_OR_RETURN(s.x_fp8,
-                   QuantizeExpertRows(plan.group_rows, s.x_expert.data(), H, DType::kFloat8E4M3));
+  RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, s.x_expert.data(), H, s.x_fp8));
   RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, s.x_expert.data(), s.x_fp8, H, *Find("wi"),
                                  /*transposed=*/false, up, h));
   if (fp8) {  // the backward reads X_e's grouped codes only (SavedStep::x_fp8)
@@ -166,10 +171,11 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   aa.dtype = cd, aa.h = h, aa.a = act.data();
   aa.up_bias = c.use_bias ? Find("wi_bias")->master.as<float>() : nullptr;
   aa.group_rows = plan.group_rows;
+  RETURN_IF_ERROR(PrepareFp8Amax(s.act_fp8));  // FP8: the activation kernel finds a's amax
+  aa.amax = s.act_fp8.amax();
   RETURN_IF_ERROR(backend_->ActivationForward(aa));
   // y = a . wo_e   ([rows, F] x [F, H])
-  ASSIGN_OR_RETURN(s.act_fp8,
-                   QuantizeExpertRows(plan.group_rows, act.data(), F, DType::kFloat8E4M3));
+  RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, act.data(), F, s.act_fp8));
   RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, act.data(), s.act_fp8, F, *Find("wo"),
                                  /*transposed=*/false, H, y));
   s.act_fp8.rows.Reset();
@@ -191,7 +197,9 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   LayerParam& wo = *Find("wo");
   ASSIGN_OR_RETURN(Buffer d_act, backend_->Allocate(plan.expert_rows * F * cs));
   // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]).
-  ASSIGN_OR_RETURN(Fp8Rows d_y_fp8, QuantizeExpertRows(plan.group_rows, d_y, H, kGradientFp8));
+  Fp8Rows d_y_fp8;
+  d_y_fp8.fp8 = kGradientFp8;
+  RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_y, H, d_y_fp8));
   RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, d_y, d_y_fp8, H, wo, /*transposed=*/true, F,
                                  d_act.data()));
   d_y_fp8.rows.Reset();
@@ -209,11 +217,14 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   aa.activation = c.activation, aa.gated = c.gated, aa.rows = plan.expert_rows, aa.ffn = F;
   aa.dtype = cd, aa.h = s.h.data(), aa.d_a = d_act.data(), aa.d_h = d_h.data();
   aa.group_rows = plan.group_rows;
+  Fp8Rows d_h_fp8;
+  d_h_fp8.fp8 = kGradientFp8;
+  RETURN_IF_ERROR(PrepareFp8Amax(d_h_fp8));  // FP8: the activation kernel finds d_h's amax
+  aa.amax = d_h_fp8.amax();
   RETURN_IF_ERROR(backend_->ActivationBackward(aa));
   d_act.Reset();
   // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up])
-  ASSIGN_OR_RETURN(Fp8Rows d_h_fp8,
-                   QuantizeExpertRows(plan.group_rows, d_h.data(), up, kGradientFp8));
+  RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_h.data(), up, d_h_fp8));
   RETURN_IF_ERROR(ExpertWeightGradGemm(plan.group_rows, s.x_expert.data(), s.x_fp8, H,
                                        d_h.data(), d_h_fp8, up, wi));
   d_h_fp8.columns.Reset();

@@ -50,9 +50,13 @@ struct LayerParam {
 // compute_dtype = FP8; `rows` is freed as soon as its GEMM is enqueued.
 struct Fp8Rows {
   DType fp8 = DType::kFloat8E4M3;
-  Buffer scale;    // float [1]
+  Buffer scale;    // float [kFp8ScaleStride]: [0] the scale, [1] the amax slot (see amax())
   Buffer rows;     // [rows, cols] codes
   Buffer columns;  // [cols, Fp8GroupedColumns(group_rows)] codes, zero pads
+  // Set by PrepareFp8Amax: the tensor's producer reduces its amax into amax() (e.g.
+  // ActivationArgs::amax), and QuantizeExpertRows skips its own amax pass.
+  bool amax_from_producer = false;
+  float* amax() const { return amax_from_producer ? scale.as<float>() + 1 : nullptr; }
   size_t bytes() const { return scale.size() + rows.size() + columns.size(); }
 };
 
@@ -226,10 +230,13 @@ class MoeLayerImpl : public MoeLayer {
   // Backward's output: w.d_x cast to s.x_type (into `into` when non-null, as DownloadInto).
   absl::StatusOr<Tensor> DownloadInputGradient(const SavedStep& s, BackwardWork& w, Tensor* into);
   // Under compute_dtype = FP8: `in` [rows, cols] (ExpertRowDType, the local experts' rows in
-  // group_rows order) quantised as `fp8` with one per-tensor scale into both layouts of
-  // Fp8Rows. Otherwise an empty Fp8Rows (nothing to do).
-  absl::StatusOr<Fp8Rows> QuantizeExpertRows(const std::vector<int64_t>& group_rows,
-                                             const void* in, int64_t cols, DType fp8);
+  // group_rows order) quantised as q.fp8 with one per-tensor scale into both layouts of q
+  // (allocated here; the amax from q.amax() when PrepareFp8Amax ran). Otherwise nothing.
+  absl::Status QuantizeExpertRows(const std::vector<int64_t>& group_rows, const void* in,
+                                  int64_t cols, Fp8Rows& q);
+  // Under FP8: allocates q.scale with a zeroed amax slot and sets q.amax_from_producer, before
+  // the kernel that writes the tensor (which then fills q.amax()). Otherwise nothing.
+  absl::Status PrepareFp8Amax(Fp8Rows& q);
   // FP8 expert GEMMs (moe_layer_experts.cc): GroupedGemm over the local experts of
   // out = in . weights^T, `in` the codes as stored of a [rows, k] input, weights [El, n, k]
   // e4m3 codes with [El] scales.

@@ -42,6 +42,9 @@ absl::Status CheckQuantizeArgs(const QuantizeArgs& q) {
     return absl::InvalidArgumentError("QuantizeFp8: negative size");
   }
   if (q.scale_stride < 1) return absl::InvalidArgumentError("QuantizeFp8: scale_stride < 1");
+  if (q.amax != nullptr && q.batch != 1) {
+    return absl::InvalidArgumentError("QuantizeFp8: a given amax needs batch 1");
+  }
   const bool grouped = q.dst_grouped_t != nullptr;
   if (q.batch > 0 && (q.scale == nullptr || (q.rows * q.cols > 0 &&
                                              (q.src == nullptr || (q.dst == nullptr && !grouped))))) {
@@ -101,10 +104,14 @@ absl::Status QuantizeFp8(const QuantizeArgs& q, int threads) {
   const int64_t n = q.rows * q.cols;
   for (int64_t b = 0; b < q.batch; ++b) {
     const int64_t base = b * n;
-    // amax: max is exact and order-free (NaN ignored, as fmaxf).
+    // amax: max is exact and order-free (NaN ignored, as fmaxf); or as the producer found it.
     float amax = 0.0f;
-    for (int64_t i = 0; i < n; ++i)
-      amax = std::fmax(amax, std::fabs(LoadFloat(q.src, q.src_type, base + i)));
+    if (q.amax != nullptr) {
+      amax = *q.amax;
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        amax = std::fmax(amax, std::fabs(LoadFloat(q.src, q.src_type, base + i)));
+    }
     const float scale = Fp8Scale(amax, q.fp8);
     q.scale[b * q.scale_stride] = scale;
     WriteCodes(q, base, scale, threads);

@@ -47,6 +47,9 @@ absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
   }
   if (q.batch > 65535) return absl::InvalidArgumentError("QuantizeFp8: batch above 65535");
   if (q.scale_stride < 1) return absl::InvalidArgumentError("QuantizeFp8: scale_stride < 1");
+  if (q.amax != nullptr && q.batch != 1) {
+    return absl::InvalidArgumentError("QuantizeFp8: a given amax needs batch 1");
+  }
   if (q.batch == 0) return absl::OkStatus();
   const bool grouped = q.dst_grouped_t != nullptr;
   if (q.scale == nullptr ||
@@ -59,7 +62,8 @@ absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
   const int err =
       LaunchQuantizeFp8(q.src, ToKType(q.src_type), q.batch, q.rows, q.cols, q.transpose,
                         q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2,
-                        static_cast<uint8_t*>(q.dst), q.scale, q.scale_stride, scratch, stream_);
+                        static_cast<uint8_t*>(q.dst), q.scale, q.scale_stride, q.amax, scratch,
+                        stream_);
   RETURN_IF_ERROR(ScratchFree(scratch));
   CUDA_RETURN_IF_ERROR(err);
   return absl::OkStatus();
@@ -88,8 +92,8 @@ absl::Status CudaBackend::QuantizeFp8Grouped(const QuantizeArgs& q) {
       q.src, ToKType(q.src_type), q.rows, q.cols, q.group_rows.data(),
       static_cast<int64_t>(q.group_rows.size()),
       q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2, static_cast<uint8_t*>(q.dst),
-      static_cast<uint8_t*>(q.dst_grouped_t), Fp8GroupedColumns(q.group_rows), q.scale, scratch,
-      stream_);
+      static_cast<uint8_t*>(q.dst_grouped_t), Fp8GroupedColumns(q.group_rows), q.scale, q.amax,
+      scratch, stream_);
   RETURN_IF_ERROR(ScratchFree(scratch));
   CUDA_RETURN_IF_ERROR(err);
   return absl::OkStatus();

@@ -232,12 +232,17 @@ int LaunchScaleOnly(const uint32_t* amax, Fp8Kind fp8, float* scale, cudaStream_
 int LaunchQuantizeFp8Grouped(const void* src, KType src_type, int64_t rows, int64_t cols,
                              const int64_t* group_rows, int64_t groups, Fp8Kind fp8,
                              uint8_t* dst, uint8_t* dst_grouped_t, int64_t ld_grouped,
-                             float* scale, void* scratch, void* stream) {
+                             float* scale, const float* known_amax, void* scratch,
+                             void* stream) {
   if ((cols + kTile - 1) / kTile > 65535) return static_cast<int>(cudaErrorInvalidValue);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  uint32_t* amax = static_cast<uint32_t*>(scratch);
-  int err = LaunchAmax(src, src_type, 1, rows * cols, amax, s);
-  if (err != 0) return err;
+  const uint32_t* amax = reinterpret_cast<const uint32_t*>(known_amax);
+  if (known_amax == nullptr) {
+    uint32_t* reduced = static_cast<uint32_t*>(scratch);
+    const int err = LaunchAmax(src, src_type, 1, rows * cols, reduced, s);
+    if (err != 0) return err;
+    amax = reduced;
+  }
   return SwitchType(src_type, [&](auto tag) {
     using T = typename decltype(tag)::type;
     bool cast = false;
@@ -271,13 +276,18 @@ size_t QuantizeScratchBytes(int64_t batch) { return static_cast<size_t>(batch) *
 
 int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t rows, int64_t cols,
                       bool transpose, Fp8Kind fp8, uint8_t* dst, float* scale,
-                      int64_t scale_stride, void* scratch,
+                      int64_t scale_stride, const float* known_amax, void* scratch,
                       void* stream) {
   if (batch <= 0) return 0;
+  if (known_amax != nullptr && batch != 1) return static_cast<int>(cudaErrorInvalidValue);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  uint32_t* amax = static_cast<uint32_t*>(scratch);
-  int err = static_cast<int>(cudaMemsetAsync(amax, 0, QuantizeScratchBytes(batch), s));
-  if (err != 0) return err;
+  uint32_t* reduced = static_cast<uint32_t*>(scratch);
+  const uint32_t* amax =
+      known_amax != nullptr ? reinterpret_cast<const uint32_t*>(known_amax) : reduced;
+  if (known_amax == nullptr) {
+    const int err = static_cast<int>(cudaMemsetAsync(reduced, 0, QuantizeScratchBytes(batch), s));
+    if (err != 0) return err;
+  }
   const int64_t per_matrix = rows * cols;
   if (batch > 65535) return static_cast<int>(cudaErrorInvalidValue);
   // 8-wide when every matrix starts 16-byte aligned in src and 8-byte aligned in dst.
@@ -298,7 +308,9 @@ int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t ro
     using T = typename decltype(tag)::type;
     return SwitchVec8(vec, [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
-      AmaxKernel<V, T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(src), per_matrix, amax);
+      if (known_amax == nullptr) {
+        AmaxKernel<V, T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(src), per_matrix, reduced);
+      }
       if (transpose) {
         const dim3 tgrid(static_cast<unsigned>((cols + kTile - 1) / kTile),
                          static_cast<unsigned>((rows + kTile - 1) / kTile),
