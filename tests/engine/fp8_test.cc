@@ -301,6 +301,44 @@ TEST(CpuFp8, GroupedTransposedEdgeCasesAndRefusals) {
   EXPECT_FALSE(backend->QuantizeFp8(q).ok());
 }
 
+// FP8 amax from the producer: ActivationArgs::amax is max |a| / |d_h| as stored (NaN
+// ignored), and QuantizeArgs::amax given it quantises as the amax pass would.
+TEST(CpuFp8, ActivationAmaxFeedsTheQuantisation) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+  const int64_t rows = 9, F = 12, up = 2 * F;
+  std::mt19937_64 rng(7);
+  std::vector<uint16_t> h(rows * up), d_a(rows * F), a(rows * F), d_h(rows * up);
+  for (uint16_t& v : h) v = FloatToBf16(std::normal_distribution<float>(0.0f, 2.0f)(rng));
+  for (uint16_t& v : d_a) v = FloatToBf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+  h[3] = FloatToBf16(std::numeric_limits<float>::quiet_NaN());
+  alignas(16) float amax[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  ActivationArgs args;
+  args.rows = rows, args.ffn = F, args.dtype = DType::kBFloat16;
+  args.h = h.data(), args.a = a.data(), args.d_a = d_a.data(), args.d_h = d_h.data();
+  args.amax = amax;
+  ASSERT_TRUE(backend->ActivationForward(args).ok());
+  args.amax = amax + 4;
+  ASSERT_TRUE(backend->ActivationBackward(args).ok());
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<uint16_t>& out = which == 0 ? a : d_h;
+    float want = 0;
+    for (uint16_t v : out) want = std::fmax(want, std::fabs(Bf16ToFloat(v)));
+    EXPECT_EQ(amax[which * 4], want);
+    std::vector<uint8_t> codes(out.size()), given_codes(out.size());
+    alignas(16) float scale[4], given_scale[4];
+    QuantizeArgs q;
+    q.src = out.data(), q.src_type = DType::kBFloat16, q.rows = rows;
+    q.cols = static_cast<int64_t>(out.size()) / rows, q.dst = codes.data(), q.scale = scale;
+    ASSERT_TRUE(backend->QuantizeFp8(q).ok());
+    q.dst = given_codes.data(), q.scale = given_scale, q.amax = amax + which * 4;
+    ASSERT_TRUE(backend->QuantizeFp8(q).ok());
+    EXPECT_EQ(scale[0], given_scale[0]);
+    EXPECT_EQ(codes, given_codes);
+    q.batch = 2;  // a given amax is one matrix's
+    EXPECT_FALSE(backend->QuantizeFp8(q).ok());
+  }
+}
+
 // The weight-gradient GEMM the layer runs on grouped codes (moe_layer_experts.cc,
 // ExpertWeightGradGemm): per group, C = scale_a scale_b sum over the group's rows of
 // in[r, i] d_out[r, j] (the pads add nothing), written with beta 0 (empty groups: zeros) and

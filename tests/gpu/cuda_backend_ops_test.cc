@@ -613,6 +613,71 @@ TEST(CudaOps, ActivationsAndBiases) {
   }
 }
 
+// ActivationArgs::amax (FP8: the activation kernels find the amax of what they store): on each
+// backend it is max |a| (forward) and max |d_h| (backward) of the stored values bitwise, and a
+// QuantizeFp8 given it writes the scale and codes of one that computes its own.
+TEST(CudaOps, Fp8ActivationAmaxIsTheQuantiseAmax) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  const int64_t rows = 300;
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    for (bool gated : {true, false}) {
+      for (int64_t F : {int64_t{48}, int64_t{13}}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " gated=" << gated << " F=" << F);
+        const int64_t up = gated ? 2 * F : F;
+        const bool bf = dt == DType::kBFloat16;
+        std::vector<float> h = RandomFloats(rows * up, 24, 2.0f), da = RandomFloats(rows * F, 25);
+        h[7] = NAN;  // NaN is not an amax
+        Mirrored Hm = bf ? bp.Upload(FloatsToBf16(h)) : bp.Upload(h);
+        Mirrored DA = bf ? bp.Upload(FloatsToBf16(da)) : bp.Upload(da);
+        Mirrored A = bp.Output(rows * F * DTypeSize(dt)), DH = bp.Output(rows * up * DTypeSize(dt));
+        Mirrored amax = bp.Upload(std::vector<float>(2 * kFp8ScaleStride, 0.0f));
+        Both(bp, [&](Backend* be, bool g) {
+          ActivationArgs a;
+          a.activation = Activation::kSilu, a.gated = gated, a.rows = rows, a.ffn = F, a.dtype = dt;
+          a.h = P(Hm, g), a.a = P(A, g), a.d_a = P(DA, g), a.d_h = P(DH, g);
+          a.amax = P<float>(amax, g);
+          absl::Status s = be->ActivationForward(a);
+          if (!s.ok()) return s;
+          a.amax = P<float>(amax, g) + kFp8ScaleStride;
+          return be->ActivationBackward(a);
+        });
+        Results<float> found = bp.Download<float>(amax, 2 * kFp8ScaleStride);
+        for (int which = 0; which < 2; ++which) {
+          const Mirrored& out = which == 0 ? A : DH;
+          const int64_t n = rows * (which == 0 ? F : up);
+          Results<float> values = bf ? bp.DownloadBf16(out, n) : bp.Download<float>(out, n);
+          for (bool gpu : {false, true}) {
+            float want = 0.0f;
+            for (float v : gpu ? values.gpu : values.cpu) want = std::fmax(want, std::fabs(v));
+            const float got = (gpu ? found.gpu : found.cpu)[which * kFp8ScaleStride];
+            EXPECT_EQ(got, want) << (which == 0 ? "a" : "d_h") << (gpu ? " gpu" : " cpu");
+          }
+          Mirrored codes = bp.Output(2 * n), scales = bp.Output(2 * kFp8ScaleStride * 4);
+          Both(bp, [&](Backend* be, bool g) {
+            QuantizeArgs q;
+            q.src = P(out, g), q.src_type = dt, q.rows = rows, q.cols = n / rows;
+            q.dst = P(codes, g), q.scale = P<float>(scales, g);
+            absl::Status s = be->QuantizeFp8(q);
+            if (!s.ok()) return s;
+            q.amax = P<float>(amax, g) + which * kFp8ScaleStride;
+            q.dst = P<uint8_t>(codes, g) + n, q.scale = P<float>(scales, g) + kFp8ScaleStride;
+            return be->QuantizeFp8(q);
+          });
+          Results<uint8_t> c = bp.Download<uint8_t>(codes, 2 * n);
+          Results<float> sc = bp.Download<float>(scales, 2 * kFp8ScaleStride);
+          for (bool gpu : {false, true}) {
+            const std::vector<uint8_t>& cv = gpu ? c.gpu : c.cpu;
+            const std::vector<float>& sv = gpu ? sc.gpu : sc.cpu;
+            EXPECT_EQ(sv[0], sv[kFp8ScaleStride]) << (gpu ? "gpu" : "cpu");
+            EXPECT_EQ(std::memcmp(cv.data(), cv.data() + n, n), 0) << (gpu ? "gpu" : "cpu");
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaOps, LargeHostCopiesRoundTrip) {
   // Both the driver's pageable copies and the backend's opt-in pinned staging.
   for (const char* staging : {"0", "1"}) {
