@@ -5,8 +5,8 @@
 # bitwise equal; the fp32/bf16 cases of the same binaries run too; '*Fp8*' also takes the
 # grouped transposed quantisation, the FP8 weight-gradient GEMMs and the activation amax), then
 # gpu_bench for te_seed, mixtral and dsv3 in bf16 and FP8 back to back in the same process, with
-# a summary table of
-# the device times, the FP8 speed-up and the issue-16 targets. Logs and JSON go to $OUT.
+# a summary table of the device times, the FP8 speed-up and the issue-16 targets. Logs and JSON
+# go to $OUT.
 #
 #   here:  bazel build //tests/gpu:cuda_backend_ops_test //tests/gpu:cuda_layer_test \
 #              //bench:gpu_bench && tools/pack_gpu.sh
