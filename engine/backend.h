@@ -127,7 +127,7 @@ struct QuantizeArgs {
   float* scale = nullptr;  // matrix b's scale at scale[b * scale_stride]
   // kFp8ScaleStride keeps every matrix's scale 16-byte aligned, as an FP8 GEMM needs it.
   int64_t scale_stride = 1;
-  void* dst_grouped_t = nullptr;  // optional, see above (batch 1, transpose false)
+  void* dst_grouped_t = nullptr;         // optional, see above (batch 1, transpose false)
   absl::Span<const int64_t> group_rows;  // host; sums to rows (with dst_grouped_t only)
   // Optional (batch 1): max |src| already computed by the kernel that wrote src (backend
   // memory, e.g. ActivationArgs::amax); the quantisation then skips its own amax pass.

@@ -55,9 +55,9 @@ absl::Status MoeLayerImpl::QuantizeExpertRows(const std::vector<int64_t>& group_
   return backend_->QuantizeFp8(a);
 }
 
-absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows,
-                                         const Fp8Rows& in, int64_t k, const void* weights,
-                                         const float* weight_scales, int64_t n, void* out) {
+absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const Fp8Rows& in,
+                                         int64_t k, const void* weights, const float* weight_scales,
+                                         int64_t n, void* out) {
   const DType rd = ExpertRowDType(config_);
   const uint8_t* codes = in.rows.as<uint8_t>();
   int64_t rows = 0;
@@ -200,8 +200,8 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   Fp8Rows d_y_fp8;
   d_y_fp8.fp8 = kGradientFp8;
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_y, H, d_y_fp8));
-  RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, d_y, d_y_fp8, H, wo, /*transposed=*/true, F,
-                                 d_act.data()));
+  RETURN_IF_ERROR(
+      ExpertDataGemm(plan.group_rows, d_y, d_y_fp8, H, wo, /*transposed=*/true, F, d_act.data()));
   d_y_fp8.rows.Reset();
   // d_wo_e += a^T . d_y   ([F, rows] x [rows, H])
   RETURN_IF_ERROR(
@@ -225,8 +225,8 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   d_act.Reset();
   // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up])
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_h.data(), up, d_h_fp8));
-  RETURN_IF_ERROR(ExpertWeightGradGemm(plan.group_rows, s.x_expert.data(), s.x_fp8, H,
-                                       d_h.data(), d_h_fp8, up, wi));
+  RETURN_IF_ERROR(ExpertWeightGradGemm(plan.group_rows, s.x_expert.data(), s.x_fp8, H, d_h.data(),
+                                       d_h_fp8, up, wi));
   d_h_fp8.columns.Reset();
   if (c.use_bias) {
     LayerParam& wi_bias = *Find("wi_bias");

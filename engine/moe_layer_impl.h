@@ -241,8 +241,7 @@ class MoeLayerImpl : public MoeLayer {
   // out = in . weights^T, `in` the codes as stored of a [rows, k] input, weights [El, n, k]
   // e4m3 codes with [El] scales.
   absl::Status Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const Fp8Rows& in, int64_t k,
-                             const void* weights, const float* weight_scales, int64_t n,
-                             void* out);
+                             const void* weights, const float* weight_scales, int64_t n, void* out);
   // The experts' activation GEMMs (h, y, d_a, d_X; moe_layer_experts.cc) over every local
   // expert's rows: out_e = in_e . w_e with w_e stored [k, n], or with `transposed`
   // out_e = in_e . w_e^T with w_e stored [n, k]; in [rows, k] and out [rows, n] in

@@ -46,8 +46,9 @@ absl::Status CheckQuantizeArgs(const QuantizeArgs& q) {
     return absl::InvalidArgumentError("QuantizeFp8: a given amax needs batch 1");
   }
   const bool grouped = q.dst_grouped_t != nullptr;
-  if (q.batch > 0 && (q.scale == nullptr || (q.rows * q.cols > 0 &&
-                                             (q.src == nullptr || (q.dst == nullptr && !grouped))))) {
+  if (q.batch > 0 &&
+      (q.scale == nullptr ||
+       (q.rows * q.cols > 0 && (q.src == nullptr || (q.dst == nullptr && !grouped))))) {
     return absl::InvalidArgumentError("QuantizeFp8: null src, dst or scale");
   }
   if (!grouped) return absl::OkStatus();

@@ -59,11 +59,10 @@ absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
   if (grouped) return QuantizeFp8Grouped(q);
   RETURN_IF_ERROR(Activate());
   ASSIGN_OR_RETURN(void* scratch, ScratchAlloc(QuantizeScratchBytes(q.batch)));
-  const int err =
-      LaunchQuantizeFp8(q.src, ToKType(q.src_type), q.batch, q.rows, q.cols, q.transpose,
-                        q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2,
-                        static_cast<uint8_t*>(q.dst), q.scale, q.scale_stride, q.amax, scratch,
-                        stream_);
+  const int err = LaunchQuantizeFp8(
+      q.src, ToKType(q.src_type), q.batch, q.rows, q.cols, q.transpose,
+      q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2, static_cast<uint8_t*>(q.dst),
+      q.scale, q.scale_stride, q.amax, scratch, stream_);
   RETURN_IF_ERROR(ScratchFree(scratch));
   CUDA_RETURN_IF_ERROR(err);
   return absl::OkStatus();
@@ -88,12 +87,12 @@ absl::Status CudaBackend::QuantizeFp8Grouped(const QuantizeArgs& q) {
   }
   RETURN_IF_ERROR(Activate());
   ASSIGN_OR_RETURN(void* scratch, ScratchAlloc(QuantizeScratchBytes(1)));
-  const int err = LaunchQuantizeFp8Grouped(
-      q.src, ToKType(q.src_type), q.rows, q.cols, q.group_rows.data(),
-      static_cast<int64_t>(q.group_rows.size()),
-      q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2, static_cast<uint8_t*>(q.dst),
-      static_cast<uint8_t*>(q.dst_grouped_t), Fp8GroupedColumns(q.group_rows), q.scale, q.amax,
-      scratch, stream_);
+  const int err =
+      LaunchQuantizeFp8Grouped(q.src, ToKType(q.src_type), q.rows, q.cols, q.group_rows.data(),
+                               static_cast<int64_t>(q.group_rows.size()),
+                               q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2,
+                               static_cast<uint8_t*>(q.dst), static_cast<uint8_t*>(q.dst_grouped_t),
+                               Fp8GroupedColumns(q.group_rows), q.scale, q.amax, scratch, stream_);
   RETURN_IF_ERROR(ScratchFree(scratch));
   CUDA_RETURN_IF_ERROR(err);
   return absl::OkStatus();

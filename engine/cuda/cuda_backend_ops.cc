@@ -229,8 +229,8 @@ absl::Status CudaBackend::ActivationBackward(const ActivationArgs& a) {
   }
   RETURN_IF_ERROR(Activate());
   CUDA_RETURN_IF_ERROR(LaunchActivationBackward(static_cast<ActKind>(a.activation), a.gated, a.rows,
-                                                a.ffn, ToKType(a.dtype), a.h, a.d_a, a.d_h,
-                                                a.amax, stream_));
+                                                a.ffn, ToKType(a.dtype), a.h, a.d_a, a.d_h, a.amax,
+                                                stream_));
   return absl::OkStatus();
 }
 

@@ -243,10 +243,10 @@ TEST(Fp8Layer, GradientsAccumulateOverBackwards) {
   std::mt19937_64 rng(1603);
   std::vector<Tensor> xs, d_outs;
   for (int step = 0; step < 2; ++step) {
-    xs.push_back(FromDoubles(RandomNormal(40 * c.hidden, 1.0, &rng), {40, c.hidden},
-                             DType::kFloat32));
-    d_outs.push_back(FromDoubles(RandomNormal(40 * c.hidden, 1.0, &rng), {40, c.hidden},
-                                 DType::kFloat32));
+    xs.push_back(
+        FromDoubles(RandomNormal(40 * c.hidden, 1.0, &rng), {40, c.hidden}, DType::kFloat32));
+    d_outs.push_back(
+        FromDoubles(RandomNormal(40 * c.hidden, 1.0, &rng), {40, c.hidden}, DType::kFloat32));
   }
   std::vector<std::vector<double>> sums(3);
   const char* names[] = {"wi", "wo", "wi_bias"};

@@ -198,12 +198,9 @@ TEST(CudaOps, QuantizeFp8GroupedIsBitwiseTheEmulation) {
     int64_t cols;
     bool with_rows;
   };
-  const Case cases[] = {{{5, 0, 16, 1, 0, 17}, 53, true},
-                        {{300, 0, 700}, 256, true},
-                        {{300, 0, 700}, 96, false},
-                        {GroupRowsFor(700, 3), 64, true},
-                        {{0, 0, 0}, 32, true},
-                        {{}, 16, false}};
+  const Case cases[] = {
+      {{5, 0, 16, 1, 0, 17}, 53, true}, {{300, 0, 700}, 256, true}, {{300, 0, 700}, 96, false},
+      {GroupRowsFor(700, 3), 64, true}, {{0, 0, 0}, 32, true},      {{}, 16, false}};
   uint64_t seed = 950;
   for (const Case& qc : cases) {
     const int64_t rows = std::accumulate(qc.group_rows.begin(), qc.group_rows.end(), int64_t{0});
@@ -232,8 +229,8 @@ TEST(CudaOps, QuantizeFp8GroupedIsBitwiseTheEmulation) {
       EXPECT_EQ(std::memcmp(scales.cpu.data(), scales.gpu.data(), sizeof(float)), 0);
       for (bool layout_rows : {true, false}) {
         if (layout_rows && !qc.with_rows) continue;
-        Results<uint8_t> codes = bp.Download<uint8_t>(layout_rows ? dst : grouped,
-                                                      layout_rows ? n : qc.cols * ld);
+        Results<uint8_t> codes =
+            bp.Download<uint8_t>(layout_rows ? dst : grouped, layout_rows ? n : qc.cols * ld);
         int value_mismatches = 0;
         for (size_t i = 0; i < codes.cpu.size(); ++i) {
           const float a = Fp8ToFloat(codes.cpu[i], DType::kFloat8E4M3);
