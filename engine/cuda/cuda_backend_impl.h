@@ -90,6 +90,8 @@ class CudaBackend : public Backend {
   absl::Status ScratchFree(void* p);
   absl::Status RunGemm(const GemmArgs& args, void* stream, void* workspace);
   absl::Status CheckGemm(const GemmArgs& args) const;
+  // QuantizeFp8 with dst_grouped_t (cuda_backend_fp8.cc), after the common checks.
+  absl::Status QuantizeFp8Grouped(const QuantizeArgs& args);
   void Release(void* p);
 
   int device_;

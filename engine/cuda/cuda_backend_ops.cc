@@ -216,7 +216,7 @@ absl::Status CudaBackend::ActivationForward(const ActivationArgs& a) {
     RETURN_IF_ERROR(AddGroupBias(a.h, a.dtype, a.up_bias, up, a.group_rows));
   RETURN_IF_ERROR(Activate());
   CUDA_RETURN_IF_ERROR(LaunchActivationForward(static_cast<ActKind>(a.activation), a.gated, a.rows,
-                                               a.ffn, ToKType(a.dtype), a.h, a.a, stream_));
+                                               a.ffn, ToKType(a.dtype), a.h, a.a, a.amax, stream_));
   return absl::OkStatus();
 }
 
@@ -229,7 +229,7 @@ absl::Status CudaBackend::ActivationBackward(const ActivationArgs& a) {
   }
   RETURN_IF_ERROR(Activate());
   CUDA_RETURN_IF_ERROR(LaunchActivationBackward(static_cast<ActKind>(a.activation), a.gated, a.rows,
-                                                a.ffn, ToKType(a.dtype), a.h, a.d_a, a.d_h,
+                                                a.ffn, ToKType(a.dtype), a.h, a.d_a, a.d_h, a.amax,
                                                 stream_));
   return absl::OkStatus();
 }

@@ -279,6 +279,22 @@ TEST_P(CudaLayer, MatchesCpuAndIsDeterministic) {
     const Tensor b = cpu_layer->GetParameter(name).value();
     EXPECT_LE(MaxRelError(Floats(a), Floats(b)), tol) << "parameter " << name;
   }
+
+  // FP8: a backward without ZeroGradients accumulates (the weight-gradient GEMMs with beta 1 on
+  // the grouped codes): the same step twice gives twice the gradient (the first one after the
+  // optimizer step writes it, beta 0; same sums, so only the epilogue's rounding differs).
+  if (c.compute_dtype == DType::kFloat8E4M3) {
+    auto once = Step(gpu_layer.get(), x, d_out);
+    ASSERT_TRUE(once.ok()) << once.status();
+    auto twice = Step(gpu_layer.get(), x, d_out);
+    ASSERT_TRUE(twice.ok()) << twice.status();
+    for (size_t i = 0; i < twice->grads.size(); ++i) {
+      std::vector<float> doubled = Floats(once->grads[i].second);
+      for (float& v : doubled) v *= 2;
+      EXPECT_LE(MaxRelError(Floats(twice->grads[i].second), doubled), 1e-5)
+          << "accumulated gradient of " << twice->grads[i].first;
+    }
+  }
 }
 
 std::vector<double> RoundExpertsToE4M3(const std::vector<double>& w, int64_t experts) {
