@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
   const absl::Status status = moe::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "train_bench: %s\n", status.ToString().c_str());
-    return 1;
+    return absl::IsInvalidArgument(status) || absl::IsUnimplemented(status) ? 2 : 1;
   }
   return 0;
 }

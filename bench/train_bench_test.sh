@@ -29,6 +29,6 @@ set +e
 "$BENCH" --compute_dtypes=fp16 --steps=1 2>"${TEST_TMPDIR}/err"
 rc=$?
 set -e
-[ "$rc" -eq 1 ] || { echo "expected exit 1 for fp16, got $rc"; exit 1; }
+[ "$rc" -eq 2 ] || { echo "expected exit 2 for fp16, got $rc"; exit 1; }
 grep -q "FP16" "${TEST_TMPDIR}/err" || { cat "${TEST_TMPDIR}/err"; exit 1; }
 echo PASS
