@@ -30,6 +30,8 @@
 // first timed one, which follows a zeroing. --accumulating_iters=N (with --zero_grads) times N
 // more fwd+bwd steps without zeroing in the same process, as fwdbwd_accum_device_ms[_all] and
 // breakdown_fwdbwd_accum_ms: both kinds of step for one layer creation (dsv3's takes ~76 s).
+// `fingerprint`: FNV-1a 64 of out, d_x and the gate gradient of one fwd+bwd step from zero
+// gradients after the warm-up; two builds printing the same one computed the same bits.
 // TFLOP/s count the expert FFN only: 2*T*k*H*3F per forward (gated), x3 with backward.
 // EP runs add the dispatch/combine all-to-all (bytes each rank sends, its own part included,
 // over the exchange time; bus bandwidth = that x (R-1)/R, nccl-tests' definition) and a
@@ -181,6 +183,25 @@ class StepTimer {
     return absl::OkStatus();
   }
 
+  // A bitwise fingerprint of one fwd+bwd step from zero gradients: FNV-1a 64 of out, d_x and
+  // the gate gradient (d_x sums every path of the backward: expert rows, d_probs, router), to
+  // compare two builds' results on the GPU (kernel changes that must keep every bit).
+  absl::StatusOr<std::string> Fingerprint() {
+    RETURN_IF_ERROR(layer_->ZeroGradients());
+    std::unique_ptr<StepContext> saved;
+    ASSIGN_OR_RETURN(ForwardResult fwd, layer_->Forward(*x_, &saved));
+    ASSIGN_OR_RETURN(Tensor d_x, layer_->Backward(*saved, *d_out_, 1.0, 1.0));
+    ASSIGN_OR_RETURN(Tensor d_gate, layer_->GetGradient("gate"));
+    return absl::StrCat(Fnv(fwd.out), "-", Fnv(d_x), "-", Fnv(d_gate));
+  }
+
+  static std::string Fnv(const Tensor& t) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const unsigned char* p = static_cast<const unsigned char*>(t.raw());
+    for (size_t i = 0; i < t.num_bytes(); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+    return absl::StrCat(absl::Hex(h, absl::kZeroPad16));
+  }
+
   void ResetLogs() {
     tb_->copies().Reset(), tb_->ops().Reset(), tc_->exchanges().Reset(), tc_->others().Reset();
   }
@@ -309,8 +330,9 @@ absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
     RETURN_IF_ERROR(timer.Step(true));
     timer.ResetLogs();
   }
+  ASSIGN_OR_RETURN(const std::string fingerprint, timer.Fingerprint());
   RETURN_IF_ERROR(layer->ZeroGradients());
-  Progress(absl::StrCat(p.name, ": warm"));
+  Progress(absl::StrCat(p.name, ": warm, fingerprint ", fingerprint));
 
   const int iters = absl::GetFlag(FLAGS_iters);
   const bool zero = absl::GetFlag(FLAGS_zero_grads);
@@ -335,6 +357,7 @@ absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
       {"dtype", Str("BF16")},  // x, out, d_out and d_x
       {"compute_dtype", Str(ComputeDTypeName(compute_dtype))},
       {"zero_grads", zero ? "true" : "false"},
+      {"fingerprint", Str(fingerprint)},
       {"init_s", Num(init_s)},
       {"fwd_ms", Num(Median(series[0].api))},
       {"fwd_device_ms", Num(fwd_dev)},
