@@ -80,7 +80,7 @@ class CudaBackend : public Backend {
 
  private:
   static constexpr int kSideStreams = 4;
-  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
 
   explicit CudaBackend(int device) : device_(device) {}
   absl::Status Init();
@@ -100,12 +100,18 @@ class CudaBackend : public Backend {
   std::unique_ptr<CublasLtGemm> gemm_;
   HostStaging staging_;       // large copies to/from pageable host memory
   bool use_staging_ = false;  // MOED_CUDA_HOST_STAGING=1 (read once in Init)
+  // Each cuBLASLt workspace's size: MOED_CUBLASLT_WORKSPACE_MB (read once in Init).
+  size_t workspace_bytes_ = kDefaultWorkspaceBytes;
 
   mutable absl::Mutex mu_;
   std::unordered_map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);
   size_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
   size_t peak_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The cuBLASLt knobs from the environment (cuda_backend.cc documents them); sets
+// *workspace_bytes (in: the default). INVALID_ARGUMENT for a malformed value.
+absl::StatusOr<CublasLtGemm::Tuning> GemmTuningFromEnv(size_t* workspace_bytes);
 
 // Splits host row counts into kernel tables of at most kMaxTableGroups groups each.
 std::vector<GroupTable> MakeGroupTables(GroupRows group_rows);
