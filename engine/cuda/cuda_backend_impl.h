@@ -60,6 +60,9 @@ class CudaBackend : public Backend {
   absl::Status Permute(const PermuteArgs& args) override;
   absl::Status GatherRows(const void* src, const int32_t* index, int64_t rows, int64_t width,
                           DType dtype, void* dst) override;
+  absl::Status ScatterTokenRows(const void* src, const int32_t* pair_row, int64_t tokens,
+                                int64_t top_k, const int32_t* row_token, int64_t rows,
+                                int64_t width, DType dtype, void* dst) override;
   absl::Status CopyRowBlocks(const void* src, void* dst, size_t row_bytes,
                              absl::Span<const RowBlock> blocks) override;
   absl::Status CombineRows(const void* y, DType y_type, const int32_t* pair_row,
