@@ -6,16 +6,18 @@
 #   2. gpu_bench bf16 for te_seed, qwen3, mixtral: --zero_grads=true with --accumulating_iters
 #      (zeroed then accumulating fwd+bwd steps, one process), and --zero_grads=false;
 #   3. bitwise fingerprints of te_seed and qwen3 (out, d_x, d_gate of one step) against
-#      .gpu/bin/gpu_bench_base when it was packed (a build of the branch before its kernel
-#      changes: see the report's build command); equal fingerprints = unchanged bits;
+#      .gpu/bin/gpu_bench_base when it was packed (this gpu_bench.cc on the engine where the
+#      branch left main: tools/gpu_step15_pack.sh builds it); equal fingerprints = unchanged
+#      bits, and the zeroed and accumulating runs' fingerprints must agree (two processes);
 #   4. dsv3 bf16 (layer creation ~76 s): zeroed + accumulating steps with today's cuBLASLt
 #      plans, then the same with the weight-gradient knobs (WGRAD_ALGO, default 1; WORKSPACE_MB,
 #      default 256; SKIP_KNOB=1 skips this run);
 # then a table of fwd / fwd+bwd (zeroed, accumulating) against the 11:35 baseline and the
 # targets. Logs and JSON go to $OUT.
 #
-#   here:  bazel build //tests/gpu:cuda_backend_ops_test //tests/gpu:cuda_layer_test \
-#              //bench:gpu_bench && tools/pack_gpu.sh
+#   here:  tools/gpu_step15_pack.sh     # or, without the base build: bazel build \
+#              //tests/gpu:cuda_backend_ops_test //tests/gpu:cuda_layer_test //bench:gpu_bench \
+#              && tools/pack_gpu.sh
 #   there: OUT=$OUT tools/gpu_step15_check.sh          # device tool: carry [".gpu"]
 #   ITERS=8 (timed steps of each kind), SKIP_TESTS=1, SKIP_DSV3=1, SKIP_KNOB=1 to shorten.
 set -uo pipefail
