@@ -49,16 +49,19 @@ if [ -x .gpu/bin/gpu_bench_base ]; then
     --warmup=1 --json="$out/bench_base_fp.jsonl"
 fi
 if [ -z "${SKIP_DSV3:-}" ]; then
-  step dsv3 150 gpu_bench --configs=dsv3 --compute_dtypes=bf16 --iters="$iters" \
-    --zero_grads=true --accumulating_iters="$iters" --json="$out/bench_dsv3.jsonl"
+  # MOED_CUBLASLT_LOG=1 only logs the weight-gradient plans (no change to them).
+  MOED_CUBLASLT_LOG=1 step dsv3 150 gpu_bench --configs=dsv3 --compute_dtypes=bf16 \
+    --iters="$iters" --zero_grads=true --accumulating_iters="$iters" \
+    --json="$out/bench_dsv3.jsonl"
   if [ -z "${SKIP_KNOB:-}" ]; then
-    export MOED_CUBLASLT_WGRAD_ALGO=${WGRAD_ALGO:-1}
-    export MOED_CUBLASLT_WORKSPACE_MB=${WORKSPACE_MB:-256} MOED_CUBLASLT_LOG=1
-    step dsv3_knob 150 gpu_bench --configs=dsv3 --compute_dtypes=bf16 --iters="$iters" \
-      --zero_grads=true --accumulating_iters="$iters" --json="$out/bench_dsv3_knob.jsonl"
-    unset MOED_CUBLASLT_WGRAD_ALGO MOED_CUBLASLT_WORKSPACE_MB MOED_CUBLASLT_LOG
-    grep "cublaslt wgrad plan" "$log" | sort | uniq -c | sort -rn | head -12
+    MOED_CUBLASLT_WGRAD_ALGO=${WGRAD_ALGO:-1} MOED_CUBLASLT_WORKSPACE_MB=${WORKSPACE_MB:-256} \
+      MOED_CUBLASLT_LOG=1 step dsv3_knob 150 gpu_bench --configs=dsv3 --compute_dtypes=bf16 \
+      --iters="$iters" --zero_grads=true --accumulating_iters="$iters" \
+      --json="$out/bench_dsv3_knob.jsonl"
   fi
+  # The weight-gradient plans of each dsv3 run (shape bucket, candidate, algorithm, tile).
+  awk '/^=== dsv3/ {run = $2} /cublaslt wgrad plan/ {print run, $0}' "$log" | sort | uniq -c |
+    sort -k2,2 -k1,1rn | head -24
 fi
 
 python3 - "$out" <<'PY'
