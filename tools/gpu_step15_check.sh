@@ -22,7 +22,7 @@
 #   ITERS=8 (timed steps of each kind); SKIP_TESTS=1, SKIP_SMALL=1 (te_seed, qwen3, mixtral),
 #   SKIP_DSV3=1, SKIP_KNOB=1 to shorten. Expected ~6 min (tests ~1-2, small presets ~1.5,
 #   dsv3 2 x ~1.5); if one call is too tight for the device tool's 600 s, run SKIP_DSV3=1 then
-#   SKIP_TESTS=1 SKIP_SMALL=1 on the same warm machine (same $OUT: the table reads both).
+#   SKIP_TESTS=1 SKIP_SMALL=1 on the same warm machine (each call tables what it ran).
 set -uo pipefail
 out=${OUT:-gpu_out}
 mkdir -p "$out"
