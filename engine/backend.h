@@ -293,6 +293,16 @@ class Backend {
   // dst[r] = src[index[r]] (rows of `width` elements of `dtype`), zeros where index[r] < 0.
   virtual absl::Status GatherRows(const void* src, const int32_t* index, int64_t rows,
                                   int64_t width, DType dtype, void* dst) = 0;
+  // Forward 8's permuted rows from the token side: dst[pair_row[t * top_k + j]] = src[t] for
+  // every pair with pair_row >= 0, and zeros in every row r < rows with row_token[r] < 0.
+  // With Permute's pair_row and row_token (inverse maps of each other) this is exactly
+  // GatherRows(src, row_token, rows, ...), which the default runs; a backend may instead read
+  // each token's row once rather than top_k times.
+  virtual absl::Status ScatterTokenRows(const void* src, const int32_t* pair_row, int64_t tokens,
+                                        int64_t top_k, const int32_t* row_token, int64_t rows,
+                                        int64_t width, DType dtype, void* dst) {
+    return GatherRows(src, row_token, rows, width, dtype, dst);
+  }
   // Moves row blocks (host list) from src to dst; rows are row_bytes wide.
   virtual absl::Status CopyRowBlocks(const void* src, void* dst, size_t row_bytes,
                                      absl::Span<const RowBlock> blocks) = 0;

@@ -181,11 +181,18 @@ __global__ void GroupBiasGradKernel(const T* __restrict__ d_y, int64_t width, Gr
   d_bias[static_cast<int64_t>(g) * width + c] += acc;
 }
 
-template <typename S, typename D>
+// Element i of dst = FromFloat<D>(ToFloat(src[i])), VEC elements per thread and step (VEC = 8:
+// one 16-byte access per bf16 vector, two per fp32 one; the caller checks alignment and
+// count % 8 == 0). The layer converts x (bf16 -> fp32, forward) and d_x (fp32 -> bf16,
+// backward): T*H*6 bytes each, e.g. te_seed 201 MB, ~0.05 ms at 4 TB/s; the 2-byte scalar
+// form ran at ~2.4 TB/s.
+template <int VEC, typename S, typename D>
 __global__ void ConvertKernel(const S* __restrict__ src, D* __restrict__ dst, int64_t count) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[i] = FromFloat<D>(ToFloat(src[i]));
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC) {
+    float v[VEC];
+    LoadVec<VEC>(src + i, v);
+    StoreVec<VEC>(dst + i, v);
   }
 }
 
@@ -311,9 +318,13 @@ int LaunchConvert(const void* src, KType src_type, void* dst, KType dst_type, in
       return static_cast<int>(
           cudaMemcpyAsync(dst, src, count * sizeof(S), cudaMemcpyDeviceToDevice, s));
     } else {
-      ConvertKernel<S, D>
-          <<<GridFor(count), 256, 0, s>>>(static_cast<const S*>(src), static_cast<D*>(dst), count);
-      return static_cast<int>(cudaGetLastError());
+      const bool vec = CanVec8(count, src, dst);
+      return SwitchVec8(vec, [&](auto v) {
+        constexpr int kVec = decltype(v)::value;
+        ConvertKernel<kVec, S, D><<<GridFor(count / kVec), 256, 0, s>>>(
+            static_cast<const S*>(src), static_cast<D*>(dst), count);
+        return static_cast<int>(cudaGetLastError());
+      });
     }
   });
 }

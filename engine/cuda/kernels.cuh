@@ -72,6 +72,12 @@ int LaunchPermute(int64_t tokens, int top_k, int num_experts, int64_t total_rows
                   int32_t* pair_row, int32_t* row_token, void* scratch, void* stream);
 int LaunchGatherRows(const void* src, const int32_t* index, int64_t rows, int64_t row_bytes,
                      void* dst, void* stream);
+// dst[pair_row[t * top_k + j]] = src[t] (pair_row >= 0), zero rows where row_token < 0. Needs
+// row_bytes % 16 == 0 and 16-byte aligned src and dst (else cudaErrorInvalidValue; the caller
+// gathers instead).
+int LaunchScatterTokenRows(const void* src, const int32_t* pair_row, int64_t tokens, int top_k,
+                           const int32_t* row_token, int64_t rows, int64_t row_bytes, void* dst,
+                           void* stream);
 int LaunchCopyRowBlocks(const void* src, void* dst, int64_t row_bytes,
                         const RowBlockTable& table, void* stream);
 int LaunchCombineRows(const void* y, KType y_type, const int32_t* pair_row, const float* weight,

@@ -521,6 +521,16 @@ TEST(CudaOps, PlanPermuteGatherCombine) {
       });
       Results<uint8_t> gr = bp.Download<uint8_t>(G, rows * W * es);
       ASSERT_EQ(gr.cpu, gr.gpu);
+      // The token-side scatter gives the gather's bytes (padding rows zero, dropped pairs
+      // skipped) on both backends.
+      Mirrored S = bp.Output(rows * W * es);
+      Both(bp, [&](Backend* be, bool g) {
+        return be->ScatterTokenRows(P(X, g), P<int32_t>(PR, g), T, K, P<int32_t>(RT, g), rows, W,
+                                    dt, P(S, g));
+      });
+      Results<uint8_t> sc = bp.Download<uint8_t>(S, rows * W * es);
+      ASSERT_EQ(sc.gpu, gr.gpu);
+      ASSERT_EQ(sc.cpu, gr.cpu);
       // Row blocks: reverse the order of 5 blocks.
       std::vector<RowBlock> blocks;
       const int64_t part = rows / 5;

@@ -106,6 +106,13 @@ std::vector<LayerCase> Cases() {
     LayerCase c{"silu_odd_width_bf16", Base(72, 52, 8, 2, bf16), 77};
     v.push_back(c);
   }
+  {
+    // More slots than one pass of the combine backward takes (8 + 4), and align padding
+    // through the token-side row scatter (dropless: no drop decision on near-equal weights).
+    LayerCase c{"many_slots_bf16", Base(64, 32, 16, 12, bf16), 150};
+    c.config.align_size = 8;
+    v.push_back(c);
+  }
   // FP8 (hidden and ffn multiples of 16, as CUDA's FP8 GEMMs need).
   const DType fp8 = DType::kFloat8E4M3;
   {
