@@ -7,12 +7,14 @@
 //   train_bench --device=cpu --tokens=256 --hidden=64 --ffn=128 --experts=4 --steps=60
 //
 // Task (teacher-student regression): a teacher layer of the same shape with another init seed,
-// in FP32, maps --batches fixed random inputs x (normal, fixed seed) to targets t, plus fixed
-// label noise of --noise times the teacher's RMS (so the loss has a floor, noise^2 / (1 +
-// noise^2), as a real task's loss has; with --noise=0 the student can fit the teacher exactly
-// and the curves end at each datatype's rounding floor instead); each student
-// (one per compute datatype, all from the same init seed) trains on them in turn with AdamW.
-// Loss = mean((y - t)^2) / mean(t^2) (1 = predicting zero), so d_out = 2 (y - t) / (N mean(t^2)),
+// in FP32, maps --batches fixed random inputs x (normal, fixed seed) to clean targets; each
+// step's target t is its batch's clean target plus label noise of --noise times the teacher's
+// RMS, new at every step (a window of a fixed pool, moved by the step number), so the student
+// cannot memorise it and the loss has a floor, noise^2 / (1 + noise^2), as a real task's loss
+// has. With --noise=0 the student can fit the teacher exactly and each curve ends at its
+// datatype's rounding floor instead. Each student (one per compute datatype, all from the same
+// init seed, all seeing the same steps) trains with AdamW. Loss = mean((y - t)^2) / P with P
+// the targets' expected mean square (1 = predicting zero), so d_out = 2 (y - t) / (N P),
 // computed on the host in double precision; the aux loss is on (coefficient 1e-2), its gradient
 // passed as d_aux = 1. One JSON line per datatype: the loss every --log_every steps, the first
 // loss and the mean of the last 10; then a summary line with each datatype's final loss relative
@@ -57,8 +59,13 @@ namespace moe {
 namespace {
 
 struct Batch {
-  Tensor x, target;
-  double target_power = 0.0;  // mean(t^2)
+  Tensor x, target;  // target: the teacher's clean output
+};
+
+struct Data {
+  std::vector<Batch> batches;
+  std::vector<float> noise;   // T*H + T*H/2 values of sd noise * rms(teacher output)
+  double target_power = 0.0;  // expected mean(t^2): clean mean square + noise variance
 };
 
 LayerConfig ConfigFromFlags(DType compute_dtype, uint64_t seed) {
@@ -73,48 +80,50 @@ LayerConfig ConfigFromFlags(DType compute_dtype, uint64_t seed) {
   return c;
 }
 
-// The teacher's targets for --batches random inputs.
-absl::StatusOr<std::vector<Batch>> MakeBatches(Backend* backend, Communicator* comm) {
+// The teacher's targets for --batches random inputs, and the noise pool.
+absl::StatusOr<Data> MakeData(Backend* backend, Communicator* comm) {
   const uint64_t seed = absl::GetFlag(FLAGS_seed);
   ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> teacher,
                    MoeLayer::Create(ConfigFromFlags(DType::kFloat32, seed + 1000), backend, comm));
   const int64_t T = absl::GetFlag(FLAGS_tokens), H = absl::GetFlag(FLAGS_hidden);
   std::mt19937_64 rng(seed + 7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<Batch> batches(absl::GetFlag(FLAGS_batches));
-  for (Batch& b : batches) {
+  Data data;
+  data.batches.resize(absl::GetFlag(FLAGS_batches));
+  double power = 0.0;
+  for (Batch& b : data.batches) {
     b.x = Tensor::Uninitialized(DType::kFloat32, {T, H});
     float* x = b.x.data<float>();
     for (int64_t i = 0; i < T * H; ++i) x[i] = normal(rng);
     ASSIGN_OR_RETURN(ForwardResult r, teacher->Forward(b.x, nullptr));
     b.target = std::move(r.out);
-    float* t = b.target.data<float>();
-    double power = 0.0;
+    const float* t = b.target.data<float>();
     for (int64_t i = 0; i < T * H; ++i) power += static_cast<double>(t[i]) * t[i];
-    const float noise = static_cast<float>(absl::GetFlag(FLAGS_noise) *
-                                           std::sqrt(power / static_cast<double>(T * H)));
-    power = 0.0;
-    for (int64_t i = 0; i < T * H; ++i) {
-      t[i] += noise * normal(rng);
-      power += static_cast<double>(t[i]) * t[i];
-    }
-    b.target_power = power / static_cast<double>(T * H);
-    if (!(b.target_power > 0.0)) return absl::InternalError("teacher output is all zero");
   }
-  return batches;
+  power /= static_cast<double>(T * H) * data.batches.size();
+  if (!(power > 0.0)) return absl::InternalError("teacher output is all zero");
+  const double sd = absl::GetFlag(FLAGS_noise) * std::sqrt(power);
+  data.noise.resize(T * H + T * H / 2);
+  for (float& v : data.noise) v = static_cast<float>(sd * normal(rng));
+  data.target_power = power + sd * sd;
+  return data;
 }
 
-// Relative loss of `out` against the batch, and its gradient d_out (fp32).
-double LossAndGradient(const Tensor& out, const Batch& b, Tensor* d_out) {
+// Relative loss of `out` against step `step`'s target (its batch's clean target plus the noise
+// pool's window for the step), and its gradient d_out (fp32).
+double LossAndGradient(const Tensor& out, const Data& data, int step, Tensor* d_out) {
+  const Batch& b = data.batches[step % data.batches.size()];
   const int64_t n = out.num_elements();
   *d_out = Tensor::Uninitialized(DType::kFloat32, out.shape());
   const float* y = out.data<float>();
   const float* t = b.target.data<float>();
+  const float* noise =
+      data.noise.data() + (static_cast<int64_t>(step) * 7919) % (data.noise.size() - n + 1);
   float* d = d_out->data<float>();
-  const double norm = static_cast<double>(n) * b.target_power;
+  const double norm = static_cast<double>(n) * data.target_power;
   double sum = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    const double e = static_cast<double>(y[i]) - t[i];
+    const double e = static_cast<double>(y[i]) - (t[i] + noise[i]);
     sum += e * e;
     d[i] = static_cast<float>(2.0 * e / norm);
   }
@@ -134,7 +143,7 @@ struct Curve {
 };
 
 absl::StatusOr<Curve> Train(Backend* backend, Communicator* comm, DType compute_dtype,
-                            const std::vector<Batch>& batches) {
+                            const Data& data) {
   Curve curve;
   curve.dtype = ComputeDTypeName(compute_dtype);
   ASSIGN_OR_RETURN(
@@ -143,11 +152,11 @@ absl::StatusOr<Curve> Train(Backend* backend, Communicator* comm, DType compute_
   const OptimizerConfig adamw = OptimizerConfig::AdamW(absl::GetFlag(FLAGS_lr));
   const auto start = std::chrono::steady_clock::now();
   for (int step = 0; step < absl::GetFlag(FLAGS_steps); ++step) {
-    const Batch& b = batches[step % batches.size()];
     std::unique_ptr<StepContext> saved;
-    ASSIGN_OR_RETURN(ForwardResult r, student->Forward(b.x, &saved));
+    ASSIGN_OR_RETURN(ForwardResult r,
+                     student->Forward(data.batches[step % data.batches.size()].x, &saved));
     Tensor d_out;
-    const double loss = LossAndGradient(r.out, b, &d_out);
+    const double loss = LossAndGradient(r.out, data, step, &d_out);
     if (!std::isfinite(loss)) {
       return absl::InternalError(absl::StrCat(curve.dtype, ": loss ", loss, " at step ", step));
     }
@@ -186,10 +195,10 @@ absl::Status Run() {
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeBenchBackend(absl::GetFlag(FLAGS_device)));
   ASSIGN_OR_RETURN(std::unique_ptr<Communicator> comm, MakeBenchCommunicator(*backend));
-  ASSIGN_OR_RETURN(std::vector<Batch> batches, MakeBatches(backend.get(), comm.get()));
+  ASSIGN_OR_RETURN(Data data, MakeData(backend.get(), comm.get()));
   std::vector<Curve> curves;
   for (DType d : dtypes) {
-    ASSIGN_OR_RETURN(Curve c, Train(backend.get(), comm.get(), d, batches));
+    ASSIGN_OR_RETURN(Curve c, Train(backend.get(), comm.get(), d, data));
     std::printf("%s\n", CurveJson(c).c_str());
     std::fflush(stdout);
     curves.push_back(std::move(c));
