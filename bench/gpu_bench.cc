@@ -6,6 +6,8 @@
 //
 //   gpu_bench --configs=te_seed,mixtral --iters=10
 //   gpu_bench --configs=mixtral --compute_dtypes=bf16,fp8   # each preset in both, back to back
+//   gpu_bench --configs=dsv3 --zero_grads=false             # accumulating fwd+bwd steps
+//   gpu_bench --configs=dsv3 --accumulating_iters=8          # zeroed steps, then accumulating
 //   gpu_bench --size=2 --rank=0 --store_dir=/tmp/s & gpu_bench --size=2 --rank=1 --store_dir=/tmp/s
 //
 // Times (medians over --iters steps after --warmup):
@@ -19,6 +21,17 @@
 //                count exchange the dispatch needs) and host launch gaps;
 //   *_copy_ms    the layer's host<->device copies; host = API - device - copies.
 // `breakdown_fwdbwd_ms` splits the median-free mean fwd+bwd device time by operation.
+// Gradients (`zero_grads` in the JSON): with --zero_grads (the default) the layer's gradients
+// are zeroed before every timed fwd+bwd step, as a training loop's zero_grad does, so every
+// step writes its weight gradients (GEMM beta = 0) and the median is of such steps. The
+// engine's ZeroGradients is lazy (a host flag, no device work); the call sits outside the
+// timed window and its own cost is reported as zero_grads_host_ms / zero_grads_device_ms.
+// --zero_grads=false keeps accumulating steps (beta = 1 into the fp32 gradients) after the
+// first timed one, which follows a zeroing. --accumulating_iters=N (with --zero_grads) times N
+// more fwd+bwd steps without zeroing in the same process, as fwdbwd_accum_device_ms[_all] and
+// breakdown_fwdbwd_accum_ms: both kinds of step for one layer creation (dsv3's takes ~76 s).
+// `fingerprint`: FNV-1a 64 of out, d_x and the gate gradient of one fwd+bwd step from zero
+// gradients after the warm-up; two builds printing the same one computed the same bits.
 // TFLOP/s count the expert FFN only: 2*T*k*H*3F per forward (gated), x3 with backward.
 // EP runs add the dispatch/combine all-to-all (bytes each rank sends, its own part included,
 // over the exchange time; bus bandwidth = that x (R-1)/R, nccl-tests' definition) and a
@@ -60,6 +73,12 @@ ABSL_FLAG(std::string, json, "", "also append each JSON line to this file");
 ABSL_FLAG(int64_t, tokens, -1, "override T (per rank)");
 ABSL_FLAG(std::string, compute_dtypes, "bf16",
           "compute datatypes to run each preset in, in order (bf16, fp8, fp32), e.g. bf16,fp8");
+ABSL_FLAG(bool, zero_grads, true,
+          "zero the layer's gradients before every timed fwd+bwd step (outside the timed "
+          "window); false: accumulating steps, as before");
+ABSL_FLAG(int, accumulating_iters, 0,
+          "with --zero_grads: this many more fwd+bwd steps without zeroing, reported as "
+          "fwdbwd_accum_*");
 
 namespace moe {
 namespace {
@@ -143,9 +162,127 @@ absl::StatusOr<double> StandaloneA2aMs(Backend* backend, Communicator* comm, siz
   return Median(ms);
 }
 
-absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
-  const int rank = absl::GetFlag(FLAGS_rank), size = absl::GetFlag(FLAGS_size);
-  const int device = absl::GetFlag(FLAGS_device) >= 0 ? absl::GetFlag(FLAGS_device) : rank;
+// Medians' inputs of one kind of step (one entry per timed step).
+struct Series {
+  std::vector<double> api, device, span, copy, a2a_ms, a2a_bytes, zero_host, zero_device;
+};
+
+// One layer and its timing decorators: runs and times steps.
+class StepTimer {
+ public:
+  StepTimer(MoeLayer* layer, bench::TimingBackend* tb, bench::TimingCommunicator* tc,
+            const Tensor* x, const Tensor* d_out, int size)
+      : layer_(layer), tb_(tb), tc_(tc), x_(x), d_out_(d_out), size_(size) {}
+
+  absl::Status Step(bool backward) {
+    std::unique_ptr<StepContext> saved;
+    ASSIGN_OR_RETURN(ForwardResult fwd, layer_->Forward(*x_, backward ? &saved : nullptr));
+    if (!backward) return absl::OkStatus();
+    ASSIGN_OR_RETURN(Tensor d_x, layer_->Backward(*saved, *d_out_, 1.0, 1.0));
+    (void)d_x;
+    return absl::OkStatus();
+  }
+
+  // A bitwise fingerprint of one fwd+bwd step from zero gradients: FNV-1a 64 of out, d_x and
+  // the gate gradient (d_x sums every path of the backward: expert rows, d_probs, router), to
+  // compare two builds' results on the GPU (kernel changes that must keep every bit).
+  absl::StatusOr<std::string> Fingerprint() {
+    RETURN_IF_ERROR(layer_->ZeroGradients());
+    std::unique_ptr<StepContext> saved;
+    ASSIGN_OR_RETURN(ForwardResult fwd, layer_->Forward(*x_, &saved));
+    ASSIGN_OR_RETURN(Tensor d_x, layer_->Backward(*saved, *d_out_, 1.0, 1.0));
+    ASSIGN_OR_RETURN(Tensor d_gate, layer_->GetGradient("gate"));
+    return absl::StrCat(Fnv(fwd.out), "-", Fnv(d_x), "-", Fnv(d_gate));
+  }
+
+  static std::string Fnv(const Tensor& t) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    const unsigned char* p = static_cast<const unsigned char*>(t.raw());
+    for (size_t i = 0; i < t.num_bytes(); ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+    return absl::StrCat(absl::Hex(h, absl::kZeroPad16));
+  }
+
+  void ResetLogs() {
+    tb_->copies().Reset(), tb_->ops().Reset(), tc_->exchanges().Reset(), tc_->others().Reset();
+  }
+
+  // `iters` timed steps; `zero`: ZeroGradients before each, timed apart from the step (host
+  // time, and the device ops it enqueues: none while the engine zeroes lazily). Per-operation
+  // device times are added into `breakdown` when it is given.
+  absl::Status Time(bool backward, bool zero, int iters, Series* out,
+                    std::map<std::string, double>* breakdown) {
+    for (int i = 0; i < iters; ++i) {
+      if (size_ > 1) RETURN_IF_ERROR(tc_->Barrier());
+      if (zero) {
+        ResetLogs();
+        const double z0 = NowMs();
+        RETURN_IF_ERROR(layer_->ZeroGradients());
+        out->zero_host.push_back(NowMs() - z0);
+        out->zero_device.push_back(tb_->ops().TotalMs());
+      }
+      ResetLogs();
+      const double t0 = NowMs();
+      RETURN_IF_ERROR(Step(backward));
+      const double total = NowMs() - t0;
+      size_t ex_bytes = 0;
+      const double ex = tc_->exchanges().TotalMs(&ex_bytes);
+      out->api.push_back(total);
+      out->device.push_back(tb_->ops().TotalMs() + ex + tc_->others().TotalMs());
+      out->span.push_back(tb_->ops().SpanMs());
+      out->copy.push_back(tb_->copies().TotalMs());
+      out->a2a_ms.push_back(ex);
+      out->a2a_bytes.push_back(static_cast<double>(ex_bytes));
+      if (breakdown != nullptr) {
+        tb_->ops().AddByName(breakdown);
+        tc_->exchanges().AddByName(breakdown);
+        tc_->others().AddByName(breakdown);
+        tb_->copies().AddByName(breakdown);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  MoeLayer* layer_;
+  bench::TimingBackend* tb_;
+  bench::TimingCommunicator* tc_;
+  const Tensor *x_, *d_out_;
+  int size_;
+};
+
+std::string BreakdownJson(const std::map<std::string, double>& breakdown, int iters) {
+  std::vector<std::string> parts;
+  for (const auto& [name, ms] : breakdown) {
+    parts.push_back(absl::StrCat("\"", name, "\": ", ms / iters));
+  }
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+}
+
+// The EP exchange figures and a standalone AllToAllV of one dispatch's size.
+absl::Status AddExchangeFields(const Preset& p, int64_t T, Backend* cuda, Communicator* nccl,
+                               const Series* series,
+                               std::vector<std::pair<std::string, std::string>>* kv) {
+  const int n = absl::GetFlag(FLAGS_size);
+  const double ms = Median(series[0].a2a_ms), bytes = Median(series[0].a2a_bytes);
+  const double alg = bytes / (ms / 1000) / 1e9;
+  kv->push_back({"fwd_a2a_ms", Num(ms)});
+  kv->push_back({"fwd_a2a_bytes", Num(bytes)});
+  kv->push_back({"fwd_a2a_calls", Num(2)});
+  kv->push_back({"a2a_algbw_GBps", Num(alg)});
+  kv->push_back({"a2a_busbw_GBps", Num(alg * (n - 1) / n)});
+  kv->push_back({"fwdbwd_a2a_ms", Num(Median(series[1].a2a_ms))});
+  // One standalone AllToAllV of the size of one dispatch (every rank sends T*k rows of H
+  // bf16 values, its own part included; the same on every rank so that sizes match).
+  const size_t dispatch_bytes = static_cast<size_t>(T * p.top_k * p.hidden * 2);
+  ASSIGN_OR_RETURN(double standalone_ms, StandaloneA2aMs(cuda, nccl, dispatch_bytes));
+  const double s_alg = dispatch_bytes / (standalone_ms / 1000) / 1e9;
+  kv->push_back({"standalone_a2a_bytes", Num(dispatch_bytes)});
+  kv->push_back({"standalone_a2a_ms", Num(standalone_ms)});
+  kv->push_back({"standalone_a2a_busbw_GBps", Num(s_alg * (n - 1) / n)});
+  return absl::OkStatus();
+}
+
+LayerConfig PresetConfig(const Preset& p, DType compute_dtype) {
   LayerConfig c;
   c.hidden = p.hidden, c.ffn = p.ffn, c.num_experts = p.experts, c.top_k = p.top_k;
   c.compute_dtype = compute_dtype;
@@ -153,6 +290,13 @@ absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
   if (p.sigmoid_grouped) {
     c.score_function = ScoreFunction::kSigmoid, c.num_groups = 8, c.group_topk = 4;
   }
+  return c;
+}
+
+absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
+  const int rank = absl::GetFlag(FLAGS_rank), size = absl::GetFlag(FLAGS_size);
+  const int device = absl::GetFlag(FLAGS_device) >= 0 ? absl::GetFlag(FLAGS_device) : rank;
+  const LayerConfig c = PresetConfig(p, compute_dtype);
   const int64_t T = absl::GetFlag(FLAGS_tokens) > 0 ? absl::GetFlag(FLAGS_tokens) : p.tokens;
 
   Progress(absl::StrCat(p.name, " ", ComputeDTypeName(compute_dtype), ": start"));
@@ -181,58 +325,28 @@ absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
   Tensor x = RandomBf16(T, p.hidden, 11 + rank), d_out = RandomBf16(T, p.hidden, 23 + rank);
   cudaHostRegister(x.raw(), x.num_bytes(), cudaHostRegisterDefault);
   cudaHostRegister(d_out.raw(), d_out.num_bytes(), cudaHostRegisterDefault);
-
-  auto step = [&](bool backward) -> absl::Status {
-    std::unique_ptr<StepContext> saved;
-    ASSIGN_OR_RETURN(ForwardResult fwd, layer->Forward(x, backward ? &saved : nullptr));
-    if (!backward) return absl::OkStatus();
-    ASSIGN_OR_RETURN(Tensor d_x, layer->Backward(*saved, d_out, 1.0, 1.0));
-    (void)d_x;
-    return absl::OkStatus();
-  };
+  StepTimer timer(layer.get(), &tb, &tc, &x, &d_out, size);
   for (int i = 0; i < absl::GetFlag(FLAGS_warmup); ++i) {
-    RETURN_IF_ERROR(step(true));
-    tb.copies().Reset(), tb.ops().Reset(), tc.exchanges().Reset(), tc.others().Reset();
+    RETURN_IF_ERROR(timer.Step(true));
+    timer.ResetLogs();
   }
+  ASSIGN_OR_RETURN(const std::string fingerprint, timer.Fingerprint());
   RETURN_IF_ERROR(layer->ZeroGradients());
-  Progress(absl::StrCat(p.name, ": warm"));
+  Progress(absl::StrCat(p.name, ": warm, fingerprint ", fingerprint));
 
-  std::vector<double> api[2], device_ms[2], span_ms[2], copy_ms[2], a2a_ms[2], a2a_bytes[2];
-  std::map<std::string, double> breakdown;
   const int iters = absl::GetFlag(FLAGS_iters);
-  for (int bwd = 0; bwd < 2; ++bwd) {
-    for (int i = 0; i < iters; ++i) {
-      if (size > 1) RETURN_IF_ERROR(tc.Barrier());
-      tb.copies().Reset(), tb.ops().Reset(), tc.exchanges().Reset(), tc.others().Reset();
-      const double t0 = NowMs();
-      RETURN_IF_ERROR(step(bwd == 1));
-      const double total = NowMs() - t0;
-      size_t ex_bytes = 0;
-      const double copies = tb.copies().TotalMs();
-      const double ex = tc.exchanges().TotalMs(&ex_bytes);
-      const double busy = tb.ops().TotalMs() + ex + tc.others().TotalMs();
-      api[bwd].push_back(total);
-      device_ms[bwd].push_back(busy);
-      span_ms[bwd].push_back(tb.ops().SpanMs());
-      copy_ms[bwd].push_back(copies);
-      a2a_ms[bwd].push_back(ex);
-      a2a_bytes[bwd].push_back(static_cast<double>(ex_bytes));
-      if (bwd == 1) {
-        tb.ops().AddByName(&breakdown);
-        tc.exchanges().AddByName(&breakdown);
-        tc.others().AddByName(&breakdown);
-        tb.copies().AddByName(&breakdown);
-      }
-    }
+  const bool zero = absl::GetFlag(FLAGS_zero_grads);
+  const int accum_iters = zero ? absl::GetFlag(FLAGS_accumulating_iters) : 0;
+  Series series[3];  // forward, forward+backward, accumulating forward+backward
+  std::map<std::string, double> breakdown, accum_breakdown;
+  RETURN_IF_ERROR(timer.Time(false, false, iters, &series[0], nullptr));
+  RETURN_IF_ERROR(timer.Time(true, zero, iters, &series[1], &breakdown));
+  if (accum_iters > 0) {
+    RETURN_IF_ERROR(timer.Time(true, false, accum_iters, &series[2], &accum_breakdown));
   }
-  std::vector<std::string> parts;
-  for (const auto& [name, ms] : breakdown) {
-    parts.push_back(absl::StrCat("\"", name, "\": ", ms / iters));
-  }
-  const std::string breakdown_json = absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
   Progress(absl::StrCat(p.name, ": timed"));
   const double ffn_flops = 2.0 * T * p.top_k * p.hidden * 3.0 * p.ffn;
-  const double fwd_dev = Median(device_ms[0]), fb_dev = Median(device_ms[1]);
+  const double fwd_dev = Median(series[0].device), fb_dev = Median(series[1].device);
   std::vector<std::pair<std::string, std::string>> kv = {
       {"bench", Str("gpu_bench")},
       {"config", Str(p.name)},
@@ -242,44 +356,39 @@ absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
       {"tokens", Num(T)},
       {"dtype", Str("BF16")},  // x, out, d_out and d_x
       {"compute_dtype", Str(ComputeDTypeName(compute_dtype))},
+      {"zero_grads", zero ? "true" : "false"},
+      {"fingerprint", Str(fingerprint)},
       {"init_s", Num(init_s)},
-      {"fwd_ms", Num(Median(api[0]))},
+      {"fwd_ms", Num(Median(series[0].api))},
       {"fwd_device_ms", Num(fwd_dev)},
-      {"fwdbwd_ms", Num(Median(api[1]))},
+      {"fwdbwd_ms", Num(Median(series[1].api))},
       {"fwdbwd_device_ms", Num(fb_dev)},
       {"fwd_tflops_device", Num(ffn_flops / fwd_dev / 1e9)},
       {"fwdbwd_tflops_device", Num(3 * ffn_flops / fb_dev / 1e9)},
-      {"fwd_span_ms", Num(Median(span_ms[0]))},
-      {"fwdbwd_span_ms", Num(Median(span_ms[1]))},
-      {"fwd_copy_ms", Num(Median(copy_ms[0]))},
-      {"fwdbwd_copy_ms", Num(Median(copy_ms[1]))},
-      {"fwd_device_ms_all", List(device_ms[0])},
-      {"fwdbwd_device_ms_all", List(device_ms[1])},
-      {"breakdown_fwdbwd_ms", breakdown_json},
+      {"fwd_span_ms", Num(Median(series[0].span))},
+      {"fwdbwd_span_ms", Num(Median(series[1].span))},
+      {"fwd_copy_ms", Num(Median(series[0].copy))},
+      {"fwdbwd_copy_ms", Num(Median(series[1].copy))},
+      {"fwd_device_ms_all", List(series[0].device)},
+      {"fwdbwd_device_ms_all", List(series[1].device)},
+      {"breakdown_fwdbwd_ms", BreakdownJson(breakdown, iters)},
       {"weights_bytes", Num(weights_bytes)},
       {"peak_bytes", Num(cuda->peak_allocated_bytes())},
-      {"fwd_ms_all", List(api[0])},
-      {"fwdbwd_ms_all", List(api[1])},
+      {"fwd_ms_all", List(series[0].api)},
+      {"fwdbwd_ms_all", List(series[1].api)},
   };
-  if (size > 1) {
-    const double ms = Median(a2a_ms[0]), bytes = Median(a2a_bytes[0]);
-    const int n = size;
-    const double alg = bytes / (ms / 1000) / 1e9;
-    kv.push_back({"fwd_a2a_ms", Num(ms)});
-    kv.push_back({"fwd_a2a_bytes", Num(bytes)});
-    kv.push_back({"fwd_a2a_calls", Num(2)});
-    kv.push_back({"a2a_algbw_GBps", Num(alg)});
-    kv.push_back({"a2a_busbw_GBps", Num(alg * (n - 1) / n)});
-    kv.push_back({"fwdbwd_a2a_ms", Num(Median(a2a_ms[1]))});
-    // One standalone AllToAllV of the size of one dispatch (every rank sends T*k rows of H
-    // bf16 values, its own part included; the same on every rank so that sizes match).
-    const size_t dispatch_bytes = static_cast<size_t>(T * p.top_k * p.hidden * 2);
-    ASSIGN_OR_RETURN(double standalone_ms, StandaloneA2aMs(cuda.get(), nccl.get(), dispatch_bytes));
-    const double s_alg = dispatch_bytes / (standalone_ms / 1000) / 1e9;
-    kv.push_back({"standalone_a2a_bytes", Num(dispatch_bytes)});
-    kv.push_back({"standalone_a2a_ms", Num(standalone_ms)});
-    kv.push_back({"standalone_a2a_busbw_GBps", Num(s_alg * (n - 1) / n)});
+  if (zero) {
+    kv.push_back({"zero_grads_host_ms", Num(Median(series[1].zero_host))});
+    kv.push_back({"zero_grads_device_ms", Num(Median(series[1].zero_device))});
   }
+  if (accum_iters > 0) {
+    const double acc_dev = Median(series[2].device);
+    kv.push_back({"fwdbwd_accum_device_ms", Num(acc_dev)});
+    kv.push_back({"fwdbwd_accum_tflops_device", Num(3 * ffn_flops / acc_dev / 1e9)});
+    kv.push_back({"fwdbwd_accum_device_ms_all", List(series[2].device)});
+    kv.push_back({"breakdown_fwdbwd_accum_ms", BreakdownJson(accum_breakdown, accum_iters)});
+  }
+  if (size > 1) RETURN_IF_ERROR(AddExchangeFields(p, T, cuda.get(), nccl.get(), series, &kv));
   cudaHostUnregister(x.raw());
   cudaHostUnregister(d_out.raw());
   layer.reset();

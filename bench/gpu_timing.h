@@ -109,6 +109,12 @@ class TimingBackend : public Backend {
                           void* d) override {
     return Timed(&ops_, "GatherRows", [&] { return inner_->GatherRows(s, i, r, w, t, d); });
   }
+  absl::Status ScatterTokenRows(const void* s, const int32_t* pr, int64_t t, int64_t k,
+                                const int32_t* rt, int64_t r, int64_t w, DType dt,
+                                void* d) override {
+    return Timed(&ops_, "ScatterTokenRows",
+                 [&] { return inner_->ScatterTokenRows(s, pr, t, k, rt, r, w, dt, d); });
+  }
   absl::Status CopyRowBlocks(const void* s, void* d, size_t rb,
                              absl::Span<const RowBlock> b) override {
     return Timed(&ops_, "CopyRowBlocks", [&] { return inner_->CopyRowBlocks(s, d, rb, b); });

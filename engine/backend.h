@@ -105,6 +105,16 @@ struct GemmArgs {
 //   scale_b = Fp8Scale(amax_b, fp8) (engine/fp8.h), written to scale[b] (backend memory);
 //   dst_b   = FloatToFp8(src_b / scale_b, fp8), [rows, cols] or, with `transpose`, [cols, rows].
 // Every backend writes bitwise the same codes and scales.
+//
+// Grouped transposed codes (batch 1, the FP8 weight-gradient GEMMs, whose k is a group's row
+// count): with dst_grouped_t set, the same codes are also written to dst_grouped_t
+// [cols, Fp8GroupedColumns(group_rows)] row-major. Row r of group g (rows
+// [row_start_g, row_start_g + group_rows[g]), row_start_g = sum of the groups before g) goes to
+// column col_start_g + (r - row_start_g), col_start_g = sum over the groups before g of
+// RoundUp(group_rows[g'], kFp8GroupAlign); the pad columns after each group are zero codes, so
+// that a GEMM over a group's padded columns sums the group's rows only:
+//   [c0: g0 r0..r(n0-1) 0..0 | g1 ... ]   [c1: ...]   (each group starts 16-byte aligned)
+// dst may then be null (only this layout is written).
 struct QuantizeArgs {
   const void* src = nullptr;
   DType src_type = DType::kBFloat16;
@@ -117,10 +127,31 @@ struct QuantizeArgs {
   float* scale = nullptr;  // matrix b's scale at scale[b * scale_stride]
   // kFp8ScaleStride keeps every matrix's scale 16-byte aligned, as an FP8 GEMM needs it.
   int64_t scale_stride = 1;
+  void* dst_grouped_t = nullptr;         // optional, see above (batch 1, transpose false)
+  absl::Span<const int64_t> group_rows;  // host; sums to rows (with dst_grouped_t only)
+  // Optional (batch 1): max |src| already computed by the kernel that wrote src (backend
+  // memory, e.g. ActivationArgs::amax); the quantisation then skips its own amax pass.
+  const float* amax = nullptr;
 };
 
 // Floats between per-matrix FP8 scales that FP8 GEMMs read one by one (16 bytes).
 inline constexpr int64_t kFp8ScaleStride = 4;
+
+// Codes (columns) each group of QuantizeArgs::dst_grouped_t starts on a multiple of: Hopper's
+// FP8 GEMMs want 16-byte aligned operands and leading dimensions.
+inline constexpr int64_t kFp8GroupAlign = 16;
+
+// A group's padded width in dst_grouped_t: group_rows rounded up to kFp8GroupAlign.
+inline int64_t Fp8PaddedRows(int64_t group_rows) {
+  return (group_rows + kFp8GroupAlign - 1) / kFp8GroupAlign * kFp8GroupAlign;
+}
+
+// The columns (leading dimension) of dst_grouped_t: the sum of the groups' padded widths.
+inline int64_t Fp8GroupedColumns(absl::Span<const int64_t> group_rows) {
+  int64_t columns = 0;
+  for (int64_t rows : group_rows) columns += Fp8PaddedRows(rows);
+  return columns;
+}
 
 // Router forward over this rank's tokens (docs/SPEC.md Forward 1-6 without the collectives).
 // Slot order: the k selected experts of a token in descending selection score, ties toward the
@@ -202,6 +233,10 @@ struct ActivationArgs {
   void* d_h = nullptr;      // [rows, up] backward output
   const float* up_bias = nullptr;  // [groups, up] or nullptr
   GroupRows group_rows;     // rows of each local expert (needed when up_bias is set)
+  // Optional (FP8, docs/SPEC.md "FP8"): max(*amax, max |output as stored|) (a forward, d_h
+  // backward; NaN ignored) is written to *amax (backend memory, zeroed by the caller first):
+  // the amax a QuantizeFp8 of the output would compute, for QuantizeArgs::amax.
+  float* amax = nullptr;
 };
 
 class Backend {
@@ -258,6 +293,16 @@ class Backend {
   // dst[r] = src[index[r]] (rows of `width` elements of `dtype`), zeros where index[r] < 0.
   virtual absl::Status GatherRows(const void* src, const int32_t* index, int64_t rows,
                                   int64_t width, DType dtype, void* dst) = 0;
+  // Forward 8's permuted rows from the token side: dst[pair_row[t * top_k + j]] = src[t] for
+  // every pair with pair_row >= 0, and zeros in every row r < rows with row_token[r] < 0.
+  // With Permute's pair_row and row_token (inverse maps of each other) this is exactly
+  // GatherRows(src, row_token, rows, ...), which the default runs; a backend may instead read
+  // each token's row once rather than top_k times.
+  virtual absl::Status ScatterTokenRows(const void* src, const int32_t* pair_row, int64_t tokens,
+                                        int64_t top_k, const int32_t* row_token, int64_t rows,
+                                        int64_t width, DType dtype, void* dst) {
+    return GatherRows(src, row_token, rows, width, dtype, dst);
+  }
   // Moves row blocks (host list) from src to dst; rows are row_bytes wide.
   virtual absl::Status CopyRowBlocks(const void* src, void* dst, size_t row_bytes,
                                      absl::Span<const RowBlock> blocks) = 0;

@@ -1,22 +1,19 @@
 // The expert FFN of the local experts on the expert layout, both ways (docs/SPEC.md Forward 10,
 // Backward 3): per-expert GEMMs (one GroupedGemm call per projection), the activation and the
 // biases. GEMMs accumulate in fp32; weight gradients are fp32 and accumulate across backwards.
-// Under FP8 (docs/SPEC.md "FP8") the four activation GEMMs (h, y, d_a, d_X) run on quantised
-// operands (Fp8ExpertGemm) and the rows are stored in bf16; the weight-gradient GEMMs read the
-// bf16 rows.
+// Under FP8 (docs/SPEC.md "FP8") all six GEMMs run on quantised operands: each GEMM input is
+// quantised once (QuantizeExpertRows) into the codes as stored (h, y, d_a, d_X: Fp8ExpertGemm)
+// and grouped transposed (the weight gradients: ExpertWeightGradGemm); the rows are stored in
+// bf16.
 #include "engine/moe_layer_impl.h"
 #include "engine/status_macros.h"
 
 namespace moe {
 namespace {
 
-// The FP8 format of the gradient rows (d_y, d_h) in the backward's data-gradient GEMMs: e4m3
-// like everything else (docs/SPEC.md "FP8" says why not e5m2).
+// The FP8 format of the gradient rows (d_y, d_h) in the backward's GEMMs: e4m3 like
+// everything else (docs/SPEC.md "FP8" says why not e5m2).
 constexpr DType kGradientFp8 = DType::kFloat8E4M3;
-
-// Under FP8 the codes of a quantised GEMM input follow its scale at this offset (16-byte
-// aligned operands for the tensor cores).
-constexpr size_t kFp8CodesOffset = 256;
 
 // Per local expert GEMMs over the expert layout: rows [offset, offset + group_rows[el]).
 template <typename MakeGemm>
@@ -33,20 +30,39 @@ absl::Status PerExpert(Backend* backend, const std::vector<int64_t>& group_rows,
 
 }  // namespace
 
-absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const void* in,
-                                         DType in_fp8, int64_t k, const void* weights,
-                                         const float* weight_scales, int64_t n, void* out) {
+absl::Status MoeLayerImpl::PrepareFp8Amax(Fp8Rows& q) {
+  if (config_.compute_dtype != DType::kFloat8E4M3) return absl::OkStatus();
+  ASSIGN_OR_RETURN(q.scale, backend_->Allocate(kFp8ScaleStride * sizeof(float)));
+  RETURN_IF_ERROR(backend_->Memset(q.scale.data(), 0, kFp8ScaleStride * sizeof(float)));
+  q.amax_from_producer = true;
+  return absl::OkStatus();
+}
+
+absl::Status MoeLayerImpl::QuantizeExpertRows(const std::vector<int64_t>& group_rows,
+                                              const void* in, int64_t cols, Fp8Rows& q) {
+  if (config_.compute_dtype != DType::kFloat8E4M3) return absl::OkStatus();
+  int64_t rows = 0;
+  for (int64_t r : group_rows) rows += r;
+  if (!q.amax_from_producer) {
+    ASSIGN_OR_RETURN(q.scale, backend_->Allocate(kFp8ScaleStride * sizeof(float)));
+  }
+  ASSIGN_OR_RETURN(q.rows, backend_->Allocate(rows * cols));
+  ASSIGN_OR_RETURN(q.columns, backend_->Allocate(cols * Fp8GroupedColumns(group_rows)));
+  QuantizeArgs a;
+  a.src = in, a.src_type = ExpertRowDType(config_), a.rows = rows, a.cols = cols, a.fp8 = q.fp8;
+  a.dst = q.rows.data(), a.scale = q.scale.as<float>(), a.amax = q.amax();
+  a.dst_grouped_t = q.columns.data(), a.group_rows = group_rows;
+  return backend_->QuantizeFp8(a);
+}
+
+absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const Fp8Rows& in,
+                                         int64_t k, const void* weights, const float* weight_scales,
+                                         int64_t n, void* out) {
   const DType rd = ExpertRowDType(config_);
+  const uint8_t* codes = in.rows.as<uint8_t>();
   int64_t rows = 0;
   for (int64_t r : group_rows) rows += r;
   if (rows == 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(Buffer quantised, backend_->Allocate(kFp8CodesOffset + rows * k));
-  const float* in_scale = quantised.as<float>();
-  const uint8_t* codes = quantised.as<uint8_t>() + kFp8CodesOffset;
-  QuantizeArgs q;
-  q.src = in, q.src_type = rd, q.rows = rows, q.cols = k, q.fp8 = in_fp8;
-  q.dst = quantised.as<uint8_t>() + kFp8CodesOffset, q.scale = quantised.as<float>();
-  RETURN_IF_ERROR(backend_->QuantizeFp8(q));
   return PerExpert(backend_, group_rows, [&](int64_t el, int64_t off, int64_t m) {
     GemmArgs g;
     g.trans_b = true;
@@ -55,18 +71,17 @@ absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows,
     g.b = static_cast<const uint8_t*>(weights) + el * n * k, g.ldb = k;
     g.c = static_cast<char*>(out) + off * n * DTypeSize(rd), g.ldc = n;
     g.c_type = rd;
-    g.a_fp8 = in_fp8, g.b_fp8 = DType::kFloat8E4M3;
-    g.a_scale = in_scale, g.b_scale = weight_scales + el * kFp8ScaleStride;
+    g.a_fp8 = in.fp8, g.b_fp8 = DType::kFloat8E4M3;
+    g.a_scale = in.scale.as<float>(), g.b_scale = weight_scales + el * kFp8ScaleStride;
     return g;
   });
 }
 
 absl::Status MoeLayerImpl::ExpertDataGemm(const std::vector<int64_t>& group_rows, const void* in,
-                                          int64_t k, const LayerParam& w, bool transposed,
-                                          DType in_fp8, int64_t n, void* out) {
+                                          const Fp8Rows& in_fp8, int64_t k, const LayerParam& w,
+                                          bool transposed, int64_t n, void* out) {
   if (config_.compute_dtype == DType::kFloat8E4M3) {
-    return Fp8ExpertGemm(group_rows, in, in_fp8, k,
-                         transposed ? w.compute.data() : w.compute_t.data(),
+    return Fp8ExpertGemm(group_rows, in_fp8, k, transposed ? w.compute.data() : w.compute_t.data(),
                          w.compute_scale.as<float>(), n, out);
   }
   const DType cd = ExpertRowDType(config_);
@@ -84,30 +99,87 @@ absl::Status MoeLayerImpl::ExpertDataGemm(const std::vector<int64_t>& group_rows
   });
 }
 
+absl::Status MoeLayerImpl::ExpertWeightGradGemm(const std::vector<int64_t>& group_rows,
+                                                const void* in, const Fp8Rows& in_fp8,
+                                                int64_t in_cols, const void* d_out,
+                                                const Fp8Rows& d_out_fp8, int64_t out_cols,
+                                                LayerParam& w) {
+  const float beta = w.grad_zero ? 0.0f : 1.0f;
+  float* grad = w.grad.as<float>();
+  std::vector<GemmArgs> gemms;
+  if (config_.compute_dtype == DType::kFloat8E4M3) {
+    // A = in's codes [in_cols, k_pad], B = d_out's [out_cols, k_pad], both k-contiguous
+    // ("TN") with the 16-aligned leading dimension of the grouped layout.
+    const int64_t ld = Fp8GroupedColumns(group_rows);
+    int64_t column = 0;
+    for (size_t el = 0; el < group_rows.size(); ++el) {
+      GemmArgs g;
+      g.trans_b = true;
+      g.m = in_cols, g.n = out_cols, g.k = Fp8PaddedRows(group_rows[el]);
+      g.a = in_fp8.columns.as<uint8_t>() + column, g.lda = ld;
+      g.b = d_out_fp8.columns.as<uint8_t>() + column, g.ldb = ld;
+      g.c = grad + el * in_cols * out_cols, g.ldc = out_cols;
+      g.c_type = DType::kFloat32, g.beta = beta;
+      g.a_fp8 = in_fp8.fp8, g.b_fp8 = d_out_fp8.fp8;
+      g.a_scale = in_fp8.scale.as<float>(), g.b_scale = d_out_fp8.scale.as<float>();
+      gemms.push_back(g);
+      column += g.k;
+    }
+  } else {
+    const DType cd = ExpertRowDType(config_);
+    const size_t cs = DTypeSize(cd);
+    int64_t offset = 0;
+    for (size_t el = 0; el < group_rows.size(); ++el) {
+      GemmArgs g;
+      g.trans_a = true;
+      g.m = in_cols, g.n = out_cols, g.k = group_rows[el];
+      g.a = static_cast<const char*>(in) + offset * in_cols * cs, g.lda = in_cols;
+      g.b = static_cast<const char*>(d_out) + offset * out_cols * cs, g.ldb = out_cols;
+      g.c = grad + el * in_cols * out_cols, g.ldc = out_cols;
+      g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = beta;
+      gemms.push_back(g);
+      offset += g.k;
+    }
+  }
+  RETURN_IF_ERROR(backend_->GroupedGemm(gemms));
+  w.grad_zero = false;
+  return absl::OkStatus();
+}
+
 absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   const LayerConfig& c = config_;
   const DType cd = ExpertRowDType(c);
   const size_t cs = DTypeSize(cd);
   const int64_t H = c.hidden, F = c.ffn, up = UpWidth(c);
   const DispatchPlan& plan = s.plan;
+  const bool fp8 = c.compute_dtype == DType::kFloat8E4M3;
   ASSIGN_OR_RETURN(s.h, backend_->Allocate(plan.expert_rows * up * cs));
-  ASSIGN_OR_RETURN(s.act, backend_->Allocate(plan.expert_rows * F * cs));
+  ASSIGN_OR_RETURN(Buffer act, backend_->Allocate(plan.expert_rows * F * cs));
   ASSIGN_OR_RETURN(w.y_expert, backend_->Allocate(plan.expert_rows * H * cs));
   void* h = s.h.data();
-  void* act = s.act.data();
   void* y = w.y_expert.data();
   // h = X_e . wi_e   ([rows, H] x [H, up])
-  RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, s.x_expert.data(), H, *Find("wi"),
-                                 /*transposed=*/false, DType::kFloat8E4M3, up, h));
+  RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, s.x_expert.data(), H, s.x_fp8));
+  RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, s.x_expert.data(), s.x_fp8, H, *Find("wi"),
+                                 /*transposed=*/false, up, h));
+  if (fp8) {  // the backward reads X_e's grouped codes only (SavedStep::x_fp8)
+    s.x_fp8.rows.Reset();
+    s.x_expert.Reset();
+  }
   ActivationArgs aa;
   aa.activation = c.activation, aa.gated = c.gated, aa.rows = plan.expert_rows, aa.ffn = F;
-  aa.dtype = cd, aa.h = h, aa.a = act;
+  aa.dtype = cd, aa.h = h, aa.a = act.data();
   aa.up_bias = c.use_bias ? Find("wi_bias")->master.as<float>() : nullptr;
   aa.group_rows = plan.group_rows;
+  RETURN_IF_ERROR(PrepareFp8Amax(s.act_fp8));  // FP8: the activation kernel finds a's amax
+  aa.amax = s.act_fp8.amax();
   RETURN_IF_ERROR(backend_->ActivationForward(aa));
   // y = a . wo_e   ([rows, F] x [F, H])
-  RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, act, F, *Find("wo"), /*transposed=*/false,
-                                 DType::kFloat8E4M3, H, y));
+  RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, act.data(), F, s.act_fp8));
+  RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, act.data(), s.act_fp8, F, *Find("wo"),
+                                 /*transposed=*/false, H, y));
+  s.act_fp8.rows.Reset();
+  if (!fp8) s.act = std::move(act);
   if (c.use_bias) {
     RETURN_IF_ERROR(
         backend_->AddGroupBias(y, cd, Find("wo_bias")->master.as<float>(), H, plan.group_rows));
@@ -123,25 +195,18 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   const DispatchPlan& plan = s.plan;
   LayerParam& wi = *Find("wi");
   LayerParam& wo = *Find("wo");
-  const char* dy = static_cast<const char*>(d_y);
   ASSIGN_OR_RETURN(Buffer d_act, backend_->Allocate(plan.expert_rows * F * cs));
-  // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]); FP8: d_y quantised.
-  RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, d_y, H, wo, /*transposed=*/true, kGradientFp8, F,
-                                 d_act.data()));
-  // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]), fp32 gradient; written (beta = 0) when it is
-  // lazily zero (LayerParam), which covers every expert's slice, k = 0 ones included.
-  const float wo_beta = wo.grad_zero ? 0.0f : 1.0f;
-  RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
-    GemmArgs g;
-    g.trans_a = true;
-    g.m = F, g.n = H, g.k = m;
-    g.a = s.act.as<char>() + off * F * cs, g.lda = F;
-    g.b = dy + off * H * cs, g.ldb = H;
-    g.c = wo.grad.as<float>() + el * F * H, g.ldc = H;
-    g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = wo_beta;
-    return g;
-  }));
-  wo.grad_zero = false;
+  // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]).
+  Fp8Rows d_y_fp8;
+  d_y_fp8.fp8 = kGradientFp8;
+  RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_y, H, d_y_fp8));
+  RETURN_IF_ERROR(
+      ExpertDataGemm(plan.group_rows, d_y, d_y_fp8, H, wo, /*transposed=*/true, F, d_act.data()));
+  d_y_fp8.rows.Reset();
+  // d_wo_e += a^T . d_y   ([F, rows] x [rows, H])
+  RETURN_IF_ERROR(
+      ExpertWeightGradGemm(plan.group_rows, s.act.data(), s.act_fp8, F, d_y, d_y_fp8, H, wo));
+  d_y_fp8 = Fp8Rows{};
   if (c.use_bias) {
     LayerParam& wo_bias = *Find("wo_bias");
     RETURN_IF_ERROR(MaterializeGradient(wo_bias));
@@ -152,29 +217,25 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   aa.activation = c.activation, aa.gated = c.gated, aa.rows = plan.expert_rows, aa.ffn = F;
   aa.dtype = cd, aa.h = s.h.data(), aa.d_a = d_act.data(), aa.d_h = d_h.data();
   aa.group_rows = plan.group_rows;
+  Fp8Rows d_h_fp8;
+  d_h_fp8.fp8 = kGradientFp8;
+  RETURN_IF_ERROR(PrepareFp8Amax(d_h_fp8));  // FP8: the activation kernel finds d_h's amax
+  aa.amax = d_h_fp8.amax();
   RETURN_IF_ERROR(backend_->ActivationBackward(aa));
   d_act.Reset();
-  // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up]); written when lazily zero, as d_wo.
-  const float wi_beta = wi.grad_zero ? 0.0f : 1.0f;
-  RETURN_IF_ERROR(PerExpert(backend_, plan.group_rows, [&](int64_t el, int64_t off, int64_t m) {
-    GemmArgs g;
-    g.trans_a = true;
-    g.m = H, g.n = up, g.k = m;
-    g.a = s.x_expert.as<char>() + off * H * cs, g.lda = H;
-    g.b = d_h.as<char>() + off * up * cs, g.ldb = up;
-    g.c = wi.grad.as<float>() + el * H * up, g.ldc = up;
-    g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = wi_beta;
-    return g;
-  }));
-  wi.grad_zero = false;
+  // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up])
+  RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_h.data(), up, d_h_fp8));
+  RETURN_IF_ERROR(ExpertWeightGradGemm(plan.group_rows, s.x_expert.data(), s.x_fp8, H, d_h.data(),
+                                       d_h_fp8, up, wi));
+  d_h_fp8.columns.Reset();
   if (c.use_bias) {
     LayerParam& wi_bias = *Find("wi_bias");
     RETURN_IF_ERROR(MaterializeGradient(wi_bias));
     RETURN_IF_ERROR(
         backend_->GroupBiasGrad(d_h.data(), cd, up, plan.group_rows, wi_bias.grad.as<float>()));
   }
-  // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]); FP8: d_h quantised.
-  return ExpertDataGemm(plan.group_rows, d_h.data(), up, wi, /*transposed=*/true, kGradientFp8, H,
+  // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]).
+  return ExpertDataGemm(plan.group_rows, d_h.data(), d_h_fp8, up, wi, /*transposed=*/true, H,
                         d_x_expert);
 }
 

@@ -231,8 +231,9 @@ absl::Status MoeLayerImpl::PermuteAndDispatch(SavedStep& s, ForwardWork& w) {
     RETURN_IF_ERROR(backend_->Permute(p));
   }
   ASSIGN_OR_RETURN(Buffer x_local, backend_->Allocate(plan.local_rows * H * cs));
-  RETURN_IF_ERROR(backend_->GatherRows(w.x_experts, row_token.as<int32_t>(), plan.local_rows, H, cd,
-                                       x_local.data()));
+  RETURN_IF_ERROR(backend_->ScatterTokenRows(w.x_experts, s.pair_row.as<int32_t>(), T, K,
+                                             row_token.as<int32_t>(), plan.local_rows, H, cd,
+                                             x_local.data()));
   // 9. Dispatch to the owners, expert layout (one rank: already is).
   if (DispatchIsIdentity(plan)) {
     s.x_expert = std::move(x_local);

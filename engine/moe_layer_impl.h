@@ -43,6 +43,23 @@ struct LayerParam {
   int64_t count() const { return NumElements(shape); }
 };
 
+// The FP8 copy of one expert-layout GEMM input [rows, cols] (docs/SPEC.md "FP8"), quantised
+// once: the per-tensor scale (16-byte aligned, as cuBLASLt wants it), the codes as stored (the
+// activation GEMMs' A operand) and grouped transposed (QuantizeArgs::dst_grouped_t, [cols,
+// Fp8GroupedColumns(group_rows)]: the weight-gradient GEMMs' operands). All empty unless
+// compute_dtype = FP8; `rows` is freed as soon as its GEMM is enqueued.
+struct Fp8Rows {
+  DType fp8 = DType::kFloat8E4M3;
+  Buffer scale;    // float [kFp8ScaleStride]: [0] the scale, [1] the amax slot (see amax())
+  Buffer rows;     // [rows, cols] codes
+  Buffer columns;  // [cols, Fp8GroupedColumns(group_rows)] codes, zero pads
+  // Set by PrepareFp8Amax: the tensor's producer reduces its amax into amax() (e.g.
+  // ActivationArgs::amax), and QuantizeExpertRows skips its own amax pass.
+  bool amax_from_producer = false;
+  float* amax() const { return amax_from_producer ? scale.as<float>() + 1 : nullptr; }
+  size_t bytes() const { return scale.size() + rows.size() + columns.size(); }
+};
+
 // What Forward keeps for Backward. Buffers are backend memory; layouts as in dispatch.h.
 struct SavedStep : public StepContext {
   const void* layer = nullptr;
@@ -59,14 +76,18 @@ struct SavedStep : public StepContext {
   Buffer topk_expert;  // [T, k] int32
   Buffer topk_weight;  // [T, k] fp32 probs
   Buffer pair_row;     // [T, k] int32 row in the local layout, -1 dropped
-  Buffer x_expert;     // [expert_rows, H] compute dtype, expert layout
+  Buffer x_expert;     // [expert_rows, H] compute dtype, expert layout (FP8: see x_fp8)
   Buffer h;            // [expert_rows, up] compute dtype, after the up bias
-  Buffer act;          // [expert_rows, F] compute dtype
+  Buffer act;          // [expert_rows, F] compute dtype (FP8: see act_fp8)
   Buffer y_local;      // [local_rows, H] compute dtype, local layout
+  // FP8: the backward reads X_e and a only through the weight-gradient GEMMs, so the forward
+  // keeps their grouped codes (the very codes its h and y GEMMs used; scale and columns only)
+  // and frees x_expert and act: half their bytes, and no re-quantisation in the backward.
+  Fp8Rows x_fp8, act_fp8;
   size_t bytes() const override {
     return x32.size() + logits.size() + scores.size() + logsumexp.size() + topk_expert.size() +
            topk_weight.size() + pair_row.size() + x_expert.size() + h.size() + act.size() +
-           y_local.size();
+           y_local.size() + x_fp8.bytes() + act_fp8.bytes();
   }
 };
 
@@ -179,7 +200,7 @@ class MoeLayerImpl : public MoeLayer {
   // w.x_experts; writes s.pair_row and s.x_expert (expert layout).
   absl::Status PermuteAndDispatch(SavedStep& s, ForwardWork& w);
   // Forward 10: the expert FFN (moe_layer_experts.cc). Reads s.plan, s.x_expert; writes s.h,
-  // s.act and w.y_expert.
+  // s.act and w.y_expert (FP8: s.x_fp8 and s.act_fp8, and frees s.x_expert).
   absl::Status ExpertsForward(SavedStep& s, ForwardWork& w);
   // Forward 11: return y to the local layout and combine it in slot order into x's dtype.
   // Reads s.plan, s.pair_row, s.topk_weight, w.y_expert (consumed); writes s.y_local and the
@@ -209,22 +230,39 @@ class MoeLayerImpl : public MoeLayer {
   absl::Status GateBackward(const SavedStep& s, BackwardWork& w);
   // Backward's output: w.d_x cast to s.x_type (into `into` when non-null, as DownloadInto).
   absl::StatusOr<Tensor> DownloadInputGradient(const SavedStep& s, BackwardWork& w, Tensor* into);
+  // Under compute_dtype = FP8: `in` [rows, cols] (ExpertRowDType, the local experts' rows in
+  // group_rows order) quantised as q.fp8 with one per-tensor scale into both layouts of q
+  // (allocated here; the amax from q.amax() when PrepareFp8Amax ran). Otherwise nothing.
+  absl::Status QuantizeExpertRows(const std::vector<int64_t>& group_rows, const void* in,
+                                  int64_t cols, Fp8Rows& q);
+  // Under FP8: allocates q.scale with a zeroed amax slot and sets q.amax_from_producer, before
+  // the kernel that writes the tensor (which then fills q.amax()). Otherwise nothing.
+  absl::Status PrepareFp8Amax(Fp8Rows& q);
   // FP8 expert GEMMs (moe_layer_experts.cc): GroupedGemm over the local experts of
-  // out = quantised(in) . weights^T, weights [El, n, k] e4m3 codes with [El] scales, `in`
-  // [rows, k] in ExpertRowDType quantised once (one per-tensor scale, `in_fp8` format).
-  absl::Status Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const void* in, DType in_fp8,
-                             int64_t k, const void* weights, const float* weight_scales, int64_t n,
-                             void* out);
+  // out = in . weights^T, `in` the codes as stored of a [rows, k] input, weights [El, n, k]
+  // e4m3 codes with [El] scales.
+  absl::Status Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const Fp8Rows& in, int64_t k,
+                             const void* weights, const float* weight_scales, int64_t n, void* out);
   // The experts' activation GEMMs (h, y, d_a, d_X; moe_layer_experts.cc) over every local
   // expert's rows: out_e = in_e . w_e with w_e stored [k, n], or with `transposed`
   // out_e = in_e . w_e^T with w_e stored [n, k]; in [rows, k] and out [rows, n] in
-  // ExpertRowDType. Under FP8, Fp8ExpertGemm: `in` quantised as `in_fp8`, times w's codes laid
-  // out [n, k] (compute_t, or compute when transposed).
-  absl::Status ExpertDataGemm(const std::vector<int64_t>& group_rows, const void* in, int64_t k,
-                              const LayerParam& w, bool transposed, DType in_fp8, int64_t n,
-                              void* out);
+  // ExpertRowDType. Under FP8, Fp8ExpertGemm on in_fp8 (QuantizeExpertRows of `in`) times w's
+  // codes laid out [n, k] (compute_t, or compute when transposed).
+  absl::Status ExpertDataGemm(const std::vector<int64_t>& group_rows, const void* in,
+                              const Fp8Rows& in_fp8, int64_t k, const LayerParam& w,
+                              bool transposed, int64_t n, void* out);
+  // Backward 3's weight gradients (moe_layer_experts.cc): w.grad_e (+)= in_e^T . d_out_e
+  // ([in_cols, rows_e] x [rows_e, out_cols], fp32) for every local expert, written (beta 0)
+  // while w's gradient is lazily zero (LayerParam), which covers every expert's slice, k = 0
+  // ones included. in [rows, in_cols] and d_out [rows, out_cols] in ExpertRowDType; under FP8
+  // their grouped codes (in_fp8.columns, d_out_fp8.columns) instead: per expert an FP8 "TN"
+  // GEMM over its padded columns (the zero pads add nothing).
+  absl::Status ExpertWeightGradGemm(const std::vector<int64_t>& group_rows, const void* in,
+                                    const Fp8Rows& in_fp8, int64_t in_cols, const void* d_out,
+                                    const Fp8Rows& d_out_fp8, int64_t out_cols, LayerParam& w);
   // Backward 3 (moe_layer_experts.cc): accumulates the expert gradients from d_y (expert
-  // layout) and writes d_x_expert. Reads s.plan, s.x_expert, s.h, s.act.
+  // layout) and writes d_x_expert. Reads s.plan, s.x_expert, s.h, s.act (FP8: s.x_fp8,
+  // s.act_fp8 instead of s.x_expert, s.act).
   absl::Status ExpertsBackward(const SavedStep& s, const void* d_y, void* d_x_expert);
 
   const LayerConfig config_;

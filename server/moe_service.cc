@@ -38,7 +38,7 @@ MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics
     while (!housekeeping_mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
       housekeeping_mu_.Unlock();
       if (expire_steps) ExpireSavedSteps();
-      if (shm_ != nullptr) HousekeepShm();
+      HousekeepShm();
       staging_->DropExpired(absl::Now());
       housekeeping_mu_.Lock();
     }

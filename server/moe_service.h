@@ -335,9 +335,11 @@ class MoeServiceImpl final : public MoeServiceBase {
                                           v1::RegisterCudaSharedMemoryResponse*);
   absl::Status ShmStatus(grpc::ServerContextBase* context, const std::string& name,
                          v1::SystemSharedMemoryStatusResponse* response);
-  // Tells the workers to unmap the regions no step uses any more (best effort).
+  // Tells the workers to unmap the regions and relay buffers no step uses any more (best
+  // effort).
   void ForgetRetiredShm();
-  // Housekeeping: drops regions whose object is gone or that stayed idle, then forgets them.
+  // Housekeeping: drops client regions whose object is gone or that stayed idle, then forgets
+  // them and the retired relay buffers.
   void HousekeepShm();
 
   // The front end's record of one layer.

@@ -100,8 +100,12 @@ absl::StatusOr<RelayStep> MoeServiceImpl::RelayLocally(const WorkerSet& set,
 }
 
 void MoeServiceImpl::ForgetRetiredShm() {
-  if (shm_ == nullptr) return;
-  std::vector<uint64_t> ids = shm_->TakeRetired();
+  // Client regions, and relay buffers the pool unmapped (evicted, or discarded after a failed
+  // step): the workers would otherwise keep the deleted object mapped until their idle unmap.
+  std::vector<uint64_t> ids = shm_ != nullptr ? shm_->TakeRetired() : std::vector<uint64_t>{};
+  if (relay_ != nullptr) {
+    for (uint64_t id : relay_->registry()->TakeRetired()) ids.push_back(id);
+  }
   if (ids.empty()) return;
   // Workers that are down now drop their mappings themselves once unused (worker_shm.h).
   absl::StatusOr<WorkerSet> set = pool_->Serving();
@@ -120,7 +124,7 @@ void MoeServiceImpl::ForgetRetiredShm() {
 }
 
 void MoeServiceImpl::HousekeepShm() {
-  shm_->DropStale(absl::Now());
+  if (shm_ != nullptr) shm_->DropStale(absl::Now());
   ForgetRetiredShm();
 }
 

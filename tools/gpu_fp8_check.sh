@@ -2,9 +2,11 @@
 # gpu_fp8_check.sh: the FP8 compute dtype on the GPU machine (one H200 is enough), one call, from
 # the folder tools/pack_gpu.sh made (carry .gpu): the GPU tests (FP8 quantise/GEMM ops against
 # the CPU emulation, the layer in FP8 against the CPU emulation and the fp64 reference, two runs
-# bitwise equal; the fp32/bf16 cases of the same binaries run too), then gpu_bench for te_seed,
-# mixtral and dsv3 in bf16 and FP8 back to back in the same process, with a summary table of
-# the device times, the FP8 speed-up and the issue-16 targets. Logs and JSON go to $OUT.
+# bitwise equal; the fp32/bf16 cases of the same binaries run too; '*Fp8*' also takes the
+# grouped transposed quantisation, the FP8 weight-gradient GEMMs and the activation amax), then
+# gpu_bench for te_seed, mixtral and dsv3 in bf16 and FP8 back to back in the same process, with
+# a summary table of the device times, the FP8 speed-up and the issue-16 targets. Logs and JSON
+# go to $OUT.
 #
 #   here:  bazel build //tests/gpu:cuda_backend_ops_test //tests/gpu:cuda_layer_test \
 #              //bench:gpu_bench && tools/pack_gpu.sh

@@ -19,6 +19,7 @@ bins=("$@")
 if [ ${#bins[@]} -eq 0 ]; then
   for b in bazel-bin/tests/gpu/cuda_backend_ops_test bazel-bin/tests/gpu/cuda_layer_test \
            bazel-bin/tests/gpu/ep2_gpu_test bazel-bin/bench/gpu_bench bazel-bin/bench/engine_bench \
+           bazel-bin/bench/train_bench \
            bazel-bin/server/moed bazel-bin/server/moe-worker bazel-bin/client/moectl \
            bazel-bin/bench/grpc_loopback_bench; do
     [ -x "$b" ] && bins+=("$b")

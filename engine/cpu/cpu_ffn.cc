@@ -67,6 +67,14 @@ absl::Status GroupOfRows(const char* op, GroupRows group_rows, int64_t rows,
   return absl::OkStatus();
 }
 
+// ActivationArgs::amax: *amax = max(*amax, max |out[i]|) over the stored values.
+void MaxAbsInto(const void* out, DType dtype, int64_t count, float* amax) {
+  if (amax == nullptr) return;
+  float m = *amax;
+  for (int64_t i = 0; i < count; ++i) m = std::fmax(m, std::fabs(LoadFloat(out, dtype, i)));
+  *amax = m;
+}
+
 int64_t TotalRows(GroupRows group_rows) {
   int64_t n = 0;
   for (int64_t r : group_rows) n += r;
@@ -102,6 +110,7 @@ absl::Status ActivationForward(const ActivationArgs& a, int threads) {
       }
     }
   });
+  MaxAbsInto(a.a, a.dtype, a.rows * a.ffn, a.amax);
   return absl::OkStatus();
 }
 
@@ -129,6 +138,7 @@ absl::Status ActivationBackward(const ActivationArgs& a, int threads) {
       }
     }
   });
+  MaxAbsInto(a.d_h, a.dtype, a.rows * up, a.amax);
   return absl::OkStatus();
 }
 

@@ -31,9 +31,8 @@ std::vector<float> Decode(const void* src, DType fp8, int64_t rows, int64_t k, i
   return out;
 }
 
-}  // namespace
-
-absl::Status QuantizeFp8(const QuantizeArgs& q, int threads) {
+// The preconditions of QuantizeArgs (engine/backend.h); INVALID_ARGUMENT naming the first broken.
+absl::Status CheckQuantizeArgs(const QuantizeArgs& q) {
   if (!IsFp8(q.fp8)) {
     return absl::InvalidArgumentError(
         absl::StrCat("QuantizeFp8: fp8 must be FP8_E4M3 or FP8_E5M2, got ", DTypeName(q.fp8)));
@@ -43,28 +42,80 @@ absl::Status QuantizeFp8(const QuantizeArgs& q, int threads) {
     return absl::InvalidArgumentError("QuantizeFp8: negative size");
   }
   if (q.scale_stride < 1) return absl::InvalidArgumentError("QuantizeFp8: scale_stride < 1");
-  const int64_t n = q.rows * q.cols;
-  if (q.batch > 0 && (q.scale == nullptr || (n > 0 && (q.src == nullptr || q.dst == nullptr)))) {
+  if (q.amax != nullptr && q.batch != 1) {
+    return absl::InvalidArgumentError("QuantizeFp8: a given amax needs batch 1");
+  }
+  const bool grouped = q.dst_grouped_t != nullptr;
+  if (q.batch > 0 &&
+      (q.scale == nullptr ||
+       (q.rows * q.cols > 0 && (q.src == nullptr || (q.dst == nullptr && !grouped))))) {
     return absl::InvalidArgumentError("QuantizeFp8: null src, dst or scale");
   }
+  if (!grouped) return absl::OkStatus();
+  if (q.batch != 1 || q.transpose) {
+    return absl::InvalidArgumentError(
+        "QuantizeFp8: dst_grouped_t needs batch 1 and transpose false");
+  }
+  int64_t rows = 0;
+  for (int64_t r : q.group_rows) {
+    if (r < 0) return absl::InvalidArgumentError("QuantizeFp8: negative group_rows");
+    rows += r;
+  }
+  if (rows != q.rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeFp8: group_rows sum to ", rows, ", not rows = ", q.rows));
+  }
+  return absl::OkStatus();
+}
+
+// The codes of matrix `base` (QuantizeArgs layouts) once its scale is known.
+void WriteCodes(const QuantizeArgs& q, int64_t base, float scale, int threads) {
+  uint8_t* dst = static_cast<uint8_t*>(q.dst);
+  uint8_t* grouped = static_cast<uint8_t*>(q.dst_grouped_t);
+  const int64_t ld_grouped = grouped != nullptr ? Fp8GroupedColumns(q.group_rows) : 0;
+  // Column of each row in dst_grouped_t; the pads stay the zeros written first.
+  std::vector<int64_t> grouped_column;
+  if (grouped != nullptr) {
+    std::fill(grouped, grouped + q.cols * ld_grouped, uint8_t{0});
+    int64_t col_start = 0;
+    for (int64_t rows : q.group_rows) {
+      for (int64_t i = 0; i < rows; ++i) grouped_column.push_back(col_start + i);
+      col_start += Fp8PaddedRows(rows);
+    }
+  }
+  ParallelFor(threads, q.rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(q.cols, 1)),
+              [&](int64_t begin, int64_t end) {
+                for (int64_t r = begin; r < end; ++r) {
+                  for (int64_t c = 0; c < q.cols; ++c) {
+                    const float v = LoadFloat(q.src, q.src_type, base + r * q.cols + c) / scale;
+                    const uint8_t code = FloatToFp8(v, q.fp8);
+                    if (dst != nullptr) {
+                      dst[base + (q.transpose ? c * q.rows + r : r * q.cols + c)] = code;
+                    }
+                    if (grouped != nullptr) grouped[c * ld_grouped + grouped_column[r]] = code;
+                  }
+                }
+              });
+}
+
+}  // namespace
+
+absl::Status QuantizeFp8(const QuantizeArgs& q, int threads) {
+  if (absl::Status s = CheckQuantizeArgs(q); !s.ok()) return s;
+  const int64_t n = q.rows * q.cols;
   for (int64_t b = 0; b < q.batch; ++b) {
     const int64_t base = b * n;
-    // amax: max is exact and order-free, so threads may split it (NaN ignored, as fmaxf).
+    // amax: max is exact and order-free (NaN ignored, as fmaxf); or as the producer found it.
     float amax = 0.0f;
-    for (int64_t i = 0; i < n; ++i)
-      amax = std::fmax(amax, std::fabs(LoadFloat(q.src, q.src_type, base + i)));
+    if (q.amax != nullptr) {
+      amax = *q.amax;
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        amax = std::fmax(amax, std::fabs(LoadFloat(q.src, q.src_type, base + i)));
+    }
     const float scale = Fp8Scale(amax, q.fp8);
     q.scale[b * q.scale_stride] = scale;
-    uint8_t* dst = static_cast<uint8_t*>(q.dst) + base;
-    ParallelFor(threads, q.rows, std::max<int64_t>(1, 16384 / std::max<int64_t>(q.cols, 1)),
-                [&](int64_t begin, int64_t end) {
-                  for (int64_t r = begin; r < end; ++r) {
-                    for (int64_t c = 0; c < q.cols; ++c) {
-                      const float v = LoadFloat(q.src, q.src_type, base + r * q.cols + c) / scale;
-                      dst[q.transpose ? c * q.rows + r : r * q.cols + c] = FloatToFp8(v, q.fp8);
-                    }
-                  }
-                });
+    WriteCodes(q, base, scale, threads);
   }
   return absl::OkStatus();
 }

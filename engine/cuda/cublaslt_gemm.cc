@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_status.h"
@@ -86,10 +87,40 @@ absl::Status InitLayouts(const GemmArgs& g, int64_t m, int64_t n, int64_t k, int
   return absl::OkStatus();
 }
 
+// The expert FFN's weight gradients: d_wi_e += X_e^T d_h, d_wo_e += a^T d_y (bf16 rows, fp32
+// gradient). Only these take Tuning::wgrad_algo_index.
+bool IsWeightGradient(const GemmArgs& g) {
+  return !g.is_fp8() && g.ab_type == DType::kBFloat16 && g.c_type == DType::kFloat32 && g.trans_a &&
+         !g.trans_b;
+}
+
+int AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  int value = -1;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return -1;
+  }
+  return value;
+}
+
+void LogPlan(int64_t m, int64_t n, int64_t k, int index, int found,
+             const cublasLtMatmulHeuristicResult_t& r) {
+  std::fprintf(stderr,
+               "cublaslt wgrad plan m=%lld n=%lld k=%lld: candidate %d of %d, algo %d tile %d "
+               "stages %d split-k %d, workspace %zu B, waves %.2f\n",
+               static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
+               index, found, AlgoConfig(r.algo, CUBLASLT_ALGO_CONFIG_ID),
+               AlgoConfig(r.algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+               AlgoConfig(r.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+               AlgoConfig(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), r.workspaceSize, r.wavesCount);
+}
+
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create() {
+absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(const Tuning& tuning) {
   std::unique_ptr<CublasLtGemm> gemm(new CublasLtGemm());
+  gemm->tuning_ = tuning;
   cublasLtHandle_t handle;
   CUBLASLT_RETURN_IF_ERROR(cublasLtCreate(&handle));
   gemm->handle_ = handle;
@@ -142,18 +173,32 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(const
       &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &align_c, sizeof(align_c)));
   CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       &pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &align_c, sizeof(align_c)));
-  cublasLtMatmulHeuristicResult_t result;
+  // One candidate (the heuristic's best), or for a tuned weight-gradient GEMM the list up to
+  // the tuned index: a deterministic choice (see Tuning).
+  constexpr int kMaxCandidates = 16;
+  const int wanted = std::min(AlgoIndex(g) + 1, kMaxCandidates);
+  cublasLtMatmulHeuristicResult_t results[kMaxCandidates];
   int found = 0;
   CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
       static_cast<cublasLtHandle_t>(handle_), &plan->desc, &layouts.a, &layouts.b, &layouts.c,
-      &layouts.c, &pref, 1, &result, &found));
+      &layouts.c, &pref, wanted, results, &found));
   if (found == 0) {
     return absl::UnimplementedError(absl::StrCat(
         "cuBLASLt has no algorithm for GEMM m=", m, " n=", n, " k=", k,
         " a=", DTypeName(TypeOfA(g)), " b=", DTypeName(TypeOfB(g)), " c=", DTypeName(g.c_type)));
   }
-  plan->algo = result.algo;
+  const int index = std::min(wanted, found) - 1;
+  plan->algo = results[index].algo;
+  if (tuning_.log_plans && IsWeightGradient(g)) LogPlan(m, n, k, index, found, results[index]);
   return plan;
+}
+
+int CublasLtGemm::AlgoIndex(const GemmArgs& g) const {
+  if (!IsWeightGradient(g)) return 0;
+  if (g.beta != 0.0f && tuning_.wgrad_accumulate_algo_index >= 0) {
+    return tuning_.wgrad_accumulate_algo_index;
+  }
+  return tuning_.wgrad_algo_index;
 }
 
 absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
@@ -164,8 +209,10 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
                              (AlignmentBytes(g.c, g.ldc, c_size) << 16);
   const int64_t bm = Bucket(g.m), bn = Bucket(g.n), bk = Bucket(g.k);
   const int operand_types = static_cast<int>(TypeOfA(g)) * 16 + static_cast<int>(TypeOfB(g));
-  const Key key{g.trans_a, g.trans_b, operand_types, static_cast<int>(g.c_type), bm,
-                bn,        bk,        alignment_bits};
+  // Weight gradients that accumulate may have their own plan (Tuning); others share one.
+  const int gemm_class = IsWeightGradient(g) ? (g.beta != 0.0f ? 2 : 1) : 0;
+  const Key key{g.trans_a, g.trans_b,      operand_types, static_cast<int>(g.c_type), bm, bn,
+                bk,        alignment_bits, gemm_class};
   std::shared_ptr<Plan> plan;
   {
     absl::MutexLock lock(&mu_);

@@ -8,6 +8,14 @@
 // GEMM. A plan found for the bucket (dims rounded up) is used for every shape in it; should
 // cuBLASLt refuse it, the exact shape is queried instead.
 //
+//
+// Weight-gradient GEMMs (bf16 operands, fp32 C, C = A^T B: the expert FFN's d_wi/d_wo, k = the
+// expert's row count, C accumulated with beta = 1 after the first backward) may take another
+// of cuBLASLt's heuristic candidates than the first (Tuning::wgrad_algo_index): a fixed index
+// into the heuristic's list, which depends only on the shape, the library and the device, so
+// every process picks the same algorithm for the same shape (bitwise reruns hold; no timing-
+// based autotuning).
+//
 //   ASSIGN_OR_RETURN(auto gemm, CublasLtGemm::Create());
 //   RETURN_IF_ERROR(gemm->Run(args, stream, workspace, workspace_bytes));
 #ifndef MOED_ENGINE_CUDA_CUBLASLT_GEMM_H_
@@ -27,9 +35,21 @@
 namespace moe {
 namespace cuda {
 
+// Deterministic plan choices (see the file comment).
+struct CublasLtTuning {
+  // Index into the heuristic's candidates (best first) for weight-gradient GEMMs; 0: the
+  // first, as for every other GEMM. An index past the list's end takes its last entry.
+  int wgrad_algo_index = 0;
+  // The same for weight-gradient GEMMs that accumulate (beta != 0: C is read as well as
+  // written); -1: wgrad_algo_index.
+  int wgrad_accumulate_algo_index = -1;
+  bool log_plans = false;  // one stderr line per weight-gradient plan (algorithm, tile)
+};
+
 class CublasLtGemm {
  public:
-  static absl::StatusOr<std::unique_ptr<CublasLtGemm>> Create();
+  using Tuning = CublasLtTuning;
+  static absl::StatusOr<std::unique_ptr<CublasLtGemm>> Create(const Tuning& tuning = Tuning());
   ~CublasLtGemm();
   CublasLtGemm(const CublasLtGemm&) = delete;
   CublasLtGemm& operator=(const CublasLtGemm&) = delete;
@@ -43,12 +63,16 @@ class CublasLtGemm {
 
  private:
   struct Plan;
-  using Key = std::tuple<int, int, int, int, int64_t, int64_t, int64_t, int>;
+  // (trans_a, trans_b, operand types, C type, bucketed m, n, k, alignments, GEMM class).
+  using Key = std::tuple<int, int, int, int, int64_t, int64_t, int64_t, int, int>;
   CublasLtGemm() = default;
   absl::StatusOr<std::shared_ptr<Plan>> FindPlan(const GemmArgs& args, int64_t m, int64_t n,
                                                  int64_t k, int alignment_bits,
                                                  size_t workspace_bytes);
+  // The heuristic candidate a GEMM takes (Tuning): 0 for all but weight gradients.
+  int AlgoIndex(const GemmArgs& args) const;
 
+  Tuning tuning_;
   void* handle_ = nullptr;  // cublasLtHandle_t
   mutable absl::Mutex mu_;
   std::map<Key, std::shared_ptr<Plan>> plans_ ABSL_GUARDED_BY(mu_);

@@ -155,6 +155,44 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
 }
 
 namespace cuda {
+namespace {
+
+// A non-negative integer environment variable, `fallback` when unset or empty.
+absl::StatusOr<int64_t> EnvInt(const char* name, int64_t fallback, int64_t max) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  const long long v = std::strtoll(text, &end, 10);
+  if (*end != '\0' || v < 0 || v > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(name, "='", text, "': expected an integer in [0, ", max, "]"));
+  }
+  return static_cast<int64_t>(v);
+}
+
+}  // namespace
+
+// The GEMM knobs, for comparing cuBLASLt configurations on the GPU machine (defaults: today's
+// behaviour): MOED_CUBLASLT_WORKSPACE_MB (each of the 1 + kSideStreams workspaces, default 32),
+// MOED_CUBLASLT_WGRAD_ALGO (CublasLtTuning::wgrad_algo_index, default 0),
+// MOED_CUBLASLT_WGRAD_ACCUM_ALGO (CublasLtTuning::wgrad_accumulate_algo_index, default
+// MOED_CUBLASLT_WGRAD_ALGO's value),
+// MOED_CUBLASLT_LOG=1 (log the weight-gradient plans).
+absl::StatusOr<CublasLtGemm::Tuning> GemmTuningFromEnv(size_t* workspace_bytes) {
+  constexpr int64_t kMaxAlgoIndex = 15;
+  ASSIGN_OR_RETURN(const int64_t mb, EnvInt("MOED_CUBLASLT_WORKSPACE_MB",
+                                            static_cast<int64_t>(*workspace_bytes >> 20), 1024));
+  *workspace_bytes = static_cast<size_t>(mb) << 20;
+  CublasLtGemm::Tuning tuning;
+  ASSIGN_OR_RETURN(const int64_t index, EnvInt("MOED_CUBLASLT_WGRAD_ALGO", 0, kMaxAlgoIndex));
+  tuning.wgrad_algo_index = static_cast<int>(index);
+  ASSIGN_OR_RETURN(const int64_t accumulate,
+                   EnvInt("MOED_CUBLASLT_WGRAD_ACCUM_ALGO", index, kMaxAlgoIndex));
+  tuning.wgrad_accumulate_algo_index = static_cast<int>(accumulate);
+  ASSIGN_OR_RETURN(const int64_t log, EnvInt("MOED_CUBLASLT_LOG", 0, 1));
+  tuning.log_plans = log == 1;
+  return tuning;
+}
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
   const int count = CudaDeviceCount();
@@ -176,6 +214,7 @@ absl::Status CudaBackend::Init() {
   // passed, but no full run has been made since with it on by default.
   const char* staging = std::getenv("MOED_CUDA_HOST_STAGING");
   use_staging_ = staging != nullptr && std::string(staging) == "1";
+  ASSIGN_OR_RETURN(const CublasLtGemm::Tuning tuning, GemmTuningFromEnv(&workspace_bytes_));
   // Keep freed pool memory for reuse: steps allocate and free the same sizes every time.
   cudaMemPool_t pool;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device_));
@@ -192,9 +231,9 @@ absl::Status CudaBackend::Init() {
     cudaEvent_t e;
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     side_events_[i] = e;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace_[i], kWorkspaceBytes));
+    CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace_[i], workspace_bytes_));
   }
-  ASSIGN_OR_RETURN(gemm_, CublasLtGemm::Create());
+  ASSIGN_OR_RETURN(gemm_, CublasLtGemm::Create(tuning));
   return absl::OkStatus();
 }
 
@@ -369,7 +408,7 @@ absl::Status CudaBackend::RunGemm(const GemmArgs& g, void* stream, void* workspa
     CUDA_RETURN_IF_ERROR(LaunchScale(g.c, ToKType(g.c_type), g.beta, g.m, g.n, g.ldc, stream));
     return absl::OkStatus();
   }
-  return gemm_->Run(g, stream, workspace, kWorkspaceBytes);
+  return gemm_->Run(g, stream, workspace, workspace_bytes_);
 }
 
 absl::Status CudaBackend::Gemm(const GemmArgs& args) {

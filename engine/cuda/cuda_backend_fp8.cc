@@ -47,16 +47,52 @@ absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
   }
   if (q.batch > 65535) return absl::InvalidArgumentError("QuantizeFp8: batch above 65535");
   if (q.scale_stride < 1) return absl::InvalidArgumentError("QuantizeFp8: scale_stride < 1");
+  if (q.amax != nullptr && q.batch != 1) {
+    return absl::InvalidArgumentError("QuantizeFp8: a given amax needs batch 1");
+  }
   if (q.batch == 0) return absl::OkStatus();
-  if (q.scale == nullptr || (q.rows * q.cols > 0 && (q.src == nullptr || q.dst == nullptr))) {
+  const bool grouped = q.dst_grouped_t != nullptr;
+  if (q.scale == nullptr ||
+      (q.rows * q.cols > 0 && (q.src == nullptr || (q.dst == nullptr && !grouped)))) {
     return absl::InvalidArgumentError("QuantizeFp8: null src, dst or scale");
   }
+  if (grouped) return QuantizeFp8Grouped(q);
   RETURN_IF_ERROR(Activate());
   ASSIGN_OR_RETURN(void* scratch, ScratchAlloc(QuantizeScratchBytes(q.batch)));
+  const int err = LaunchQuantizeFp8(
+      q.src, ToKType(q.src_type), q.batch, q.rows, q.cols, q.transpose,
+      q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2, static_cast<uint8_t*>(q.dst),
+      q.scale, q.scale_stride, q.amax, scratch, stream_);
+  RETURN_IF_ERROR(ScratchFree(scratch));
+  CUDA_RETURN_IF_ERROR(err);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::QuantizeFp8Grouped(const QuantizeArgs& q) {
+  if (q.batch != 1 || q.transpose) {
+    return absl::InvalidArgumentError(
+        "QuantizeFp8: dst_grouped_t needs batch 1 and transpose false");
+  }
+  int64_t rows = 0;
+  for (int64_t r : q.group_rows) {
+    if (r < 0) return absl::InvalidArgumentError("QuantizeFp8: negative group_rows");
+    rows += r;
+  }
+  if (rows != q.rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeFp8: group_rows sum to ", rows, ", not rows = ", q.rows));
+  }
+  if (q.cols > int64_t{65535} * 32) {
+    return absl::InvalidArgumentError("QuantizeFp8: dst_grouped_t needs cols <= 65535 * 32");
+  }
+  RETURN_IF_ERROR(Activate());
+  ASSIGN_OR_RETURN(void* scratch, ScratchAlloc(QuantizeScratchBytes(1)));
   const int err =
-      LaunchQuantizeFp8(q.src, ToKType(q.src_type), q.batch, q.rows, q.cols, q.transpose,
-                        q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2,
-                        static_cast<uint8_t*>(q.dst), q.scale, q.scale_stride, scratch, stream_);
+      LaunchQuantizeFp8Grouped(q.src, ToKType(q.src_type), q.rows, q.cols, q.group_rows.data(),
+                               static_cast<int64_t>(q.group_rows.size()),
+                               q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2,
+                               static_cast<uint8_t*>(q.dst), static_cast<uint8_t*>(q.dst_grouped_t),
+                               Fp8GroupedColumns(q.group_rows), q.scale, q.amax, scratch, stream_);
   RETURN_IF_ERROR(ScratchFree(scratch));
   CUDA_RETURN_IF_ERROR(err);
   return absl::OkStatus();

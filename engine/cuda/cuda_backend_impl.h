@@ -60,6 +60,9 @@ class CudaBackend : public Backend {
   absl::Status Permute(const PermuteArgs& args) override;
   absl::Status GatherRows(const void* src, const int32_t* index, int64_t rows, int64_t width,
                           DType dtype, void* dst) override;
+  absl::Status ScatterTokenRows(const void* src, const int32_t* pair_row, int64_t tokens,
+                                int64_t top_k, const int32_t* row_token, int64_t rows,
+                                int64_t width, DType dtype, void* dst) override;
   absl::Status CopyRowBlocks(const void* src, void* dst, size_t row_bytes,
                              absl::Span<const RowBlock> blocks) override;
   absl::Status CombineRows(const void* y, DType y_type, const int32_t* pair_row,
@@ -80,7 +83,7 @@ class CudaBackend : public Backend {
 
  private:
   static constexpr int kSideStreams = 4;
-  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
 
   explicit CudaBackend(int device) : device_(device) {}
   absl::Status Init();
@@ -90,6 +93,8 @@ class CudaBackend : public Backend {
   absl::Status ScratchFree(void* p);
   absl::Status RunGemm(const GemmArgs& args, void* stream, void* workspace);
   absl::Status CheckGemm(const GemmArgs& args) const;
+  // QuantizeFp8 with dst_grouped_t (cuda_backend_fp8.cc), after the common checks.
+  absl::Status QuantizeFp8Grouped(const QuantizeArgs& args);
   void Release(void* p);
 
   int device_;
@@ -100,12 +105,18 @@ class CudaBackend : public Backend {
   std::unique_ptr<CublasLtGemm> gemm_;
   HostStaging staging_;       // large copies to/from pageable host memory
   bool use_staging_ = false;  // MOED_CUDA_HOST_STAGING=1 (read once in Init)
+  // Each cuBLASLt workspace's size: MOED_CUBLASLT_WORKSPACE_MB (read once in Init).
+  size_t workspace_bytes_ = kDefaultWorkspaceBytes;
 
   mutable absl::Mutex mu_;
   std::unordered_map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);
   size_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
   size_t peak_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The cuBLASLt knobs from the environment (cuda_backend.cc documents them); sets
+// *workspace_bytes (in: the default). INVALID_ARGUMENT for a malformed value.
+absl::StatusOr<CublasLtGemm::Tuning> GemmTuningFromEnv(size_t* workspace_bytes);
 
 // Splits host row counts into kernel tables of at most kMaxTableGroups groups each.
 std::vector<GroupTable> MakeGroupTables(GroupRows group_rows);

@@ -134,6 +134,27 @@ absl::Status CudaBackend::GatherRows(const void* src, const int32_t* index, int6
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::ScatterTokenRows(const void* src, const int32_t* pair_row, int64_t tokens,
+                                           int64_t top_k, const int32_t* row_token, int64_t rows,
+                                           int64_t width, DType dtype, void* dst) {
+  const int64_t row_bytes = width * static_cast<int64_t>(DTypeSize(dtype));
+  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  // The token-side kernel needs 16-byte rows and int32 pair indices; otherwise gather.
+  if (tokens < 0 || top_k <= 0 || rows < 0 || width < 0 || row_bytes % 16 != 0 || !aligned(src) ||
+      !aligned(dst) || tokens * top_k > INT32_MAX) {
+    return GatherRows(src, row_token, rows, width, dtype, dst);
+  }
+  if (rows == 0 || width == 0) return absl::OkStatus();  // no row to write (every pair dropped)
+  if (src == nullptr || dst == nullptr || (tokens > 0 && pair_row == nullptr) ||
+      (rows > 0 && row_token == nullptr)) {
+    return Invalid("ScatterTokenRows", "null pointer");
+  }
+  RETURN_IF_ERROR(Activate());
+  CUDA_RETURN_IF_ERROR(LaunchScatterTokenRows(src, pair_row, tokens, static_cast<int>(top_k),
+                                              row_token, rows, row_bytes, dst, stream_));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::CopyRowBlocks(const void* src, void* dst, size_t row_bytes,
                                         absl::Span<const RowBlock> blocks) {
   if (row_bytes == 0 || blocks.empty()) return absl::OkStatus();
@@ -216,7 +237,7 @@ absl::Status CudaBackend::ActivationForward(const ActivationArgs& a) {
     RETURN_IF_ERROR(AddGroupBias(a.h, a.dtype, a.up_bias, up, a.group_rows));
   RETURN_IF_ERROR(Activate());
   CUDA_RETURN_IF_ERROR(LaunchActivationForward(static_cast<ActKind>(a.activation), a.gated, a.rows,
-                                               a.ffn, ToKType(a.dtype), a.h, a.a, stream_));
+                                               a.ffn, ToKType(a.dtype), a.h, a.a, a.amax, stream_));
   return absl::OkStatus();
 }
 
@@ -229,7 +250,7 @@ absl::Status CudaBackend::ActivationBackward(const ActivationArgs& a) {
   }
   RETURN_IF_ERROR(Activate());
   CUDA_RETURN_IF_ERROR(LaunchActivationBackward(static_cast<ActKind>(a.activation), a.gated, a.rows,
-                                                a.ffn, ToKType(a.dtype), a.h, a.d_a, a.d_h,
+                                                a.ffn, ToKType(a.dtype), a.h, a.d_a, a.d_h, a.amax,
                                                 stream_));
   return absl::OkStatus();
 }

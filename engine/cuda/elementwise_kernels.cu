@@ -52,9 +52,35 @@ __device__ __forceinline__ float ActGrad(ActKind act, float x) {
   }
 }
 
+// |v| as stored in T (bf16 rounds), for the amax of an output (NaN dropped by fmaxf).
+template <typename T>
+__device__ __forceinline__ float StoredAbs(float v) {
+  return fabsf(ToFloat(FromFloat<T>(v)));
+}
+
+// The block's largest `local` into *amax (bits of a non-negative float order like the float:
+// an integer atomic max is exact and order-free). blockDim.x a multiple of 32, <= 1024; every
+// thread of the block calls it.
+__device__ void BlockMaxInto(float local, float* amax) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, offset));
+  }
+  __shared__ float warp_max[32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = local;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float block = 0.0f;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) block = fmaxf(block, warp_max[w]);
+    atomicMax(reinterpret_cast<unsigned int*>(amax), __float_as_uint(block));
+  }
+}
+
+// One block per row. amax (nullable): ActivationArgs::amax.
 template <int VEC, typename T>
 __global__ void ActForwardKernel(ActKind act, bool gated, int64_t ffn, const T* __restrict__ h,
-                                 T* __restrict__ a) {
+                                 T* __restrict__ a, float* __restrict__ amax) {
+  float local = 0.0f;
   const int64_t r = blockIdx.x;
   const int64_t up = gated ? 2 * ffn : ffn;
   const T* hr = h + r * up;
@@ -73,12 +99,19 @@ __global__ void ActForwardKernel(ActKind act, bool gated, int64_t ffn, const T* 
       for (int i = 0; i < VEC; ++i) out[i] = Act(act, g[i]);
     }
     StoreVec<VEC>(ar + c, out);
+    if (amax != nullptr) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) local = fmaxf(local, StoredAbs<T>(out[i]));
+    }
   }
+  if (amax != nullptr) BlockMaxInto(local, amax);
 }
 
 template <int VEC, typename T>
 __global__ void ActBackwardKernel(ActKind act, bool gated, int64_t ffn, const T* __restrict__ h,
-                                  const T* __restrict__ d_a, T* __restrict__ d_h) {
+                                  const T* __restrict__ d_a, T* __restrict__ d_h,
+                                  float* __restrict__ amax) {
+  float local = 0.0f;
   const int64_t r = blockIdx.x;
   const int64_t up = gated ? 2 * ffn : ffn;
   const T* hr = h + r * up;
@@ -98,12 +131,21 @@ __global__ void ActBackwardKernel(ActKind act, bool gated, int64_t ffn, const T*
         dg[i] = da[i] * u[i] * ActGrad(act, g[i]);
       }
       StoreVec<VEC>(dhr + ffn + c, du);
+      if (amax != nullptr) {
+#pragma unroll
+        for (int i = 0; i < VEC; ++i) local = fmaxf(local, StoredAbs<T>(du[i]));
+      }
     } else {
 #pragma unroll
       for (int i = 0; i < VEC; ++i) dg[i] = da[i] * ActGrad(act, g[i]);
     }
     StoreVec<VEC>(dhr + c, dg);
+    if (amax != nullptr) {
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) local = fmaxf(local, StoredAbs<T>(dg[i]));
+    }
   }
+  if (amax != nullptr) BlockMaxInto(local, amax);
 }
 
 // Group of row r in the table (largest g with start[g] <= r).
@@ -139,11 +181,18 @@ __global__ void GroupBiasGradKernel(const T* __restrict__ d_y, int64_t width, Gr
   d_bias[static_cast<int64_t>(g) * width + c] += acc;
 }
 
-template <typename S, typename D>
+// Element i of dst = FromFloat<D>(ToFloat(src[i])), VEC elements per thread and step (VEC = 8:
+// one 16-byte access per bf16 vector, two per fp32 one; the caller checks alignment and
+// count % 8 == 0). The layer converts x (bf16 -> fp32, forward) and d_x (fp32 -> bf16,
+// backward): T*H*6 bytes each, e.g. te_seed 201 MB, ~0.05 ms at 4 TB/s; the 2-byte scalar
+// form ran at ~2.4 TB/s.
+template <int VEC, typename S, typename D>
 __global__ void ConvertKernel(const S* __restrict__ src, D* __restrict__ dst, int64_t count) {
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    dst[i] = FromFloat<D>(ToFloat(src[i]));
+  for (int64_t i = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * VEC; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x * VEC) {
+    float v[VEC];
+    LoadVec<VEC>(src + i, v);
+    StoreVec<VEC>(dst + i, v);
   }
 }
 
@@ -199,7 +248,7 @@ int ThreadsFor(int64_t items) {
 }  // namespace
 
 int LaunchActivationForward(ActKind act, bool gated, int64_t rows, int64_t ffn, KType type,
-                            const void* h, void* a, void* stream) {
+                            const void* h, void* a, float* amax, void* stream) {
   if (rows == 0 || ffn == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool vec = CanVec8(ffn, h, a);
@@ -208,14 +257,16 @@ int LaunchActivationForward(ActKind act, bool gated, int64_t rows, int64_t ffn, 
     return SwitchType(type, [&](auto t) {
       using T = typename decltype(t)::type;
       ActForwardKernel<decltype(v)::value, T>
-          <<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const T*>(h), static_cast<T*>(a));
+          <<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const T*>(h), static_cast<T*>(a),
+                                    amax);
       return static_cast<int>(cudaGetLastError());
     });
   });
 }
 
 int LaunchActivationBackward(ActKind act, bool gated, int64_t rows, int64_t ffn, KType type,
-                             const void* h, const void* d_a, void* d_h, void* stream) {
+                             const void* h, const void* d_a, void* d_h, float* amax,
+                             void* stream) {
   if (rows == 0 || ffn == 0) return cudaSuccess;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool vec = CanVec8(ffn, h, d_a, d_h);
@@ -225,7 +276,7 @@ int LaunchActivationBackward(ActKind act, bool gated, int64_t rows, int64_t ffn,
       using T = typename decltype(t)::type;
       ActBackwardKernel<decltype(v)::value, T>
           <<<rows, threads, 0, s>>>(act, gated, ffn, static_cast<const T*>(h),
-                                    static_cast<const T*>(d_a), static_cast<T*>(d_h));
+                                    static_cast<const T*>(d_a), static_cast<T*>(d_h), amax);
       return static_cast<int>(cudaGetLastError());
     });
   });
@@ -267,9 +318,13 @@ int LaunchConvert(const void* src, KType src_type, void* dst, KType dst_type, in
       return static_cast<int>(
           cudaMemcpyAsync(dst, src, count * sizeof(S), cudaMemcpyDeviceToDevice, s));
     } else {
-      ConvertKernel<S, D>
-          <<<GridFor(count), 256, 0, s>>>(static_cast<const S*>(src), static_cast<D*>(dst), count);
-      return static_cast<int>(cudaGetLastError());
+      const bool vec = CanVec8(count, src, dst);
+      return SwitchVec8(vec, [&](auto v) {
+        constexpr int kVec = decltype(v)::value;
+        ConvertKernel<kVec, S, D><<<GridFor(count / kVec), 256, 0, s>>>(
+            static_cast<const S*>(src), static_cast<D*>(dst), count);
+        return static_cast<int>(cudaGetLastError());
+      });
     }
   });
 }

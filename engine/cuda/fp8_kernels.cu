@@ -5,13 +5,16 @@
 // hardware's cvt.rn.satfinite.
 //
 // Layout: `batch` matrices [rows, cols] back to back in src; dst has the same layout, or each
-// matrix transposed ([cols, rows]) with `transpose`. amax scratch: one uint32 per matrix (the
+// matrix transposed ([cols, rows]) with `transpose`. Grouped (LaunchQuantizeFp8Grouped, one
+// matrix): the codes also go to dst_grouped_t [cols, ld], each group's rows transposed into
+// its own 16-aligned run of columns followed by zero pads (engine/backend.h QuantizeArgs). amax scratch: one uint32 per matrix (the
 // bits of a non-negative float order like the float, so atomicMax on them is exact and
 // order-free: the result is deterministic).
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 
@@ -127,25 +130,233 @@ __global__ void CastTransposeKernel(const T* __restrict__ src, int64_t rows, int
   }
 }
 
+// The groups of one grouped launch, passed by value: group g's source rows
+// [row_start[g], row_start[g + 1]) go to the columns from col_start[g] on; col_start[count] ends
+// the launch's columns (the pads of the last group included).
+struct GroupedColumns {
+  int count = 0;
+  int64_t row_start[kMaxTableGroups + 1] = {};
+  int64_t col_start[kMaxTableGroups + 1] = {};
+};
+
+// Source row of destination column j, or -1 for a pad column (j inside the table's columns).
+__device__ int64_t SourceRowOfColumn(const GroupedColumns& t, int64_t j) {
+  // The last group starting at or before j (an empty group shares its start with the next).
+  int lo = 0, hi = t.count - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (t.col_start[mid] <= j) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  const int64_t i = j - t.col_start[lo];
+  return i < t.row_start[lo + 1] - t.row_start[lo] ? t.row_start[lo] + i : -1;
+}
+
+// grid (destination column tiles, source column tiles), block (kTile, 8): tiles of the grouped
+// destination dst_t[c, j] = code(src[row(j), c]) (0 on pads), and dst[row(j), c] when dst is
+// set. Reads go along a source row, both writes along kTile consecutive bytes. Block (0, 0)
+// writes the scale.
+template <typename T>
+__global__ void CastGroupedKernel(const T* __restrict__ src, int64_t cols,
+                                  const uint32_t* __restrict__ amax, Fp8Kind fp8,
+                                  uint8_t* __restrict__ dst, uint8_t* __restrict__ dst_t,
+                                  int64_t ld_t, float* __restrict__ scale_out,
+                                  GroupedColumns table) {
+  __shared__ uint8_t tile[kTile][kTile + 4];  // [j][c]; +4: conflict-free column reads
+  __shared__ int64_t source_row[kTile];
+  const float scale = ScaleFromAmax(amax[0], fp8);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0) {
+    *scale_out = scale;
+  }
+  const int64_t j_end = table.col_start[table.count];
+  const int64_t j0 = table.col_start[0] + static_cast<int64_t>(blockIdx.x) * kTile;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTile;
+  if (threadIdx.y == 0) {
+    const int64_t j = j0 + threadIdx.x;
+    source_row[threadIdx.x] = j < j_end ? SourceRowOfColumn(table, j) : -1;
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const int64_t r = source_row[i], c = c0 + threadIdx.x;
+    uint8_t code = 0;
+    if (r >= 0 && c < cols) {
+      code = Cast(ToFloat(src[r * cols + c]), scale, fp8);
+      if (dst != nullptr) dst[r * cols + c] = code;
+    }
+    tile[i][threadIdx.x] = code;
+  }
+  __syncthreads();
+  for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
+    const int64_t c = c0 + i, j = j0 + threadIdx.x;
+    if (c < cols && j < j_end) dst_t[c * ld_t + j] = tile[threadIdx.x][i];
+  }
+}
+
+// The wide form of CastGroupedKernel, for 16-byte aligned rows (cols % 8 == 0, src, dst,
+// dst_t and ld_t aligned): a block covers kWideJ destination columns x kWideC source columns
+// with 16-byte loads (8 elements) and 8-byte stores of 8 codes in both layouts, i.e. 16 KiB of
+// bf16 in per block instead of 2 KiB; the same Cast of the same values, so the same codes.
+constexpr int kWideJ = 64, kWideC = 128;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    CastGroupedWideKernel(const T* __restrict__ src, int64_t cols,
+                          const uint32_t* __restrict__ amax, Fp8Kind fp8,
+                          uint8_t* __restrict__ dst, uint8_t* __restrict__ dst_t, int64_t ld_t,
+                          float* __restrict__ scale_out, GroupedColumns table) {
+  __shared__ __align__(8) uint8_t tile[kWideJ][kWideC + 8];  // [j][c], rows 8-byte aligned
+  __shared__ int64_t source_row[kWideJ];
+  const float scale = ScaleFromAmax(amax[0], fp8);
+  if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_out = scale;
+  const int64_t j_end = table.col_start[table.count];
+  const int64_t j0 = table.col_start[0] + static_cast<int64_t>(blockIdx.x) * kWideJ;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kWideC;
+  if (threadIdx.x < kWideJ) {
+    const int64_t j = j0 + threadIdx.x;
+    source_row[threadIdx.x] = j < j_end ? SourceRowOfColumn(table, j) : -1;
+  }
+  __syncthreads();
+  constexpr int kVecs = kWideC / 8;  // 8-element vectors per tile row
+  for (int i = threadIdx.x; i < kWideJ * kVecs; i += blockDim.x) {
+    const int jl = i / kVecs, v = i % kVecs;
+    const int64_t r = source_row[jl], c = c0 + v * 8;
+    uint2 codes = make_uint2(0, 0);
+    if (r >= 0 && c < cols) {
+      float f[8];
+      Load8(src + r * cols + c, f);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        codes.x |= static_cast<uint32_t>(Cast(f[e], scale, fp8)) << (8 * e);
+        codes.y |= static_cast<uint32_t>(Cast(f[e + 4], scale, fp8)) << (8 * e);
+      }
+      if (dst != nullptr) *reinterpret_cast<uint2*>(dst + r * cols + c) = codes;
+    }
+    *reinterpret_cast<uint2*>(&tile[jl][v * 8]) = codes;
+  }
+  __syncthreads();
+  constexpr int kRuns = kWideJ / 8;  // 8-byte runs of destination columns per tile row
+  for (int i = threadIdx.x; i < kWideC * kRuns; i += blockDim.x) {
+    const int cl = i / kRuns, run = i % kRuns;
+    const int64_t c = c0 + cl, j = j0 + run * 8;
+    if (c >= cols || j >= j_end) continue;
+    uint2 codes = make_uint2(0, 0);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      codes.x |= static_cast<uint32_t>(tile[run * 8 + e][cl]) << (8 * e);
+      codes.y |= static_cast<uint32_t>(tile[run * 8 + e + 4][cl]) << (8 * e);
+    }
+    *reinterpret_cast<uint2*>(dst_t + c * ld_t + j) = codes;
+  }
+}
+
 int BlocksFor(int64_t elements, int vec) {
   const int64_t blocks = (elements + static_cast<int64_t>(kThreads) * vec - 1) /
                          (static_cast<int64_t>(kThreads) * vec);
   return static_cast<int>(blocks < 1 ? 1 : (blocks > 1024 ? 1024 : blocks));
 }
 
+// Zeroes the amax words, then reduces each matrix's amax into them.
+int LaunchAmax(const void* src, KType src_type, int64_t batch, int64_t per_matrix,
+               uint32_t* amax, cudaStream_t s) {
+  int err = static_cast<int>(cudaMemsetAsync(amax, 0, batch * sizeof(uint32_t), s));
+  if (err != 0 || per_matrix == 0) return err;
+  const size_t elem = src_type == KType::kBF16 ? 2 : 4;
+  const bool vec = per_matrix % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                   (per_matrix * elem) % 16 == 0;
+  const dim3 grid(BlocksFor(per_matrix, vec ? 8 : 1), static_cast<unsigned>(batch));
+  return SwitchType(src_type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    return SwitchVec8(vec, [&](auto vtag) {
+      AmaxKernel<decltype(vtag)::value, T>
+          <<<grid, kThreads, 0, s>>>(static_cast<const T*>(src), per_matrix, amax);
+      return static_cast<int>(cudaGetLastError());
+    });
+  });
+}
+
+// Writes scale[0] (no codes): for a grouped quantisation with nothing to cast.
+template <typename T>
+int LaunchScaleOnly(const uint32_t* amax, Fp8Kind fp8, float* scale, cudaStream_t s) {
+  CastKernel<1, T><<<1, 32, 0, s>>>(nullptr, 0, amax, fp8, nullptr, scale, 1);
+  return static_cast<int>(cudaGetLastError());
+}
+
 }  // namespace
+
+int LaunchQuantizeFp8Grouped(const void* src, KType src_type, int64_t rows, int64_t cols,
+                             const int64_t* group_rows, int64_t groups, Fp8Kind fp8,
+                             uint8_t* dst, uint8_t* dst_grouped_t, int64_t ld_grouped,
+                             float* scale, const float* known_amax, void* scratch,
+                             void* stream) {
+  if ((cols + kTile - 1) / kTile > 65535) return static_cast<int>(cudaErrorInvalidValue);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const uint32_t* amax = reinterpret_cast<const uint32_t*>(known_amax);
+  if (known_amax == nullptr) {
+    uint32_t* reduced = static_cast<uint32_t*>(scratch);
+    const int err = LaunchAmax(src, src_type, 1, rows * cols, reduced, s);
+    if (err != 0) return err;
+    amax = reduced;
+  }
+  // 16-byte rows in, 8-byte runs out (CastGroupedWideKernel); else the scalar tiles.
+  const bool wide = cols % 8 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0 &&
+                    reinterpret_cast<uintptr_t>(dst) % 8 == 0 &&
+                    reinterpret_cast<uintptr_t>(dst_grouped_t) % 8 == 0 && ld_grouped % 8 == 0;
+  return SwitchType(src_type, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    bool cast = false;
+    int64_t row = 0, column = 0;
+    for (int64_t first = 0; first < groups && rows * cols > 0; first += kMaxTableGroups) {
+      GroupedColumns table;
+      table.count = static_cast<int>(std::min<int64_t>(kMaxTableGroups, groups - first));
+      for (int g = 0; g <= table.count; ++g) {
+        table.row_start[g] = row;
+        table.col_start[g] = column;
+        if (g == table.count) break;
+        row += group_rows[first + g];
+        column += (group_rows[first + g] + 15) / 16 * 16;  // engine/backend.h Fp8PaddedRows
+      }
+      const int64_t columns = column - table.col_start[0];
+      if (columns == 0) continue;
+      if (wide) {
+        const dim3 grid(static_cast<unsigned>((columns + kWideJ - 1) / kWideJ),
+                        static_cast<unsigned>((cols + kWideC - 1) / kWideC));
+        CastGroupedWideKernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(src), cols,
+                                                           amax, fp8, dst, dst_grouped_t,
+                                                           ld_grouped, scale, table);
+      } else {
+        const dim3 grid(static_cast<unsigned>((columns + kTile - 1) / kTile),
+                        static_cast<unsigned>((cols + kTile - 1) / kTile));
+        CastGroupedKernel<T><<<grid, dim3(kTile, 8), 0, s>>>(
+            static_cast<const T*>(src), cols, amax, fp8, dst, dst_grouped_t, ld_grouped, scale,
+            table);
+      }
+      const int e = static_cast<int>(cudaGetLastError());
+      if (e != 0) return e;
+      cast = true;
+    }
+    return cast ? 0 : LaunchScaleOnly<T>(amax, fp8, scale, s);
+  });
+}
 
 size_t QuantizeScratchBytes(int64_t batch) { return static_cast<size_t>(batch) * sizeof(uint32_t); }
 
 int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t rows, int64_t cols,
                       bool transpose, Fp8Kind fp8, uint8_t* dst, float* scale,
-                      int64_t scale_stride, void* scratch,
+                      int64_t scale_stride, const float* known_amax, void* scratch,
                       void* stream) {
   if (batch <= 0) return 0;
+  if (known_amax != nullptr && batch != 1) return static_cast<int>(cudaErrorInvalidValue);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
-  uint32_t* amax = static_cast<uint32_t*>(scratch);
-  int err = static_cast<int>(cudaMemsetAsync(amax, 0, QuantizeScratchBytes(batch), s));
-  if (err != 0) return err;
+  uint32_t* reduced = static_cast<uint32_t*>(scratch);
+  const uint32_t* amax =
+      known_amax != nullptr ? reinterpret_cast<const uint32_t*>(known_amax) : reduced;
+  if (known_amax == nullptr) {
+    const int err = static_cast<int>(cudaMemsetAsync(reduced, 0, QuantizeScratchBytes(batch), s));
+    if (err != 0) return err;
+  }
   const int64_t per_matrix = rows * cols;
   if (batch > 65535) return static_cast<int>(cudaErrorInvalidValue);
   // 8-wide when every matrix starts 16-byte aligned in src and 8-byte aligned in dst.
@@ -166,7 +377,9 @@ int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t ro
     using T = typename decltype(tag)::type;
     return SwitchVec8(vec, [&](auto vtag) {
       constexpr int V = decltype(vtag)::value;
-      AmaxKernel<V, T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(src), per_matrix, amax);
+      if (known_amax == nullptr) {
+        AmaxKernel<V, T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(src), per_matrix, reduced);
+      }
       if (transpose) {
         const dim3 tgrid(static_cast<unsigned>((cols + kTile - 1) / kTile),
                          static_cast<unsigned>((rows + kTile - 1) / kTile),

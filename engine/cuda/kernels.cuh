@@ -72,6 +72,12 @@ int LaunchPermute(int64_t tokens, int top_k, int num_experts, int64_t total_rows
                   int32_t* pair_row, int32_t* row_token, void* scratch, void* stream);
 int LaunchGatherRows(const void* src, const int32_t* index, int64_t rows, int64_t row_bytes,
                      void* dst, void* stream);
+// dst[pair_row[t * top_k + j]] = src[t] (pair_row >= 0), zero rows where row_token < 0. Needs
+// row_bytes % 16 == 0 and 16-byte aligned src and dst (else cudaErrorInvalidValue; the caller
+// gathers instead).
+int LaunchScatterTokenRows(const void* src, const int32_t* pair_row, int64_t tokens, int top_k,
+                           const int32_t* row_token, int64_t rows, int64_t row_bytes, void* dst,
+                           void* stream);
 int LaunchCopyRowBlocks(const void* src, void* dst, int64_t row_bytes,
                         const RowBlockTable& table, void* stream);
 int LaunchCombineRows(const void* y, KType y_type, const int32_t* pair_row, const float* weight,
@@ -86,11 +92,14 @@ int LaunchCombineBackward(const void* d_out, KType d_out_type, const void* y, KT
 enum class ActKind : int { kSilu = 0, kGelu = 1, kRelu = 2, kLinear = 3 };
 // Forward: a = act(g) * u (gated: h = [g | u], [rows, 2F]) or a = act(h) ([rows, F]).
 // Backward: d_h = [d_a * u * act'(g) | d_a * act(g)] or d_a * act'(h). Up-projection biases
-// are added to h beforehand with LaunchAddGroupBias.
+// are added to h beforehand with LaunchAddGroupBias. amax (nullable; a zeroed float, or a
+// previous max): max |output as stored| is atomically maxed into it (engine/backend.h
+// ActivationArgs::amax).
 int LaunchActivationForward(ActKind act, bool gated, int64_t rows, int64_t ffn, KType type,
-                            const void* h, void* a, void* stream);
+                            const void* h, void* a, float* amax, void* stream);
 int LaunchActivationBackward(ActKind act, bool gated, int64_t rows, int64_t ffn, KType type,
-                             const void* h, const void* d_a, void* d_h, void* stream);
+                             const void* h, const void* d_a, void* d_h, float* amax,
+                             void* stream);
 // y[r, :] += bias[g, :] for the rows of each group of the table (bias points at the table's
 // first group). GroupBiasGrad: d_bias[g, :] += sum over group g's rows, in row order.
 int LaunchAddGroupBias(void* y, KType type, const float* bias, int64_t width,
@@ -116,12 +125,24 @@ enum class Fp8Kind : int { kE4M3 = 0, kE5M2 = 1 };
 // engine/backend.h QuantizeArgs: for each of `batch` (<= 65535) [rows, cols] matrices of src,
 // amax on the device, scale[b * scale_stride] = amax / fp8_max (1 when not a finite normal
 // float), dst = the codes of src / that scale (as stored, or each matrix transposed). `scratch` holds
-// QuantizeScratchBytes(batch) bytes (the amax words; zeroed here).
+// QuantizeScratchBytes(batch) bytes (the amax words; zeroed here). known_amax (nullable,
+// batch 1): the source's amax, already computed (QuantizeArgs::amax); no amax pass then.
 size_t QuantizeScratchBytes(int64_t batch);
 int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t rows, int64_t cols,
                       bool transpose, Fp8Kind fp8, uint8_t* dst, float* scale,
-                      int64_t scale_stride, void* scratch,
+                      int64_t scale_stride, const float* known_amax, void* scratch,
                       void* stream);
+// The same for one matrix [rows, cols] whose rows form `groups` groups (host list group_rows,
+// summing to rows): the codes go to dst (as stored; nullptr: not written) and to
+// dst_grouped_t [cols, ld_grouped], each group's rows transposed into its own run of columns
+// rounded up to 16 with zero codes in the pads (engine/backend.h QuantizeArgs::dst_grouped_t;
+// ld_grouped = the sum of the rounded group sizes). cols <= 65535 * 32. `scratch` holds
+// QuantizeScratchBytes(1) bytes; known_amax as above.
+int LaunchQuantizeFp8Grouped(const void* src, KType src_type, int64_t rows, int64_t cols,
+                             const int64_t* group_rows, int64_t groups, Fp8Kind fp8,
+                             uint8_t* dst, uint8_t* dst_grouped_t, int64_t ld_grouped,
+                             float* scale, const float* known_amax, void* scratch,
+                             void* stream);
 
 }  // namespace cuda
 }  // namespace moe

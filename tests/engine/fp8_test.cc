@@ -1,6 +1,7 @@
 // FP8 codec (engine/fp8.h) and the CPU backend's FP8 kernels: every code round-trips, rounding
 // is to the nearest value with ties to the even code, saturation, NaN, signed zero, the
-// per-tensor scale, and QuantizeFp8 / FP8 Gemm on the CPU backend against a direct computation.
+// per-tensor scale, and QuantizeFp8 (as stored, transposed, grouped transposed) / FP8 Gemm on
+// the CPU backend against a direct computation, with the weight-gradient GEMM on grouped codes.
 #include "engine/fp8.h"
 
 #include <cmath>
@@ -221,6 +222,185 @@ TEST(CpuFp8, GemmIsScaledProductOfDecodedOperands) {
   EXPECT_TRUE(backend->Gemm(bad).ok());
   bad.a_fp8 = bad.b_fp8 = kE5M2;
   EXPECT_FALSE(backend->Gemm(bad).ok());
+}
+
+// Experts' row groups, empty ones included, none a multiple of 16 but one.
+const std::vector<int64_t> kGroupRows = {5, 0, 16, 1, 0, 17};
+
+// Row-major [rows, cols] bf16 values with a NaN and a large one (its sign kept).
+std::vector<uint16_t> GroupedSource(int64_t rows, int64_t cols) {
+  std::mt19937_64 rng(5);
+  std::vector<uint16_t> src(rows * cols);
+  for (uint16_t& v : src) v = FloatToBf16(std::normal_distribution<float>(0.0f, 2.0f)(rng));
+  src[3] = FloatToBf16(std::numeric_limits<float>::quiet_NaN());
+  src[40] = FloatToBf16(-75.0f);
+  return src;
+}
+
+// The grouped transposed layout (QuantizeArgs::dst_grouped_t) holds the codes as stored,
+// regrouped: each group 16-aligned, zero pads, empty groups take no columns; same scale.
+TEST(CpuFp8, GroupedTransposedCodesAreTheRowCodesRegrouped) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+  const int64_t rows = 39, cols = 24;
+  const int64_t ld = Fp8GroupedColumns(kGroupRows);
+  ASSERT_EQ(ld, 16 + 0 + 16 + 16 + 0 + 32);
+  const std::vector<uint16_t> src = GroupedSource(rows, cols);
+  for (bool with_rows : {true, false}) {
+    std::vector<uint8_t> plain(rows * cols), dst(rows * cols, 0xab), grouped(cols * ld, 0xab);
+    alignas(16) float plain_scale[4] = {}, scale[4] = {};
+    QuantizeArgs q;
+    q.src = src.data(), q.src_type = DType::kBFloat16, q.rows = rows, q.cols = cols;
+    q.dst = plain.data(), q.scale = plain_scale;
+    ASSERT_TRUE(backend->QuantizeFp8(q).ok());
+    q.dst = with_rows ? dst.data() : nullptr, q.scale = scale;
+    q.dst_grouped_t = grouped.data(), q.group_rows = kGroupRows;
+    ASSERT_TRUE(backend->QuantizeFp8(q).ok());
+    EXPECT_EQ(scale[0], plain_scale[0]);
+    EXPECT_EQ(scale[0], 75.0f / 448.0f);
+    if (with_rows) EXPECT_EQ(dst, plain);
+    int64_t row = 0, column = 0;
+    for (int64_t group : kGroupRows) {
+      EXPECT_EQ(column % 16, 0);
+      for (int64_t c = 0; c < cols; ++c) {
+        for (int64_t i = 0; i < Fp8PaddedRows(group); ++i) {
+          const uint8_t want = i < group ? plain[(row + i) * cols + c] : 0;
+          ASSERT_EQ(grouped[c * ld + column + i], want) << "group at row " << row << " c " << c;
+        }
+      }
+      row += group;
+      column += Fp8PaddedRows(group);
+    }
+  }
+}
+
+TEST(CpuFp8, GroupedTransposedEdgeCasesAndRefusals) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+  const std::vector<uint16_t> src = GroupedSource(39, 24);
+  alignas(16) float scale[4] = {0, 0, 0, 0};
+  uint8_t sink[16] = {};
+  // No rows at all (every local expert empty): nothing to write, the scale is 1.
+  const std::vector<int64_t> empty = {0, 0, 0};
+  QuantizeArgs q;
+  q.src = src.data(), q.src_type = DType::kBFloat16, q.rows = 0, q.cols = 24;
+  q.scale = scale, q.dst_grouped_t = sink, q.group_rows = empty;
+  ASSERT_TRUE(backend->QuantizeFp8(q).ok());
+  EXPECT_EQ(scale[0], 1.0f);
+  EXPECT_EQ(Fp8GroupedColumns(empty), 0);
+  // Groups that do not sum to rows, a negative group, batch > 1, transpose: refused.
+  std::vector<uint8_t> grouped(24 * Fp8GroupedColumns(kGroupRows));
+  q.rows = 39, q.dst_grouped_t = grouped.data(), q.group_rows = kGroupRows;
+  ASSERT_TRUE(backend->QuantizeFp8(q).ok());
+  q.rows = 38;
+  EXPECT_FALSE(backend->QuantizeFp8(q).ok());
+  const std::vector<int64_t> negative = {40, -1};
+  q.rows = 39, q.group_rows = negative;
+  EXPECT_FALSE(backend->QuantizeFp8(q).ok());
+  q.group_rows = kGroupRows, q.transpose = true;
+  EXPECT_FALSE(backend->QuantizeFp8(q).ok());
+  q.transpose = false, q.batch = 2;
+  EXPECT_FALSE(backend->QuantizeFp8(q).ok());
+}
+
+// FP8 amax from the producer: ActivationArgs::amax is max |a| / |d_h| as stored (NaN
+// ignored), and QuantizeArgs::amax given it quantises as the amax pass would.
+TEST(CpuFp8, ActivationAmaxFeedsTheQuantisation) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+  const int64_t rows = 9, F = 12, up = 2 * F;
+  std::mt19937_64 rng(7);
+  std::vector<uint16_t> h(rows * up), d_a(rows * F), a(rows * F), d_h(rows * up);
+  for (uint16_t& v : h) v = FloatToBf16(std::normal_distribution<float>(0.0f, 2.0f)(rng));
+  for (uint16_t& v : d_a) v = FloatToBf16(std::normal_distribution<float>(0.0f, 1.0f)(rng));
+  h[3] = FloatToBf16(std::numeric_limits<float>::quiet_NaN());
+  alignas(16) float amax[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  ActivationArgs args;
+  args.rows = rows, args.ffn = F, args.dtype = DType::kBFloat16;
+  args.h = h.data(), args.a = a.data(), args.d_a = d_a.data(), args.d_h = d_h.data();
+  args.amax = amax;
+  ASSERT_TRUE(backend->ActivationForward(args).ok());
+  args.amax = amax + 4;
+  ASSERT_TRUE(backend->ActivationBackward(args).ok());
+  for (int which = 0; which < 2; ++which) {
+    const std::vector<uint16_t>& out = which == 0 ? a : d_h;
+    float want = 0;
+    for (uint16_t v : out) want = std::fmax(want, std::fabs(Bf16ToFloat(v)));
+    EXPECT_EQ(amax[which * 4], want);
+    std::vector<uint8_t> codes(out.size()), given_codes(out.size());
+    alignas(16) float scale[4], given_scale[4];
+    QuantizeArgs q;
+    q.src = out.data(), q.src_type = DType::kBFloat16, q.rows = rows;
+    q.cols = static_cast<int64_t>(out.size()) / rows, q.dst = codes.data(), q.scale = scale;
+    ASSERT_TRUE(backend->QuantizeFp8(q).ok());
+    q.dst = given_codes.data(), q.scale = given_scale, q.amax = amax + which * 4;
+    ASSERT_TRUE(backend->QuantizeFp8(q).ok());
+    EXPECT_EQ(scale[0], given_scale[0]);
+    EXPECT_EQ(codes, given_codes);
+    q.batch = 2;  // a given amax is one matrix's
+    EXPECT_FALSE(backend->QuantizeFp8(q).ok());
+  }
+}
+
+// The weight-gradient GEMM the layer runs on grouped codes (moe_layer_experts.cc,
+// ExpertWeightGradGemm): per group, C = scale_a scale_b sum over the group's rows of
+// in[r, i] d_out[r, j] (the pads add nothing), written with beta 0 (empty groups: zeros) and
+// accumulated with beta 1.
+TEST(CpuFp8, WeightGradientGemmOnGroupedCodes) {
+  std::unique_ptr<Backend> backend = MakeCpuBackend(2);
+  const int64_t rows = 39, in_cols = 24, out_cols = 16;
+  const int64_t ld = Fp8GroupedColumns(kGroupRows), groups = kGroupRows.size();
+  const std::vector<uint16_t> in = GroupedSource(rows, in_cols);
+  std::vector<uint16_t> d_out(rows * out_cols);
+  std::mt19937_64 rng(6);
+  for (uint16_t& v : d_out) v = FloatToBf16(std::normal_distribution<float>(0.0f, 0.1f)(rng));
+  std::vector<uint8_t> in_rows(rows * in_cols), in_t(in_cols * ld);
+  std::vector<uint8_t> out_rows(rows * out_cols), out_t(out_cols * ld);
+  alignas(16) float scales[8] = {};
+  QuantizeArgs q;
+  q.src_type = DType::kBFloat16, q.rows = rows, q.group_rows = kGroupRows;
+  q.src = in.data(), q.cols = in_cols, q.dst = in_rows.data(), q.dst_grouped_t = in_t.data();
+  q.scale = scales;
+  ASSERT_TRUE(backend->QuantizeFp8(q).ok());
+  q.src = d_out.data(), q.cols = out_cols, q.dst = out_rows.data(), q.dst_grouped_t = out_t.data();
+  q.scale = scales + kFp8ScaleStride;
+  ASSERT_TRUE(backend->QuantizeFp8(q).ok());
+  std::vector<float> grad(groups * in_cols * out_cols, std::nanf(""));  // stale bytes
+  for (float beta : {0.0f, 1.0f}) {
+    std::vector<GemmArgs> gemms;
+    int64_t column = 0;
+    for (int64_t e = 0; e < groups; ++e) {
+      GemmArgs g;
+      g.trans_b = true;
+      g.m = in_cols, g.n = out_cols, g.k = Fp8PaddedRows(kGroupRows[e]);
+      g.a = in_t.data() + column, g.lda = ld, g.b = out_t.data() + column, g.ldb = ld;
+      g.c = grad.data() + e * in_cols * out_cols, g.ldc = out_cols, g.beta = beta;
+      g.a_fp8 = g.b_fp8 = kE4M3, g.a_scale = scales, g.b_scale = scales + kFp8ScaleStride;
+      gemms.push_back(g);
+      column += g.k;
+    }
+    ASSERT_TRUE(backend->GroupedGemm(gemms).ok());
+    int64_t row = 0;
+    for (int64_t e = 0; e < groups; ++e) {
+      for (int64_t i = 0; i < in_cols; ++i) {
+        for (int64_t j = 0; j < out_cols; ++j) {
+          double want = 0, mag = 0;
+          for (int64_t r = row; r < row + kGroupRows[e]; ++r) {
+            const double t = static_cast<double>(Fp8ToFloat(in_rows[r * in_cols + i], kE4M3)) *
+                             Fp8ToFloat(out_rows[r * out_cols + j], kE4M3) * scales[0] *
+                             scales[kFp8ScaleStride];
+            want += t;
+            mag += std::fabs(t);
+          }
+          if (beta == 1.0f) want *= 2;  // the same gradient added to itself
+          const float got = grad[(e * in_cols + i) * out_cols + j];
+          if (std::isnan(want)) {
+            EXPECT_TRUE(std::isnan(got));
+          } else {
+            EXPECT_NEAR(got, want, 1e-6 * mag + 1e-30) << "group " << e << " " << i << "," << j;
+          }
+        }
+      }
+      row += kGroupRows[e];
+    }
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -175,6 +176,122 @@ TEST(CudaOps, QuantizeFp8IsBitwiseTheEmulation) {
         }
       }
     }
+  }
+}
+
+// Group sizes of an expert layout: empty groups, none or some multiples of 16, and (many) more
+// groups than one kernel launch takes (kMaxTableGroups = 512).
+std::vector<int64_t> GroupRowsFor(int64_t groups, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<int64_t> rows(groups);
+  for (int64_t& r : rows) r = rng() % 5 == 0 ? 0 : static_cast<int64_t>(rng() % 40);
+  return rows;
+}
+
+// The grouped transposed FP8 layout (QuantizeArgs::dst_grouped_t, the weight-gradient GEMMs'
+// operands): the GPU's codes (both layouts, pads included) and scale are the emulation's.
+TEST(CudaOps, QuantizeFp8GroupedIsBitwiseTheEmulation) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  struct Case {
+    std::vector<int64_t> group_rows;
+    int64_t cols;
+    bool with_rows;
+  };
+  const Case cases[] = {
+      {{5, 0, 16, 1, 0, 17}, 53, true}, {{300, 0, 700}, 256, true}, {{300, 0, 700}, 96, false},
+      {GroupRowsFor(700, 3), 64, true}, {{0, 0, 0}, 32, true},      {{}, 16, false}};
+  uint64_t seed = 950;
+  for (const Case& qc : cases) {
+    const int64_t rows = std::accumulate(qc.group_rows.begin(), qc.group_rows.end(), int64_t{0});
+    const int64_t n = rows * qc.cols, ld = Fp8GroupedColumns(qc.group_rows);
+    std::vector<float> v = RandomFloats(n, seed++, 3.0f);
+    if (n > 10) {
+      v[1] = 1e30f;
+      v[5] = -0.0f;
+      v[7] = NAN;
+    }
+    for (DType src_type : {DType::kFloat32, DType::kBFloat16}) {
+      Mirrored src = src_type == DType::kFloat32 ? bp.Upload(v) : bp.Upload(FloatsToBf16(v));
+      Mirrored dst = bp.Output(std::max<int64_t>(n, 1));
+      Mirrored grouped = bp.Output(std::max<int64_t>(qc.cols * ld, 1));
+      Mirrored scale = bp.Output(sizeof(float));
+      Both(bp, [&](Backend* be, bool g) {
+        QuantizeArgs q;
+        q.src = P(src, g), q.src_type = src_type, q.rows = rows, q.cols = qc.cols;
+        q.dst = qc.with_rows ? P(dst, g) : nullptr, q.scale = P<float>(scale, g);
+        q.dst_grouped_t = P(grouped, g), q.group_rows = qc.group_rows;
+        return be->QuantizeFp8(q);
+      });
+      SCOPED_TRACE(testing::Message() << qc.group_rows.size() << " groups, " << rows << "x"
+                                      << qc.cols << " " << DTypeName(src_type));
+      Results<float> scales = bp.Download<float>(scale, 1);
+      EXPECT_EQ(std::memcmp(scales.cpu.data(), scales.gpu.data(), sizeof(float)), 0);
+      for (bool layout_rows : {true, false}) {
+        if (layout_rows && !qc.with_rows) continue;
+        Results<uint8_t> codes =
+            bp.Download<uint8_t>(layout_rows ? dst : grouped, layout_rows ? n : qc.cols * ld);
+        int value_mismatches = 0;
+        for (size_t i = 0; i < codes.cpu.size(); ++i) {
+          const float a = Fp8ToFloat(codes.cpu[i], DType::kFloat8E4M3);
+          const float b = Fp8ToFloat(codes.gpu[i], DType::kFloat8E4M3);
+          if (!(a == b || (std::isnan(a) && std::isnan(b)))) ++value_mismatches;
+        }
+        EXPECT_EQ(value_mismatches, 0) << (layout_rows ? "as stored" : "grouped transposed");
+      }
+    }
+  }
+}
+
+// The FP8 weight-gradient GEMMs as the layer runs them (moe_layer_experts.cc,
+// ExpertWeightGradGemm): per expert C_e (+)= A_e . B_e^T on the grouped codes (k = the group's
+// padded rows, zero pads), fp32 C written with beta 0 over stale NaNs (empty experts: zeros)
+// and accumulated with beta 1, against the CPU emulation.
+TEST(CudaOps, Fp8WeightGradGemmMatchesEmulation) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  const std::vector<int64_t> group_rows = {0, 33, 1, 200, 17, 0, 64};
+  const int64_t in_cols = 128, out_cols = 96, experts = group_rows.size();
+  const int64_t rows = std::accumulate(group_rows.begin(), group_rows.end(), int64_t{0});
+  const int64_t ld = Fp8GroupedColumns(group_rows);
+  Mirrored in = bp.Upload(FloatsToBf16(RandomFloats(rows * in_cols, 41)));
+  Mirrored d_out = bp.Upload(FloatsToBf16(RandomFloats(rows * out_cols, 42, 1e-3f)));
+  Mirrored in_t = bp.Output(in_cols * ld), d_out_t = bp.Output(out_cols * ld);
+  Mirrored scales = bp.Output(2 * kFp8ScaleStride * sizeof(float));
+  Mirrored grad = bp.Upload(std::vector<float>(experts * in_cols * out_cols, NAN));
+  for (float beta : {0.0f, 1.0f}) {
+    Both(bp, [&](Backend* be, bool g) {
+      QuantizeArgs q;
+      q.src_type = DType::kBFloat16, q.rows = rows, q.group_rows = group_rows;
+      q.src = P(in, g), q.cols = in_cols, q.dst_grouped_t = P(in_t, g);
+      q.scale = P<float>(scales, g);
+      absl::Status st = be->QuantizeFp8(q);
+      if (!st.ok()) return st;
+      q.src = P(d_out, g), q.cols = out_cols, q.dst_grouped_t = P(d_out_t, g);
+      q.scale = P<float>(scales, g) + kFp8ScaleStride;
+      st = be->QuantizeFp8(q);
+      if (!st.ok()) return st;
+      std::vector<GemmArgs> gemms;
+      int64_t column = 0;
+      for (int64_t e = 0; e < experts; ++e) {
+        GemmArgs a;
+        a.trans_b = true;
+        a.m = in_cols, a.n = out_cols, a.k = Fp8PaddedRows(group_rows[e]);
+        a.a = P<uint8_t>(in_t, g) + column, a.lda = ld;
+        a.b = P<uint8_t>(d_out_t, g) + column, a.ldb = ld;
+        a.c = P<float>(grad, g) + e * in_cols * out_cols, a.ldc = out_cols;
+        a.c_type = DType::kFloat32, a.beta = beta;
+        a.a_fp8 = a.b_fp8 = DType::kFloat8E4M3;
+        a.a_scale = P<float>(scales, g), a.b_scale = P<float>(scales, g) + kFp8ScaleStride;
+        gemms.push_back(a);
+        column += a.k;
+      }
+      return be->GroupedGemm(gemms);
+    });
+    // As Fp8GemmMatchesEmulation's fp32 out (the MMA's reduced-precision accumulation between
+    // promotions), over k up to 208.
+    EXPECT_LE(MaxRelError(bp.Download<float>(grad, experts * in_cols * out_cols)), 2e-3)
+        << "beta " << beta;
   }
 }
 
@@ -404,6 +521,16 @@ TEST(CudaOps, PlanPermuteGatherCombine) {
       });
       Results<uint8_t> gr = bp.Download<uint8_t>(G, rows * W * es);
       ASSERT_EQ(gr.cpu, gr.gpu);
+      // The token-side scatter gives the gather's bytes (padding rows zero, dropped pairs
+      // skipped) on both backends.
+      Mirrored S = bp.Output(rows * W * es);
+      Both(bp, [&](Backend* be, bool g) {
+        return be->ScatterTokenRows(P(X, g), P<int32_t>(PR, g), T, K, P<int32_t>(RT, g), rows, W,
+                                    dt, P(S, g));
+      });
+      Results<uint8_t> sc = bp.Download<uint8_t>(S, rows * W * es);
+      ASSERT_EQ(sc.gpu, gr.gpu);
+      ASSERT_EQ(sc.cpu, gr.cpu);
       // Row blocks: reverse the order of 5 blocks.
       std::vector<RowBlock> blocks;
       const int64_t part = rows / 5;
@@ -487,6 +614,71 @@ TEST(CudaOps, ActivationsAndBiases) {
             return be->AddGroupBias(P(DH, g), dt, P<float>(Bias, g), up, groups);
           });
           EXPECT_LE(MaxRelError(down(DH, rows * up)), tol) << "AddGroupBias";
+        }
+      }
+    }
+  }
+}
+
+// ActivationArgs::amax (FP8: the activation kernels find the amax of what they store): on each
+// backend it is max |a| (forward) and max |d_h| (backward) of the stored values bitwise, and a
+// QuantizeFp8 given it writes the scale and codes of one that computes its own.
+TEST(CudaOps, Fp8ActivationAmaxIsTheQuantiseAmax) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  const int64_t rows = 300;
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    for (bool gated : {true, false}) {
+      for (int64_t F : {int64_t{48}, int64_t{13}}) {
+        SCOPED_TRACE(::testing::Message() << DTypeName(dt) << " gated=" << gated << " F=" << F);
+        const int64_t up = gated ? 2 * F : F;
+        const bool bf = dt == DType::kBFloat16;
+        std::vector<float> h = RandomFloats(rows * up, 24, 2.0f), da = RandomFloats(rows * F, 25);
+        h[7] = NAN;  // NaN is not an amax
+        Mirrored Hm = bf ? bp.Upload(FloatsToBf16(h)) : bp.Upload(h);
+        Mirrored DA = bf ? bp.Upload(FloatsToBf16(da)) : bp.Upload(da);
+        Mirrored A = bp.Output(rows * F * DTypeSize(dt)), DH = bp.Output(rows * up * DTypeSize(dt));
+        Mirrored amax = bp.Upload(std::vector<float>(2 * kFp8ScaleStride, 0.0f));
+        Both(bp, [&](Backend* be, bool g) {
+          ActivationArgs a;
+          a.activation = Activation::kSilu, a.gated = gated, a.rows = rows, a.ffn = F, a.dtype = dt;
+          a.h = P(Hm, g), a.a = P(A, g), a.d_a = P(DA, g), a.d_h = P(DH, g);
+          a.amax = P<float>(amax, g);
+          absl::Status s = be->ActivationForward(a);
+          if (!s.ok()) return s;
+          a.amax = P<float>(amax, g) + kFp8ScaleStride;
+          return be->ActivationBackward(a);
+        });
+        Results<float> found = bp.Download<float>(amax, 2 * kFp8ScaleStride);
+        for (int which = 0; which < 2; ++which) {
+          const Mirrored& out = which == 0 ? A : DH;
+          const int64_t n = rows * (which == 0 ? F : up);
+          Results<float> values = bf ? bp.DownloadBf16(out, n) : bp.Download<float>(out, n);
+          for (bool gpu : {false, true}) {
+            float want = 0.0f;
+            for (float v : gpu ? values.gpu : values.cpu) want = std::fmax(want, std::fabs(v));
+            const float got = (gpu ? found.gpu : found.cpu)[which * kFp8ScaleStride];
+            EXPECT_EQ(got, want) << (which == 0 ? "a" : "d_h") << (gpu ? " gpu" : " cpu");
+          }
+          Mirrored codes = bp.Output(2 * n), scales = bp.Output(2 * kFp8ScaleStride * 4);
+          Both(bp, [&](Backend* be, bool g) {
+            QuantizeArgs q;
+            q.src = P(out, g), q.src_type = dt, q.rows = rows, q.cols = n / rows;
+            q.dst = P(codes, g), q.scale = P<float>(scales, g);
+            absl::Status s = be->QuantizeFp8(q);
+            if (!s.ok()) return s;
+            q.amax = P<float>(amax, g) + which * kFp8ScaleStride;
+            q.dst = P<uint8_t>(codes, g) + n, q.scale = P<float>(scales, g) + kFp8ScaleStride;
+            return be->QuantizeFp8(q);
+          });
+          Results<uint8_t> c = bp.Download<uint8_t>(codes, 2 * n);
+          Results<float> sc = bp.Download<float>(scales, 2 * kFp8ScaleStride);
+          for (bool gpu : {false, true}) {
+            const std::vector<uint8_t>& cv = gpu ? c.gpu : c.cpu;
+            const std::vector<float>& sv = gpu ? sc.gpu : sc.cpu;
+            EXPECT_EQ(sv[0], sv[kFp8ScaleStride]) << (gpu ? "gpu" : "cpu");
+            EXPECT_EQ(std::memcmp(cv.data(), cv.data() + n, n), 0) << (gpu ? "gpu" : "cpu");
+          }
         }
       }
     }

@@ -1,13 +1,15 @@
 """Tensor codecs (client/python/moe_client/codec.py), without a server: fp32/bf16/fp64/int
 round trips through the wire message, bf16 rounding identical to torch's (round to nearest
-even, NaN kept), zero-copy numpy decoding, byte-count checks, chunking of large tensors."""
+even, NaN kept), zero-copy numpy decoding, byte-count checks, chunking of large tensors; and
+the step messages written and read around their tensor's bytes (wire.py): what protobuf parses
+from them, what they read from protobuf's encoding, no copy on either side."""
 
 import unittest
 
 import numpy as np
 import torch
 
-from moe_client import codec
+from moe_client import codec, wire
 from moe_client.proto import moe_pb2
 
 
@@ -74,6 +76,60 @@ class CodecTest(unittest.TestCase):
         self.assertEqual(out["empty"].shape, (0, 3))
         with self.assertRaisesRegex(ValueError, "starts at element"):
             codec.assemble_chunks([chunks[0], chunks[2]])
+
+
+class WireTest(unittest.TestCase):
+
+    def test_encoding_parses_as_the_protobuf_message(self):
+        for value in (np.arange(12, dtype=np.float32).reshape(3, 4),
+                      torch.randn(5, 2).bfloat16(), np.zeros((0, 4), np.float32)):
+            request = moe_pb2.ForwardRequest(layer="l0", keep_for_backward=True, timing=True)
+            data = wire.encode_with_tensor(request, "x", codec.to_wire(value))
+            parsed = moe_pb2.ForwardRequest.FromString(data)
+            expected = moe_pb2.ForwardRequest()
+            expected.CopyFrom(request)
+            expected.x.CopyFrom(codec.to_proto(value))
+            self.assertEqual(parsed, expected)
+
+    def test_to_wire_shares_the_callers_memory(self):
+        a = np.arange(6, dtype=np.float32).reshape(2, 3)
+        t = codec.to_wire(a)
+        self.assertTrue(np.shares_memory(np.asarray(t.raw_data), a))
+        self.assertEqual((t.datatype, t.shape, t.nbytes), ("FP32", [2, 3], 24))
+        rows = t.rows(1, 2)
+        self.assertEqual(rows.shape, [1, 3])
+        np.testing.assert_array_equal(np.frombuffer(rows.raw_data, np.float32), a[1])
+
+    def test_decoding_reads_protobufs_encoding_without_copying(self):
+        out = np.arange(8, dtype=np.float32).reshape(2, 4)
+        answer = moe_pb2.ForwardResponse(aux_loss=0.5, z_loss=0.25, tokens_per_expert=[3, 1],
+                                         step_id=7, out=codec.to_proto(out))
+        data = answer.SerializeToString()
+        message, tensor = wire.decode_with_tensor(data, moe_pb2.ForwardResponse, "out")
+        expected = moe_pb2.ForwardResponse()
+        expected.CopyFrom(answer)
+        expected.ClearField("out")
+        self.assertEqual(message, expected)
+        self.assertEqual((tensor.datatype, tensor.shape), ("FP32", [2, 4]))
+        decoded = codec.to_numpy(tensor)
+        np.testing.assert_array_equal(decoded, out)
+        self.assertTrue(np.shares_memory(decoded, np.frombuffer(data, np.uint8)))
+        # An answer without the tensor, and one repeating it (protobuf merges: parsed whole).
+        _, empty = wire.decode_with_tensor(b"", moe_pb2.ForwardResponse, "out")
+        self.assertEqual((empty.datatype, empty.shape, empty.nbytes), ("", [], 0))
+        twice = data + moe_pb2.ForwardResponse(out=moe_pb2.Tensor(shape=[2, 4])).SerializeToString()
+        _, merged = wire.decode_with_tensor(twice, moe_pb2.ForwardResponse, "out")
+        self.assertEqual(merged.shape, [2, 4, 2, 4])  # repeated shape entries are appended
+
+    def test_malformed_answers_are_value_errors(self):
+        data = moe_pb2.ForwardResponse(step_id=1, out=codec.to_proto(
+            np.ones((2, 2), np.float32))).SerializeToString()
+        with self.assertRaises(ValueError):
+            wire.decode_with_tensor(data[:-3], moe_pb2.ForwardResponse, "out")
+        with self.assertRaises(ValueError):
+            wire.decode_with_tensor(b"\x0f\x00", moe_pb2.ForwardResponse, "out")  # wire type 7
+        with self.assertRaises(ValueError):
+            wire.decode_with_tensor(b"\x28\x80", moe_pb2.ForwardResponse, "out")  # cut varint
 
 
 if __name__ == "__main__":

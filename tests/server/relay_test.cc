@@ -12,6 +12,7 @@
 #include <iterator>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -41,6 +42,17 @@ bool MapsRelay(pid_t worker, pid_t moed) {
   std::ifstream in(absl::StrCat("/proc/", worker, "/maps"));
   std::string maps((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return maps.find(absl::StrCat("/dev/shm/moed-relay-", moed, "-")) != std::string::npos;
+}
+
+// Relay objects of moed `moed` that `worker` still maps after moed unlinked them.
+int MappedDeletedRelays(pid_t worker, pid_t moed) {
+  std::ifstream in(absl::StrCat("/proc/", worker, "/maps"));
+  const std::string prefix = absl::StrCat("/dev/shm/moed-relay-", moed, "-");
+  int n = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(prefix) != std::string::npos && absl::EndsWith(line, "(deleted)")) ++n;
+  }
+  return n;
 }
 
 std::unique_ptr<TestCluster> StartCluster(std::vector<std::string> flags) {
@@ -204,6 +216,35 @@ TEST(RelayTest, LocalWorkersUseTheRelayAndAnswerAsOverGrpc) {
   std::unique_ptr<TestCluster> next = StartCluster({});
   ASSERT_NE(next, nullptr);
   EXPECT_TRUE(RelayObjects(killed).empty());
+}
+
+// A relay buffer the pool evicts (here: a 2 MiB pool, a step of 1 MiB buffers, then one that
+// needs 2 MiB) is unlinked by moed and, within a housekeeping round, unmapped by the workers,
+// instead of staying mapped (its memory held) until their idle unmap a minute later.
+TEST(RelayTest, WorkersUnmapEvictedRelayBuffers) {
+  std::unique_ptr<TestCluster> cluster = StartCluster({"--shm_relay_max_bytes=2097152"});
+  ASSERT_NE(cluster, nullptr);
+  const int64_t hidden = 32;
+  for (int64_t tokens : {4000, 12000}) {  // fp32 rows: ~0.5 MiB, then ~1.5 MiB
+    v1::Tensor x = FloatsToProto({tokens, hidden}, RandomFloats(tokens * hidden, 31));
+    const StepAnswers a = RunStep(*cluster, x, x);
+    ASSERT_EQ(a.forward.out().raw_data().size(), x.raw_data().size());
+    ASSERT_EQ(a.backward.d_x().raw_data().size(), x.raw_data().size());
+    if (tokens == 4000) {
+      for (int r = 0; r < 2; ++r) EXPECT_TRUE(MapsRelay(cluster->worker_pid(r), cluster->moed_pid()));
+    }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  int left = 0;
+  do {
+    left = 0;
+    for (int r = 0; r < 2; ++r) left += MappedDeletedRelays(cluster->worker_pid(r), cluster->moed_pid());
+    if (left == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  } while (std::chrono::steady_clock::now() < deadline);
+  EXPECT_EQ(left, 0) << "workers still map evicted relay buffers";
+  // The pool's current buffer is still mapped (the evicted ones were the 1 MiB ones).
+  EXPECT_TRUE(MapsRelay(cluster->worker_pid(0), cluster->moed_pid()));
 }
 
 }  // namespace

@@ -55,7 +55,8 @@ def batch(vocab, tokens, generator):
 
 
 def train(client=None, layer="train-tiny", steps=300, vocab=11, hidden=32, ffn=64,
-          experts=4, top_k=2, tokens=256, lr=1e-2, moe_lr=1e-2, seed=0, log=None):
+          experts=4, top_k=2, tokens=256, lr=1e-2, moe_lr=1e-2, seed=0, log=None,
+          compute_dtype="fp32"):
     """Trains and returns the list of per-step losses (cross-entropy, without aux).
 
     client=None trains the baseline without the FFN (no server involved).
@@ -70,7 +71,8 @@ def train(client=None, layer="train-tiny", steps=300, vocab=11, hidden=32, ffn=6
             pass
         moe = RemoteMoE(client, layer, create=True, hidden=hidden, ffn=ffn,
                         num_experts=experts, top_k=top_k, aux_loss_coeff=1e-2,
-                        init_seed=seed, optimizer={"adamw": {"lr": moe_lr}})
+                        init_seed=seed, compute_dtype=compute_dtype,
+                        optimizer={"adamw": {"lr": moe_lr}})
     model = TinyModel(vocab, hidden, moe)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses = []
@@ -98,15 +100,19 @@ def main():
     parser.add_argument("--server", default=os.environ.get("MOED_SERVER", "localhost:50051"))
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compute_dtype", default="fp32", choices=("fp32", "bf16", "fp8"),
+                        help="the layer's expert GEMM datatype (docs/SPEC.md)")
     parser.add_argument("--baseline", action="store_true",
                         help="also train the same model without the FFN, for comparison")
     args = parser.parse_args()
     torch.set_num_threads(1)
     start = time.time()
     with Client(args.server) as client:
-        losses = train(client, steps=args.steps, seed=args.seed, log=print)
+        losses = train(client, steps=args.steps, seed=args.seed, log=print,
+                       compute_dtype=args.compute_dtype)
     result = {"final_loss": sum(losses[-20:]) / 20, "first_loss": losses[0],
               "chance_loss": math.log(11), "steps": args.steps,
+              "compute_dtype": args.compute_dtype,
               "seconds": round(time.time() - start, 2)}
     if args.baseline:
         base = train(None, steps=args.steps, seed=args.seed)

@@ -20,9 +20,11 @@ import os
 import secrets
 
 import grpc
+import numpy as np
 
-from moe_client import codec
-from moe_client.errors import from_rpc_error
+from moe_client import codec, wire
+from moe_client.errors import (Internal, ResourceExhausted, Unavailable, Unimplemented,
+                               from_rpc_error)
 from moe_client.proto import moe_pb2, moe_pb2_grpc
 
 DEFAULT_ADDRESS = "localhost:50051"
@@ -30,7 +32,7 @@ DEFAULT_ADDRESS = "localhost:50051"
 ForwardResult = collections.namedtuple(
     "ForwardResult", ["out", "aux_loss", "z_loss", "tokens_per_expert", "step_id", "load"])
 ForwardResult.__doc__ = """Forward's answer: `out` [T, H] in x's datatype (numpy; fp32 for
-BF16 unless raw=True), the losses as floats, tokens_per_expert [E], step_id (0 unless
+BF16; a wire.WireTensor with raw=True), the losses as floats, tokens_per_expert [E], step_id (0 unless
 keep_for_backward) and the ExpertLoad message."""
 
 _SCORE_FUNCTIONS = {"softmax": moe_pb2.SCORE_FUNCTION_SOFTMAX,
@@ -90,6 +92,12 @@ class _Health:
 
 # Room left in a step's message for the fields around its tensor (as the C++ client).
 _STEP_HEADROOM = 64 << 10
+_METHOD = "/moe.v1.MoeService/"
+# Calls sent and answered as bytes around their tensor (wire.py), and their answer types.
+_ANSWERS = {"Forward": moe_pb2.ForwardResponse, "Backward": moe_pb2.BackwardResponse,
+            "StageTensor": moe_pb2.StageTensorResponse,
+            "FetchStaged": moe_pb2.FetchStagedResponse}
+_RAW_RPCS = tuple(_ANSWERS)
 
 
 def _row_bytes(head):
@@ -155,6 +163,12 @@ class Client:
         self._lane_channels = [] if not own_channel or lanes <= 1 else [
             make_channel([("moed.client.lane", i)]) for i in range(lanes)]
         self._lanes = [moe_pb2_grpc.MoeServiceStub(c) for c in self._lane_channels]
+        # Steps, staging and fetching as bytes written and read around the tensor (wire.py).
+        self._raw = {rpc: self._channel.unary_unary(_METHOD + rpc) for rpc in _RAW_RPCS}
+        self._raw_lanes = [{rpc: c.unary_unary(_METHOD + rpc) for rpc in _RAW_RPCS}
+                           for c in self._lane_channels]
+        self._lane_pool = (concurrent.futures.ThreadPoolExecutor(len(self._lanes))
+                           if self._lanes else None)
         self.lane_min_bytes = lane_min_bytes
         self._staged_prefix = "p" + secrets.token_hex(8)
         self._staged_counter = itertools.count()
@@ -168,6 +182,8 @@ class Client:
         self._channel.close()
         for lane in self._lane_channels:
             lane.close()
+        if self._lane_pool is not None:
+            self._lane_pool.shutdown(wait=False)
 
     def __enter__(self):
         return self
@@ -184,6 +200,14 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc_error(e, rpc) from None
 
+    def _raw_call(self, method, rpc, data, timeout=None, wait_for_ready=None):
+        """One call of `method` (a bytes-in, bytes-out callable of self._raw or a lane)."""
+        try:
+            return method(data, timeout=timeout or self.timeout, wait_for_ready=wait_for_ready,
+                          metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise from_rpc_error(e, rpc) from None
+
     def _stream(self, rpc, request, timeout=None):
         try:
             return list(getattr(self._stub, rpc)(request, timeout=timeout or self.timeout,
@@ -191,43 +215,53 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc_error(e, rpc) from None
 
-    def _step(self, rpc, request, field, answer_field, timeout):
-        """Forward / Backward: over lanes for a tensor of lane_min_bytes or more (_step_staged);
-        unary when the request's tensor `field` fits in one message, else the streaming call
-        (proto/moe.proto: ForwardStream) with the tensor's raw_data in pieces; the answer's
-        `answer_field` raw_data pieces are joined."""
-        raw = getattr(request, field).raw_data
-        if (self._lanes and not self._lanes_refused and len(raw) > 0
-                and len(raw) >= self.lane_min_bytes
-                and len(getattr(request, field).shape) == 2):
-            answer = self._step_staged(rpc, request, field, answer_field, timeout)
+    def _step(self, rpc, request, field, tensor, answer_field, timeout):
+        """Forward / Backward of `request` (its tensor `field` unset) with `tensor`
+        (wire.WireTensor): over lanes for a tensor of lane_min_bytes or more (_step_staged);
+        one message when it fits, written around the tensor's bytes (wire.py); else the
+        streaming call (proto/moe.proto: ForwardStream) with raw_data in pieces. Returns (the
+        answer without its tensor, the answer's `answer_field` as a WireTensor)."""
+        size = tensor.nbytes
+        if (self._lanes and not self._lanes_refused and size > 0
+                and size >= self.lane_min_bytes and len(tensor.shape) == 2):
+            answer = self._step_staged(rpc, request, field, tensor, answer_field, timeout)
             if answer is not None:
                 return answer
-        if len(raw) + _STEP_HEADROOM <= self.max_message_bytes:
-            return self._call(rpc, request, timeout)
+        if size + _STEP_HEADROOM <= self.max_message_bytes:
+            data = self._raw_call(self._raw[rpc], rpc,
+                                  wire.encode_with_tensor(request, field, tensor), timeout)
+            return wire.decode_with_tensor(data, _ANSWERS[rpc], answer_field)
+        return self._step_stream(rpc, request, field, tensor, answer_field, timeout)
+
+    def _step_stream(self, rpc, request, field, tensor, answer_field, timeout):
+        """The streaming call of _step (a tensor larger than one message)."""
         piece = max(self.max_message_bytes - _STEP_HEADROOM, 4096)
-        getattr(request, field).raw_data = raw[:piece]
+        raw = memoryview(tensor.raw_data).cast("B")
+        first = type(request)()
+        first.CopyFrom(request)
+        getattr(first, field).CopyFrom(moe_pb2.Tensor(
+            datatype=tensor.datatype, shape=tensor.shape, raw_data=bytes(raw[:piece])))
         message_type = type(request)
 
         def pieces():
-            yield request
+            yield first
             for offset in range(piece, len(raw), piece):
                 more = message_type()
-                getattr(more, field).raw_data = raw[offset:offset + piece]
+                getattr(more, field).raw_data = bytes(raw[offset:offset + piece])
                 yield more
 
         try:
             answers = iter(getattr(self._stub, rpc + "Stream")(pieces(),
                                                                timeout=timeout or self.timeout,
                                                                metadata=self._metadata))
-            first = next(answers)
+            answer = next(answers)
             rest = [getattr(a, answer_field).raw_data for a in answers]
         except grpc.RpcError as e:
             raise from_rpc_error(e, rpc) from None
-        if rest:
-            tensor = getattr(first, answer_field)
-            tensor.raw_data = b"".join([tensor.raw_data] + rest)
-        return first
+        head = getattr(answer, answer_field)
+        out = wire.WireTensor(head.datatype, head.shape, b"".join([head.raw_data] + rest))
+        answer.ClearField(answer_field)
+        return answer, out
 
     # ---- over several connections (proto/moe.proto "Staged tensors") ----
     def _parts(self, rows, row_bytes):
@@ -237,55 +271,59 @@ class Client:
         bounds = [rows * i // n for i in range(n + 1)]
         return list(zip(bounds[:-1], bounds[1:]))
 
-    def _on_lanes(self, rpc, requests, timeout):
-        """Sends requests[i] on lane i % lanes, concurrently; the answers in order."""
+    def _on_lanes(self, rpc, messages, timeout):
+        """Sends messages[i] (bytes) on lane i % lanes, concurrently; the answers (bytes) in
+        order."""
         def call(i):
-            return getattr(self._lanes[i % len(self._lanes)], rpc)(
-                requests[i], timeout=timeout or self.timeout, metadata=self._metadata,
-                wait_for_ready=rpc == "FetchStaged")
-        with concurrent.futures.ThreadPoolExecutor(len(self._lanes)) as pool:
-            return list(pool.map(call, range(len(requests))))
+            return self._raw_call(self._raw_lanes[i % len(self._lanes)][rpc], rpc, messages[i],
+                                  timeout, wait_for_ready=rpc == "FetchStaged")
+        return list(self._lane_pool.map(call, range(len(messages))))
 
-    def _step_staged(self, rpc, request, field, answer_field, timeout):
+    def _step_staged(self, rpc, request, field, tensor, answer_field, timeout):
         """Stages the tensor in row ranges over the lanes, runs the step on it with its
-        output kept, fetches the output the same way. None when the server asks for the
-        tensor in the step instead (staging off or full, a lane not connecting)."""
-        tensor = getattr(request, field)
-        rows, hidden = tensor.shape
-        row_bytes = _row_bytes(tensor)
+        output kept, fetches the output the same way, each range straight into the result.
+        None when the server asks for the tensor in the step instead (staging off or full, a
+        lane not connecting)."""
+        rows = tensor.shape[0]
         name_in = "%s-%d" % (self._staged_prefix, next(self._staged_counter))
         name_out = "%s-%d" % (self._staged_prefix, next(self._staged_counter))
-        parts = self._parts(rows, row_bytes)
-        stage = [moe_pb2.StageTensorRequest(
-            name=name_in, total_rows=rows, row_offset=a,
-            rows=moe_pb2.Tensor(datatype=tensor.datatype, shape=[b - a, hidden],
-                                raw_data=tensor.raw_data[a * row_bytes:b * row_bytes]))
-            for a, b in parts]
+        stage = [wire.encode_with_tensor(
+            moe_pb2.StageTensorRequest(name=name_in, total_rows=rows, row_offset=a), "rows",
+            tensor.rows(a, b)) for a, b in self._parts(rows, _row_bytes(tensor))]
         try:
             self._on_lanes("StageTensor", stage, timeout)
-        except grpc.RpcError as e:
-            if e.code() == grpc.StatusCode.UNIMPLEMENTED:
+        except (Unimplemented, ResourceExhausted, Unavailable) as e:
+            if isinstance(e, Unimplemented):
                 self._lanes_refused = True
-            if e.code() in (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                            grpc.StatusCode.UNAVAILABLE):
-                return None
-            raise from_rpc_error(e, "StageTensor") from None
+            return None
         staged = type(request)()
         staged.CopyFrom(request)
-        staged.ClearField(field)
         setattr(staged, field + "_staged", name_in)
         setattr(staged, answer_field + "_staged", name_out)
         answer = self._call(rpc, staged, timeout)
         head = getattr(answer, answer_field)
-        fetch = [moe_pb2.FetchStagedRequest(name=name_out, row_offset=a, rows=b - a)
-                 for a, b in self._parts(head.shape[0], _row_bytes(head))]
-        try:
-            pieces = self._on_lanes("FetchStaged", fetch, timeout)
-        except grpc.RpcError as e:
-            raise from_rpc_error(e, "FetchStaged") from None
-        head.raw_data = b"".join(p.rows.raw_data for p in pieces)
+        ranges = self._parts(head.shape[0], _row_bytes(head))
+        fetch = [moe_pb2.FetchStagedRequest(name=name_out, row_offset=a,
+                                            rows=b - a).SerializeToString() for a, b in ranges]
+        out = np.empty(sum(b - a for a, b in ranges) * _row_bytes(head), np.uint8)
+        view = memoryview(out)
+
+        def fetch_one(i):
+            data = self._raw_call(self._raw_lanes[i % len(self._lanes)]["FetchStaged"],
+                                  "FetchStaged", fetch[i], timeout, wait_for_ready=True)
+            _, rows_i = wire.decode_with_tensor(data, moe_pb2.FetchStagedResponse, "rows")
+            a, b = ranges[i]
+            part = memoryview(rows_i.raw_data).cast("B")
+            if part.nbytes != (b - a) * _row_bytes(head):
+                raise Internal(grpc.StatusCode.INTERNAL, "FetchStaged returned %d bytes for "
+                               "rows %d..%d" % (part.nbytes, a, b), "FetchStaged")
+            view[a * _row_bytes(head):b * _row_bytes(head)] = part
+
+        list(self._lane_pool.map(fetch_one, range(len(fetch))))
         self.steps_over_lanes += 1
-        return answer
+        result = wire.WireTensor(head.datatype, head.shape, out)
+        answer.ClearField(answer_field)
+        return answer, result
 
     # ---- layers ----
     def create_layer(self, name, config=None, timeout=None, **fields):
@@ -311,27 +349,28 @@ class Client:
                 timeout=None):
         """x [T, H] (numpy or torch; datatype="BF16" converts fp32 to bf16 on the wire).
 
-        Returns ForwardResult; `out` is numpy (fp32 for a BF16 answer) or, with raw=True, the
-        moe_pb2.Tensor itself (for callers that decode to torch without numpy's upcast).
+        Returns ForwardResult; `out` is numpy (fp32 for a BF16 answer; a read-only view of
+        the received bytes where no conversion is needed) or, with raw=True, the
+        wire.WireTensor itself (for callers that decode to torch without numpy's upcast).
         """
-        request = moe_pb2.ForwardRequest(layer=layer, x=codec.to_proto(x, datatype),
-                                         keep_for_backward=keep_for_backward)
-        r = self._step("Forward", request, "x", "out", timeout)
-        out = r.out if raw else codec.to_numpy(r.out)
-        return ForwardResult(out, r.aux_loss, r.z_loss, list(r.tokens_per_expert), r.step_id,
-                             r.load)
+        request = moe_pb2.ForwardRequest(layer=layer, keep_for_backward=keep_for_backward)
+        r, out = self._step("Forward", request, "x", codec.to_wire(x, datatype), "out",
+                            timeout)
+        return ForwardResult(out if raw else codec.to_numpy(out), r.aux_loss, r.z_loss,
+                             list(r.tokens_per_expert), r.step_id, r.load)
 
     def backward(self, layer, step_id, d_out, d_aux=None, d_z_loss=None, datatype=None,
                  raw=False, timeout=None):
-        """d_out [T, H]; d_aux / d_z_loss default to 1.0 on the server. Returns d_x."""
-        request = moe_pb2.BackwardRequest(layer=layer, step_id=step_id,
-                                          d_out=codec.to_proto(d_out, datatype))
+        """d_out [T, H]; d_aux / d_z_loss default to 1.0 on the server. Returns d_x (numpy,
+        or a wire.WireTensor with raw=True)."""
+        request = moe_pb2.BackwardRequest(layer=layer, step_id=step_id)
         if d_aux is not None:
             request.d_aux = float(d_aux)
         if d_z_loss is not None:
             request.d_z_loss = float(d_z_loss)
-        r = self._step("Backward", request, "d_out", "d_x", timeout)
-        return r.d_x if raw else codec.to_numpy(r.d_x)
+        _, d_x = self._step("Backward", request, "d_out", codec.to_wire(d_out, datatype), "d_x",
+                            timeout)
+        return d_x if raw else codec.to_numpy(d_x)
 
     # ---- shared memory (moed on this host with --allow_client_shm; shared_memory.py) ----
     def register_system_shared_memory(self, name, key, offset, byte_size, timeout=None):

@@ -10,10 +10,12 @@ of an fp32 (no extra package needed: numpy sees it as uint16, torch as torch.bfl
     a = to_numpy(t)          # zero-copy read-only view for FP32/FP64/INT*, fp32 for BF16
     x = to_torch(t)          # writable torch tensor (torch.bfloat16 for BF16)
 
-Copies: encoding makes one copy (protobuf's bytes fields only take `bytes`); decoding to
-numpy is zero-copy (np.frombuffer over the message's bytes, hence read-only); decoding to
-torch makes one copy, because torch would otherwise hand out a writable tensor over immutable
-memory. `to_torch(t, copy=False)` skips it for callers that never write to the result.
+Copies: to_proto makes one copy (protobuf's bytes fields only take `bytes`); to_wire makes
+none (a view of the caller's memory, which the step path in client.py copies once into the
+bytes gRPC sends: wire.py); decoding to numpy is zero-copy (np.frombuffer over the message's
+bytes, hence read-only); decoding to torch makes one copy, because torch would otherwise hand
+out a writable tensor over immutable memory. `to_torch(t, copy=False)` skips it for callers
+that never write to the result.
 """
 
 import sys
@@ -26,6 +28,7 @@ try:  # torch is optional for the numpy path
 except ImportError:  # pragma: no cover - torch is installed on the project's machines
     torch = None
 
+from moe_client import wire
 from moe_client.proto import moe_pb2
 
 if sys.byteorder != "little":  # pragma: no cover
@@ -77,8 +80,10 @@ def bf16_bits_to_fp32(bits):
     return (np.asarray(bits, dtype="<u2").astype("<u4") << 16).view("<f4")
 
 
-def _raw_of(value, datatype):
-    """(datatype, shape, little-endian bytes) of a numpy array or torch tensor."""
+def _array_of(value, datatype):
+    """(datatype, shape, C-contiguous numpy array of the wire's element type) of a numpy array
+    or torch tensor: a view of its memory when it needs no conversion, else the converted copy.
+    """
     if torch is not None and isinstance(value, torch.Tensor):
         value = value.detach()
         if value.device.type != "cpu":
@@ -89,11 +94,11 @@ def _raw_of(value, datatype):
         value = value.contiguous()
         if datatype is None or datatype == source:
             if source == "BF16":
-                return "BF16", tuple(value.shape), value.view(torch.int16).numpy().tobytes()
-            return source, tuple(value.shape), value.numpy().tobytes()
+                return "BF16", tuple(value.shape), value.view(torch.int16).numpy()
+            return source, tuple(value.shape), value.numpy()
         if datatype == "BF16":
             return "BF16", tuple(value.shape), value.to(torch.bfloat16).view(
-                torch.int16).numpy().tobytes()
+                torch.int16).numpy()
         value = value.float().numpy() if source == "BF16" else value.numpy()
     array = np.asarray(value)
     if datatype is None:
@@ -102,9 +107,22 @@ def _raw_of(value, datatype):
             raise TypeError("unsupported numpy dtype %s (FP32, FP64, INT32, INT64; "
                             "pass datatype='BF16' to send fp32 values as bf16)" % array.dtype)
     if datatype == "BF16":
-        return "BF16", array.shape, fp32_to_bf16_bits(array).tobytes()
+        return "BF16", array.shape, fp32_to_bf16_bits(array)
     element_size(datatype)
-    return datatype, array.shape, np.ascontiguousarray(array, _NUMPY_OF[datatype]).tobytes()
+    return datatype, array.shape, np.ascontiguousarray(array, _NUMPY_OF[datatype])
+
+
+def _raw_of(value, datatype):
+    """(datatype, shape, little-endian bytes) of a numpy array or torch tensor."""
+    datatype, shape, array = _array_of(value, datatype)
+    return datatype, shape, array.tobytes()
+
+
+def to_wire(value, datatype=None):
+    """numpy array / torch tensor -> wire.WireTensor over its memory (no copy when no conversion
+    is needed: the caller keeps the value alive and unchanged until the call returns)."""
+    datatype, shape, array = _array_of(value, datatype)
+    return wire.WireTensor(datatype, shape, array.reshape(-1).view(np.uint8))
 
 
 def to_proto(value, datatype=None):
@@ -125,12 +143,13 @@ def _check(datatype, shape, raw):
 
 
 def to_numpy(tensor, keep_bf16_bits=False):
-    """moe_pb2.Tensor -> numpy array (read-only view of the message's bytes where possible).
+    """moe_pb2.Tensor or wire.WireTensor -> numpy array (read-only view of the message's bytes
+    where possible).
 
     BF16 becomes fp32 (exact), or its uint16 bit patterns with keep_bf16_bits=True.
     """
     shape = tuple(tensor.shape)
-    _check(tensor.datatype, shape, tensor.raw_data)
+    _check(tensor.datatype, shape, memoryview(tensor.raw_data).cast("B"))
     array = np.frombuffer(tensor.raw_data, dtype=_NUMPY_OF[tensor.datatype]).reshape(shape)
     if tensor.datatype == "BF16" and not keep_bf16_bits:
         return bf16_bits_to_fp32(array)
@@ -138,7 +157,7 @@ def to_numpy(tensor, keep_bf16_bits=False):
 
 
 def to_torch(tensor, copy=True):
-    """moe_pb2.Tensor -> torch tensor of the wire's type (torch.bfloat16 for BF16).
+    """moe_pb2.Tensor or wire.WireTensor -> torch tensor of the wire's type (torch.bfloat16 for BF16).
 
     copy=False returns a tensor sharing the message's immutable bytes: never write to it.
     """

@@ -1,0 +1,75 @@
+"""Latency of forward and forward+backward through the Python client (torch tensors in and out),
+the number a Python trainer sees; compare with `moectl bench` (the C++ client) on the same shape.
+
+    /usr/bin/python3 client/python/examples/bench_client.py --server=localhost:50051 \\
+        --tokens=4096 --hidden=1024 --ffn=4096 --experts=8 --top_k=2 --dtype=bf16
+    (PYTHONPATH as in client/python/README.md)
+
+Creates a temporary layer, runs --warmup then --steps of each kind with the same x and d_out,
+deletes the layer, and prints one JSON object: p50 / p90 ms of forward and forward+backward,
+and the overall payload rate (x and out, plus d_out and d_x, over the whole p50 step time, the
+engine's included: a lower bound on the transport's own rate).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+import uuid
+
+import torch
+
+from moe_client import Client
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--server", default=os.environ.get("MOED_SERVER", "localhost:50051"))
+    for name, default in (("tokens", 4096), ("hidden", 1024), ("ffn", 4096), ("experts", 8),
+                          ("top_k", 2), ("steps", 10), ("warmup", 2), ("lanes", 0)):
+        parser.add_argument("--" + name, type=int, default=default)
+    parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    args = parser.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    layer = "bench-client-" + uuid.uuid4().hex[:8]
+    x = torch.randn(args.tokens, args.hidden).to(dtype)
+    d_out = torch.randn(args.tokens, args.hidden).to(dtype)
+    times = {"forward": [], "forward_backward": []}
+    with Client(args.server, lanes=args.lanes) as client:
+        client.create_layer(layer, hidden=args.hidden, ffn=args.ffn, num_experts=args.experts,
+                            top_k=args.top_k, compute_dtype=args.dtype)
+        try:
+            for i in range(args.warmup + args.steps):
+                start = time.perf_counter()
+                client.forward(layer, x, raw=True)
+                forward = time.perf_counter() - start
+                start = time.perf_counter()
+                fwd = client.forward(layer, x, keep_for_backward=True, raw=True)
+                client.backward(layer, fwd.step_id, d_out, raw=True)
+                both = time.perf_counter() - start
+                if i >= args.warmup:
+                    times["forward"].append(forward * 1e3)
+                    times["forward_backward"].append(both * 1e3)
+        finally:
+            client.delete_layer(layer)
+        lanes = len(client._lanes) or 1
+    nbytes = x.numel() * x.element_size()
+    result = {"bench": "bench_client", "tokens": args.tokens, "hidden": args.hidden,
+              "ffn": args.ffn, "experts": args.experts, "top_k": args.top_k,
+              "dtype": args.dtype.upper(), "lanes": lanes, "steps": args.steps}
+    for kind, payload in (("forward", 2 * nbytes), ("forward_backward", 4 * nbytes)):
+        p50 = percentile(times[kind], 0.5)
+        result[kind] = {"p50_ms": round(p50, 3), "p90_ms": round(percentile(times[kind], 0.9), 3),
+                        "payload_gb_per_s_overall": round(payload / p50 / 1e6, 3)}
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
