@@ -134,10 +134,11 @@ class IsolationTest : public ::testing::Test {
 // the cluster does not re-form and another layer's saved step survives. The overdue step's
 // layer serves again once its workers finished it.
 TEST_F(IsolationTest, OverdueStepFailsAlone) {
+  constexpr int64_t kBigHidden = 1024;
   StartCluster({"--step_timeout_ms=2000", "--collective_timeout_ms=60000"});
   const uint64_t bystander = SaveBystanderStep();
   v1::LayerConfig big = TinyConfig(5);
-  big.set_hidden(256);
+  big.set_hidden(kBigHidden);
   big.set_ffn(2048);
   big.set_num_experts(2);
   big.set_top_k(2);
@@ -145,9 +146,11 @@ TEST_F(IsolationTest, OverdueStepFailsAlone) {
   ASSERT_TRUE(created.ok()) << created.error_message();
   const int64_t generation = Status().generation();
 
-  // Several seconds of work on two shared CPUs (about 65 GFLOP), well past the deadline.
+  // About 260 GFLOP: several seconds even on two idle cores, well past the 2 s deadline (with
+  // a quarter of it, 256 wide, an idle CI-sized machine finished within the deadline).
   constexpr int64_t kTokens = 10240;
-  const v1::Tensor x = FloatsToProto({kTokens, 256}, RandomFloats(kTokens * 256, 7));
+  const v1::Tensor x =
+      FloatsToProto({kTokens, kBigHidden}, RandomFloats(kTokens * kBigHidden, 7));
   const absl::Time start = absl::Now();
   v1::ForwardResponse fwd;
   grpc::Status s = Forward("big", x, /*keep=*/true, &fwd);
@@ -166,7 +169,8 @@ TEST_F(IsolationTest, OverdueStepFailsAlone) {
 
   // The big layer serves again (its next call waits until the workers finished the overdue
   // step, then runs); the overdue step's saved activations were released.
-  s = Forward("big", FloatsToProto({4, 256}, RandomFloats(4 * 256, 8)), false, &small);
+  s = Forward("big", FloatsToProto({4, kBigHidden}, RandomFloats(4 * kBigHidden, 8)), false,
+              &small);
   EXPECT_TRUE(s.ok()) << s.error_message();
   std::fprintf(stderr, "overdue step: caller answered after %s, layer free again after %s\n",
                absl::FormatDuration(took).c_str(),
