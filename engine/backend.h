@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/config.h"
@@ -151,6 +152,25 @@ inline int64_t Fp8GroupedColumns(absl::Span<const int64_t> group_rows) {
   int64_t columns = 0;
   for (int64_t rows : group_rows) columns += Fp8PaddedRows(rows);
   return columns;
+}
+
+// The grouped layout's own preconditions (dst_grouped_t set), for every backend: batch 1, not
+// transposed, group_rows non-negative and summing to rows. INVALID_ARGUMENT naming the rule.
+inline absl::Status CheckGroupedQuantize(const QuantizeArgs& q) {
+  if (q.batch != 1 || q.transpose) {
+    return absl::InvalidArgumentError(
+        "QuantizeFp8: dst_grouped_t needs batch 1 and transpose false");
+  }
+  int64_t rows = 0;
+  for (int64_t r : q.group_rows) {
+    if (r < 0) return absl::InvalidArgumentError("QuantizeFp8: negative group_rows");
+    rows += r;
+  }
+  if (rows != q.rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeFp8: group_rows sum to ", rows, ", not rows = ", q.rows));
+  }
+  return absl::OkStatus();
 }
 
 // Router forward over this rank's tokens (docs/SPEC.md Forward 1-6 without the collectives).

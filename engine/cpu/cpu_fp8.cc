@@ -51,21 +51,7 @@ absl::Status CheckQuantizeArgs(const QuantizeArgs& q) {
        (q.rows * q.cols > 0 && (q.src == nullptr || (q.dst == nullptr && !grouped))))) {
     return absl::InvalidArgumentError("QuantizeFp8: null src, dst or scale");
   }
-  if (!grouped) return absl::OkStatus();
-  if (q.batch != 1 || q.transpose) {
-    return absl::InvalidArgumentError(
-        "QuantizeFp8: dst_grouped_t needs batch 1 and transpose false");
-  }
-  int64_t rows = 0;
-  for (int64_t r : q.group_rows) {
-    if (r < 0) return absl::InvalidArgumentError("QuantizeFp8: negative group_rows");
-    rows += r;
-  }
-  if (rows != q.rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("QuantizeFp8: group_rows sum to ", rows, ", not rows = ", q.rows));
-  }
-  return absl::OkStatus();
+  return grouped ? CheckGroupedQuantize(q) : absl::OkStatus();
 }
 
 // The codes of matrix `base` (QuantizeArgs layouts) once its scale is known.

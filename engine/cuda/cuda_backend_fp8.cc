@@ -69,19 +69,7 @@ absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
 }
 
 absl::Status CudaBackend::QuantizeFp8Grouped(const QuantizeArgs& q) {
-  if (q.batch != 1 || q.transpose) {
-    return absl::InvalidArgumentError(
-        "QuantizeFp8: dst_grouped_t needs batch 1 and transpose false");
-  }
-  int64_t rows = 0;
-  for (int64_t r : q.group_rows) {
-    if (r < 0) return absl::InvalidArgumentError("QuantizeFp8: negative group_rows");
-    rows += r;
-  }
-  if (rows != q.rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("QuantizeFp8: group_rows sum to ", rows, ", not rows = ", q.rows));
-  }
+  RETURN_IF_ERROR(CheckGroupedQuantize(q));
   if (q.cols > int64_t{65535} * 32) {
     return absl::InvalidArgumentError("QuantizeFp8: dst_grouped_t needs cols <= 65535 * 32");
   }

@@ -8,6 +8,7 @@
 #include "proto/config_convert.h"
 #include "server/step_memory.h"
 #include "tests/server/cluster.h"
+#include "tests/server/cluster_fixture.h"
 #include "tests/server/test_util.h"
 
 namespace moe {
@@ -24,24 +25,8 @@ LayerConfig EngineConfig(const v1::LayerConfig& proto) {
   return *config;
 }
 
-class AdmissionTest : public ::testing::Test {
+class AdmissionTest : public OwnClusterTest {
  protected:
-  void StartCluster(std::vector<std::string> flags) {
-    ClusterOptions options;
-    options.moed_flags = std::move(flags);
-    auto cluster = TestCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = std::move(*cluster);
-    ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
-  }
-  grpc::Status Create(const std::string& name, const v1::LayerConfig& config) {
-    grpc::ClientContext ctx;
-    v1::CreateLayerRequest request;
-    request.set_name(name);
-    *request.mutable_config() = config;
-    v1::CreateLayerResponse response;
-    return cluster_->stub()->CreateLayer(&ctx, request, &response);
-  }
   grpc::Status Forward(const std::string& layer, int64_t tokens, bool keep,
                        v1::ForwardResponse* response) {
     grpc::ClientContext ctx;
@@ -51,12 +36,6 @@ class AdmissionTest : public ::testing::Test {
         FloatsToProto({tokens, kHidden}, RandomFloats(tokens * kHidden, static_cast<int>(tokens)));
     request.set_keep_for_backward(keep);
     return cluster_->stub()->Forward(&ctx, request, response);
-  }
-  v1::GetStatusResponse Status() {
-    grpc::ClientContext ctx;
-    v1::GetStatusResponse status;
-    EXPECT_TRUE(cluster_->stub()->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
-    return status;
   }
   v1::LayerInfo Info(const std::string& layer) {
     const v1::GetStatusResponse status = Status();
@@ -75,7 +54,6 @@ class AdmissionTest : public ::testing::Test {
     return peaks;
   }
 
-  std::unique_ptr<TestCluster> cluster_;
 };
 
 TEST_F(AdmissionTest, OversizedStepIsRefusedBeforeAnyWorkerAllocates) {

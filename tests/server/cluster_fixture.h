@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -104,6 +105,38 @@ class ClusterTest : public ::testing::Test {
 
   static inline TestCluster* cluster_ = nullptr;
   static inline int metrics_port_ = 0;
+};
+
+// A cluster of its own per test, started with the test's moed flags (2 workers), for tests
+// that change moed's limits or break the cluster; and the calls they share.
+class OwnClusterTest : public ::testing::Test {
+ protected:
+  void StartCluster(std::vector<std::string> flags) {
+    ClusterOptions options;
+    options.moed_flags = std::move(flags);
+    auto cluster = TestCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = std::move(*cluster);
+    ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
+  }
+  grpc::Status Create(const std::string& name, const v1::LayerConfig& config,
+                      absl::Duration deadline = absl::Seconds(60)) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    v1::CreateLayerRequest request;
+    request.set_name(name);
+    *request.mutable_config() = config;
+    v1::CreateLayerResponse response;
+    return cluster_->stub()->CreateLayer(&ctx, request, &response);
+  }
+  v1::GetStatusResponse Status() {
+    grpc::ClientContext ctx;
+    v1::GetStatusResponse status;
+    EXPECT_TRUE(cluster_->stub()->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
+    return status;
+  }
+
+  std::unique_ptr<TestCluster> cluster_;
 };
 
 }  // namespace moe

@@ -21,6 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/server/cluster.h"
+#include "tests/server/cluster_fixture.h"
 #include "tests/server/test_util.h"
 
 namespace moe {
@@ -53,27 +54,9 @@ int64_t ResidentBytes(pid_t pid) {
   return resident * sysconf(_SC_PAGESIZE);
 }
 
-class IsolationTest : public ::testing::Test {
+class IsolationTest : public OwnClusterTest {
  protected:
-  void StartCluster(std::vector<std::string> flags) {
-    ClusterOptions options;
-    options.moed_flags = std::move(flags);
-    auto cluster = TestCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = std::move(*cluster);
-    ASSERT_TRUE(cluster_->WaitServing(absl::Seconds(30)).ok());
-  }
 
-  grpc::Status Create(const std::string& name, const v1::LayerConfig& config,
-                      absl::Duration deadline = absl::Seconds(60)) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-    v1::CreateLayerRequest request;
-    request.set_name(name);
-    *request.mutable_config() = config;
-    v1::CreateLayerResponse response;
-    return cluster_->stub()->CreateLayer(&ctx, request, &response);
-  }
   grpc::Status Forward(const std::string& layer, const v1::Tensor& x, bool keep,
                        v1::ForwardResponse* response, absl::Duration deadline = absl::Seconds(60)) {
     grpc::ClientContext ctx;
@@ -93,12 +76,6 @@ class IsolationTest : public ::testing::Test {
     *request.mutable_d_out() = FloatsToProto({tokens, kHidden}, RandomFloats(tokens * kHidden, 9));
     v1::BackwardResponse response;
     return cluster_->stub()->Backward(&ctx, request, &response);
-  }
-  v1::GetStatusResponse Status() {
-    grpc::ClientContext ctx;
-    v1::GetStatusResponse status;
-    EXPECT_TRUE(cluster_->stub()->GetStatus(&ctx, v1::GetStatusRequest(), &status).ok());
-    return status;
   }
   std::string Diverged(const std::string& layer) {
     grpc::ClientContext ctx;
@@ -127,7 +104,6 @@ class IsolationTest : public ::testing::Test {
     EXPECT_EQ(*health, "SERVING");
   }
 
-  std::unique_ptr<TestCluster> cluster_;
 };
 
 // Finding 1: a valid step that runs past --step_timeout_ms fails alone with DEADLINE_EXCEEDED;
