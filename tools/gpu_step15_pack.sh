@@ -7,9 +7,14 @@
 # build, whatever happens; run it on a clean tree.
 #
 #   tools/gpu_step15_pack.sh            # then: OUT=$OUT tools/gpu_step15_check.sh there
+#   BASE_REV=381ad98 tools/gpu_step15_pack.sh   # on main: the engine to compare with
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 base_rev=${BASE_REV:-$(git merge-base HEAD main)}
+if [ "$(git rev-parse "$base_rev")" = "$(git rev-parse HEAD)" ]; then
+  echo "gpu_step15_pack.sh: the base is HEAD itself (on main?): give BASE_REV=<commit>" >&2
+  exit 2
+fi
 mapfile -t files < <(git diff --name-only "$base_rev" HEAD -- engine bench/gpu_timing.h \
   bench/gpu_timing.cc)
 tmp=$(mktemp -d)
