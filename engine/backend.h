@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "engine/config.h"
 #include "engine/dtype.h"
@@ -154,9 +154,33 @@ inline int64_t Fp8GroupedColumns(absl::Span<const int64_t> group_rows) {
   return columns;
 }
 
-// The grouped layout's own preconditions (dst_grouped_t set), for every backend: batch 1, not
-// transposed, group_rows non-negative and summing to rows. INVALID_ARGUMENT naming the rule.
-inline absl::Status CheckGroupedQuantize(const QuantizeArgs& q) {
+// The preconditions of QuantizeArgs that every backend shares (a backend may add its own
+// limits): an FP8 format, an FP32 or BF16 source, sizes >= 0, scale_stride >= 1, a given amax
+// only with batch 1, the pointers a non-empty batch writes through, and for dst_grouped_t batch
+// 1, not transposed, group_rows >= 0 summing to rows. INVALID_ARGUMENT naming the first broken.
+inline absl::Status CheckQuantizeArgs(const QuantizeArgs& q) {
+  if (q.fp8 != DType::kFloat8E4M3 && q.fp8 != DType::kFloat8E5M2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeFp8: fp8 must be FP8_E4M3 or FP8_E5M2, got ", DTypeName(q.fp8)));
+  }
+  if (q.src_type != DType::kFloat32 && q.src_type != DType::kBFloat16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("QuantizeFp8: src_type must be FP32 or BF16, got ", DTypeName(q.src_type)));
+  }
+  if (q.batch < 0 || q.rows < 0 || q.cols < 0) {
+    return absl::InvalidArgumentError("QuantizeFp8: negative size");
+  }
+  if (q.scale_stride < 1) return absl::InvalidArgumentError("QuantizeFp8: scale_stride < 1");
+  if (q.amax != nullptr && q.batch != 1) {
+    return absl::InvalidArgumentError("QuantizeFp8: a given amax needs batch 1");
+  }
+  const bool grouped = q.dst_grouped_t != nullptr;
+  if (q.batch > 0 &&
+      (q.scale == nullptr ||
+       (q.rows * q.cols > 0 && (q.src == nullptr || (q.dst == nullptr && !grouped))))) {
+    return absl::InvalidArgumentError("QuantizeFp8: null src, dst or scale");
+  }
+  if (!grouped) return absl::OkStatus();
   if (q.batch != 1 || q.transpose) {
     return absl::InvalidArgumentError(
         "QuantizeFp8: dst_grouped_t needs batch 1 and transpose false");

@@ -106,11 +106,11 @@ absl::Status MoeLayerImpl::ExpertWeightGradGemm(const std::vector<int64_t>& grou
                                                 LayerParam& w) {
   const float beta = w.grad_zero ? 0.0f : 1.0f;
   float* grad = w.grad.as<float>();
-  std::vector<GemmArgs> gemms;
   if (config_.compute_dtype == DType::kFloat8E4M3) {
     // A = in's codes [in_cols, k_pad], B = d_out's [out_cols, k_pad], both k-contiguous
     // ("TN") with the 16-aligned leading dimension of the grouped layout.
     const int64_t ld = Fp8GroupedColumns(group_rows);
+    std::vector<GemmArgs> gemms;
     int64_t column = 0;
     for (size_t el = 0; el < group_rows.size(); ++el) {
       GemmArgs g;
@@ -125,23 +125,21 @@ absl::Status MoeLayerImpl::ExpertWeightGradGemm(const std::vector<int64_t>& grou
       gemms.push_back(g);
       column += g.k;
     }
+    RETURN_IF_ERROR(backend_->GroupedGemm(gemms));
   } else {
     const DType cd = ExpertRowDType(config_);
     const size_t cs = DTypeSize(cd);
-    int64_t offset = 0;
-    for (size_t el = 0; el < group_rows.size(); ++el) {
+    RETURN_IF_ERROR(PerExpert(backend_, group_rows, [&](int64_t el, int64_t off, int64_t m) {
       GemmArgs g;
       g.trans_a = true;
-      g.m = in_cols, g.n = out_cols, g.k = group_rows[el];
-      g.a = static_cast<const char*>(in) + offset * in_cols * cs, g.lda = in_cols;
-      g.b = static_cast<const char*>(d_out) + offset * out_cols * cs, g.ldb = out_cols;
+      g.m = in_cols, g.n = out_cols, g.k = m;
+      g.a = static_cast<const char*>(in) + off * in_cols * cs, g.lda = in_cols;
+      g.b = static_cast<const char*>(d_out) + off * out_cols * cs, g.ldb = out_cols;
       g.c = grad + el * in_cols * out_cols, g.ldc = out_cols;
       g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = beta;
-      gemms.push_back(g);
-      offset += g.k;
-    }
+      return g;
+    }));
   }
-  RETURN_IF_ERROR(backend_->GroupedGemm(gemms));
   w.grad_zero = false;
   return absl::OkStatus();
 }

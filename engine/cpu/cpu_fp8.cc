@@ -31,29 +31,6 @@ std::vector<float> Decode(const void* src, DType fp8, int64_t rows, int64_t k, i
   return out;
 }
 
-// The preconditions of QuantizeArgs (engine/backend.h); INVALID_ARGUMENT naming the first broken.
-absl::Status CheckQuantizeArgs(const QuantizeArgs& q) {
-  if (!IsFp8(q.fp8)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("QuantizeFp8: fp8 must be FP8_E4M3 or FP8_E5M2, got ", DTypeName(q.fp8)));
-  }
-  if (absl::Status s = CheckFloatType("QuantizeFp8", "src_type", q.src_type); !s.ok()) return s;
-  if (q.batch < 0 || q.rows < 0 || q.cols < 0) {
-    return absl::InvalidArgumentError("QuantizeFp8: negative size");
-  }
-  if (q.scale_stride < 1) return absl::InvalidArgumentError("QuantizeFp8: scale_stride < 1");
-  if (q.amax != nullptr && q.batch != 1) {
-    return absl::InvalidArgumentError("QuantizeFp8: a given amax needs batch 1");
-  }
-  const bool grouped = q.dst_grouped_t != nullptr;
-  if (q.batch > 0 &&
-      (q.scale == nullptr ||
-       (q.rows * q.cols > 0 && (q.src == nullptr || (q.dst == nullptr && !grouped))))) {
-    return absl::InvalidArgumentError("QuantizeFp8: null src, dst or scale");
-  }
-  return grouped ? CheckGroupedQuantize(q) : absl::OkStatus();
-}
-
 // The codes of matrix `base` (QuantizeArgs layouts) once its scale is known.
 void WriteCodes(const QuantizeArgs& q, int64_t base, float scale, int threads) {
   uint8_t* dst = static_cast<uint8_t*>(q.dst);
@@ -87,7 +64,7 @@ void WriteCodes(const QuantizeArgs& q, int64_t base, float scale, int threads) {
 }  // namespace
 
 absl::Status QuantizeFp8(const QuantizeArgs& q, int threads) {
-  if (absl::Status s = CheckQuantizeArgs(q); !s.ok()) return s;
+  if (absl::Status s = CheckQuantizeArgs(q); !s.ok()) return s;  // engine/backend.h
   const int64_t n = q.rows * q.cols;
   for (int64_t b = 0; b < q.batch; ++b) {
     const int64_t base = b * n;

@@ -34,29 +34,10 @@ absl::Status CudaBackend::CheckComputeDType(const LayerConfig& config) const {
 }
 
 absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
-  if (!IsFp8(q.fp8)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("QuantizeFp8: fp8 must be FP8_E4M3 or FP8_E5M2, got ", DTypeName(q.fp8)));
-  }
-  if (!IsKernelType(q.src_type)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("QuantizeFp8: src_type must be FP32 or BF16, got ", DTypeName(q.src_type)));
-  }
-  if (q.batch < 0 || q.rows < 0 || q.cols < 0) {
-    return absl::InvalidArgumentError("QuantizeFp8: negative size");
-  }
+  RETURN_IF_ERROR(CheckQuantizeArgs(q));  // engine/backend.h
   if (q.batch > 65535) return absl::InvalidArgumentError("QuantizeFp8: batch above 65535");
-  if (q.scale_stride < 1) return absl::InvalidArgumentError("QuantizeFp8: scale_stride < 1");
-  if (q.amax != nullptr && q.batch != 1) {
-    return absl::InvalidArgumentError("QuantizeFp8: a given amax needs batch 1");
-  }
   if (q.batch == 0) return absl::OkStatus();
-  const bool grouped = q.dst_grouped_t != nullptr;
-  if (q.scale == nullptr ||
-      (q.rows * q.cols > 0 && (q.src == nullptr || (q.dst == nullptr && !grouped)))) {
-    return absl::InvalidArgumentError("QuantizeFp8: null src, dst or scale");
-  }
-  if (grouped) return QuantizeFp8Grouped(q);
+  if (q.dst_grouped_t != nullptr) return QuantizeFp8Grouped(q);
   RETURN_IF_ERROR(Activate());
   ASSIGN_OR_RETURN(void* scratch, ScratchAlloc(QuantizeScratchBytes(q.batch)));
   const int err = LaunchQuantizeFp8(
@@ -69,7 +50,6 @@ absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
 }
 
 absl::Status CudaBackend::QuantizeFp8Grouped(const QuantizeArgs& q) {
-  RETURN_IF_ERROR(CheckGroupedQuantize(q));
   if (q.cols > int64_t{65535} * 32) {
     return absl::InvalidArgumentError("QuantizeFp8: dst_grouped_t needs cols <= 65535 * 32");
   }
