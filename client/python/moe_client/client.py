@@ -271,12 +271,13 @@ class Client:
         bounds = [rows * i // n for i in range(n + 1)]
         return list(zip(bounds[:-1], bounds[1:]))
 
-    def _on_lanes(self, rpc, messages, timeout):
+    def _on_lanes(self, rpc, messages, timeout, each=None):
         """Sends messages[i] (bytes) on lane i % lanes, concurrently; the answers (bytes) in
-        order."""
+        order, or, with `each`, each(i, answer) run on the lane's thread instead."""
         def call(i):
-            return self._raw_call(self._raw_lanes[i % len(self._lanes)][rpc], rpc, messages[i],
-                                  timeout, wait_for_ready=rpc == "FetchStaged")
+            answer = self._raw_call(self._raw_lanes[i % len(self._lanes)][rpc], rpc,
+                                    messages[i], timeout, wait_for_ready=rpc == "FetchStaged")
+            return answer if each is None else each(i, answer)
         return list(self._lane_pool.map(call, range(len(messages))))
 
     def _step_staged(self, rpc, request, field, tensor, answer_field, timeout):
@@ -302,24 +303,23 @@ class Client:
         setattr(staged, answer_field + "_staged", name_out)
         answer = self._call(rpc, staged, timeout)
         head = getattr(answer, answer_field)
-        ranges = self._parts(head.shape[0], _row_bytes(head))
+        row_bytes = _row_bytes(head)
+        ranges = self._parts(head.shape[0], row_bytes)
         fetch = [moe_pb2.FetchStagedRequest(name=name_out, row_offset=a,
                                             rows=b - a).SerializeToString() for a, b in ranges]
-        out = np.empty(sum(b - a for a, b in ranges) * _row_bytes(head), np.uint8)
+        out = np.empty(head.shape[0] * row_bytes, np.uint8)
         view = memoryview(out)
 
-        def fetch_one(i):
-            data = self._raw_call(self._raw_lanes[i % len(self._lanes)]["FetchStaged"],
-                                  "FetchStaged", fetch[i], timeout, wait_for_ready=True)
+        def copy_rows(i, data):  # each range straight into the result, on its lane's thread
             _, rows_i = wire.decode_with_tensor(data, moe_pb2.FetchStagedResponse, "rows")
             a, b = ranges[i]
             part = memoryview(rows_i.raw_data).cast("B")
-            if part.nbytes != (b - a) * _row_bytes(head):
+            if part.nbytes != (b - a) * row_bytes:
                 raise Internal(grpc.StatusCode.INTERNAL, "FetchStaged returned %d bytes for "
                                "rows %d..%d" % (part.nbytes, a, b), "FetchStaged")
-            view[a * _row_bytes(head):b * _row_bytes(head)] = part
+            view[a * row_bytes:b * row_bytes] = part
 
-        list(self._lane_pool.map(fetch_one, range(len(fetch))))
+        self._on_lanes("FetchStaged", fetch, timeout, each=copy_rows)
         self.steps_over_lanes += 1
         result = wire.WireTensor(head.datatype, head.shape, out)
         answer.ClearField(answer_field)
