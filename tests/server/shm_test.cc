@@ -374,7 +374,8 @@ TEST_F(ShmTest, UnregisterWhileInUse) {
   });
   v1::SystemSharedMemoryStatusResponse status;
   const absl::Time give_up = absl::Now() + absl::Seconds(30);
-  while (Status("mid", &status).ok() && status.regions(0).steps_in_flight() == 0 &&
+  // The step acquires x's and out's references one after the other: wait for both.
+  while (Status("mid", &status).ok() && status.regions(0).steps_in_flight() < 2 &&
          absl::Now() < give_up) {
     absl::SleepFor(absl::Milliseconds(10));
   }
