@@ -238,6 +238,9 @@ absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const
   request.set_layer(layer);
   request.set_keep_for_backward(keep_for_backward);
   request.set_timing(clock.enabled());
+  if (call.output != nullptr) {
+    RETURN_IF_ERROR(CheckTensorFits(kOutputName, *call.output, x.dtype(), x.shape()));
+  }
   if (UsesLanes(x)) {
     bool sent = false;
     absl::StatusOr<ForwardOutput> output = ForwardOverLanes(request, x, call, &sent);
@@ -260,7 +263,8 @@ absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const
   }
   const double call_ms = clock.Lap();
   ForwardOutput output;
-  ASSIGN_OR_RETURN(output.out, TensorFromWire("ForwardResponse.out", response.out(), out_bytes));
+  ASSIGN_OR_RETURN(output.out, TensorFromWire("ForwardResponse.out", response.out(), out_bytes,
+                                                  call.output, kOutputName));
   if (call.timing != nullptr) {
     *call.timing =
         StepTimes{encode_ms, call_ms, clock.Lap(), std::move(*response.mutable_timing())};
@@ -280,6 +284,9 @@ absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t st
   if (d_aux.has_value()) request.set_d_aux(*d_aux);
   if (d_z_loss.has_value()) request.set_d_z_loss(*d_z_loss);
   request.set_timing(clock.enabled());
+  if (call.output != nullptr) {
+    RETURN_IF_ERROR(CheckTensorFits(kOutputName, *call.output, d_out.dtype(), d_out.shape()));
+  }
   if (UsesLanes(d_out)) {
     bool sent = false;
     absl::StatusOr<Tensor> d_x = BackwardOverLanes(request, d_out, call, &sent);
@@ -302,7 +309,8 @@ absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t st
                              &response, &d_x_bytes));
   }
   const double call_ms = clock.Lap();
-  ASSIGN_OR_RETURN(Tensor d_x, TensorFromWire("BackwardResponse.d_x", response.d_x(), d_x_bytes));
+  ASSIGN_OR_RETURN(Tensor d_x, TensorFromWire("BackwardResponse.d_x", response.d_x(), d_x_bytes,
+                                               call.output, kOutputName));
   if (call.timing != nullptr) {
     *call.timing =
         StepTimes{encode_ms, call_ms, clock.Lap(), std::move(*response.mutable_timing())};

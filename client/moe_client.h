@@ -93,6 +93,14 @@ struct CallOptions {
   // Forward / Backward: when set, the server is asked for its StepTiming and this receives
   // it with the client's phases.
   StepTimes* timing = nullptr;
+  // Forward / Backward: when set, the answer's tensor (out / d_x) is written into *output
+  // instead of a newly allocated tensor, and the returned out / d_x is a view of *output's
+  // bytes. A caller that reuses one buffer step after step saves the allocation and its page
+  // faults on first touch (measured: a 32 MiB answer copied 2-3x faster into a reused buffer).
+  // *output must have the input's datatype and shape (x's, d_out's), else INVALID_ARGUMENT
+  // before anything is sent; an answer of another datatype (a Backward with d_out in another
+  // datatype than the forward's x) is INVALID_ARGUMENT after the step. Not for the shm calls.
+  Tensor* output = nullptr;
 };
 
 struct ForwardOutput {
@@ -227,6 +235,9 @@ class MoeClient {
   v1::MoeService::Stub* stub() { return stub_.get(); }
 
  private:
+  // How errors about CallOptions::output name it.
+  static constexpr char kOutputName[] = "CallOptions::output";
+
   MoeClient(std::string target, ClientOptions options, std::shared_ptr<grpc::Channel> channel,
             std::vector<std::shared_ptr<grpc::Channel>> lanes);
   // Forward / Backward: whether `tensor` goes through the streaming call, in pieces of

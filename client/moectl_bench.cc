@@ -39,6 +39,10 @@ ABSL_FLAG(bool, cuda_shm, false,
           "--allow_client_shm; moectl built with CUDA) and check its results are bit-identical "
           "to the gRPC path's");
 ABSL_FLAG(int, cuda_shm_device, 0, "bench --cuda_shm: the GPU that holds the region.");
+ABSL_FLAG(bool, reuse_outputs, true,
+          "bench: the gRPC path writes every step's out and d_x into one buffer each, kept across "
+          "steps (MoeClient CallOptions::output), as a trainer with preallocated outputs does; "
+          "false: a new tensor per step (its allocation and page faults timed too)");
 ABSL_FLAG(std::string, progress, "auto", "bench: progress bar on stderr: auto (if a tty)|on|off.");
 
 namespace moe {
@@ -252,25 +256,40 @@ absl::StatusOr<Json> BenchShm(MoeClient& c, const std::string& layer, const Tens
   return json;
 }
 
-// The gRPC path (MeasureSteps' JSON).
+// The gRPC path (MeasureSteps' JSON, and "output_buffers": "reused" or "new").
 absl::StatusOr<Json> BenchGrpc(MoeClient& c, const std::string& layer, const Tensor& x,
                                const Tensor& d_out, int64_t warmup, int64_t steps,
                                bool show_progress) {
-  return MeasureSteps(
-      warmup, steps, "", show_progress, x.dim(0),
-      [&](const CallOptions& fwd_call) {
-        return c.Forward(layer, x, /*keep_for_backward=*/false, fwd_call).status();
-      },
-      [&](const CallOptions& fwd_call, const CallOptions& bwd_call) -> absl::Status {
-        auto fwd = c.Forward(layer, x, /*keep_for_backward=*/true, fwd_call);
-        if (!fwd.ok()) return fwd.status();
-        absl::Status backward =
-            c.Backward(layer, fwd->step_id, d_out, std::nullopt, std::nullopt, bwd_call).status();
-        // A Backward that failed before reaching the workers leaves the step saved: free it,
-        // or an existing layer keeps it until the server's --saved_step_ttl_s.
-        if (!backward.ok()) c.ReleaseStep(layer, fwd->step_id).IgnoreError();
-        return backward;
-      });
+  const bool reuse = absl::GetFlag(FLAGS_reuse_outputs);
+  Tensor out_buffer = Tensor::Uninitialized(x.dtype(), x.shape());
+  Tensor d_x_buffer = Tensor::Uninitialized(d_out.dtype(), d_out.shape());
+  // The call's options, writing into `buffer` when outputs are reused.
+  auto into = [reuse](const CallOptions& call, Tensor* buffer) {
+    CallOptions with = call;
+    if (reuse) with.output = buffer;
+    return with;
+  };
+  ASSIGN_OR_RETURN(
+      Json out,
+      MeasureSteps(
+          warmup, steps, "", show_progress, x.dim(0),
+          [&](const CallOptions& fwd_call) {
+            return c.Forward(layer, x, /*keep_for_backward=*/false, into(fwd_call, &out_buffer))
+                .status();
+          },
+          [&](const CallOptions& fwd_call, const CallOptions& bwd_call) -> absl::Status {
+            auto fwd = c.Forward(layer, x, /*keep_for_backward=*/true, into(fwd_call, &out_buffer));
+            if (!fwd.ok()) return fwd.status();
+            absl::Status backward = c.Backward(layer, fwd->step_id, d_out, std::nullopt,
+                                               std::nullopt, into(bwd_call, &d_x_buffer))
+                                        .status();
+            // A Backward that failed before reaching the workers leaves the step saved: free
+            // it, or an existing layer keeps it until the server's --saved_step_ttl_s.
+            if (!backward.ok()) c.ReleaseStep(layer, fwd->step_id).IgnoreError();
+            return backward;
+          }));
+  out["output_buffers"] = reuse ? "reused" : "new";
+  return out;
 }
 
 }  // namespace

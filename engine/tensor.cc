@@ -118,6 +118,14 @@ absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& sha
                                                  absl::StrJoin(expected, ", "), "]"));
 }
 
+absl::Status CheckTensorFits(absl::string_view field, const Tensor& tensor, DType dtype,
+                             const std::vector<int64_t>& shape) {
+  if (tensor.dtype() == dtype && tensor.shape() == shape) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " is ", DTypeName(tensor.dtype()), " ", tensor.ShapeString(), "; the result is ",
+      DTypeName(dtype), " [", absl::StrJoin(shape, ", "), "]"));
+}
+
 absl::Status CheckByteCount(absl::string_view field, DType dtype,
                             const std::vector<int64_t>& shape, size_t byte_count) {
   // Multiply with an overflow check: a hostile shape must not wrap around to a small size.

@@ -116,6 +116,10 @@ int64_t NumElements(const std::vector<int64_t>& shape);
 // Checks used at every edge that accepts tensors. Messages name `field`.
 absl::Status CheckShape(absl::string_view field, const std::vector<int64_t>& shape,
                         const std::vector<int64_t>& expected);
+// Fails (INVALID_ARGUMENT) unless `tensor` has `dtype` and `shape`: a buffer a caller gives to
+// receive a result of that datatype and shape (e.g. the client's CallOptions::output).
+absl::Status CheckTensorFits(absl::string_view field, const Tensor& tensor, DType dtype,
+                             const std::vector<int64_t>& shape);
 // Fails unless shape is non-negative and byte_count == product(shape) * DTypeSize(dtype).
 absl::Status CheckByteCount(absl::string_view field, DType dtype, const std::vector<int64_t>& shape,
                             size_t byte_count);

@@ -313,12 +313,18 @@ absl::Status DecodeWithTensor(const grpc::ByteBuffer& wire, int tensor_field,
 }
 
 absl::StatusOr<Tensor> TensorFromWire(absl::string_view field, const v1::Tensor& head,
-                                      const TensorBytes& raw_data) {
+                                      const TensorBytes& raw_data, Tensor* into,
+                                      absl::string_view into_name) {
   ASSIGN_OR_RETURN(DType dtype, CheckTensorHead(field, head, raw_data.size()));
-  Tensor tensor =
-      Tensor::Uninitialized(dtype, std::vector<int64_t>(head.shape().begin(), head.shape().end()));
-  raw_data.CopyTo(tensor.raw());
-  return tensor;
+  std::vector<int64_t> shape(head.shape().begin(), head.shape().end());
+  if (into == nullptr) {
+    Tensor tensor = Tensor::Uninitialized(dtype, std::move(shape));
+    raw_data.CopyTo(tensor.raw());
+    return tensor;
+  }
+  RETURN_IF_ERROR(CheckTensorFits(into_name, *into, dtype, shape));
+  raw_data.CopyTo(into->raw());
+  return Tensor::View(dtype, std::move(shape), into->raw());
 }
 
 absl::Status CallUnary(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* context,

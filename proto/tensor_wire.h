@@ -125,9 +125,12 @@ absl::Status DecodeWithTensor(const grpc::ByteBuffer& wire, int tensor_field,
                               std::initializer_list<int> tensor_oneof = {});
 
 // TensorFromProto (proto/tensor_convert.h: same checks, same errors) of `head` with raw_data
-// = `raw_data` (head's own raw_data is not read): the one copy of the bytes.
+// = `raw_data` (head's own raw_data is not read): the one copy of the bytes. With `into`, the
+// bytes go into *into (which must have the tensor's datatype and shape: CheckTensorFits, an
+// error naming `into_name`) instead of a new tensor, and the result is a view of *into.
 absl::StatusOr<Tensor> TensorFromWire(absl::string_view field, const v1::Tensor& head,
-                                      const TensorBytes& raw_data);
+                                      const TensorBytes& raw_data, Tensor* into = nullptr,
+                                      absl::string_view into_name = "output");
 
 // ---- calling ----
 

@@ -252,6 +252,65 @@ TEST_F(MoeClientTest, StepsLargerThanOneMessageAreStreamedBitIdentically) {
   ASSERT_TRUE(client_->DeleteLayer("big").ok());
 }
 
+// CallOptions::output: out and d_x are written into the caller's buffers, bit-identical to
+// the newly allocated results, over one call, the streamed calls and the staged lanes; a
+// buffer of the wrong datatype or shape is refused before anything is sent.
+TEST_F(MoeClientTest, StepsWriteIntoTheCallersOutputOnEveryPath) {
+  ASSERT_TRUE(client_->CreateLayer("into", TinyConfig()).ok());
+  ClientOptions tiny_messages;
+  tiny_messages.max_message_bytes = 1 << 16;
+  ClientOptions lanes;
+  lanes.lanes = 2;
+  lanes.lane_min_bytes = 1;
+  auto streaming = MoeClient::Connect(cluster_->address(), tiny_messages);
+  auto laned = MoeClient::Connect(cluster_->address(), lanes);
+  ASSERT_TRUE(streaming.ok() && laned.ok());
+  const std::vector<std::pair<const char*, MoeClient*>> paths = {
+      {"one call", client_.get()}, {"streamed", streaming->get()}, {"lanes", laned->get()}};
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const Tensor x = RandomNormal(dtype, {1001, 32}, 21);
+    const Tensor d_out = RandomNormal(dtype, {1001, 32}, 22);
+    auto want = client_->Forward("into", x, /*keep_for_backward=*/true);
+    ASSERT_TRUE(want.ok()) << want.status();
+    auto want_d_x = client_->Backward("into", want->step_id, d_out);
+    ASSERT_TRUE(want_d_x.ok()) << want_d_x.status();
+    for (const auto& [path, client] : paths) {
+      SCOPED_TRACE(absl::StrCat(DTypeName(dtype), ", ", path));
+      Tensor out_buffer = Tensor::Zeros(dtype, x.shape());
+      Tensor d_x_buffer = Tensor::Zeros(dtype, x.shape());
+      for (int step = 0; step < 2; ++step) {  // the same buffers again
+        CallOptions into_out, into_d_x;
+        into_out.output = &out_buffer;
+        into_d_x.output = &d_x_buffer;
+        auto fwd = client->Forward("into", x, /*keep_for_backward=*/true, into_out);
+        ASSERT_TRUE(fwd.ok()) << fwd.status();
+        EXPECT_EQ(fwd->out.raw(), out_buffer.raw());
+        EXPECT_EQ(fwd->out.shape(), x.shape());
+        EXPECT_EQ(out_buffer.bytes(), want->out.bytes());
+        auto d_x = client->Backward("into", fwd->step_id, d_out, std::nullopt, std::nullopt,
+                                    into_d_x);
+        ASSERT_TRUE(d_x.ok()) << d_x.status();
+        EXPECT_EQ(d_x->raw(), d_x_buffer.raw());
+        EXPECT_EQ(d_x_buffer.bytes(), want_d_x->bytes());
+      }
+    }
+  }
+  // Refused before the call: the unknown layer would otherwise be NOT_FOUND.
+  const Tensor x = RandomNormal(DType::kFloat32, {8, 32}, 1);
+  Tensor wrong_shape = Tensor::Zeros(DType::kFloat32, {8, 31});
+  Tensor wrong_dtype = Tensor::Zeros(DType::kBFloat16, {8, 32});
+  for (Tensor* wrong : {&wrong_shape, &wrong_dtype}) {
+    CallOptions call;
+    call.output = wrong;
+    const absl::Status fwd = client_->Forward("nope", x, false, call).status();
+    EXPECT_EQ(fwd.code(), absl::StatusCode::kInvalidArgument) << fwd;
+    EXPECT_NE(fwd.message().find("CallOptions::output"), absl::string_view::npos) << fwd;
+    EXPECT_EQ(client_->Backward("nope", 1, x, std::nullopt, std::nullopt, call).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  ASSERT_TRUE(client_->DeleteLayer("into").ok());
+}
+
 TEST_F(MoeClientTest, WeightsRoundTripThroughSmallChunks) {
   ASSERT_TRUE(client_->CreateLayer("weights", TinyConfig()).ok());
   auto weights = client_->GetWeights("weights");
