@@ -10,6 +10,7 @@ import numpy as np
 
 from local_cluster import LocalCluster, binaries_from_argv
 from moe_client import Aborted, Client, DataLoss, FailedPrecondition, NotFound
+from moe_client import codec
 
 CLUSTER = None
 MOED = WORKER = None
@@ -123,6 +124,9 @@ class ClientTest(unittest.TestCase):
             d_x_unary = self.client.backward("big", unary.step_id, d_out)
             d_x_streamed = tiny.backward("big", streamed.step_id, d_out)
             self.assertEqual(d_x_streamed.tobytes(), d_x_unary.tobytes())
+            out = np.full((1001, 32), np.nan, np.float32)  # out=: the pieces written into it
+            self.assertIs(tiny.forward("big", x, out=out).out, out)
+            self.assertEqual(out.tobytes(), unary.out.tobytes())
             with self.assertRaises(NotFound):
                 tiny.forward("nope", x)
 
@@ -150,6 +154,81 @@ class ClientTest(unittest.TestCase):
             self.assertEqual(one.steps_over_lanes, 0)
             with self.assertRaises(NotFound):
                 lanes.forward("nope", x)
+
+    def test_out_buffers_take_the_answer(self):
+        # forward / backward with out= write out / d_x into the caller's array and return that
+        # array, bytes identical to the calls without out=, over one call and over 4 lanes, in
+        # FP32 and BF16 (fp32 values; with raw=True the bf16 bit patterns).
+        self.client.create_layer("outbuf", hidden=32, ffn=16, num_experts=4, top_k=2,
+                                 init_seed=6)
+        rng = np.random.default_rng(6)
+        x = rng.standard_normal((37, 32)).astype(np.float32)
+        d_out = rng.standard_normal((37, 32)).astype(np.float32)
+        with Client(CLUSTER.address, timeout=30, lanes=1) as one, \
+                Client(CLUSTER.address, timeout=30, lanes=4, lane_min_bytes=0) as lanes:
+            for client in (one, lanes):
+                for datatype in (None, "BF16"):
+                    plain = client.forward("outbuf", x, keep_for_backward=True,
+                                           datatype=datatype)
+                    out = np.full((37, 32), np.nan, np.float32)
+                    into = client.forward("outbuf", x, keep_for_backward=True,
+                                          datatype=datatype, out=out)
+                    self.assertIs(into.out, out)
+                    self.assertEqual(out.tobytes(), plain.out.tobytes())
+                    self.assertEqual(into.tokens_per_expert, plain.tokens_per_expert)
+                    d_x = np.full((37, 32), np.nan, np.float32)
+                    self.assertIs(client.backward("outbuf", into.step_id, d_out,
+                                                  datatype=datatype, out=d_x), d_x)
+                    self.assertEqual(d_x.tobytes(), client.backward(
+                        "outbuf", plain.step_id, d_out, datatype=datatype).tobytes())
+                    bits = np.zeros((37, 32), np.uint16 if datatype else np.float32)
+                    raw = client.forward("outbuf", x, datatype=datatype, raw=True, out=bits)
+                    self.assertIs(raw.out.raw_data, bits)
+                    self.assertEqual(raw.out.datatype, datatype or "FP32")
+                    self.assertEqual(codec.to_numpy(raw.out).tobytes(), plain.out.tobytes())
+            self.assertEqual(one.steps_over_lanes, 0)
+            self.assertEqual(lanes.steps_over_lanes, 10)
+
+    def test_wrong_out_buffers_are_refused_before_sending(self):
+        # A buffer of another dtype or shape, not C-contiguous, read-only or not numpy is
+        # refused (ValueError / TypeError) before any message leaves the client; the kept
+        # step is still there for a backward afterwards.
+        self.client.create_layer("outbad", hidden=8, ffn=16, num_experts=4, top_k=2,
+                                 init_seed=2)
+        rng = np.random.default_rng(7)
+        x = rng.standard_normal((6, 8)).astype(np.float32)
+        d_out = rng.standard_normal((6, 8)).astype(np.float32)
+        read_only = np.zeros((6, 8), np.float32)
+        read_only.flags.writeable = False
+        bad = {"float64": np.zeros((6, 8), np.float64),
+               "bf16 bits without raw": np.zeros((6, 8), np.uint16),
+               "shape": np.zeros((8, 6), np.float32),
+               "rows": np.zeros((5, 8), np.float32),
+               "non-contiguous": np.zeros((8, 6), np.float32).T,
+               "strided rows": np.zeros((12, 8), np.float32)[::2],
+               "read-only": read_only}
+        fwd = self.client.forward("outbad", x, keep_for_backward=True)
+        with Client(CLUSTER.address, timeout=30, lanes=4, lane_min_bytes=0) as lanes:
+            for client in (self.client, lanes):
+                sent = []
+                client._call = client._raw_call = lambda *args, **kwargs: sent.append(args)
+                try:
+                    for name, out in bad.items():
+                        with self.subTest(name=name):
+                            with self.assertRaises(ValueError):
+                                client.forward("outbad", x, keep_for_backward=True, out=out)
+                            with self.assertRaises(ValueError):
+                                client.backward("outbad", fwd.step_id, d_out, out=out)
+                    with self.assertRaisesRegex(ValueError, "needs uint16"):  # raw BF16: bits
+                        client.forward("outbad", x, datatype="BF16", raw=True,
+                                       out=np.zeros((6, 8), np.float32))
+                    with self.assertRaisesRegex(TypeError, "numpy array"):
+                        client.backward("outbad", fwd.step_id, d_out, out=[[0.0] * 8] * 6)
+                finally:
+                    del client._call, client._raw_call
+                self.assertEqual(sent, [])
+            self.assertEqual(lanes.steps_over_lanes, 0)
+        self.assertEqual(self.client.backward("outbad", fwd.step_id, d_out).shape, (6, 8))
 
     def test_expert_bias(self):
         self.client.create_layer("eb", hidden=8, ffn=16, num_experts=4, top_k=2,

@@ -65,6 +65,40 @@ class CodecTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             codec.to_proto(np.zeros(3, np.float16))
 
+    def test_decode_into_writes_what_to_numpy_returns(self):
+        # decode_into fills a caller's array with exactly to_numpy's values (BF16 converted to
+        # fp32, or kept as bit patterns), whole or as a row range; check_output refuses what
+        # it could not fill.
+        rng = np.random.default_rng(3)
+        values = rng.standard_normal((5, 6)).astype(np.float32)
+        for datatype in ("FP32", "BF16"):
+            t = codec.to_wire(values, datatype)
+            out = np.full((5, 6), np.nan, np.float32)
+            codec.check_output(out, datatype, [5, 6])
+            codec.decode_into(t, out)
+            self.assertEqual(out.tobytes(), codec.to_numpy(t).tobytes())
+            rows = np.full((5, 6), np.nan, np.float32)
+            codec.decode_into(t.rows(2, 5), rows, 2)
+            codec.decode_into(t.rows(0, 2), rows, 0)
+            self.assertEqual(rows.tobytes(), out.tobytes())
+        bf16 = codec.to_wire(values, "BF16")
+        bits = np.zeros((5, 6), np.uint16)
+        codec.check_output(bits, "BF16", [5, 6], keep_bf16_bits=True)
+        codec.decode_into(bf16, bits, keep_bf16_bits=True)
+        self.assertEqual(bits.tobytes(), bytes(bf16.raw_data))
+        with self.assertRaisesRegex(ValueError, "dtype uint16.*needs float32"):
+            codec.check_output(bits, "BF16", [5, 6])
+        with self.assertRaisesRegex(ValueError, "cannot decode BF16 into an array of float32"):
+            codec.decode_into(bf16, out, keep_bf16_bits=True)
+        with self.assertRaisesRegex(ValueError, "shape"):
+            codec.check_output(np.zeros((6, 5), np.float32), "FP32", [5, 6])
+        with self.assertRaisesRegex(ValueError, "C-contiguous"):
+            codec.check_output(np.zeros((6, 5), np.float32).T, "FP32", [5, 6])
+        with self.assertRaisesRegex(ValueError, "read-only"):
+            codec.check_output(codec.to_numpy(codec.to_proto(values)), "FP32", [5, 6])
+        with self.assertRaisesRegex(TypeError, "numpy array"):
+            codec.check_output(torch.zeros(5, 6), "FP32", [5, 6])
+
     def test_chunks_cover_the_tensor_in_order(self):
         a = np.random.default_rng(2).standard_normal((5, 7, 3)).astype(np.float32)
         chunks = list(codec.chunks_of("wi", a, max_chunk_bytes=40))

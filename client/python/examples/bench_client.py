@@ -9,6 +9,10 @@ Creates a temporary layer, runs --warmup then --steps of each kind with the same
 deletes the layer, and prints one JSON object: p50 / p90 ms of forward and forward+backward,
 and the overall payload rate (x and out, plus d_out and d_x, over the whole p50 step time, the
 engine's included: a lower bound on the transport's own rate).
+
+out and d_x are written into one buffer each, reused by every step (Client.forward /
+backward out=, as a trainer staging answers in place would); --fresh_output gives each step
+fresh memory instead, as without out= (the JSON's "output" says which: "reused" or "fresh").
 """
 
 import argparse
@@ -18,6 +22,7 @@ import sys
 import time
 import uuid
 
+import numpy as np
 import torch
 
 from moe_client import Client
@@ -35,11 +40,21 @@ def main():
                           ("top_k", 2), ("steps", 10), ("warmup", 2), ("lanes", 0)):
         parser.add_argument("--" + name, type=int, default=default)
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    parser.add_argument("--fresh_output", action="store_true",
+                        help="a fresh out / d_x each step instead of one reused buffer each")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     layer = "bench-client-" + uuid.uuid4().hex[:8]
     x = torch.randn(args.tokens, args.hidden).to(dtype)
     d_out = torch.randn(args.tokens, args.hidden).to(dtype)
+    out = d_x = None  # fresh answers
+    if not args.fresh_output:  # the wire's elements (raw=True): bf16 as its uint16 bits
+        def buffer():
+            t = torch.zeros(args.tokens, args.hidden, dtype=dtype)
+            if dtype == torch.bfloat16:
+                return t.view(torch.int16).numpy().view(np.uint16)
+            return t.numpy()
+        out, d_x = buffer(), buffer()
     times = {"forward": [], "forward_backward": []}
     with Client(args.server, lanes=args.lanes) as client:
         client.create_layer(layer, hidden=args.hidden, ffn=args.ffn, num_experts=args.experts,
@@ -47,11 +62,11 @@ def main():
         try:
             for i in range(args.warmup + args.steps):
                 start = time.perf_counter()
-                client.forward(layer, x, raw=True)
+                client.forward(layer, x, raw=True, out=out)
                 forward = time.perf_counter() - start
                 start = time.perf_counter()
-                fwd = client.forward(layer, x, keep_for_backward=True, raw=True)
-                client.backward(layer, fwd.step_id, d_out, raw=True)
+                fwd = client.forward(layer, x, keep_for_backward=True, raw=True, out=out)
+                client.backward(layer, fwd.step_id, d_out, raw=True, out=d_x)
                 both = time.perf_counter() - start
                 if i >= args.warmup:
                     times["forward"].append(forward * 1e3)
@@ -62,7 +77,8 @@ def main():
     nbytes = x.numel() * x.element_size()
     result = {"bench": "bench_client", "tokens": args.tokens, "hidden": args.hidden,
               "ffn": args.ffn, "experts": args.experts, "top_k": args.top_k,
-              "dtype": args.dtype.upper(), "lanes": lanes, "steps": args.steps}
+              "dtype": args.dtype.upper(), "lanes": lanes, "steps": args.steps,
+              "output": "fresh" if args.fresh_output else "reused"}
     for kind, payload in (("forward", 2 * nbytes), ("forward_backward", 4 * nbytes)):
         p50 = percentile(times[kind], 0.5)
         result[kind] = {"p50_ms": round(p50, 3), "p90_ms": round(percentile(times[kind], 0.9), 3),

@@ -32,8 +32,9 @@ DEFAULT_ADDRESS = "localhost:50051"
 ForwardResult = collections.namedtuple(
     "ForwardResult", ["out", "aux_loss", "z_loss", "tokens_per_expert", "step_id", "load"])
 ForwardResult.__doc__ = """Forward's answer: `out` [T, H] in x's datatype (numpy; fp32 for
-BF16; a wire.WireTensor with raw=True), the losses as floats, tokens_per_expert [E], step_id (0 unless
-keep_for_backward) and the ExpertLoad message."""
+BF16; a wire.WireTensor with raw=True; the caller's array itself when forward's out= was given),
+the losses as floats, tokens_per_expert [E], step_id (0 unless keep_for_backward) and the
+ExpertLoad message."""
 
 _SCORE_FUNCTIONS = {"softmax": moe_pb2.SCORE_FUNCTION_SOFTMAX,
                     "sigmoid": moe_pb2.SCORE_FUNCTION_SIGMOID}
@@ -103,6 +104,25 @@ _RAW_RPCS = tuple(_ANSWERS)
 def _row_bytes(head):
     """Bytes of one row of a [rows, hidden] tensor head (datatype, shape)."""
     return head.shape[1] * codec.element_size(head.datatype)
+
+
+def _check_answer(head, out, keep_bf16_bits, rpc):
+    """ValueError unless the answer's tensor (head: datatype, shape) decodes into `out` (checked
+    before the call against what the answer would be; only a backward whose forward ran in
+    another datatype than d_out's, with raw=True, gets here)."""
+    try:
+        codec.check_output(out, head.datatype, head.shape, keep_bf16_bits)
+    except ValueError as e:
+        raise ValueError("%s answered %s %s, which does not fit out: %s" %
+                         (rpc, head.datatype, list(head.shape), e)) from None
+
+
+def _result(tensor, out, raw):
+    """What forward / backward return for the answer's `tensor` (_step's): with `out`, out
+    itself (raw: a WireTensor over it); else numpy, or the WireTensor with raw."""
+    if out is not None:
+        return wire.WireTensor(tensor.datatype, tensor.shape, out) if raw else out
+    return tensor if raw else codec.to_numpy(tensor)
 
 
 class Client:
@@ -215,23 +235,37 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc_error(e, rpc) from None
 
-    def _step(self, rpc, request, field, tensor, answer_field, timeout):
+    def _step(self, rpc, request, field, tensor, answer_field, timeout, out=None,
+              keep_bf16_bits=False):
         """Forward / Backward of `request` (its tensor `field` unset) with `tensor`
         (wire.WireTensor): over lanes for a tensor of lane_min_bytes or more (_step_staged);
         one message when it fits, written around the tensor's bytes (wire.py); else the
         streaming call (proto/moe.proto: ForwardStream) with raw_data in pieces. Returns (the
-        answer without its tensor, the answer's `answer_field` as a WireTensor)."""
+        answer without its tensor, the answer's `answer_field` as a WireTensor).
+
+        out (numpy, codec.check_output'ed by the caller): the answer's tensor is decoded into it
+        (codec.decode_into; BF16 as fp32 unless keep_bf16_bits), each lane its rows, or one
+        copy from the received bytes (streamed: from its pieces joined); the WireTensor
+        returned then has `out` as raw_data."""
         size = tensor.nbytes
         if (self._lanes and not self._lanes_refused and size > 0
                 and size >= self.lane_min_bytes and len(tensor.shape) == 2):
-            answer = self._step_staged(rpc, request, field, tensor, answer_field, timeout)
+            answer = self._step_staged(rpc, request, field, tensor, answer_field, timeout, out,
+                                       keep_bf16_bits)
             if answer is not None:
                 return answer
         if size + _STEP_HEADROOM <= self.max_message_bytes:
             data = self._raw_call(self._raw[rpc], rpc,
                                   wire.encode_with_tensor(request, field, tensor), timeout)
-            return wire.decode_with_tensor(data, _ANSWERS[rpc], answer_field)
-        return self._step_stream(rpc, request, field, tensor, answer_field, timeout)
+            answer, result = wire.decode_with_tensor(data, _ANSWERS[rpc], answer_field)
+        else:
+            answer, result = self._step_stream(rpc, request, field, tensor, answer_field,
+                                               timeout)
+        if out is not None:
+            _check_answer(result, out, keep_bf16_bits, rpc)
+            codec.decode_into(result, out, keep_bf16_bits=keep_bf16_bits)
+            result = wire.WireTensor(result.datatype, result.shape, out)
+        return answer, result
 
     def _step_stream(self, rpc, request, field, tensor, answer_field, timeout):
         """The streaming call of _step (a tensor larger than one message)."""
@@ -280,11 +314,12 @@ class Client:
             return answer if each is None else each(i, answer)
         return list(self._lane_pool.map(call, range(len(messages))))
 
-    def _step_staged(self, rpc, request, field, tensor, answer_field, timeout):
+    def _step_staged(self, rpc, request, field, tensor, answer_field, timeout, out=None,
+                     keep_bf16_bits=False):
         """Stages the tensor in row ranges over the lanes, runs the step on it with its
-        output kept, fetches the output the same way, each range straight into the result.
-        None when the server asks for the tensor in the step instead (staging off or full, a
-        lane not connecting)."""
+        output kept, fetches the output the same way, each range straight into the result
+        (`out` when given, decoded as in _step). None when the server asks for the tensor in
+        the step instead (staging off or full, a lane not connecting)."""
         rows = tensor.shape[0]
         name_in = "%s-%d" % (self._staged_prefix, next(self._staged_counter))
         name_out = "%s-%d" % (self._staged_prefix, next(self._staged_counter))
@@ -303,21 +338,26 @@ class Client:
         setattr(staged, answer_field + "_staged", name_out)
         answer = self._call(rpc, staged, timeout)
         head = getattr(answer, answer_field)
+        if out is None:  # fresh memory of the wire's elements (BF16 decoded by the caller)
+            out = np.empty(tuple(head.shape), codec.output_dtype(head.datatype, True))
+            keep_bf16_bits = True
+        else:
+            _check_answer(head, out, keep_bf16_bits, rpc)
         row_bytes = _row_bytes(head)
         ranges = self._parts(head.shape[0], row_bytes)
         fetch = [moe_pb2.FetchStagedRequest(name=name_out, row_offset=a,
                                             rows=b - a).SerializeToString() for a, b in ranges]
-        out = np.empty(head.shape[0] * row_bytes, np.uint8)
-        view = memoryview(out)
 
         def copy_rows(i, data):  # each range straight into the result, on its lane's thread
             _, rows_i = wire.decode_with_tensor(data, moe_pb2.FetchStagedResponse, "rows")
             a, b = ranges[i]
-            part = memoryview(rows_i.raw_data).cast("B")
-            if part.nbytes != (b - a) * row_bytes:
-                raise Internal(grpc.StatusCode.INTERNAL, "FetchStaged returned %d bytes for "
-                               "rows %d..%d" % (part.nbytes, a, b), "FetchStaged")
-            view[a * row_bytes:b * row_bytes] = part
+            nbytes = memoryview(rows_i.raw_data).nbytes
+            if (nbytes != (b - a) * row_bytes or rows_i.datatype != head.datatype
+                    or rows_i.shape[:1] != [b - a]):
+                raise Internal(grpc.StatusCode.INTERNAL, "FetchStaged returned %s %s, %d bytes "
+                               "for rows %d..%d" % (rows_i.datatype, rows_i.shape, nbytes, a, b),
+                               "FetchStaged")
+            codec.decode_into(rows_i, out, a, keep_bf16_bits)
 
         self._on_lanes("FetchStaged", fetch, timeout, each=copy_rows)
         self.steps_over_lanes += 1
@@ -346,31 +386,52 @@ class Client:
 
     # ---- steps ----
     def forward(self, layer, x, keep_for_backward=False, datatype=None, raw=False,
-                timeout=None):
+                timeout=None, out=None):
         """x [T, H] (numpy or torch; datatype="BF16" converts fp32 to bf16 on the wire).
 
         Returns ForwardResult; `out` is numpy (fp32 for a BF16 answer; a read-only view of
         the received bytes where no conversion is needed) or, with raw=True, the
         wire.WireTensor itself (for callers that decode to torch without numpy's upcast).
+
+        out: a numpy array the answer is written into instead of fresh memory (reused across
+        steps it saves the first-touch page faults of a new buffer each step); the result's
+        `out` is then this array (raw=True: a WireTensor whose raw_data is it). It must be
+        writeable, C-contiguous, of x's shape [T, H] and of the dtype the call returns:
+        float32 for FP32 and for BF16 (the bf16 values converted to fp32, exactly, as
+        without out=); with raw=True the wire's elements: float32 for FP32, uint16 bit
+        patterns for BF16 (e.g. a torch.bfloat16 tensor's t.view(torch.int16).numpy()).
+        Anything else raises TypeError / ValueError before anything is sent. Each lane
+        writes its own rows into it; on one connection it is one copy from the received
+        bytes. Its contents are unspecified if the call fails.
         """
+        tensor = codec.to_wire(x, datatype)
+        if out is not None:
+            codec.check_output(out, tensor.datatype, tensor.shape, keep_bf16_bits=raw)
         request = moe_pb2.ForwardRequest(layer=layer, keep_for_backward=keep_for_backward)
-        r, out = self._step("Forward", request, "x", codec.to_wire(x, datatype), "out",
-                            timeout)
-        return ForwardResult(out if raw else codec.to_numpy(out), r.aux_loss, r.z_loss,
+        r, answer = self._step("Forward", request, "x", tensor, "out", timeout, out, raw)
+        return ForwardResult(_result(answer, out, raw), r.aux_loss, r.z_loss,
                              list(r.tokens_per_expert), r.step_id, r.load)
 
     def backward(self, layer, step_id, d_out, d_aux=None, d_z_loss=None, datatype=None,
-                 raw=False, timeout=None):
+                 raw=False, timeout=None, out=None):
         """d_out [T, H]; d_aux / d_z_loss default to 1.0 on the server. Returns d_x (numpy,
-        or a wire.WireTensor with raw=True)."""
+        or a wire.WireTensor with raw=True).
+
+        out: a numpy array d_x is written into, returned itself (raw=True: a WireTensor over
+        it); as forward's out=, of d_out's shape and of the dtype for d_out's wire datatype
+        (float32 without raw=True). d_x comes in the forward x's datatype: with raw=True and
+        a forward in another datatype than d_out's, ValueError after the call (the step is
+        used)."""
+        tensor = codec.to_wire(d_out, datatype)
+        if out is not None:
+            codec.check_output(out, tensor.datatype, tensor.shape, keep_bf16_bits=raw)
         request = moe_pb2.BackwardRequest(layer=layer, step_id=step_id)
         if d_aux is not None:
             request.d_aux = float(d_aux)
         if d_z_loss is not None:
             request.d_z_loss = float(d_z_loss)
-        _, d_x = self._step("Backward", request, "d_out", codec.to_wire(d_out, datatype), "d_x",
-                            timeout)
-        return d_x if raw else codec.to_numpy(d_x)
+        _, d_x = self._step("Backward", request, "d_out", tensor, "d_x", timeout, out, raw)
+        return _result(d_x, out, raw)
 
     # ---- shared memory (moed on this host with --allow_client_shm; shared_memory.py) ----
     def register_system_shared_memory(self, name, key, offset, byte_size, timeout=None):

@@ -8,6 +8,7 @@ of an fp32 (no extra package needed: numpy sees it as uint16, torch as torch.bfl
     t = to_proto(torch.randn(4, 8).bfloat16())          # BF16
     t = to_proto(np.ones((4, 8), np.float32), "BF16")  # fp32 rounded to bf16 on the way
     a = to_numpy(t)          # zero-copy read-only view for FP32/FP64/INT*, fp32 for BF16
+    decode_into(t, out)      # the same values written into a caller's array (one copy)
     x = to_torch(t)          # writable torch tensor (torch.bfloat16 for BF16)
 
 Copies: to_proto makes one copy (protobuf's bytes fields only take `bytes`); to_wire makes
@@ -154,6 +155,63 @@ def to_numpy(tensor, keep_bf16_bits=False):
     if tensor.datatype == "BF16" and not keep_bf16_bits:
         return bf16_bits_to_fp32(array)
     return array
+
+
+def output_dtype(datatype, keep_bf16_bits=False):
+    """numpy dtype to_numpy returns for a tensor of wire `datatype`: fp32 for BF16 (its uint16
+    bit patterns with keep_bf16_bits=True); ValueError for an unknown name."""
+    element_size(datatype)
+    if datatype == "BF16" and not keep_bf16_bits:
+        return np.dtype("<f4")
+    return _NUMPY_OF[datatype]
+
+
+def check_output(out, datatype, shape, keep_bf16_bits=False, name="out"):
+    """Refuses (TypeError, ValueError) a buffer `out` that decode_into could not fill with a
+    tensor of `datatype` and `shape`: it must be a writeable, C-contiguous numpy array of
+    exactly that shape and of output_dtype(datatype, keep_bf16_bits)."""
+    want = "%s %s" % (datatype, list(shape))
+    if not isinstance(out, np.ndarray):
+        raise TypeError("%s must be a numpy array (for a CPU torch tensor pass t.numpy()), got "
+                        "%s" % (name, type(out).__name__))
+    dtype = output_dtype(datatype, keep_bf16_bits)
+    if out.dtype != dtype:
+        raise ValueError("%s has dtype %s; the answer (%s) needs %s" %
+                         (name, out.dtype, want, dtype))
+    if tuple(out.shape) != tuple(int(d) for d in shape):
+        raise ValueError("%s has shape %s; the answer (%s) needs %s" %
+                         (name, list(out.shape), want, list(shape)))
+    if not out.flags.c_contiguous:
+        raise ValueError("%s must be C-contiguous (np.ascontiguousarray, or a fresh np.empty)"
+                         % name)
+    if not out.flags.writeable:
+        raise ValueError("%s is read-only" % name)
+
+
+def decode_into(tensor, out, row_offset=0, keep_bf16_bits=False):
+    """Writes moe_pb2.Tensor or wire.WireTensor `tensor` decoded as to_numpy would (BF16 as fp32,
+    or as its bit patterns with keep_bf16_bits=True) into out[row_offset:row_offset + rows]:
+    one pass over the bytes, no temporary. `out` is a C-contiguous array of
+    output_dtype(tensor.datatype, keep_bf16_bits) whose other dimensions are the tensor's;
+    ValueError otherwise."""
+    shape = tuple(int(d) for d in tensor.shape)
+    raw = memoryview(tensor.raw_data).cast("B")
+    _check(tensor.datatype, shape, raw)
+    dtype = output_dtype(tensor.datatype, keep_bf16_bits)
+    if out.dtype != dtype:
+        raise ValueError("cannot decode %s into an array of %s (needs %s)" %
+                         (tensor.datatype, out.dtype, dtype))
+    target = out[row_offset:row_offset + shape[0]] if shape else out
+    if target.shape != shape:
+        raise ValueError("cannot decode %s %s into rows %d.. of an array of shape %s" %
+                         (tensor.datatype, list(shape), row_offset, list(out.shape)))
+    source = np.frombuffer(raw, dtype=_NUMPY_OF[tensor.datatype]).reshape(shape)
+    if tensor.datatype == "BF16" and not keep_bf16_bits:
+        bits = target.view("<u4")
+        bits[...] = source  # widened in place, then shifted: bf16_bits_to_fp32 into `out`
+        np.left_shift(bits, 16, out=bits)
+    else:
+        np.copyto(target, source)
 
 
 def to_torch(tensor, copy=True):
