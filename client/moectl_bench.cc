@@ -12,11 +12,13 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/layer_flags.h"
 #include "client/json_output.h"
@@ -43,6 +45,11 @@ ABSL_FLAG(bool, reuse_outputs, true,
           "bench: the gRPC path writes every step's out and d_x into one buffer each, kept across "
           "steps (MoeClient CallOptions::output), as a trainer with preallocated outputs does; "
           "false: a new tensor per step (its allocation and page faults timed too)");
+ABSL_FLAG(int, concurrency, 1,
+          "bench: also run this many callers at once (threads of one client, each with its own "
+          "buffers), as perf_analyzer's --concurrency-range does: one caller's tensors travel "
+          "while another's step computes, so tokens_per_s shows the overlap of transfer and "
+          "compute; 1: only the one-caller measurement");
 ABSL_FLAG(std::string, progress, "auto", "bench: progress bar on stderr: auto (if a tty)|on|off.");
 
 namespace moe {
@@ -292,6 +299,90 @@ absl::StatusOr<Json> BenchGrpc(MoeClient& c, const std::string& layer, const Ten
   return out;
 }
 
+// `callers` threads at once, each running `warmup` + `steps` forwards, then as many
+// forward+backward steps, into its own output buffers; every caller's first forward is
+// compared bitwise with `want_out` (forwards change nothing, so they all equal it). Returns
+// {"concurrency", "identical_to_one_caller", "forward", "forward_backward"}: latencies of all
+// callers' timed steps, steps_per_s and tokens_per_s over the wall time of all of them.
+absl::StatusOr<Json> BenchConcurrent(MoeClient& c, const std::string& layer, const Tensor& x,
+                                     const Tensor& d_out, const Tensor& want_out, int callers,
+                                     int64_t warmup, int64_t steps) {
+  struct Caller {
+    Tensor out, d_x;
+    Series forward, training;
+    bool identical = false;
+    absl::Status status;
+  };
+  std::vector<Caller> all(callers);
+  // One kind of step on every caller at once; the wall time from the first timed step of any
+  // caller to the last one's end.
+  auto run = [&](bool training) -> absl::Status {
+    absl::Mutex mu;
+    absl::Time first = absl::InfiniteFuture(), last = absl::InfinitePast();
+    std::vector<std::thread> threads;
+    for (Caller& caller : all) {
+      caller.out = Tensor::Uninitialized(x.dtype(), x.shape());
+      caller.d_x = Tensor::Uninitialized(d_out.dtype(), d_out.shape());
+      threads.emplace_back([&, training] {
+        CallOptions into_out, into_d_x;
+        into_out.output = &caller.out;
+        into_d_x.output = &caller.d_x;
+        Series& series = training ? caller.training : caller.forward;
+        for (int64_t i = 0; i < warmup + steps && caller.status.ok(); ++i) {
+          const absl::Time t0 = absl::Now();
+          if (i == warmup) {
+            absl::MutexLock lock(&mu);
+            first = std::min(first, t0);
+          }
+          auto fwd = c.Forward(layer, x, /*keep_for_backward=*/training, into_out);
+          if (!fwd.ok()) {
+            caller.status = fwd.status();
+            break;
+          }
+          if (i == 0 && !training) caller.identical = caller.out.bytes() == want_out.bytes();
+          if (training) {
+            caller.status = c.Backward(layer, fwd->step_id, d_out, std::nullopt, std::nullopt,
+                                       into_d_x)
+                                .status();
+            if (!caller.status.ok()) c.ReleaseStep(layer, fwd->step_id).IgnoreError();
+          }
+          const absl::Time t1 = absl::Now();
+          if (i >= warmup) series.latency_ms.push_back(absl::ToDoubleMilliseconds(t1 - t0));
+          if (i + 1 == warmup + steps) {
+            absl::MutexLock lock(&mu);
+            last = std::max(last, t1);
+          }
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (Caller& caller : all) {
+      RETURN_IF_ERROR(caller.status);
+      (training ? caller.training : caller.forward).wall_s = absl::ToDoubleSeconds(last - first);
+    }
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(run(/*training=*/false));
+  RETURN_IF_ERROR(run(/*training=*/true));
+  Series forward, training;
+  bool identical = true;
+  for (const Caller& caller : all) {
+    identical = identical && caller.identical;
+    for (const auto& [from, to] : {std::make_pair(&caller.forward, &forward),
+                                   std::make_pair(&caller.training, &training)}) {
+      to->latency_ms.insert(to->latency_ms.end(), from->latency_ms.begin(),
+                            from->latency_ms.end());
+      to->wall_s = from->wall_s;
+    }
+  }
+  Json out;
+  out["concurrency"] = callers;
+  out["identical_to_one_caller"] = identical;
+  out["forward"] = SeriesJson(forward, x.dim(0));
+  out["forward_backward"] = SeriesJson(training, x.dim(0));
+  return out;
+}
+
 }  // namespace
 
 int RunBench(const Args& args) {
@@ -301,6 +392,10 @@ int RunBench(const Args& args) {
   const int64_t tokens = absl::GetFlag(FLAGS_tokens);
   if (steps <= 0 || warmup < 0 || tokens < 0) {
     return UsageError("bench", "--steps must be > 0, --warmup and --tokens >= 0");
+  }
+  const int concurrency = absl::GetFlag(FLAGS_concurrency);
+  if (concurrency < 1 || concurrency > 64) {
+    return UsageError("bench", "--concurrency is 1 to 64");
   }
   const std::string progress = absl::GetFlag(FLAGS_progress);
   if (progress != "auto" && progress != "on" && progress != "off") {
@@ -338,6 +433,13 @@ int RunBench(const Args& args) {
   MoeClient& c = **client;
 
   absl::StatusOr<Json> grpc_json = BenchGrpc(c, name, x, d_out, warmup, steps, show_progress);
+  absl::StatusOr<Json> concurrent_json = Json();
+  if (concurrency > 1 && grpc_json.ok()) {
+    absl::StatusOr<ForwardOutput> want = c.Forward(name, x);
+    concurrent_json = want.ok() ? BenchConcurrent(c, name, x, d_out, want->out, concurrency,
+                                                  warmup, steps)
+                                : want.status();
+  }
   absl::StatusOr<Json> shm_json = Json();
   if (absl::GetFlag(FLAGS_shm) && grpc_json.ok()) {
     shm_json = BenchShm(c, name, x, d_out, warmup, steps, show_progress, /*cuda=*/false);
@@ -354,6 +456,7 @@ int RunBench(const Args& args) {
     c.ZeroGradients(name).IgnoreError();
   }
   if (!grpc_json.ok()) return ReportError("bench", grpc_json.status());
+  if (!concurrent_json.ok()) return ReportError("bench", concurrent_json.status());
   if (!shm_json.ok()) return ReportError("bench", shm_json.status());
   if (!cuda_shm_json.ok()) return ReportError("bench", cuda_shm_json.status());
 
@@ -366,6 +469,7 @@ int RunBench(const Args& args) {
   out["datatype"] = DTypeName(*dtype);
   out["warmup"] = warmup;
   for (const auto& [key, value] : grpc_json->items()) out[key] = value;
+  if (!concurrent_json->is_null()) out["concurrent"] = *std::move(concurrent_json);
   if (!shm_json->is_null()) out["shm"] = *std::move(shm_json);
   if (!cuda_shm_json->is_null()) out["cuda_shm"] = *std::move(cuda_shm_json);
   PrintJson(out);

@@ -3,7 +3,7 @@
 # as a user would. Checks: the cluster comes up SERVING with 2 workers; layers are created,
 # listed and deleted; forward/backward work through .npy files; bad requests come back with
 # their gRPC codes (INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION);
-# `moectl smoke` passes; a checkpoint round-trips trained weights bit for bit; stop leaves no
+# `moectl bench` runs with one and with 3 callers at once; `moectl smoke` passes; a checkpoint round-trips trained weights bit for bit; stop leaves no
 # process behind.
 #
 # Usage (from Bazel): cluster_e2e_test.sh CLUSTER_SH MOED MOE_WORKER MOECTL [--mode=join]
@@ -123,6 +123,20 @@ expect_code NOT_FOUND "forward on an unknown layer" -- forward --layer=nope --in
 expect_code NOT_FOUND "delete an unknown layer" -- delete-layer --layer=nope
 ctl delete-layer --layer=wide > /dev/null && pass "delete-layer" || fail "delete-layer wide"
 expect_code NOT_FOUND "forward on a deleted layer" -- forward --layer=wide --tokens=4
+
+# ---- bench: one caller, then 3 callers at once (their outputs equal the one caller's) ------------
+BENCH="$(ctl bench --tokens=64 --steps=3 --warmup=1 --concurrency=3 --progress=off \
+  --hidden=32 --ffn=48 --experts=4 --top_k=2)" && rc=0 || rc=$?
+if [ "${rc}" -eq 0 ] && grep -q '"output_buffers": *"reused"' <<< "${BENCH}" &&
+   grep -q '"concurrency": *3' <<< "${BENCH}" &&
+   grep -q '"identical_to_one_caller": *true' <<< "${BENCH}"; then
+  pass "bench --concurrency=3"
+else
+  fail "bench --concurrency=3 (exit ${rc}): ${BENCH}"
+fi
+ctl bench --concurrency=0 > /dev/null 2>&1 && rc=0 || rc=$?
+[ "${rc}" -eq 2 ] && pass "bench --concurrency=0 -> usage error" ||
+  fail "bench --concurrency=0: exit ${rc}, wanted 2"
 
 # ---- smoke: service vs in-process engine -----------------------------------------------------
 SMOKE="$(ctl smoke --tokens=24 --aux_loss_coeff=0.01 --z_loss_coeff=0.001)" && rc=0 || rc=$?
