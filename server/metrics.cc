@@ -161,6 +161,13 @@ void Metrics::RegisterGaugeFamilies(prometheus::Registry& r) {
                         .Name("moed_worker_memory_bytes")
                         .Help("Backend (device or host) memory of each worker.")
                         .Register(r);
+  reserved_worker_memory_ =
+      &prometheus::BuildGauge()
+           .Name("moed_worker_memory_reserved_bytes")
+           .Help(
+               "Estimated memory per worker reserved by admitted steps still running "
+               "(admission control, --worker_memory_bytes).")
+           .Register(r);
   saved_steps_ = &prometheus::BuildGauge()
                       .Name("moed_saved_steps")
                       .Help("Steps kept for backward, by layer.")
@@ -305,6 +312,7 @@ void Metrics::RefreshGauges() const {
   }
   set(serving_, {}, "", now.serving ? 1 : 0);
   set(generation_, {}, "", static_cast<double>(now.generation));
+  set(reserved_worker_memory_, {}, "", static_cast<double>(now.reserved_worker_bytes));
   for (const MetricsSnapshot::Worker& w : now.workers) {
     const std::string rank = absl::StrCat(w.rank);
     set(worker_alive_, {{"rank", rank}}, rank, w.alive ? 1 : 0);

@@ -44,6 +44,8 @@ struct MetricsSnapshot {
   bool serving = false;
   int64_t generation = 0;
   int64_t worker_deaths = 0;  // since moed started (a counter: only grows)
+  // Admission control: bytes per worker reserved by admitted calls still running.
+  int64_t reserved_worker_bytes = 0;
   struct Worker {
     int rank = 0;
     bool alive = false;
@@ -135,6 +137,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* generation_;
   prometheus::Family<prometheus::Gauge>* worker_alive_;
   prometheus::Family<prometheus::Gauge>* worker_memory_;
+  prometheus::Family<prometheus::Gauge>* reserved_worker_memory_;
   prometheus::Family<prometheus::Gauge>* saved_steps_;
   prometheus::Family<prometheus::Gauge>* saved_bytes_;
 

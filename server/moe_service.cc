@@ -289,8 +289,11 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
     ASSIGN_OR_RETURN(LayerConfig config, ConfigFromProto(request->config()));
     RETURN_IF_ERROR(ValidateConfig(config, pool_->world_size()));  // "config.<field>: ..."
     RETURN_IF_ERROR(CheckLayerBytes(config, options_.max_layer_bytes));
+    // Its turn is immediate: checked with the calls running now, and its shard reserved until
+    // the layer is listed (from then on HeldWorkerBytes counts it).
+    WorkerMemoryReservations::Reservation reserved;
     RETURN_IF_ERROR(AdmitWorkerMemory("CreateLayer", request->name(), -1,
-                                      LayerBytesPerWorker(config, pool_->world_size())));
+                                      LayerBytesPerWorker(config, pool_->world_size()), &reserved));
     auto layer = std::make_shared<Layer>(request->name(), SavedLimits());
     layer->id = next_layer_id_++;
     layer->config = config;
@@ -310,6 +313,7 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
       }
       layers_[request->name()] = layer;
     }
+    reserved.Release();  // listed first, then released: never uncounted
     absl::Status status = CreateOnWorkers(context, layer);
     if (!status.ok()) {
       UnlistFailedLayer(layer);
@@ -328,6 +332,11 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
   const InflightRequest inflight(metrics_, "DeleteLayer");
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer, FindLayer(request->name()));
+    // Off the books at once, but the workers hold it until its running step ended and they
+    // dropped it: reserved until then (admission control, moe_service_admission.cc), taken
+    // before it leaves the books so that it is never uncounted.
+    const WorkerMemoryReservations::Reservation leaving =
+        reservations_.Hold(LayerHeldBytes(*layer));
     // The layer leaves the books even when the workers are unreachable: a new generation
     // re-creates only the layers still listed.
     {

@@ -5,7 +5,8 @@
 // when the workers form a new generation) and its saved steps' books (server/saved_steps.h).
 //
 // Locking order: setup_mu_ (shared by operations, exclusive while layers are re-created for
-// a new generation) is taken after a layer's FIFO turn and before layers_mu_ / a layer's mu.
+// a new generation) is taken after a layer's FIFO turn and before the admission control's
+// reservations_ (moe_service_admission.cc), which comes before layers_mu_ / a layer's mu.
 // Collective worker calls (CreateLayer, Forward, Backward) run under the layer's FIFO turn
 // with the internal deadline --step_timeout_ms; the client's deadline and cancellation are
 // honoured while waiting for the turn, and a started step is finished (aborting it on one
@@ -50,6 +51,7 @@
 #include "server/shared_memory.h"
 #include "server/shm_step.h"
 #include "server/staging.h"
+#include "server/worker_memory_reservations.h"
 #include "server/worker_pool.h"
 
 namespace moe {
@@ -63,9 +65,10 @@ struct ServiceOptions {
   // summed over all workers) would exceed this is refused at CreateLayer.
   int64_t max_layer_bytes = int64_t{1} << 40;
   // Admission control (server/step_memory.h): the memory one worker may hold for its layers
-  // (LayerBytesPerWorker), the steps kept for backward and one running step's estimate
-  // (ForwardStepBytes / BackwardStepBytes). A CreateLayer, Forward or Backward that would pass
-  // it is RESOURCE_EXHAUSTED naming --worker_memory_bytes before any worker is called.
+  // (LayerBytesPerWorker), the steps kept for backward and the estimates of the steps running
+  // at once, on any layer (ForwardStepBytes / BackwardStepBytes, reserved while they run). A
+  // CreateLayer, Forward or Backward that would pass it is RESOURCE_EXHAUSTED naming
+  // --worker_memory_bytes before any worker is called.
   // 0: derived from the workers' reported memory (WorkerMemoryBudget); -1: off.
   int64_t worker_memory_bytes = 0;
   // A saved step not used by Backward within this long is released on the workers (a client
@@ -160,6 +163,9 @@ class MoeServiceImpl final : public MoeServiceBase {
   absl::Status RestoreDurableLayers();
   // The layers' gauges for a metrics scrape (MetricsSnapshot).
   std::vector<MetricsSnapshot::Layer> LayerMetrics() const;
+  // The worker memory (bytes per worker) reserved now by admitted calls still running
+  // (admission control; the moed_worker_memory_reserved_bytes gauge).
+  int64_t ReservedWorkerBytes() const { return reservations_.reserved(); }
   // Releases the saved steps older than saved_step_ttl (the housekeeping thread calls it).
   // A layer whose turn is busy for long, or a re-formation in progress, is left for the
   // next round.
@@ -392,8 +398,9 @@ class MoeServiceImpl final : public MoeServiceBase {
     ~Turn() {
       if (shared_) service_->setup_mu_.ReaderUnlock();
       if (overdue_) {
-        service_->DrainThenRelease(std::move(layer_), set, overdue_step_);
+        service_->DrainThenRelease(std::move(layer_), set, overdue_step_, std::move(memory));
       } else {
+        memory.Release();  // before the turn: the layer's next step must not count it
         layer_->turn.Unlock();
       }
     }
@@ -408,6 +415,9 @@ class MoeServiceImpl final : public MoeServiceBase {
     }
     Layer& layer() { return *layer_; }
     WorkerSet set;
+    // The worker memory this turn's step was admitted with (AdmitWorkerMemory), held until the
+    // turn ends; for an overdue call, until the workers finished it (DrainThenRelease).
+    WorkerMemoryReservations::Reservation memory;
 
    private:
     std::shared_ptr<Layer> layer_;
@@ -449,12 +459,14 @@ class MoeServiceImpl final : public MoeServiceBase {
   // `partial` as ForEachWorker's.
   absl::Status FanOutOnLayer(Turn& turn, absl::Time deadline, const WorkerPool::WorkerFn& fn,
                              bool collective, uint64_t step_id = 0, bool* partial = nullptr);
-  // Keeps the layer's turn (without setup_mu_) until every worker of `set` finished the
-  // overdue call: a ReleaseStep(step_id) takes the layer's slot on each worker, so it answers
-  // only after the call; then releases the turn. Runs on a handler thread (inline when none
-  // is free). Ends early when the workers re-form or the service stops; a call still running
-  // after options_.overdue_call_limit means a wedged worker: the pool re-forms.
-  void DrainThenRelease(std::shared_ptr<Layer> layer, const WorkerSet& set, uint64_t step_id);
+  // Keeps the layer's turn (without setup_mu_) and the call's worker memory reservation until
+  // every worker of `set` finished the overdue call: a ReleaseStep(step_id) takes the layer's
+  // slot on each worker, so it answers only after the call; then releases both. Runs on a
+  // handler thread (inline when none is free). Ends early when the workers re-form or the
+  // service stops; a call still running after options_.overdue_call_limit means a wedged
+  // worker: the pool re-forms.
+  void DrainThenRelease(std::shared_ptr<Layer> layer, const WorkerSet& set, uint64_t step_id,
+                        WorkerMemoryReservations::Reservation memory);
   void Drain(const std::shared_ptr<Layer>& layer, const WorkerSet& set, uint64_t step_id);
   // ApplyOptimizer, validated: one optimizer step on the layer's workers, with the gradients
   // times grad_scale.
@@ -496,11 +508,16 @@ class MoeServiceImpl final : public MoeServiceBase {
   absl::Status LoadDurable(const WorkerSet& set, Layer& layer);
   // moe_service_admission.cc. Admission control by estimated worker memory: OK when `need`
   // more bytes per worker (server/step_memory.h) fit in WorkerMemoryBudget() beside what the
-  // workers hold (HeldWorkerBytes), else RESOURCE_EXHAUSTED naming the call, the layer, the
-  // step's tokens (tokens < 0: none), the figures and --worker_memory_bytes. Called before any
+  // workers hold (HeldWorkerBytes) and, with `reserve`, what the calls running now reserved
+  // (reservations_); then *reserve holds `need` until it is released. Else RESOURCE_EXHAUSTED
+  // at once (it never waits), naming the call, the layer, the step's tokens (tokens < 0:
+  // none), the figures and --worker_memory_bytes. Without `reserve`: the check at arrival, of
+  // the call alone (it could not run even with nothing else running); a step then checks
+  // again with `reserve` = its turn's memory once it has its layer's turn. Called before any
   // worker is asked to allocate.
   absl::Status AdmitWorkerMemory(absl::string_view call, absl::string_view layer, int64_t tokens,
-                                 int64_t need) const;
+                                 int64_t need,
+                                 WorkerMemoryReservations::Reservation* reserve = nullptr);
   // Bytes per worker: options_.worker_memory_bytes when > 0, else derived from the workers'
   // reported memory (90% of a GPU's; 80% of a host's physical memory, divided among the CPU
   // workers that report that host); 0 when off or nothing is known yet (no admission control).
@@ -509,6 +526,8 @@ class MoeServiceImpl final : public MoeServiceBase {
   // What one worker holds (estimated): every layer's LayerBytesPerWorker plus the bytes of
   // the steps kept for backward (summed over workers, divided by the worker count).
   int64_t HeldWorkerBytes() const;
+  // One layer's part of it: its LayerBytesPerWorker and its kept steps' bytes per worker.
+  int64_t LayerHeldBytes(Layer& layer) const;
   // The saved-step budget and ttl of every layer (options_).
   SavedStepLimits SavedLimits() const;
   absl::Time InternalDeadline(grpc::ServerContextBase* context, bool collective) const;
@@ -531,6 +550,9 @@ class MoeServiceImpl final : public MoeServiceBase {
   // with `keep`, the step booked as saved.
   void BookForward(Layer& layer, const std::vector<int64_t>& counts, bool keep, uint64_t step_id,
                    const SavedStep& step);
+  // The bytes per worker of a saved step of `layer` (0 when it has none under `step_id`), as
+  // HeldWorkerBytes counts them.
+  int64_t SavedBytesPerWorker(Layer& layer, uint64_t step_id) const;
   // Backward's saved step, taken off the books (consumed, whatever the Backward's outcome)
   // once it matches the request: d_out's tokens, and the output region if any.
   absl::StatusOr<SavedStep> TakeSavedStep(Layer& layer, uint64_t step_id, int64_t d_out_tokens,
@@ -615,6 +637,10 @@ class MoeServiceImpl final : public MoeServiceBase {
   int64_t inflight_bytes_ ABSL_GUARDED_BY(stream_mu_) = 0;  // streamed steps' tensors
 
   std::atomic<bool> stopping_drains_{false};  // set first by the destructor
+
+  // The worker memory of admitted calls still running (AdmitWorkerMemory). Its lock is taken
+  // before layers_mu_ and any layer's mu (it reads HeldWorkerBytes under it), never after.
+  WorkerMemoryReservations reservations_;
 
   absl::Mutex housekeeping_mu_;
   bool stopping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;

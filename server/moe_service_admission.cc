@@ -2,11 +2,31 @@
 //
 // A CreateLayer, Forward or Backward is refused with RESOURCE_EXHAUSTED before any worker
 // allocates when what it needs per worker (server/step_memory.h: the layer's shard, or the
-// step's worst-case working memory) plus what the workers already hold (every layer's shard
-// and the steps kept for backward) passes the budget. The check is made when the call
-// arrives, before it waits for the layer's turn; steps of different layers that run at the
-// same time are each checked alone, not summed.
+// step's worst-case working memory), plus what the workers already hold (every layer's shard
+// and the steps kept for backward), plus what the calls admitted before it and still running
+// reserved (server/worker_memory_reservations.h), passes the budget. A refusal is immediate:
+// nothing waits for memory to become free.
+//
+// When: a step is checked alone when it arrives (one that could not run even with nothing else
+// running is refused without waiting for its layer's turn), then again, counting the running
+// calls, once it has the turn; admitted there, it reserves its estimate until it ends (its
+// Turn's memory: released on every exit path, before the turn; an overdue call's after the
+// workers finished it). So steps of different layers running at the same time are summed,
+// while a step queued behind its own layer's steps holds nothing and is not refused for them
+// (they run before it, not beside it). A Backward also moves the saved step it consumes from
+// the books into its reservation (the workers free it only as it ends). A CreateLayer (whose
+// turn is immediate) reserves its shard at once, until the layer is listed and counted with the
+// others.
+//
+// A layer DeleteLayer takes off the books stays reserved until the workers dropped it (after
+// its running step), or until the DeleteLayer gave up waiting for that step.
+//
+// Not covered: calls other than these three (weights, checkpoints, optimizer steps allocate
+// little beyond the layer), a deleted layer the workers keep until their next re-formation
+// (DeleteLayer timed out), memory the workers' allocator or communicator keeps beyond the
+// engine's buffers, and moed's own memory.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -58,38 +78,58 @@ int64_t MoeServiceImpl::HeldWorkerBytes() const {
     absl::MutexLock lock(&layers_mu_);
     for (const auto& kv : layers_) layers.push_back(kv.second);
   }
-  const int ranks = std::max(pool_->world_size(), 1);
   long double held = 0;
-  for (const auto& layer : layers) {
-    held += static_cast<long double>(LayerBytesPerWorker(layer->config, ranks));
-    absl::MutexLock lock(&layer->mu);
-    held += static_cast<long double>(layer->saved.bytes()) / ranks;
-  }
+  for (const auto& layer : layers) held += static_cast<long double>(LayerHeldBytes(*layer));
   return held >= static_cast<long double>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(held);
 }
 
+int64_t MoeServiceImpl::LayerHeldBytes(Layer& layer) const {
+  const int ranks = std::max(pool_->world_size(), 1);
+  long double held = static_cast<long double>(LayerBytesPerWorker(layer.config, ranks));
+  absl::MutexLock lock(&layer.mu);
+  held += static_cast<long double>(layer.saved.bytes()) / ranks;
+  return held >= static_cast<long double>(INT64_MAX) ? INT64_MAX
+                                                     : static_cast<int64_t>(std::ceil(held));
+}
+
 absl::Status MoeServiceImpl::AdmitWorkerMemory(absl::string_view call, absl::string_view layer,
-                                               int64_t tokens, int64_t need) const {
+                                               int64_t tokens, int64_t need,
+                                               WorkerMemoryReservations::Reservation* reserve) {
   bool derived = false;
   const int64_t budget = WorkerMemoryBudget(&derived);
   if (budget <= 0) return absl::OkStatus();
-  const int64_t held = HeldWorkerBytes();
-  if (static_cast<long double>(held) + static_cast<long double>(need) <=
-      static_cast<long double>(budget)) {
-    return absl::OkStatus();
+  int64_t held = 0;
+  int64_t in_flight = 0;
+  if (reserve != nullptr) {
+    if (reservations_.TryReserve(
+            need, budget, [this] { return HeldWorkerBytes(); }, reserve, &held, &in_flight)) {
+      return absl::OkStatus();
+    }
+  } else {
+    held = HeldWorkerBytes();
+    if (static_cast<long double>(held) + static_cast<long double>(need) <=
+        static_cast<long double>(budget)) {
+      return absl::OkStatus();
+    }
   }
   const std::string what =
       tokens < 0 ? absl::StrCat(call, " of layer \"", layer, "\"")
                  : absl::StrCat(call, " of ", tokens, " tokens on layer \"", layer, "\"");
+  const std::string running =
+      reserve == nullptr ? std::string()
+                         : absl::StrCat(
+                               ", and the calls running now (steps of other layers, layers being "
+                               "created or deleted) reserve ",
+                               in_flight, " more");
   return absl::ResourceExhaustedError(absl::StrCat(
       what, " needs an estimated ", need,
       " bytes per worker (worst case; server/step_memory.h), and the workers hold ", held,
-      " already (layers' parameters, gradients and optimizer state; steps kept for backward); "
-      "the limit is ",
-      budget, " bytes per worker (--worker_memory_bytes",
+      " already (layers' parameters, gradients and optimizer state; steps kept for backward)",
+      running, "; the limit is ", budget, " bytes per worker (--worker_memory_bytes",
       derived ? ", derived from the memory the workers report" : "",
-      "). Nothing ran: send fewer tokens per call, release kept steps or delete layers, or raise "
-      "--worker_memory_bytes"));
+      "). Nothing ran: send fewer tokens per call, ",
+      in_flight > 0 ? "retry once the running calls ended, " : "",
+      "release kept steps or delete layers, or raise --worker_memory_bytes"));
 }
 
 }  // namespace moe

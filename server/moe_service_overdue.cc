@@ -5,6 +5,7 @@
 // and the layer's next call waits (its FIFO turn) until every worker finished it: the ranks keep
 // issuing that layer's collectives in the same order, nothing re-forms, and no other layer notices.
 #include <cstdio>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -32,9 +33,14 @@ absl::Status MoeServiceImpl::FanOutOnLayer(Turn& turn, absl::Time deadline,
 }
 
 void MoeServiceImpl::DrainThenRelease(std::shared_ptr<Layer> layer, const WorkerSet& set,
-                                      uint64_t step_id) {
-  auto body = [this, layer, set, step_id]() {
+                                      uint64_t step_id,
+                                      WorkerMemoryReservations::Reservation memory) {
+  // The workers still allocate what the call was admitted with: its reservation is held
+  // until they finished it (shared: the body is copied into a std::function).
+  auto reserved = std::make_shared<WorkerMemoryReservations::Reservation>(std::move(memory));
+  auto body = [this, layer, set, step_id, reserved]() {
     Drain(layer, set, step_id);
+    reserved->Release();
     layer->turn.Unlock();
     return grpc::Status::OK;
   };

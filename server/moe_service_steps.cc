@@ -2,6 +2,7 @@
 //
 // Token split: T tokens over R workers, contiguous and in order; worker r gets
 // T / R tokens plus one more when r < T % R. Every worker takes part, also with 0 tokens.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <utility>
@@ -299,14 +300,16 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
       return layer.saved.CheckRoom();
     };
     if (keep) RETURN_IF_ERROR(check_budget(*found));
-    // Admission control: refused here, before any worker allocates (moe_service_admission.cc).
-    RETURN_IF_ERROR(
-        AdmitWorkerMemory("Forward", found->name, tokens,
-                          ForwardStepBytes(found->config, tokens, pool_->world_size(), dtype)));
+    // Admission control (moe_service_admission.cc), before any worker allocates: the step
+    // alone now, so one that cannot fit is refused without waiting for its turn; with the
+    // turn, beside the steps running on other layers, reserving its estimate until it ends.
+    const int64_t need = ForwardStepBytes(found->config, tokens, pool_->world_size(), dtype);
+    RETURN_IF_ERROR(AdmitWorkerMemory("Forward", found->name, tokens, need));
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();
     if (keep) RETURN_IF_ERROR(check_budget(layer));
+    RETURN_IF_ERROR(AdmitWorkerMemory("Forward", layer.name, tokens, need, &turn->memory));
     // Workers on this host read x from, and write out to, moed's relay buffers.
     ASSIGN_OR_RETURN(RelayStep relay,
                      RelayLocally(turn->set, "x", *x.bytes, staged.tensor.buffer, dtype, "out",
@@ -373,6 +376,14 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
   return Finish("Forward", start, run());
 }
 
+int64_t MoeServiceImpl::SavedBytesPerWorker(Layer& layer, uint64_t step_id) const {
+  absl::MutexLock lock(&layer.mu);
+  absl::StatusOr<SavedStep> step = layer.saved.Find(step_id, /*issued=*/true);
+  // As HeldWorkerBytes counts it.
+  const int ranks = std::max(pool_->world_size(), 1);
+  return step.ok() ? (step->bytes + ranks - 1) / ranks : 0;
+}
+
 absl::StatusOr<SavedStep> MoeServiceImpl::TakeSavedStep(Layer& layer, uint64_t step_id,
                                                         int64_t d_out_tokens, ShmStep* shm) {
   absl::MutexLock lock(&layer.mu);
@@ -419,12 +430,16 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     if (!std::isfinite(d_aux)) return absl::InvalidArgumentError("d_aux: not finite");
     if (!std::isfinite(d_z_loss)) return absl::InvalidArgumentError("d_z_loss: not finite");
     // Admission control, as in Forward (d_out has the saved step's tokens, checked below).
-    RETURN_IF_ERROR(AdmitWorkerMemory(
-        "Backward", found->name, d_out.tokens,
-        BackwardStepBytes(found->config, d_out.tokens, pool_->world_size(), dtype)));
+    const int64_t need = BackwardStepBytes(found->config, d_out.tokens, pool_->world_size(), dtype);
+    RETURN_IF_ERROR(AdmitWorkerMemory("Backward", found->name, d_out.tokens, need));
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();
+    RETURN_IF_ERROR(AdmitWorkerMemory("Backward", layer.name, d_out.tokens, need, &turn->memory));
+    // The saved step leaves the books here but stays on the workers until this Backward ends:
+    // it joins the reservation first (moe_service_admission.cc). Under the turn nothing else
+    // removes it meanwhile.
+    turn->memory.Add(SavedBytesPerWorker(layer, request.step_id()));
     ASSIGN_OR_RETURN(const SavedStep step,
                      TakeSavedStep(layer, request.step_id(), d_out.tokens, &shm));
     ASSIGN_OR_RETURN(RelayStep relay,

@@ -133,6 +133,7 @@ void ConnectMetrics(Metrics* metrics, WorkerPool* pool, MoeServiceImpl* service)
       now.workers.push_back({w.rank(), w.alive(), w.memory_bytes()});
     }
     now.layers = service->LayerMetrics();
+    now.reserved_worker_bytes = service->ReservedWorkerBytes();
     return now;
   });
 }

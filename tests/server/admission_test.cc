@@ -1,14 +1,20 @@
 // Admission control by estimated worker memory (issue 14; moed --worker_memory_bytes,
 // server/step_memory.h): a CreateLayer, Forward or Backward whose estimated memory per worker
-// does not fit beside what the workers hold is refused with RESOURCE_EXHAUSTED naming the
-// limit and the flag, before any worker allocates; the cluster keeps serving, and a step just
-// under the limit runs (and its real peak stays within the estimate).
+// does not fit beside what the workers hold and what the steps running on other layers
+// reserved is refused with RESOURCE_EXHAUSTED naming the limit and the flag, before any worker
+// allocates; the cluster keeps serving, and a step just under the limit runs (and its real
+// peak stays within the estimate).
+#include <signal.h>
+
+#include <thread>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "proto/config_convert.h"
 #include "server/step_memory.h"
 #include "tests/server/cluster.h"
 #include "tests/server/cluster_fixture.h"
+#include "tests/server/metrics_scrape.h"
 #include "tests/server/test_util.h"
 
 namespace moe {
@@ -45,6 +51,26 @@ class AdmissionTest : public OwnClusterTest {
     ADD_FAILURE() << "no layer " << layer;
     return v1::LayerInfo();
   }
+  // Starts the cluster with a metrics port (metrics_port_) besides `flags`.
+  void StartClusterWithMetrics(std::vector<std::string> flags) {
+    metrics_port_ = FreePort();
+    flags.push_back(absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_));
+    StartCluster(std::move(flags));
+  }
+  // moed_worker_memory_reserved_bytes now.
+  int64_t Reserved() {
+    return static_cast<int64_t>(
+        Sample(ScrapeMetrics(metrics_port_), "moed_worker_memory_reserved_bytes"));
+  }
+  // Waits (up to 60 s) until moed_worker_memory_reserved_bytes is `bytes`.
+  bool WaitReserved(int64_t bytes) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(60);
+    while (Reserved() != bytes) {
+      if (absl::Now() > give_up) return false;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return true;
+  }
   // The workers' peak memory as of a heartbeat after now (--heartbeat_ms is 500).
   std::vector<int64_t> PeakMemory() {
     absl::SleepFor(absl::Milliseconds(1200));
@@ -54,6 +80,7 @@ class AdmissionTest : public OwnClusterTest {
     return peaks;
   }
 
+  int metrics_port_ = 0;
 };
 
 TEST_F(AdmissionTest, OversizedStepIsRefusedBeforeAnyWorkerAllocates) {
@@ -151,6 +178,137 @@ TEST_F(AdmissionTest, OversizedBackwardIsRefusedAndKeepsItsStep) {
   v1::ReleaseStepResponse released;
   ASSERT_TRUE(cluster_->stub()->ReleaseStep(&release_ctx, release, &released).ok());
   EXPECT_TRUE(released.released());
+}
+
+// Steps of two layers run at the same time: with a budget that fits one large step beside the
+// two layers but not two, the second is refused while the first runs (held in flight
+// deterministically: worker 1 is stopped, so the first step waits for it), and admitted once
+// the first ended. Checked alone, each would pass.
+TEST_F(AdmissionTest, ConcurrentStepsOfDifferentLayersAreSummed) {
+  const v1::LayerConfig tiny = TinyConfig(8);
+  const LayerConfig config = EngineConfig(tiny);
+  constexpr int64_t kTokens = 512;
+  const int64_t layer_bytes = LayerBytesPerWorker(config, kRanks);
+  const int64_t step = ForwardStepBytes(config, kTokens, kRanks, DType::kFloat32);
+  const int64_t budget = 2 * layer_bytes + step + step / 2;
+  // A stopped worker must not be declared dead (nor its step time out) on a loaded machine.
+  StartClusterWithMetrics({absl::StrCat("--worker_memory_bytes=", budget),
+                           "--worker_dead_after_ms=120000", "--step_timeout_ms=120000"});
+  ASSERT_TRUE(Create("a", tiny).ok());
+  ASSERT_TRUE(Create("b", TinyConfig(9)).ok());
+  ASSERT_EQ(Reserved(), 0);
+
+  ASSERT_TRUE(cluster_->KillWorker(1, SIGSTOP));
+  grpc::Status first;
+  std::thread running([&] {
+    v1::ForwardResponse response;
+    first = Forward("a", kTokens, /*keep=*/false, &response);
+  });
+  // Admitted: its estimate is reserved while it waits for worker 1.
+  const bool in_flight = WaitReserved(step);
+  grpc::Status second;
+  if (in_flight) {
+    v1::ForwardResponse response;
+    grpc::ClientContext ctx;  // a deadline: admitted wrongly, it would wait for worker 1
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    v1::ForwardRequest request;
+    request.set_layer("b");
+    *request.mutable_x() = FloatsToProto({kTokens, kHidden}, RandomFloats(kTokens * kHidden, 9));
+    second = cluster_->stub()->Forward(&ctx, request, &response);
+  }
+  EXPECT_TRUE(cluster_->KillWorker(1, SIGCONT));  // before any return: threads to join
+  running.join();
+  ASSERT_TRUE(in_flight) << "the first step's reservation never showed: " << Reserved();
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.error_message();
+  EXPECT_THAT(second.error_message(), HasSubstr("Forward of 512 tokens on layer \"b\""));
+  EXPECT_THAT(second.error_message(), HasSubstr(absl::StrCat("reserve ", step, " more")));
+  EXPECT_THAT(second.error_message(), HasSubstr("--worker_memory_bytes"));
+  EXPECT_EQ(Info("b").forward_count(), 0);
+
+  // One after the other, both fit; and nothing stays reserved.
+  EXPECT_TRUE(WaitReserved(0)) << Reserved();
+  v1::ForwardResponse response;
+  grpc::Status s = Forward("b", kTokens, /*keep=*/false, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  s = Forward("a", kTokens, /*keep=*/false, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(Info("a").forward_count(), 2);
+  EXPECT_EQ(Info("b").forward_count(), 1);
+  EXPECT_EQ(Reserved(), 0);
+}
+
+// DeleteLayer takes the layer off the books at once, but the workers free it only after its
+// running step: it stays reserved until they dropped it, so a step of another layer that fits
+// only without it is refused meanwhile.
+TEST_F(AdmissionTest, LayerBeingDeletedCountsUntilTheWorkersDroppedIt) {
+  const v1::LayerConfig tiny = TinyConfig(12);
+  const LayerConfig config = EngineConfig(tiny);
+  constexpr int64_t kTokens = 512, kSmall = 8;
+  const int64_t layer_bytes = LayerBytesPerWorker(config, kRanks);
+  const int64_t step = ForwardStepBytes(config, kTokens, kRanks, DType::kFloat32);
+  const int64_t small = ForwardStepBytes(config, kSmall, kRanks, DType::kFloat32);
+  ASSERT_GE(layer_bytes, small) << "the small step would not fit anyway: the test proves nothing";
+  const int64_t budget = 2 * layer_bytes + step;
+  StartClusterWithMetrics({absl::StrCat("--worker_memory_bytes=", budget),
+                           "--worker_dead_after_ms=120000", "--step_timeout_ms=120000"});
+  ASSERT_TRUE(Create("a", tiny).ok());
+  ASSERT_TRUE(Create("b", TinyConfig(13)).ok());
+
+  ASSERT_TRUE(cluster_->KillWorker(1, SIGSTOP));
+  grpc::Status first, deleted;
+  std::thread running([&] {
+    v1::ForwardResponse response;
+    first = Forward("a", kTokens, /*keep=*/false, &response);
+  });
+  const bool in_flight = WaitReserved(step);
+  std::thread deleting;
+  if (in_flight) {
+    deleting = std::thread([&] {
+      grpc::ClientContext ctx;
+      v1::DeleteLayerRequest request;
+      request.set_name("a");
+      v1::DeleteLayerResponse response;
+      deleted = cluster_->stub()->DeleteLayer(&ctx, request, &response);
+    });
+  }
+  // Off the books (no longer listed), waiting for the step's turn: its shard is reserved.
+  bool leaving = false;
+  const absl::Time give_up = absl::Now() + absl::Seconds(60);
+  while (in_flight && !leaving && absl::Now() < give_up) {
+    const v1::GetStatusResponse status = Status();
+    leaving = true;
+    for (const v1::LayerInfo& info : status.layers()) leaving = leaving && info.name() != "a";
+    if (!leaving) absl::SleepFor(absl::Milliseconds(20));
+  }
+  const int64_t reserved_while_leaving = Reserved();
+  grpc::Status second;
+  if (leaving) {
+    v1::ForwardResponse response;
+    grpc::ClientContext ctx;  // a deadline: admitted wrongly, it would wait for worker 1
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
+    v1::ForwardRequest request;
+    request.set_layer("b");
+    *request.mutable_x() = FloatsToProto({kSmall, kHidden}, RandomFloats(kSmall * kHidden, 9));
+    second = cluster_->stub()->Forward(&ctx, request, &response);
+  }
+  EXPECT_TRUE(cluster_->KillWorker(1, SIGCONT));  // before any return: threads to join
+  running.join();
+  if (deleting.joinable()) deleting.join();
+  ASSERT_TRUE(in_flight) << "the step's reservation never showed: " << Reserved();
+  ASSERT_TRUE(leaving) << "DeleteLayer never took the layer off the books";
+  EXPECT_EQ(reserved_while_leaving, step + layer_bytes);
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  EXPECT_TRUE(deleted.ok()) << deleted.error_message();
+  EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << second.error_message();
+
+  // The workers dropped it: nothing reserved, and the small step (the large one too) fits.
+  EXPECT_TRUE(WaitReserved(0)) << Reserved();
+  v1::ForwardResponse response;
+  grpc::Status s = Forward("b", kSmall, /*keep=*/false, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  s = Forward("b", kTokens, /*keep=*/false, &response);
+  EXPECT_TRUE(s.ok()) << s.error_message();
 }
 
 TEST_F(AdmissionTest, CreateLayerOverTheLimitIsRefused) {
