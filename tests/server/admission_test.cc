@@ -6,6 +6,7 @@
 // peak stays within the estimate).
 #include <signal.h>
 
+#include <optional>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -33,9 +34,12 @@ LayerConfig EngineConfig(const v1::LayerConfig& proto) {
 
 class AdmissionTest : public OwnClusterTest {
  protected:
+  // deadline: unset = none (a step admitted wrongly next to a stopped worker would wait).
   grpc::Status Forward(const std::string& layer, int64_t tokens, bool keep,
-                       v1::ForwardResponse* response) {
+                       v1::ForwardResponse* response,
+                       std::optional<absl::Duration> deadline = std::nullopt) {
     grpc::ClientContext ctx;
+    if (deadline.has_value()) ctx.set_deadline(absl::ToChronoTime(absl::Now() + *deadline));
     v1::ForwardRequest request;
     request.set_layer(layer);
     *request.mutable_x() =
@@ -208,13 +212,8 @@ TEST_F(AdmissionTest, ConcurrentStepsOfDifferentLayersAreSummed) {
   const bool in_flight = WaitReserved(step);
   grpc::Status second;
   if (in_flight) {
-    v1::ForwardResponse response;
-    grpc::ClientContext ctx;  // a deadline: admitted wrongly, it would wait for worker 1
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-    v1::ForwardRequest request;
-    request.set_layer("b");
-    *request.mutable_x() = FloatsToProto({kTokens, kHidden}, RandomFloats(kTokens * kHidden, 9));
-    second = cluster_->stub()->Forward(&ctx, request, &response);
+    v1::ForwardResponse response;  // admitted wrongly, it would wait for worker 1
+    second = Forward("b", kTokens, /*keep=*/false, &response, absl::Seconds(20));
   }
   EXPECT_TRUE(cluster_->KillWorker(1, SIGCONT));  // before any return: threads to join
   running.join();
@@ -284,13 +283,8 @@ TEST_F(AdmissionTest, LayerBeingDeletedCountsUntilTheWorkersDroppedIt) {
   const int64_t reserved_while_leaving = Reserved();
   grpc::Status second;
   if (leaving) {
-    v1::ForwardResponse response;
-    grpc::ClientContext ctx;  // a deadline: admitted wrongly, it would wait for worker 1
-    ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(20)));
-    v1::ForwardRequest request;
-    request.set_layer("b");
-    *request.mutable_x() = FloatsToProto({kSmall, kHidden}, RandomFloats(kSmall * kHidden, 9));
-    second = cluster_->stub()->Forward(&ctx, request, &response);
+    v1::ForwardResponse response;  // admitted wrongly, it would wait for worker 1
+    second = Forward("b", kSmall, /*keep=*/false, &response, absl::Seconds(20));
   }
   EXPECT_TRUE(cluster_->KillWorker(1, SIGCONT));  // before any return: threads to join
   running.join();
