@@ -181,8 +181,10 @@ class WorkerPool {
   absl::Status StartCalls(const WorkerSet& set, absl::Time deadline,
                           std::vector<std::unique_ptr<grpc::ClientContext>>* contexts);
   void EndCalls(const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts);
-  // Counts the failures; a rank whose call failed in transport and that answers no quick ping
-  // is marked dead.
+  // How long since the heartbeat last heard from `rank`.
+  absl::Duration SilentFor(int rank) const ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts the failures; a rank whose call failed in transport is marked dead when a quick ping
+  // cannot reach it, or times out and the heartbeat heard nothing from it for dead_after.
   FanOutFailures CountFailures(const WorkerSet& set, const std::vector<absl::Status>& results,
                                const std::vector<absl::Time>& ended, absl::Time deadline);
   // UNAVAILABLE naming a dead worker of `set`, or when `set` is no longer served.

@@ -129,8 +129,13 @@ WorkerPool::FanOutFailures WorkerPool::CountFailures(const WorkerSet& set,
     ++failures.failed;
     if (IsTransport(results[r].code())) {
       ++failures.transport;
-      // Connection-level failure: is the worker itself gone?
-      if (!QuickPing(set.stubs[r].get(), options_.ping_timeout).ok()) {
+      // Connection-level failure: is the worker itself gone? Refused or reset: yes. A ping that
+      // timed out means a worker that does not answer now (stopped, swapping, overloaded): dead
+      // only once it answered nothing for --worker_dead_after_ms, as the heartbeat decides;
+      // until then it is a slow worker, like one that answers.
+      const absl::Status ping = QuickPing(set.stubs[r].get(), options_.ping_timeout);
+      if (!ping.ok() && (ping.code() != absl::StatusCode::kDeadlineExceeded ||
+                         SilentFor(r) >= options_.dead_after)) {
         MarkDead(r, absl::StrCat("call failed (", results[r].message(),
                                  ") and the worker does not answer pings"));
       } else if (results[r].code() == absl::StatusCode::kDeadlineExceeded && ended[r] >= deadline) {
@@ -139,6 +144,11 @@ WorkerPool::FanOutFailures WorkerPool::CountFailures(const WorkerSet& set,
     }
   }
   return failures;
+}
+
+absl::Duration WorkerPool::SilentFor(int rank) const {
+  absl::MutexLock lock(&mu_);
+  return absl::Now() - slots_[rank].last_seen;
 }
 
 absl::Status WorkerPool::CheckWorkersOf(const WorkerSet& set) const {

@@ -331,11 +331,12 @@ TEST_F(IsolationTest, FailedSetWeightsLeavesTheLayerAlone) {
 
 // Finding 4 (ApplyOptimizer): the optimizer step carries an op id each worker applies at
 // most once, so a step that failed on one worker only is retried: here worker 1 is stopped
-// past --step_timeout_ms (but not long enough to count as dead), worker 0 applied the step,
-// and the retry completes it on worker 1. The layer is not diverged and its weights equal
+// past --step_timeout_ms (but not long enough to count as dead: --worker_dead_after_ms; the
+// quick ping after the failed call times out while it is stopped, which alone must not declare
+// it dead), worker 0 applied the step, and the retry completes it on worker 1. The layer is not diverged and its weights equal
 // those of a twin layer that took the same step without a fault, bit for bit.
 TEST_F(IsolationTest, OptimizerStepThatFailedOnOneWorkerIsCompleted) {
-  StartCluster({"--step_timeout_ms=1500", "--ping_timeout_ms=4000", "--worker_dead_after_ms=8000"});
+  StartCluster({"--step_timeout_ms=1500", "--ping_timeout_ms=1000", "--worker_dead_after_ms=8000"});
   const v1::Tensor x = FloatsToProto({16, kHidden}, RandomFloats(16 * kHidden, 14));
   auto step = [&](const std::string& layer, bool stop_worker) -> grpc::Status {
     v1::ForwardResponse fwd;
@@ -347,7 +348,8 @@ TEST_F(IsolationTest, OptimizerStepThatFailedOnOneWorkerIsCompleted) {
     if (stop_worker) {
       EXPECT_TRUE(cluster_->KillWorker(1, SIGSTOP));
       resume = std::thread([&] {
-        absl::SleepFor(absl::Milliseconds(2500));
+        // Past the step deadline (1.5 s) and the quick ping that follows it (1 s).
+        absl::SleepFor(absl::Milliseconds(3500));
         kill(cluster_->worker_pid(1), SIGCONT);
       });
     }
