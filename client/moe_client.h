@@ -99,7 +99,8 @@ struct CallOptions {
   // faults on first touch (measured: a 32 MiB answer copied 2-3x faster into a reused buffer).
   // *output must have the input's datatype and shape (x's, d_out's), else INVALID_ARGUMENT
   // before anything is sent; an answer of another datatype (a Backward with d_out in another
-  // datatype than the forward's x) is INVALID_ARGUMENT after the step. Not for the shm calls.
+  // datatype than the forward's x) is INVALID_ARGUMENT after the step. Its contents are
+  // unspecified when the call fails. Not for the shm calls.
   Tensor* output = nullptr;
 };
 
