@@ -223,6 +223,21 @@ absl::Status TestCluster::WaitServing(absl::Duration timeout) {
   return absl::DeadlineExceededError("cluster did not become SERVING");
 }
 
+absl::Status TestCluster::WaitNewGeneration(int64_t generation, absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (absl::Now() < give_up) {
+    grpc::ClientContext context;
+    v1::GetStatusResponse status;
+    if (stub_->GetStatus(&context, v1::GetStatusRequest(), &status).ok() && status.serving() &&
+        status.generation() > generation) {
+      return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("no generation after ", generation, " became serving"));
+}
+
 bool TestCluster::KillWorker(int rank, int signal) {
   if (kill(workers_[rank], signal) != 0) return false;
   if (signal == SIGKILL) {

@@ -57,6 +57,9 @@ class TestCluster {
 
   // Polls grpc.health.v1 until SERVING or the timeout.
   absl::Status WaitServing(absl::Duration timeout);
+  // Polls GetStatus until moed serves a generation after `generation` (a re-formation
+  // finished) or the timeout.
+  absl::Status WaitNewGeneration(int64_t generation, absl::Duration timeout);
   // grpc.health.v1.Health/Check of `service` ("" = the whole server): "SERVING",
   // "NOT_SERVING", or an error (NOT_FOUND: unknown service).
   absl::StatusOr<std::string> Health(const std::string& service = "");

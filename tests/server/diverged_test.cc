@@ -72,13 +72,7 @@ class DivergedTest : public ::testing::Test {
     return info.ok() ? info->diverged() : "?";
   }
   bool WaitNewGeneration(int64_t generation) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < give_up) {
-      auto status = client_->GetStatus();
-      if (status.ok() && status->serving() && status->generation() > generation) return true;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return false;
+    return cluster_->WaitNewGeneration(generation, absl::Seconds(30)).ok();
   }
 
   std::unique_ptr<TestCluster> cluster_;

@@ -208,15 +208,8 @@ class DurableTest : public ::testing::Test {
     cluster_.reset();  // SIGKILL
   }
 
-  // Serving again with a generation after `generation`: a re-formation finished.
   bool WaitNewGeneration(int64_t generation) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(30);
-    while (absl::Now() < give_up) {
-      auto status = client_->GetStatus();
-      if (status.ok() && status->serving() && status->generation() > generation) return true;
-      absl::SleepFor(absl::Milliseconds(50));
-    }
-    return false;
+    return cluster_->WaitNewGeneration(generation, absl::Seconds(30)).ok();
   }
 
   std::string sandbox_, state_dir_, checkpoint_root_;
