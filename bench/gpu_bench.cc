@@ -185,15 +185,33 @@ class StepTimer {
 
   // A bitwise fingerprint of one fwd+bwd step from zero gradients: FNV-1a 64 of out, d_x and
   // the gate gradient (d_x sums every path of the backward: expert rows, d_probs, router), to
-  // compare two builds' results on the GPU (kernel changes that must keep every bit).
+  // compare two builds' results on the GPU (kernel changes that must keep every bit). Then a
+  // second fwd+bwd accumulates into those gradients, and the expert weight gradients (wi, wo)
+  // after both steps are added, when each is at most kMaxHashedGradientBytes (dsv3's are 30
+  // and 15 GB: "-" instead).
   absl::StatusOr<std::string> Fingerprint() {
     RETURN_IF_ERROR(layer_->ZeroGradients());
     std::unique_ptr<StepContext> saved;
     ASSIGN_OR_RETURN(ForwardResult fwd, layer_->Forward(*x_, &saved));
     ASSIGN_OR_RETURN(Tensor d_x, layer_->Backward(*saved, *d_out_, 1.0, 1.0));
     ASSIGN_OR_RETURN(Tensor d_gate, layer_->GetGradient("gate"));
-    return absl::StrCat(Fnv(fwd.out), "-", Fnv(d_x), "-", Fnv(d_gate));
+    std::string fp = absl::StrCat(Fnv(fwd.out), "-", Fnv(d_x), "-", Fnv(d_gate));
+    RETURN_IF_ERROR(layer_->Forward(*x_, &saved).status());
+    RETURN_IF_ERROR(layer_->Backward(*saved, *d_out_, 1.0, 1.0).status());
+    for (const char* name : {"wi", "wo"}) {
+      const LayerConfig& c = layer_->config();
+      const int64_t bytes = static_cast<int64_t>(sizeof(float)) * c.num_experts / size_ *
+                            c.hidden * (std::string(name) == "wi" ? UpWidth(c) : c.ffn);
+      if (bytes > kMaxHashedGradientBytes) {
+        absl::StrAppend(&fp, "--");
+        continue;
+      }
+      ASSIGN_OR_RETURN(Tensor grad, layer_->GetGradient(name));
+      absl::StrAppend(&fp, "-", Fnv(grad));
+    }
+    return fp;
   }
+  static constexpr int64_t kMaxHashedGradientBytes = int64_t{4} << 30;
 
   static std::string Fnv(const Tensor& t) {
     uint64_t h = 0xcbf29ce484222325ull;

@@ -1,10 +1,14 @@
 // The expert FFN of the local experts on the expert layout, both ways (docs/SPEC.md Forward 10,
-// Backward 3): per-expert GEMMs (one GroupedGemm call per projection), the activation and the
-// biases. GEMMs accumulate in fp32; weight gradients are fp32 and accumulate across backwards.
-// Under FP8 (docs/SPEC.md "FP8") all six GEMMs run on quantised operands: each GEMM input is
-// quantised once (QuantizeExpertRows) into the codes as stored (h, y, d_a, d_X: Fp8ExpertGemm)
-// and grouped transposed (the weight gradients: ExpertWeightGradGemm); the rows are stored in
-// bf16.
+// Backward 3): per-expert GEMMs (one GroupedGemm call per projection in the forward; in the
+// backward one per phase, the data gradient's GEMMs beside the weight gradient's), the
+// activation and the biases. GEMMs accumulate in fp32; weight gradients are fp32 and accumulate
+// across backwards. Under FP8 (docs/SPEC.md "FP8") all six GEMMs run on quantised operands:
+// each GEMM input is quantised once (QuantizeExpertRows) into the codes as stored (h, y, d_a,
+// d_X: Fp8ExpertGemms) and grouped transposed (the weight gradients: ExpertWeightGradGemms);
+// the rows are stored in bf16.
+#include <algorithm>
+#include <vector>
+
 #include "engine/moe_layer_impl.h"
 #include "engine/status_macros.h"
 
@@ -17,15 +21,29 @@ constexpr DType kGradientFp8 = DType::kFloat8E4M3;
 
 // Per local expert GEMMs over the expert layout: rows [offset, offset + group_rows[el]).
 template <typename MakeGemm>
-absl::Status PerExpert(Backend* backend, const std::vector<int64_t>& group_rows,
-                       const MakeGemm& make) {
+std::vector<GemmArgs> PerExpert(const std::vector<int64_t>& group_rows, const MakeGemm& make) {
   std::vector<GemmArgs> gemms;
   int64_t offset = 0;
   for (size_t el = 0; el < group_rows.size(); ++el) {
     gemms.push_back(make(static_cast<int64_t>(el), offset, group_rows[el]));
     offset += group_rows[el];
   }
-  return backend->GroupedGemm(gemms);
+  return gemms;
+}
+
+// The data-gradient GEMMs and the weight-gradient GEMMs of one backward phase in one list,
+// alternating: they are independent (each writes its own output from inputs neither writes),
+// so GroupedGemm may run them at the same time, which hides the weight gradients' fp32
+// memory traffic behind the data gradients' math. Each GEMM's result does not depend on what
+// runs beside it.
+std::vector<GemmArgs> Interleave(const std::vector<GemmArgs>& a, const std::vector<GemmArgs>& b) {
+  std::vector<GemmArgs> both;
+  both.reserve(a.size() + b.size());
+  for (size_t i = 0; i < std::max(a.size(), b.size()); ++i) {
+    if (i < a.size()) both.push_back(a[i]);
+    if (i < b.size()) both.push_back(b[i]);
+  }
+  return both;
 }
 
 }  // namespace
@@ -55,15 +73,16 @@ absl::Status MoeLayerImpl::QuantizeExpertRows(const std::vector<int64_t>& group_
   return backend_->QuantizeFp8(a);
 }
 
-absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const Fp8Rows& in,
-                                         int64_t k, const void* weights, const float* weight_scales,
-                                         int64_t n, void* out) {
+std::vector<GemmArgs> MoeLayerImpl::Fp8ExpertGemms(const std::vector<int64_t>& group_rows,
+                                                  const Fp8Rows& in, int64_t k, const void* weights,
+                                                  const float* weight_scales, int64_t n,
+                                                  void* out) const {
   const DType rd = ExpertRowDType(config_);
   const uint8_t* codes = in.rows.as<uint8_t>();
   int64_t rows = 0;
   for (int64_t r : group_rows) rows += r;
-  if (rows == 0) return absl::OkStatus();
-  return PerExpert(backend_, group_rows, [&](int64_t el, int64_t off, int64_t m) {
+  if (rows == 0) return {};
+  return PerExpert(group_rows, [&](int64_t el, int64_t off, int64_t m) {
     GemmArgs g;
     g.trans_b = true;
     g.m = m, g.n = n, g.k = k;
@@ -77,17 +96,18 @@ absl::Status MoeLayerImpl::Fp8ExpertGemm(const std::vector<int64_t>& group_rows,
   });
 }
 
-absl::Status MoeLayerImpl::ExpertDataGemm(const std::vector<int64_t>& group_rows, const void* in,
-                                          const Fp8Rows& in_fp8, int64_t k, const LayerParam& w,
-                                          bool transposed, int64_t n, void* out) {
+std::vector<GemmArgs> MoeLayerImpl::ExpertDataGemms(const std::vector<int64_t>& group_rows,
+                                                   const void* in, const Fp8Rows& in_fp8, int64_t k,
+                                                   const LayerParam& w, bool transposed, int64_t n,
+                                                   void* out) const {
   if (config_.compute_dtype == DType::kFloat8E4M3) {
-    return Fp8ExpertGemm(group_rows, in_fp8, k, transposed ? w.compute.data() : w.compute_t.data(),
+    return Fp8ExpertGemms(group_rows, in_fp8, k, transposed ? w.compute.data() : w.compute_t.data(),
                          w.compute_scale.as<float>(), n, out);
   }
   const DType cd = ExpertRowDType(config_);
   const size_t cs = DTypeSize(cd);
   const char* weights = static_cast<const char*>(ComputeWeights(w));
-  return PerExpert(backend_, group_rows, [&](int64_t el, int64_t off, int64_t m) {
+  return PerExpert(group_rows, [&](int64_t el, int64_t off, int64_t m) {
     GemmArgs g;
     g.trans_b = transposed;
     g.m = m, g.n = n, g.k = k;
@@ -99,11 +119,11 @@ absl::Status MoeLayerImpl::ExpertDataGemm(const std::vector<int64_t>& group_rows
   });
 }
 
-absl::Status MoeLayerImpl::ExpertWeightGradGemm(const std::vector<int64_t>& group_rows,
-                                                const void* in, const Fp8Rows& in_fp8,
-                                                int64_t in_cols, const void* d_out,
-                                                const Fp8Rows& d_out_fp8, int64_t out_cols,
-                                                LayerParam& w) {
+std::vector<GemmArgs> MoeLayerImpl::ExpertWeightGradGemms(const std::vector<int64_t>& group_rows,
+                                                         const void* in, const Fp8Rows& in_fp8,
+                                                         int64_t in_cols, const void* d_out,
+                                                         const Fp8Rows& d_out_fp8,
+                                                         int64_t out_cols, const LayerParam& w) const {
   const float beta = w.grad_zero ? 0.0f : 1.0f;
   float* grad = w.grad.as<float>();
   if (config_.compute_dtype == DType::kFloat8E4M3) {
@@ -125,23 +145,20 @@ absl::Status MoeLayerImpl::ExpertWeightGradGemm(const std::vector<int64_t>& grou
       gemms.push_back(g);
       column += g.k;
     }
-    RETURN_IF_ERROR(backend_->GroupedGemm(gemms));
-  } else {
-    const DType cd = ExpertRowDType(config_);
-    const size_t cs = DTypeSize(cd);
-    RETURN_IF_ERROR(PerExpert(backend_, group_rows, [&](int64_t el, int64_t off, int64_t m) {
-      GemmArgs g;
-      g.trans_a = true;
-      g.m = in_cols, g.n = out_cols, g.k = m;
-      g.a = static_cast<const char*>(in) + off * in_cols * cs, g.lda = in_cols;
-      g.b = static_cast<const char*>(d_out) + off * out_cols * cs, g.ldb = out_cols;
-      g.c = grad + el * in_cols * out_cols, g.ldc = out_cols;
-      g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = beta;
-      return g;
-    }));
+    return gemms;
   }
-  w.grad_zero = false;
-  return absl::OkStatus();
+  const DType cd = ExpertRowDType(config_);
+  const size_t cs = DTypeSize(cd);
+  return PerExpert(group_rows, [&](int64_t el, int64_t off, int64_t m) {
+    GemmArgs g;
+    g.trans_a = true;
+    g.m = in_cols, g.n = out_cols, g.k = m;
+    g.a = static_cast<const char*>(in) + off * in_cols * cs, g.lda = in_cols;
+    g.b = static_cast<const char*>(d_out) + off * out_cols * cs, g.ldb = out_cols;
+    g.c = grad + el * in_cols * out_cols, g.ldc = out_cols;
+    g.ab_type = cd, g.c_type = DType::kFloat32, g.beta = beta;
+    return g;
+  });
 }
 
 absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
@@ -158,8 +175,8 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   void* y = w.y_expert.data();
   // h = X_e . wi_e   ([rows, H] x [H, up])
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, s.x_expert.data(), H, s.x_fp8));
-  RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, s.x_expert.data(), s.x_fp8, H, *Find("wi"),
-                                 /*transposed=*/false, up, h));
+  RETURN_IF_ERROR(backend_->GroupedGemm(ExpertDataGemms(
+      plan.group_rows, s.x_expert.data(), s.x_fp8, H, *Find("wi"), /*transposed=*/false, up, h)));
   if (fp8) {  // the backward reads X_e's grouped codes only (SavedStep::x_fp8)
     s.x_fp8.rows.Reset();
     s.x_expert.Reset();
@@ -174,8 +191,8 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   RETURN_IF_ERROR(backend_->ActivationForward(aa));
   // y = a . wo_e   ([rows, F] x [F, H])
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, act.data(), F, s.act_fp8));
-  RETURN_IF_ERROR(ExpertDataGemm(plan.group_rows, act.data(), s.act_fp8, F, *Find("wo"),
-                                 /*transposed=*/false, H, y));
+  RETURN_IF_ERROR(backend_->GroupedGemm(ExpertDataGemms(
+      plan.group_rows, act.data(), s.act_fp8, F, *Find("wo"), /*transposed=*/false, H, y)));
   s.act_fp8.rows.Reset();
   if (!fp8) s.act = std::move(act);
   if (c.use_bias) {
@@ -194,16 +211,15 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   LayerParam& wi = *Find("wi");
   LayerParam& wo = *Find("wo");
   ASSIGN_OR_RETURN(Buffer d_act, backend_->Allocate(plan.expert_rows * F * cs));
-  // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]).
   Fp8Rows d_y_fp8;
   d_y_fp8.fp8 = kGradientFp8;
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_y, H, d_y_fp8));
-  RETURN_IF_ERROR(
-      ExpertDataGemm(plan.group_rows, d_y, d_y_fp8, H, wo, /*transposed=*/true, F, d_act.data()));
-  d_y_fp8.rows.Reset();
-  // d_wo_e += a^T . d_y   ([F, rows] x [rows, H])
-  RETURN_IF_ERROR(
-      ExpertWeightGradGemm(plan.group_rows, s.act.data(), s.act_fp8, F, d_y, d_y_fp8, H, wo));
+  // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]), beside
+  // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]).
+  RETURN_IF_ERROR(backend_->GroupedGemm(Interleave(
+      ExpertDataGemms(plan.group_rows, d_y, d_y_fp8, H, wo, /*transposed=*/true, F, d_act.data()),
+      ExpertWeightGradGemms(plan.group_rows, s.act.data(), s.act_fp8, F, d_y, d_y_fp8, H, wo))));
+  wo.grad_zero = false;
   d_y_fp8 = Fp8Rows{};
   if (c.use_bias) {
     LayerParam& wo_bias = *Find("wo_bias");
@@ -221,20 +237,22 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   aa.amax = d_h_fp8.amax();
   RETURN_IF_ERROR(backend_->ActivationBackward(aa));
   d_act.Reset();
-  // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up])
-  RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_h.data(), up, d_h_fp8));
-  RETURN_IF_ERROR(ExpertWeightGradGemm(plan.group_rows, s.x_expert.data(), s.x_fp8, H, d_h.data(),
-                                       d_h_fp8, up, wi));
-  d_h_fp8.columns.Reset();
   if (c.use_bias) {
     LayerParam& wi_bias = *Find("wi_bias");
     RETURN_IF_ERROR(MaterializeGradient(wi_bias));
     RETURN_IF_ERROR(
         backend_->GroupBiasGrad(d_h.data(), cd, up, plan.group_rows, wi_bias.grad.as<float>()));
   }
-  // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]).
-  return ExpertDataGemm(plan.group_rows, d_h.data(), d_h_fp8, up, wi, /*transposed=*/true, H,
-                        d_x_expert);
+  // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]), beside
+  // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up]).
+  RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_h.data(), up, d_h_fp8));
+  RETURN_IF_ERROR(backend_->GroupedGemm(Interleave(
+      ExpertDataGemms(plan.group_rows, d_h.data(), d_h_fp8, up, wi, /*transposed=*/true, H,
+                      d_x_expert),
+      ExpertWeightGradGemms(plan.group_rows, s.x_expert.data(), s.x_fp8, H, d_h.data(), d_h_fp8,
+                            up, wi))));
+  wi.grad_zero = false;
+  return absl::OkStatus();
 }
 
 }  // namespace moe

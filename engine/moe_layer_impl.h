@@ -238,28 +238,33 @@ class MoeLayerImpl : public MoeLayer {
   // Under FP8: allocates q.scale with a zeroed amax slot and sets q.amax_from_producer, before
   // the kernel that writes the tensor (which then fills q.amax()). Otherwise nothing.
   absl::Status PrepareFp8Amax(Fp8Rows& q);
-  // FP8 expert GEMMs (moe_layer_experts.cc): GroupedGemm over the local experts of
+  // FP8 expert GEMMs (moe_layer_experts.cc), one per local expert, of
   // out = in . weights^T, `in` the codes as stored of a [rows, k] input, weights [El, n, k]
-  // e4m3 codes with [El] scales.
-  absl::Status Fp8ExpertGemm(const std::vector<int64_t>& group_rows, const Fp8Rows& in, int64_t k,
-                             const void* weights, const float* weight_scales, int64_t n, void* out);
+  // e4m3 codes with [El] scales. None when there are no rows.
+  std::vector<GemmArgs> Fp8ExpertGemms(const std::vector<int64_t>& group_rows, const Fp8Rows& in,
+                                       int64_t k, const void* weights, const float* weight_scales,
+                                       int64_t n, void* out) const;
   // The experts' activation GEMMs (h, y, d_a, d_X; moe_layer_experts.cc) over every local
   // expert's rows: out_e = in_e . w_e with w_e stored [k, n], or with `transposed`
   // out_e = in_e . w_e^T with w_e stored [n, k]; in [rows, k] and out [rows, n] in
-  // ExpertRowDType. Under FP8, Fp8ExpertGemm on in_fp8 (QuantizeExpertRows of `in`) times w's
-  // codes laid out [n, k] (compute_t, or compute when transposed).
-  absl::Status ExpertDataGemm(const std::vector<int64_t>& group_rows, const void* in,
-                              const Fp8Rows& in_fp8, int64_t k, const LayerParam& w,
-                              bool transposed, int64_t n, void* out);
+  // ExpertRowDType. Under FP8, Fp8ExpertGemms on in_fp8 (QuantizeExpertRows of `in`) times
+  // w's codes laid out [n, k] (compute_t, or compute when transposed). Returns the GEMMs for
+  // the caller's GroupedGemm.
+  std::vector<GemmArgs> ExpertDataGemms(const std::vector<int64_t>& group_rows, const void* in,
+                                        const Fp8Rows& in_fp8, int64_t k, const LayerParam& w,
+                                        bool transposed, int64_t n, void* out) const;
   // Backward 3's weight gradients (moe_layer_experts.cc): w.grad_e (+)= in_e^T . d_out_e
   // ([in_cols, rows_e] x [rows_e, out_cols], fp32) for every local expert, written (beta 0)
   // while w's gradient is lazily zero (LayerParam), which covers every expert's slice, k = 0
   // ones included. in [rows, in_cols] and d_out [rows, out_cols] in ExpertRowDType; under FP8
   // their grouped codes (in_fp8.columns, d_out_fp8.columns) instead: per expert an FP8 "TN"
-  // GEMM over its padded columns (the zero pads add nothing).
-  absl::Status ExpertWeightGradGemm(const std::vector<int64_t>& group_rows, const void* in,
-                                    const Fp8Rows& in_fp8, int64_t in_cols, const void* d_out,
-                                    const Fp8Rows& d_out_fp8, int64_t out_cols, LayerParam& w);
+  // GEMM over its padded columns (the zero pads add nothing). Returns the GEMMs for the
+  // caller's GroupedGemm; once they have run the caller clears w.grad_zero.
+  std::vector<GemmArgs> ExpertWeightGradGemms(const std::vector<int64_t>& group_rows,
+                                              const void* in, const Fp8Rows& in_fp8,
+                                              int64_t in_cols, const void* d_out,
+                                              const Fp8Rows& d_out_fp8, int64_t out_cols,
+                                              const LayerParam& w) const;
   // Backward 3 (moe_layer_experts.cc): accumulates the expert gradients from d_y (expert
   // layout) and writes d_x_expert. Reads s.plan, s.x_expert, s.h, s.act (FP8: s.x_fp8,
   // s.act_fp8 instead of s.x_expert, s.act).

@@ -177,7 +177,9 @@ absl::StatusOr<int64_t> EnvInt(const char* name, int64_t fallback, int64_t max) 
 // MOED_CUBLASLT_WGRAD_ALGO (CublasLtTuning::wgrad_algo_index, default 0),
 // MOED_CUBLASLT_WGRAD_ACCUM_ALGO (CublasLtTuning::wgrad_accumulate_algo_index, default
 // MOED_CUBLASLT_WGRAD_ALGO's value),
-// MOED_CUBLASLT_LOG=1 (log the weight-gradient plans).
+// MOED_CUBLASLT_LOG=1 (log the weight-gradient plans). The CUDA backend also reads
+// MOED_GEMM_SERIAL_GFLOPS (GroupedGemm runs its GEMMs one at a time on the main stream when
+// their mean size exceeds this many GFLOP; default kDefaultSerialGemmGflops; 0: always).
 absl::StatusOr<CublasLtGemm::Tuning> GemmTuningFromEnv(size_t* workspace_bytes) {
   constexpr int64_t kMaxAlgoIndex = 15;
   ASSIGN_OR_RETURN(const int64_t mb, EnvInt("MOED_CUBLASLT_WORKSPACE_MB",
@@ -215,6 +217,9 @@ absl::Status CudaBackend::Init() {
   const char* staging = std::getenv("MOED_CUDA_HOST_STAGING");
   use_staging_ = staging != nullptr && std::string(staging) == "1";
   ASSIGN_OR_RETURN(const CublasLtGemm::Tuning tuning, GemmTuningFromEnv(&workspace_bytes_));
+  ASSIGN_OR_RETURN(const int64_t serial_gflops,
+                   EnvInt("MOED_GEMM_SERIAL_GFLOPS", kDefaultSerialGemmGflops, int64_t{1} << 30));
+  serial_gemm_flops_ = static_cast<double>(serial_gflops) * 1e9;
   // Keep freed pool memory for reuse: steps allocate and free the same sizes every time.
   cudaMemPool_t pool;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device_));
@@ -428,9 +433,9 @@ absl::Status CudaBackend::GroupedGemm(absl::Span<const GemmArgs> gemms) {
     }
   }
   RETURN_IF_ERROR(Activate());
-  // Large experts fill the GPU one at a time; small ones overlap on side streams.
-  constexpr double kSmallGemmFlops = 60e9;
-  if (nonempty <= 1 || flops / nonempty > kSmallGemmFlops) {
+  // Large GEMMs fill the GPU one at a time; small ones overlap on side streams (each GEMM's
+  // plan, and so its result, is the same on any stream).
+  if (nonempty <= 1 || flops / nonempty > serial_gemm_flops_) {
     for (const GemmArgs& g : gemms) RETURN_IF_ERROR(RunGemm(g, stream_, workspace_[0]));
     return absl::OkStatus();
   }

@@ -340,7 +340,7 @@ TEST(CpuFp8, ActivationAmaxFeedsTheQuantisation) {
 }
 
 // The weight-gradient GEMM the layer runs on grouped codes (moe_layer_experts.cc,
-// ExpertWeightGradGemm): per group, C = scale_a scale_b sum over the group's rows of
+// ExpertWeightGradGemms): per group, C = scale_a scale_b sum over the group's rows of
 // in[r, i] d_out[r, j] (the pads add nothing), written with beta 0 (empty groups: zeros) and
 // accumulated with beta 1.
 TEST(CpuFp8, WeightGradientGemmOnGroupedCodes) {

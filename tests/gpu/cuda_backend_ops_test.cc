@@ -244,7 +244,7 @@ TEST(CudaOps, QuantizeFp8GroupedIsBitwiseTheEmulation) {
 }
 
 // The FP8 weight-gradient GEMMs as the layer runs them (moe_layer_experts.cc,
-// ExpertWeightGradGemm): per expert C_e (+)= A_e . B_e^T on the grouped codes (k = the group's
+// ExpertWeightGradGemms): per expert C_e (+)= A_e . B_e^T on the grouped codes (k = the group's
 // padded rows, zero pads), fp32 C written with beta 0 over stale NaNs (empty experts: zeros)
 // and accumulated with beta 1, against the CPU emulation.
 TEST(CudaOps, Fp8WeightGradGemmMatchesEmulation) {
@@ -385,8 +385,12 @@ TEST(CudaOps, ConvertAddOptimizer) {
     // The CPU backend steps in double; AdamW's divisions round differently in fp32.
     const double tol = args.adamw ? 5e-5 : 1e-6;
     EXPECT_LE(MaxRelError(bp.Download<float>(Pm, n)), tol) << "variant " << variant;
-    if (variant % 3 > 0) EXPECT_LE(MaxRelError(bp.Download<float>(M, n)), tol);
-    if (args.adamw) EXPECT_LE(MaxRelError(bp.Download<float>(V, n)), tol);
+    if (variant % 3 > 0) {
+      EXPECT_LE(MaxRelError(bp.Download<float>(M, n)), tol);
+    }
+    if (args.adamw) {
+      EXPECT_LE(MaxRelError(bp.Download<float>(V, n)), tol);
+    }
   }
 }
 

@@ -1,0 +1,81 @@
+#!/bin/bash
+# gpu_overlap_check.sh: the backward's data- and weight-gradient GEMMs side by side (issue 15),
+# measured on the GPU machine against the engine it replaced, in one call, from the folder
+# tools/gpu_step15_pack.sh made (carry .gpu; gpu_bench_base = this gpu_bench.cc on BASE_REV's
+# engine):
+#   1. unless SKIP_TESTS=1: cuda_backend_ops_test and cuda_layer_test, FP8 cases included;
+#   2. gpu_bench for CONFIGS (default te_seed,qwen3,mixtral) and DTYPES (default bf16,fp8),
+#      zeroed and accumulating fwd+bwd steps in one process, alternating ROUNDS times
+#      (default 2) between base, now, and now with every GroupedGemm on the side streams
+#      (MOED_GEMM_SERIAL_GFLOPS=1000000; SKIP_WIDE=1 leaves it out);
+#   3. a table: medians per run, now / base, and whether the fingerprints (out, d_x, d_gate of
+#      one step) of every run of a config and datatype are bitwise equal.
+#
+#   here:  BASE_REV=<commit> tools/gpu_step15_pack.sh
+#   there: OUT=$OUT tools/gpu_overlap_check.sh          # device tool: carry [".gpu"]
+#          CONFIGS=dsv3 ROUNDS=1 SKIP_TESTS=1 SKIP_WIDE=1 OUT=$OUT tools/gpu_overlap_check.sh
+set -uo pipefail
+out=${OUT:-gpu_out}
+mkdir -p "$out"
+source .gpu/env.sh
+export MOED_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0
+log="$out/overlap.log"
+step_width=30
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_step.sh"  # step, summary
+configs=${CONFIGS:-te_seed,qwen3,mixtral}
+dtypes=${DTYPES:-bf16,fp8}
+iters=${ITERS:-8}
+{ date -u; nvidia-smi -L; } >>"$log" 2>&1
+
+if [ -z "${SKIP_TESTS:-}" ]; then
+  step ops_test 150 cuda_backend_ops_test
+  step layer_test 240 cuda_layer_test
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which is" "$log" | tail -40
+fi
+
+bench() {  # bench LABEL BINARY [ENV=VALUE...]
+  local label=$1 binary=$2; shift 2
+  step "bench_${label}_$r" 240 env "$@" "$binary" --configs="$configs" --compute_dtypes="$dtypes" \
+    --iters="$iters" --zero_grads=true --accumulating_iters="$iters" \
+    --json="$out/bench_${label}.jsonl"
+}
+for r in $(seq 1 "${ROUNDS:-2}"); do
+  bench base gpu_bench_base
+  bench now gpu_bench
+  [ -z "${SKIP_WIDE:-}" ] && bench wide gpu_bench MOED_GEMM_SERIAL_GFLOPS=1000000
+done
+
+python3 - "$out" <<'PY'
+import json, os, statistics, sys
+out = sys.argv[1]
+runs = {}
+for label in ("base", "now", "wide"):
+    path = os.path.join(out, "bench_%s.jsonl" % label)
+    if os.path.exists(path):
+        runs[label] = [json.loads(l) for l in open(path)]
+keys = sorted({(r["config"], r.get("compute_dtype", "bf16")) for rs in runs.values() for r in rs})
+def pick(label, cfg, dt):
+    return [r for r in runs.get(label, []) if r["config"] == cfg and r.get("compute_dtype", "bf16") == dt]
+fields = (("fwd", "fwd_device_ms"), ("f+b zeroed", "fwdbwd_device_ms"),
+          ("f+b accum", "fwdbwd_accum_device_ms"))
+print("device ms, median of each run's medians (runs listed); ratio = label / base")
+for cfg, dt in keys:
+    base = pick("base", cfg, dt)
+    for label in runs:
+        rs = pick(label, cfg, dt)
+        if not rs:
+            continue
+        cells = []
+        for name, key in fields:
+            vals = [r.get(key, float("nan")) for r in rs]
+            m = statistics.median(vals)
+            b = statistics.median([r.get(key, float("nan")) for r in base]) if base else float("nan")
+            cells.append("%s %6.2f (%s) x%.3f" % (name, m, "/".join("%.2f" % v for v in vals), m / b))
+        gg = statistics.median([r["breakdown_fwdbwd_ms"].get("GroupedGemm", 0) for r in rs])
+        print("%-8s %-4s %-5s %s | GroupedGemm f+b %.2f" % (cfg, dt, label, " | ".join(cells), gg))
+    fps = {(label, i): r.get("fingerprint") for label in runs for i, r in enumerate(pick(label, cfg, dt))}
+    same = len(set(fps.values())) == 1
+    print("%-8s %-4s fingerprints of %d runs: %s" % (cfg, dt, len(fps),
+          "bitwise equal" if same else "DIFFERENT " + repr(fps)))
+PY
+printf '%s\n' "${summary[@]}"
