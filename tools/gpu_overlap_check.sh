@@ -6,14 +6,14 @@
 #   1. unless SKIP_TESTS=1: cuda_backend_ops_test and cuda_layer_test, FP8 cases included;
 #   2. gpu_bench for CONFIGS (default te_seed,qwen3,mixtral) and DTYPES (default bf16,fp8),
 #      zeroed and accumulating fwd+bwd steps in one process, alternating ROUNDS times
-#      (default 2) between base, now, and now with every GroupedGemm on the side streams
-#      (MOED_GEMM_SERIAL_GFLOPS=1000000; SKIP_WIDE=1 leaves it out);
+#      (default 2) between base, now, and now with GroupedGemm's old rule, large GEMMs one at a
+#      time (MOED_GEMM_SERIAL_GFLOPS=60; SKIP_SERIAL=1 leaves it out);
 #   3. a table: medians per run, now / base, and whether the fingerprints (out, d_x, d_gate of
 #      one step) of every run of a config and datatype are bitwise equal.
 #
 #   here:  BASE_REV=<commit> tools/gpu_step15_pack.sh
 #   there: OUT=$OUT tools/gpu_overlap_check.sh          # device tool: carry [".gpu"]
-#          CONFIGS=dsv3 ROUNDS=1 SKIP_TESTS=1 SKIP_WIDE=1 OUT=$OUT tools/gpu_overlap_check.sh
+#          CONFIGS=dsv3 ROUNDS=1 SKIP_TESTS=1 SKIP_SERIAL=1 OUT=$OUT tools/gpu_overlap_check.sh
 set -uo pipefail
 out=${OUT:-gpu_out}
 mkdir -p "$out"
@@ -42,14 +42,14 @@ bench() {  # bench LABEL BINARY [ENV=VALUE...]
 for r in $(seq 1 "${ROUNDS:-2}"); do
   bench base gpu_bench_base
   bench now gpu_bench
-  [ -z "${SKIP_WIDE:-}" ] && bench wide gpu_bench MOED_GEMM_SERIAL_GFLOPS=1000000
+  [ -z "${SKIP_SERIAL:-}" ] && bench serial gpu_bench MOED_GEMM_SERIAL_GFLOPS=60
 done
 
 python3 - "$out" <<'PY'
 import json, os, statistics, sys
 out = sys.argv[1]
 runs = {}
-for label in ("base", "now", "wide"):
+for label in ("base", "now", "serial"):
     path = os.path.join(out, "bench_%s.jsonl" % label)
     if os.path.exists(path):
         runs[label] = [json.loads(l) for l in open(path)]

@@ -179,7 +179,7 @@ absl::StatusOr<int64_t> EnvInt(const char* name, int64_t fallback, int64_t max) 
 // MOED_CUBLASLT_WGRAD_ALGO's value),
 // MOED_CUBLASLT_LOG=1 (log the weight-gradient plans). The CUDA backend also reads
 // MOED_GEMM_SERIAL_GFLOPS (GroupedGemm runs its GEMMs one at a time on the main stream when
-// their mean size exceeds this many GFLOP; default kDefaultSerialGemmGflops; 0: always).
+// their mean size exceeds this many GFLOP; 0, the default: never).
 absl::StatusOr<CublasLtGemm::Tuning> GemmTuningFromEnv(size_t* workspace_bytes) {
   constexpr int64_t kMaxAlgoIndex = 15;
   ASSIGN_OR_RETURN(const int64_t mb, EnvInt("MOED_CUBLASLT_WORKSPACE_MB",
@@ -433,9 +433,11 @@ absl::Status CudaBackend::GroupedGemm(absl::Span<const GemmArgs> gemms) {
     }
   }
   RETURN_IF_ERROR(Activate());
-  // Large GEMMs fill the GPU one at a time; small ones overlap on side streams (each GEMM's
-  // plan, and so its result, is the same on any stream).
-  if (nonempty <= 1 || flops / nonempty > serial_gemm_flops_) {
+  // The GEMMs overlap on the side streams: small ones fill the GPU together, and a large one's
+  // last wave runs beside the next one's first (2-3 % of te_seed's and mixtral's steps on the
+  // H200 against one at a time, docs/PERFORMANCE.md). Each GEMM's plan, and so its result, is
+  // the same on any stream.
+  if (nonempty <= 1 || (serial_gemm_flops_ > 0 && flops / nonempty > serial_gemm_flops_)) {
     for (const GemmArgs& g : gemms) RETURN_IF_ERROR(RunGemm(g, stream_, workspace_[0]));
     return absl::OkStatus();
   }

@@ -84,8 +84,9 @@ class CudaBackend : public Backend {
  private:
   static constexpr int kSideStreams = 4;
   static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
-  // GroupedGemm overlaps GEMMs on the side streams unless their mean size is above this.
-  static constexpr int64_t kDefaultSerialGemmGflops = 60;
+  // GroupedGemm overlaps GEMMs on the side streams unless their mean size is above this
+  // (0: no limit).
+  static constexpr int64_t kDefaultSerialGemmGflops = 0;
 
   explicit CudaBackend(int device) : device_(device) {}
   absl::Status Init();
@@ -109,7 +110,7 @@ class CudaBackend : public Backend {
   bool use_staging_ = false;  // MOED_CUDA_HOST_STAGING=1 (read once in Init)
   // Each cuBLASLt workspace's size: MOED_CUBLASLT_WORKSPACE_MB (read once in Init).
   size_t workspace_bytes_ = kDefaultWorkspaceBytes;
-  // GroupedGemm's threshold in FLOP: MOED_GEMM_SERIAL_GFLOPS (read once in Init).
+  // GroupedGemm's threshold in FLOP, 0 for none: MOED_GEMM_SERIAL_GFLOPS (read once in Init).
   double serial_gemm_flops_ = kDefaultSerialGemmGflops * 1e9;
 
   mutable absl::Mutex mu_;
