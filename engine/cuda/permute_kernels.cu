@@ -199,9 +199,31 @@ __global__ void CopyRowBlocksKernel(const V* __restrict__ src, V* __restrict__ d
   }
 }
 
-// Slots of a token that CombineKernel and CombineBackwardKernel handle in one pass over the
-// row: 2, 4 or 8, the smallest that covers top_k up to 8 (registers grow with it: ~60 at 2
-// slots, ~120 at 8).
+template <int VEC, typename Y, typename O>
+__global__ void CombineKernel(const Y* __restrict__ y, const int32_t* __restrict__ pair_row,
+                              const float* __restrict__ weight, int top_k, int64_t width,
+                              O* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * VEC; c < width;
+       c += static_cast<int64_t>(blockDim.x) * VEC) {
+    float acc[VEC];
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+      const int32_t row = pair_row[t * top_k + j];
+      if (row < 0) continue;
+      const float w = weight ? weight[t * top_k + j] : 1.f;
+      float v[VEC];
+      LoadVec<VEC>(y + static_cast<int64_t>(row) * width + c, v);
+#pragma unroll
+      for (int i = 0; i < VEC; ++i) acc[i] += w * v[i];
+    }
+    StoreVec<VEC>(out + t * width + c, acc);
+  }
+}
+
+// Slots of a token that CombineBackwardKernel handles in one pass over the row: 2, 4 or 8, the
+// smallest that covers top_k up to 8 (registers grow with it: ~60 at 2 slots, ~120 at 8).
 int CombineSlotsFor(int top_k) { return top_k <= 2 ? 2 : top_k <= 4 ? 4 : 8; }
 
 // VEC elements of T as loaded (one 16-byte access for 8 bf16, two for 8 fp32), converted to
@@ -218,47 +240,6 @@ template <int VEC, typename T>
 __device__ __forceinline__ void RawToFloat(const RawVec<VEC, T>& r, float* f) {
 #pragma unroll
   for (int i = 0; i < VEC; ++i) f[i] = ToFloat(r.v[i]);
-}
-
-// One block per token t: out_t = sum over its slots j, in slot order, of weight_tj * y[row_tj]
-// (dropped slots, row < 0, skipped). The SLOTS rows of a pass are loaded together (SLOTS
-// independent 16-byte loads in flight per thread, where loading and adding one row at a time
-// left one) and then added in slot order, so every sum is bitwise the one-at-a-time sum.
-template <int VEC, int SLOTS, typename Y, typename O>
-__global__ void CombineKernel(const Y* __restrict__ y, const int32_t* __restrict__ pair_row,
-                              const float* __restrict__ weight, int top_k, int64_t width,
-                              O* __restrict__ out) {
-  const int64_t t = blockIdx.x;
-  for (int64_t c = static_cast<int64_t>(threadIdx.x) * VEC; c < width;
-       c += static_cast<int64_t>(blockDim.x) * VEC) {
-    float acc[VEC];
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) acc[i] = 0.f;
-    for (int j0 = 0; j0 < top_k; j0 += SLOTS) {
-      int32_t rows[SLOTS];
-      float w[SLOTS];
-      RawVec<VEC, Y> raw[SLOTS];
-#pragma unroll
-      for (int jj = 0; jj < SLOTS; ++jj) {
-        const bool in = j0 + jj < top_k;
-        rows[jj] = in ? pair_row[t * top_k + j0 + jj] : -1;
-        w[jj] = in && weight ? weight[t * top_k + j0 + jj] : 1.f;
-      }
-#pragma unroll
-      for (int jj = 0; jj < SLOTS; ++jj) {
-        if (rows[jj] >= 0) raw[jj] = LoadRaw<VEC>(y + static_cast<int64_t>(rows[jj]) * width + c);
-      }
-#pragma unroll
-      for (int jj = 0; jj < SLOTS; ++jj) {
-        if (rows[jj] < 0) continue;
-        float v[VEC];
-        RawToFloat(raw[jj], v);
-#pragma unroll
-        for (int i = 0; i < VEC; ++i) acc[i] += w[jj] * v[i];
-      }
-    }
-    StoreVec<VEC>(out + t * width + c, acc);
-  }
 }
 
 // One block per token t. For slots j0..j0+SLOTS-1 at once: d_out_t is read once per
@@ -330,18 +311,8 @@ template <int VEC, typename Y, typename O>
 void LaunchCombineTyped(const void* y, const int32_t* pair_row, const float* weight,
                         int64_t tokens, int top_k, int64_t width, void* out, cudaStream_t s) {
   const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, (width / VEC + 31) / 32 * 32)));
-  auto launch = [&](auto kernel) {
-    kernel<<<tokens, threads, 0, s>>>(static_cast<const Y*>(y), pair_row, weight, top_k, width,
-                                      static_cast<O*>(out));
-  };
-  switch (CombineSlotsFor(top_k)) {
-    case 2:
-      return launch(CombineKernel<VEC, 2, Y, O>);
-    case 4:
-      return launch(CombineKernel<VEC, 4, Y, O>);
-    default:
-      return launch(CombineKernel<VEC, 8, Y, O>);
-  }
+  CombineKernel<VEC, Y, O><<<tokens, threads, 0, s>>>(static_cast<const Y*>(y), pair_row, weight,
+                                                      top_k, width, static_cast<O*>(out));
 }
 
 template <int VEC, typename D, typename Y>
