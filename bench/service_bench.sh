@@ -9,8 +9,7 @@
 #   SHAPE = H,F,E,k,T   (default: the data-plane issue's table)
 # Environment: MOED_FLAGS / MOECTL_FLAGS (extra flags, e.g. MOED_FLAGS=--shm_relay=false
 # MOECTL_FLAGS=--lanes=1 for the gRPC path without the relay and lanes), SHM=0 (gRPC only),
-# LABEL (output file service_bench_LABEL.jsonl), UNIX_SOCKET=1 (moed also listens on a
-# Unix-domain socket, --unix_socket, and moectl connects there instead of loopback TCP).
+# LABEL (output file service_bench_LABEL.jsonl).
 # Binaries come from $PATH (moed, moectl) or bazel-bin.
 set -uo pipefail
 device=cpu workers=2 dtype=bf16 steps=${STEPS:-10} warmup=${WARMUP:-2}
@@ -30,19 +29,12 @@ mkdir -p "$out"
 moed=$(command -v moed || echo bazel-bin/server/moed)
 moectl=$(command -v moectl || echo bazel-bin/client/moectl)
 port_file=$(mktemp -u)
-socket_flag=() socket=""
-if [ "${UNIX_SOCKET:-0}" = 1 ]; then
-  socket=$(mktemp -u /tmp/moed-bench-XXXXXX.sock)
-  socket_flag=(--unix_socket="$socket")
-fi
 "$moed" --device="$device" --workers="$workers" --port=0 --port_file="$port_file" \
-  --allow_client_shm --max_layer_bytes=$((1 << 40)) "${socket_flag[@]}" ${MOED_FLAGS:-} \
-  >"$out/moed${LABEL:+_$LABEL}.log" 2>&1 &
+  --allow_client_shm --max_layer_bytes=$((1 << 40)) ${MOED_FLAGS:-} >"$out/moed${LABEL:+_$LABEL}.log" 2>&1 &
 moed_pid=$!
 trap 'kill $moed_pid 2>/dev/null; wait $moed_pid 2>/dev/null' EXIT
 for _ in $(seq 1 300); do [ -s "$port_file" ] && break; sleep 0.1; done
 server="127.0.0.1:$(cat "$port_file")"
-[ -n "$socket" ] && server="unix:$socket"
 "$moectl" --server="$server" health --wait_ms=120000 >/dev/null || { tail "$out/moed${LABEL:+_$LABEL}.log"; exit 1; }
 compute=$([ "$dtype" = bf16 ] && echo bf16 || echo fp32)
 cuda_shm=$([ "${device%%:*}" = cuda ] && echo --cuda_shm || echo --nocuda_shm)

@@ -158,11 +158,6 @@ std::unique_ptr<grpc::Server> StartPublicServer(const MoedOptions& options, cons
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::StrCat(options.listen, ":", options.port), loaded.credentials,
                            port);
-  // The same service on a Unix-domain socket (--unix_socket, prepared by PrepareUnixSocketPath):
-  // same credentials, tokens and limits; its peers count as local (shared memory).
-  if (!options.unix_socket.empty()) {
-    builder.AddListeningPort(absl::StrCat("unix:", options.unix_socket), loaded.credentials);
-  }
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   // Bytes gRPC buffers for incoming messages of all calls at once (--max_inflight_bytes): past
   // it gRPC shrinks its flow-control windows and cancels streams (RESOURCE_EXHAUSTED). A
@@ -193,11 +188,8 @@ void LogStartup(const MoedOptions& options, const Loaded& loaded, int internal_p
                  "--tls_cert_file/--tls_key_file (docs/SECURITY.md)\n");
   }
   std::fprintf(stderr, "moed: checkpoints under %s\n", loaded.checkpoint_root->path().c_str());
-  std::fprintf(stderr, "moed: listening on %s:%d%s, %s %d worker(s)%s\n", options.listen.c_str(),
-               port,
-               options.unix_socket.empty() ? ""
-                                           : absl::StrCat(" and unix:", options.unix_socket).c_str(),
-               options.embedded ? "starting" : "expecting", options.world,
+  std::fprintf(stderr, "moed: listening on %s:%d, %s %d worker(s)%s\n", options.listen.c_str(),
+               port, options.embedded ? "starting" : "expecting", options.world,
                http ? absl::StrCat(", metrics on port ", http->port(), " (/metrics)").c_str() : "");
 }
 
@@ -256,11 +248,9 @@ ServiceOptions ServiceOptionsFor(const MoedOptions& options, const Loaded& loade
 }
 
 // Both servers, listening; the message of an error says which address could not be bound.
-// Members are destroyed in reverse order: the socket file goes after the servers stopped.
 struct Servers {
   int internal_port = 0;
   int port = 0;
-  std::unique_ptr<UnixSocket> unix_socket;  // --unix_socket's file, removed at the end
   std::unique_ptr<grpc::Server> internal;
   std::unique_ptr<grpc::Server> public_api;
 };
@@ -275,30 +265,11 @@ absl::StatusOr<Servers> StartServers(const MoedOptions& options, const Loaded& l
     return absl::UnavailableError(absl::StrCat("cannot listen on ", options.internal_listen,
                                                " (--internal_listen; in use?)"));
   }
-  if (!options.unix_socket.empty()) {
-    if (absl::Status ready = PrepareUnixSocketPath(options.unix_socket); !ready.ok()) {
-      servers.internal->Shutdown();
-      return ready;
-    }
-  }
   servers.public_api = StartPublicServer(options, loaded, service, &servers.port);
   if (servers.public_api == nullptr) {
     servers.internal->Shutdown();
-    return absl::UnavailableError(absl::StrCat(
-        "cannot listen on ", options.listen, ":", options.port,
-        options.unix_socket.empty()
-            ? " (in use by another process?)"
-            : absl::StrCat(" or unix:", options.unix_socket,
-                           " (in use by another process? does the socket's folder exist?)")));
-  }
-  if (!options.unix_socket.empty()) {
-    absl::StatusOr<std::unique_ptr<UnixSocket>> adopted = UnixSocket::Adopt(options.unix_socket);
-    if (!adopted.ok()) {
-      servers.public_api->Shutdown();
-      servers.internal->Shutdown();
-      return adopted.status();
-    }
-    servers.unix_socket = std::move(*adopted);
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", options.listen, ":",
+                                               options.port, " (in use by another process?)"));
   }
   return servers;
 }

@@ -18,11 +18,6 @@ ABSL_FLAG(std::string, listen, "127.0.0.1",
           "address to serve other hosts: see docs/SECURITY.md first)");
 ABSL_FLAG(int, port, 50051, "gRPC port (0: pick a free one; see --port_file)");
 ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port here once listening");
-ABSL_FLAG(std::string, unix_socket, "",
-          "also serve the public API on this Unix-domain socket (absolute path; mode 0660, so "
-          "the owner's user and group may connect; removed at exit). Clients on this host "
-          "connect to unix:PATH, which moves large tensors faster than loopback TCP "
-          "(docs/PERFORMANCE.md)");
 ABSL_FLAG(int, workers, 0,
           "embedded mode: start this many local moe-worker processes (0: one per visible GPU "
           "with --device=cuda, else 2)");
@@ -168,7 +163,6 @@ MoedOptions MoedOptionsFromFlags() {
   o.listen = absl::GetFlag(FLAGS_listen);
   o.port = absl::GetFlag(FLAGS_port);
   o.port_file = absl::GetFlag(FLAGS_port_file);
-  o.unix_socket = absl::GetFlag(FLAGS_unix_socket);
   o.internal_listen = absl::GetFlag(FLAGS_internal_listen);
   o.internal_port_file = absl::GetFlag(FLAGS_internal_port_file);
   o.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
@@ -285,12 +279,6 @@ absl::Status ValidateMoedOptions(const MoedOptions& o) {
         "--listen=", o.listen,
         " reaches beyond loopback, but there is no --tokens_file: anyone who reaches the port "
         "could drive the service. Give a tokens file (docs/SECURITY.md) or listen on loopback"));
-  }
-  // sockaddr_un holds 108 bytes with the terminating NUL.
-  if (!o.unix_socket.empty() && (o.unix_socket[0] != '/' || o.unix_socket.size() > 107 ||
-                                 o.unix_socket.find('\0') != std::string::npos)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--unix_socket=", o.unix_socket, " must be an absolute path of at most 107 bytes"));
   }
   if (!o.embedded && o.cluster_secret_file.empty()) {
     return absl::InvalidArgumentError(

@@ -35,7 +35,6 @@ struct MoedOptions {
   std::string listen = "127.0.0.1";
   int port = 50051;
   std::string port_file;
-  std::string unix_socket;  // empty: none; else an absolute path (server/moed_util.h)
   std::string internal_listen = "127.0.0.1:0";
   std::string internal_port_file;
   // host:port of the Prometheus exporter; empty: none (--metrics_listen=off). A failure to
@@ -65,8 +64,7 @@ MoedOptions MoedOptionsFromFlags();
 // INVALID_ARGUMENT naming the flag at fault: no workers, an unknown --device (embedded), a
 // timing or size flag that is not positive, --max_message_bytes outside [65536, 2^31),
 // --max_inflight_bytes below it, external workers without --cluster_secret_file, a --listen
-// beyond loopback without --tokens_file, a --unix_socket that is not an absolute path of at
-// most 107 bytes.
+// beyond loopback without --tokens_file.
 absl::Status ValidateMoedOptions(const MoedOptions& options);
 
 }  // namespace moe
