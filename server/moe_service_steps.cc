@@ -373,7 +373,10 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     }
     return absl::OkStatus();
   };
-  return Finish("Forward", start, run());
+  absl::Status status = run();
+  // Fetches sent with the step (FetchStagedRequest.wait) end with its error.
+  if (!status.ok()) staging_->FailOutput(ClientOf(*context), request.out_staged(), status);
+  return Finish("Forward", start, status);
 }
 
 int64_t MoeServiceImpl::SavedBytesPerWorker(Layer& layer, uint64_t step_id) const {
@@ -493,7 +496,9 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     }
     return absl::OkStatus();
   };
-  return Finish("Backward", start, run());
+  absl::Status status = run();
+  if (!status.ok()) staging_->FailOutput(ClientOf(*context), request.d_x_staged(), status);
+  return Finish("Backward", start, status);
 }
 
 grpc::Status MoeServiceImpl::DoReleaseStep(grpc::ServerContextBase* context,
