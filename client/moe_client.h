@@ -19,7 +19,6 @@
 
 #include <atomic>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -72,10 +71,6 @@ struct ClientOptions {
   // lanes 2.9-3.3 GB/s, 4 lanes 2.1-3.2, 1 lane 0.6-1.2; on a 2-core host lanes do not help).
   int lanes = 0;
   int64_t lane_min_bytes = int64_t{4} << 20;
-  // Over lanes: the output's fetches go out with the step and wait in moed for its output
-  // (FetchStagedRequest.wait), instead of after the step's answer. false: after it (for
-  // comparisons, e.g. moectl bench --nofetch_with_step).
-  bool fetch_with_step = true;
 };
 
 // A step's per-phase times (CallOptions::timing): the client's own phases around the server's
@@ -272,14 +267,10 @@ class MoeClient {
   // "send it in the step" (UNIMPLEMENTED, RESOURCE_EXHAUSTED) comes back as is; after
   // UNIMPLEMENTED the lanes stay off.
   absl::Status StageRows(const std::string& name, const Tensor& tensor, const CallOptions& call);
-  // FetchStaged of the whole output [rows, hidden] in row ranges, concurrently, each copied
-  // once into the returned tensor (CallOptions::output's buffer when given), its datatype the
-  // answers'. With `step`: the fetches go out first, asking moed to wait for the output
-  // (FetchStagedRequest.wait), and step() runs on this thread meanwhile; its error is
-  // returned, the fetches cancelled.
-  absl::StatusOr<Tensor> FetchRows(const std::string& name, int64_t rows, int64_t hidden,
-                                   const CallOptions& call,
-                                   const std::function<absl::Status()>& step);
+  // FetchStaged of the whole output `head` (datatype, shape) in row ranges, concurrently,
+  // each copied once into the returned tensor.
+  absl::StatusOr<Tensor> FetchRows(const std::string& name, const v1::Tensor& head,
+                                   const CallOptions& call);
   // The staged step both use: stages `tensor`, has name(&request, in, out) name it and the
   // output to keep, calls rpc(context, request, response) and fetches (response->*answer)();
   // StepTimes as in ClientOptions::lanes. *sent: false when the server asked for the tensor in

@@ -2,14 +2,10 @@
 // (ClientOptions::lanes; proto/moe.proto, "Staged tensors"). The input goes up as row ranges
 // (StageTensor, one per lane, concurrently), the step names it and asks for its output to be
 // kept, and the output comes back as row ranges (FetchStaged, concurrently), each copied once
-// into the result (a new tensor, or the caller's CallOptions::output). The fetches go out
-// with the step and wait in moed for its output (FetchStagedRequest.wait), so the rows start
-// back as soon as moed has them. Two phases instead of one call: an extra round trip (well
-// under a millisecond on a LAN) against several times the bandwidth of one connection, which
-// is why only tensors of ClientOptions::lane_min_bytes or more take this path.
+// into the result (a new tensor, or the caller's CallOptions::output). Three phases instead of one call: ~2 extra round trips (well under a
+// millisecond on a LAN) against several times the bandwidth of one connection, which is why
+// only tensors of ClientOptions::lane_min_bytes or more take this path.
 #include <algorithm>
-#include <functional>
-#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -113,109 +109,44 @@ absl::Status MoeClient::StageRows(const std::string& name, const Tensor& tensor,
   return status;
 }
 
-absl::StatusOr<Tensor> MoeClient::FetchRows(const std::string& name, int64_t rows,
-                                            int64_t hidden, const CallOptions& call,
-                                            const std::function<absl::Status()>& step) {
-  // The ranges are cut for the widest datatype (fp32): the output's is known from its first
-  // answer only (Backward's d_x has the forward x's datatype).
+absl::StatusOr<Tensor> MoeClient::FetchRows(const std::string& name, const v1::Tensor& head,
+                                            const CallOptions& call) {
+  ASSIGN_OR_RETURN(DType dtype, ParseDType(head.datatype()));
+  if (head.shape_size() != 2) return absl::InternalError("staged output: not [rows, hidden]");
+  const std::vector<int64_t> shape = {head.shape(0), head.shape(1)};
+  if (call.output != nullptr) RETURN_IF_ERROR(CheckTensorFits(kOutputName, *call.output, dtype, shape));
+  // The rows go straight into the caller's buffer when it gives one.
+  Tensor out = call.output != nullptr ? Tensor::View(dtype, shape, call.output->raw())
+                                      : Tensor::Uninitialized(dtype, shape);
+  const size_t row_bytes = head.shape(1) * DTypeSize(dtype);
   const std::vector<int64_t> offsets =
-      PartRows(rows, hidden * sizeof(float), lanes_.size(), PieceBytes());
-  const size_t parts = offsets.size() - 1;
-  const size_t lanes = std::min(lanes_.size(), parts);
-  absl::Mutex mu;
-  std::optional<Tensor> out;                            // made by the first answer
-  bool cancelled = false;                               // the step failed: no new fetch
-  std::vector<grpc::ClientContext*> live(lanes, nullptr);  // each lane's call in flight
-  // The output, made (or the caller's buffer checked) when the first answer tells its datatype.
-  auto output_for = [&](const v1::Tensor& head) -> absl::StatusOr<Tensor*> {
-    ASSIGN_OR_RETURN(DType dtype, ParseDType(head.datatype()));
-    const std::vector<int64_t> shape = {rows, hidden};
-    absl::MutexLock lock(&mu);
-    if (!out.has_value()) {
-      if (call.output != nullptr) {
-        RETURN_IF_ERROR(CheckTensorFits(kOutputName, *call.output, dtype, shape));
-        out = Tensor::View(dtype, shape, call.output->raw());  // straight into the caller's
-      } else {
-        out = Tensor::Uninitialized(dtype, shape);
-      }
-    } else if (out->dtype() != dtype) {
-      return absl::InternalError("FetchStaged: the parts of one output differ in datatype");
-    }
-    return &*out;
-  };
-  auto fetch_part = [&](size_t i, size_t lane) -> absl::Status {
-    v1::FetchStagedRequest request;
-    request.set_name(name);
-    request.set_row_offset(offsets[i]);
-    request.set_rows(offsets[i + 1] - offsets[i]);
-    request.set_wait(step != nullptr);
-    grpc::ClientContext context;
-    Prepare(call, &context);
-    // The server is answering the step: a lane still connecting is waited for, not failed.
-    context.set_wait_for_ready(true);
-    {
-      absl::MutexLock lock(&mu);
-      if (cancelled) return absl::CancelledError("the step failed");
-      live[lane] = &context;
-    }
-    grpc::ByteBuffer answer;
-    absl::Status called =
-        CallUnary(lanes_[lane], &context, kFetchStagedMethod, EncodeMessage(request), &answer);
-    {
-      absl::MutexLock lock(&mu);
-      live[lane] = nullptr;
-    }
-    RETURN_IF_ERROR(called);
-    v1::FetchStagedResponse response;
-    TensorBytes bytes;
-    RETURN_IF_ERROR(
-        DecodeWithTensor(answer, v1::FetchStagedResponse::kRowsFieldNumber, &response, &bytes));
-    ASSIGN_OR_RETURN(Tensor * into, output_for(response.rows()));
-    const size_t row_bytes = hidden * DTypeSize(into->dtype());
-    const size_t want = (offsets[i + 1] - offsets[i]) * row_bytes;
-    if (bytes.size() != want) {
-      return absl::InternalError(
-          absl::StrCat("FetchStaged returned ", bytes.size(), " bytes, expected ", want));
-    }
-    bytes.CopyTo(static_cast<char*>(into->raw()) + offsets[i] * row_bytes);
-    return absl::OkStatus();
-  };
-  // Lane l fetches parts l, l + lanes, ... in turn; the lanes run concurrently.
-  std::vector<absl::Status> results(lanes);
-  auto run_lane = [&](size_t lane) {
-    for (size_t part = lane; part < parts && results[lane].ok(); part += lanes) {
-      results[lane] = fetch_part(part, lane);
-    }
-  };
-  std::vector<std::thread> threads;
-  if (step == nullptr) {
-    for (size_t lane = 1; lane < lanes; ++lane) threads.emplace_back(run_lane, lane);
-    run_lane(0);
-  } else {
-    // Every lane's fetch goes out with the step, which runs on this thread.
-    for (size_t lane = 0; lane < lanes; ++lane) threads.emplace_back(run_lane, lane);
-    absl::Status stepped = step();
-    if (!stepped.ok()) {
-      {
-        absl::MutexLock lock(&mu);
-        cancelled = true;
-        for (grpc::ClientContext* context : live) {
-          if (context != nullptr) context->TryCancel();
+      PartRows(head.shape(0), row_bytes, lanes_.size(), PieceBytes());
+  RETURN_IF_ERROR(
+      RunLanes(offsets.size() - 1, lanes_.size(), [&](size_t i, size_t lane) -> absl::Status {
+        v1::FetchStagedRequest request;
+        request.set_name(name);
+        request.set_row_offset(offsets[i]);
+        request.set_rows(offsets[i + 1] - offsets[i]);
+        grpc::ClientContext context;
+        Prepare(call, &context);
+        // The server just answered the step: a lane still connecting is waited for, not failed.
+        context.set_wait_for_ready(true);
+        grpc::ByteBuffer answer;
+        RETURN_IF_ERROR(
+            CallUnary(lanes_[lane], &context, kFetchStagedMethod, EncodeMessage(request), &answer));
+        v1::FetchStagedResponse response;
+        TensorBytes bytes;
+        RETURN_IF_ERROR(
+            DecodeWithTensor(answer, v1::FetchStagedResponse::kRowsFieldNumber, &response, &bytes));
+        const size_t want = (offsets[i + 1] - offsets[i]) * row_bytes;
+        if (bytes.size() != want) {
+          return absl::InternalError(
+              absl::StrCat("FetchStaged returned ", bytes.size(), " bytes, expected ", want));
         }
-      }
-      for (std::thread& t : threads) t.join();
-      return stepped;
-    }
-  }
-  for (std::thread& t : threads) t.join();
-  bool waited_unknown = false;
-  for (const absl::Status& r : results) waited_unknown |= step != nullptr && absl::IsNotFound(r);
-  // A server that does not know FetchStagedRequest.wait answered NOT_FOUND before the step
-  // had kept the output: fetch again now that it has.
-  if (waited_unknown) return FetchRows(name, rows, hidden, call, nullptr);
-  for (const absl::Status& r : results) RETURN_IF_ERROR(r);
-  if (!out.has_value()) return absl::InternalError("FetchStaged: no part was fetched");
-  return std::move(*out);
+        bytes.CopyTo(static_cast<char*>(out.raw()) + offsets[i] * row_bytes);
+        return absl::OkStatus();
+      }));
+  return out;
 }
 
 template <typename Request, typename Response, typename Name, typename Rpc>
@@ -231,26 +162,13 @@ absl::StatusOr<Tensor> MoeClient::StepOverLanes(Request request, const Tensor& t
   RETURN_IF_ERROR(staged);
   const double stage_ms = clock.Lap();
   name(&request, in, out);
-  double call_ms = 0;
-  auto step = [&]() -> absl::Status {
+  {
     grpc::ClientContext context;
     Prepare(call, &context);
-    absl::Status status = FromGrpcStatus(rpc(&context, request, response));
-    call_ms = clock.Lap();
-    return status;
-  };
-  // The output's fetches go out with the step (FetchRows), so its rows start back as soon as
-  // moed kept them; or after it (ClientOptions::fetch_with_step false).
-  if (!options_.fetch_with_step) RETURN_IF_ERROR(step());
-  ASSIGN_OR_RETURN(Tensor result,
-                   FetchRows(out, tensor.shape()[0], tensor.shape()[1], call,
-                             options_.fetch_with_step ? std::function<absl::Status()>(step)
-                                                      : nullptr));
-  const v1::Tensor& head = (response->*answer)();
-  if (head.datatype() != DTypeName(result.dtype()) || head.shape_size() != 2 ||
-      head.shape(0) != result.shape()[0] || head.shape(1) != result.shape()[1]) {
-    return absl::InternalError("the staged output differs from the step's answer");
+    RETURN_IF_ERROR(FromGrpcStatus(rpc(&context, request, response)));
   }
+  const double call_ms = clock.Lap();
+  ASSIGN_OR_RETURN(Tensor result, FetchRows(out, (response->*answer)(), call));
   if (call.timing != nullptr) {
     *call.timing =
         StepTimes{stage_ms, call_ms, clock.Lap(), std::move(*response->mutable_timing())};

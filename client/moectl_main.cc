@@ -43,9 +43,6 @@ ABSL_FLAG(int32_t, lanes, 0,
           "this host's cores, 1 to 8");
 ABSL_FLAG(int64_t, lane_min_bytes, int64_t{4} << 20,
           "smallest tensor (bytes) sent over --lanes connections");
-ABSL_FLAG(bool, fetch_with_step, true,
-          "over --lanes: the output's fetches go out with the step and wait in moed for it "
-          "(false: after the step's answer, for comparisons)");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
           "Largest message sent, as moed's flag of the same name (keep it at or below moed's); "
           "larger x / d_out go in pieces through ForwardStream / BackwardStream.");
@@ -143,7 +140,6 @@ absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags() {
       std::clamp<int64_t>(absl::GetFlag(FLAGS_max_message_bytes), int64_t{1} << 16, INT32_MAX));
   options.lanes = std::clamp(absl::GetFlag(FLAGS_lanes), 0, 64);
   options.lane_min_bytes = absl::GetFlag(FLAGS_lane_min_bytes);
-  options.fetch_with_step = absl::GetFlag(FLAGS_fetch_with_step);
   return MoeClient::Connect(target, options);
 }
 

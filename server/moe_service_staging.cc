@@ -1,8 +1,7 @@
 // MoeServiceImpl: staged tensors (proto/moe.proto, "Staged tensors"; the book is
 // server/staging.h). StageTensor copies a part's rows once, from the received slices into the
 // tensor's relay buffer, on a handler thread (parts of one tensor copy in parallel);
-// FetchStaged answers with slices of the kept output, inline (nothing to copy), or, sent with
-// the step (wait), on a handler thread once the step kept its output.
+// FetchStaged answers with slices of the kept output, inline (nothing to wait for or copy).
 #include <memory>
 #include <utility>
 #include <vector>
@@ -49,37 +48,22 @@ grpc::ServerUnaryReactor* MoeServiceImpl::FetchStaged(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* answer) {
   const absl::Time start = absl::Now();
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  auto request = std::make_shared<v1::FetchStagedRequest>();
+  v1::FetchStagedRequest request;
   TensorBytes none;
   absl::Status status = Allow(*context, Role::kInfer);
-  if (status.ok()) status = DecodeWithTensor(*wire, /*tensor_field=*/0, request.get(), &none);
-  const std::string owner = ClientOf(*context);
-  auto fetch = [this, owner, request, answer]() -> absl::Status {
-    v1::Tensor head;
-    std::vector<grpc::Slice> rows;
-    RETURN_IF_ERROR(staging_->Fetch(owner, request->name(), request->row_offset(),
-                                    request->rows(), &head, &rows));
+  if (status.ok()) status = DecodeWithTensor(*wire, /*tensor_field=*/0, &request, &none);
+  v1::Tensor head;
+  std::vector<grpc::Slice> rows;
+  if (status.ok()) {
+    status = staging_->Fetch(ClientOf(*context), request.name(), request.row_offset(),
+                             request.rows(), &head, &rows);
+  }
+  if (status.ok()) {
     *answer = EncodeWithTensor(v1::FetchStagedResponse(), v1::FetchStagedResponse::kRowsFieldNumber,
                                head, std::move(rows));
-    return absl::OkStatus();
-  };
-  if (!status.ok() || !request->wait() || staging_->OutputSettled(owner, request->name())) {
-    if (status.ok()) status = fetch();
-    reactor->Finish(Finish("FetchStaged", start, status));
-    return reactor;
   }
-  // Sent with its step: wait on a handler thread (never on gRPC's) until the step kept (or
-  // failed to keep) the output, within the call's deadline and --staged_ttl_s.
-  return RunUnary(
-      context, &handlers_,
-      [=] {
-        const absl::Time deadline =
-            std::min(absl::FromChrono(context->deadline()), start + staging_->ttl());
-        absl::Status waited = staging_->WaitForOutput(owner, request->name(), deadline,
-                                                      [context] { return context->IsCancelled(); });
-        return Finish("FetchStaged", start, waited.ok() ? fetch() : waited);
-      },
-      owner);
+  reactor->Finish(Finish("FetchStaged", start, status));
+  return reactor;
 }
 
 absl::StatusOr<StagedStepInput> MoeServiceImpl::TakeStaged(const grpc::ServerContextBase& context,

@@ -373,10 +373,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     }
     return absl::OkStatus();
   };
-  absl::Status status = run();
-  // Fetches sent with the step (FetchStagedRequest.wait) end with its error.
-  if (!status.ok()) staging_->FailOutput(ClientOf(*context), request.out_staged(), status);
-  return Finish("Forward", start, status);
+  return Finish("Forward", start, run());
 }
 
 int64_t MoeServiceImpl::SavedBytesPerWorker(Layer& layer, uint64_t step_id) const {
@@ -496,9 +493,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     }
     return absl::OkStatus();
   };
-  absl::Status status = run();
-  if (!status.ok()) staging_->FailOutput(ClientOf(*context), request.d_x_staged(), status);
-  return Finish("Backward", start, status);
+  return Finish("Backward", start, run());
 }
 
 grpc::Status MoeServiceImpl::DoReleaseStep(grpc::ServerContextBase* context,

@@ -193,48 +193,6 @@ absl::Status StagingTable::PutOutput(const std::string& owner, const std::string
   return absl::OkStatus();
 }
 
-void StagingTable::FailOutput(const std::string& owner, const std::string& name,
-                              const absl::Status& error) {
-  if (pool_ == nullptr || error.ok() || !ValidateLayerName("out_staged", name).ok()) return;
-  Entry e;
-  e.output = true;
-  e.failed = error;
-  e.last_used = absl::Now();
-  absl::MutexLock lock(&mu_);
-  entries_.emplace(Key(owner, name), std::move(e));  // a taken name keeps its entry
-}
-
-bool StagingTable::SettledLocked(const Key& key) const {
-  auto it = entries_.find(key);
-  return it != entries_.end() && it->second.output;
-}
-
-bool StagingTable::OutputSettled(const std::string& owner, const std::string& name) const {
-  absl::MutexLock lock(&mu_);
-  return SettledLocked(Key(owner, name));
-}
-
-absl::Status StagingTable::WaitForOutput(const std::string& owner, const std::string& name,
-                                         absl::Time deadline,
-                                         const std::function<bool()>& cancelled) {
-  const Key key(owner, name);
-  absl::MutexLock lock(&mu_);
-  const auto is_settled = [this, &key]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return SettledLocked(key);
-  };
-  const absl::Condition settled(&is_settled);
-  while (true) {
-    const absl::Time now = absl::Now();
-    if (now >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("staged output \"", name, "\": no step kept it in time"));
-    }
-    if (mu_.AwaitWithDeadline(settled, std::min(deadline, now + absl::Milliseconds(50)))) break;
-    if (cancelled()) return absl::CancelledError("FetchStaged: cancelled by the caller");
-  }
-  return absl::OkStatus();
-}
-
 absl::Status StagingTable::Fetch(const std::string& owner, const std::string& name,
                                  int64_t row_offset, int64_t rows, v1::Tensor* head,
                                  std::vector<grpc::Slice>* slices) {
@@ -245,10 +203,6 @@ absl::Status StagingTable::Fetch(const std::string& owner, const std::string& na
                                             "(fully fetched ones are freed; unused ones expire)"));
   }
   Entry& e = it->second;
-  if (!e.failed.ok()) {
-    return absl::Status(e.failed.code(), absl::StrCat("the step that was to keep \"", name,
-                                                      "\" failed: ", e.failed.message()));
-  }
   RETURN_IF_ERROR(CheckRows(row_offset, rows, e.rows));
   const size_t row_bytes = e.hidden * DTypeSize(e.dtype);
   AppendSubSlices(e.slices, row_offset * row_bytes, rows * row_bytes, slices);

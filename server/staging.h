@@ -16,7 +16,6 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdint>
-#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -77,25 +76,13 @@ class StagingTable {
   // buffer or the workers' answers).
   absl::Status PutOutput(const std::string& owner, const std::string& name, DType dtype,
                          int64_t rows, int64_t hidden, std::vector<grpc::Slice> slices);
-  // The step that was to keep output `name` failed (or was refused) with `error`: fetches of
-  // that name, waiting or later, get `error` until the entry expires (ttl). Nothing when the
-  // name is taken (a kept output, a staged input) or staging is off.
-  void FailOutput(const std::string& owner, const std::string& name, const absl::Status& error);
-  // FetchStaged with wait: OK once output `name` was kept or failed (Fetch then answers its
-  // rows or the step's error), DEADLINE_EXCEEDED at `deadline`, CANCELLED once `cancelled()`
-  // is true (polled every 50 ms).
-  absl::Status WaitForOutput(const std::string& owner, const std::string& name,
-                             absl::Time deadline, const std::function<bool()>& cancelled);
-  // Whether output `name` was kept or failed (FetchStaged need not wait).
-  bool OutputSettled(const std::string& owner, const std::string& name) const;
   // FetchStaged: rows [row_offset, row_offset + rows) as sub-slices, and their tensor head.
   // Once every row of the output was fetched, it is freed.
   absl::Status Fetch(const std::string& owner, const std::string& name, int64_t row_offset,
                      int64_t rows, v1::Tensor* head, std::vector<grpc::Slice>* slices);
-  // Drops tensors (and failed outputs) unused for ttl.
+  // Drops tensors unused for ttl.
   void DropExpired(absl::Time now);
   int64_t staged_bytes() const;
-  absl::Duration ttl() const { return ttl_; }
 
  private:
   struct Entry {
@@ -110,7 +97,6 @@ class StagingTable {
     std::vector<grpc::Slice> slices;      // output
     std::map<int64_t, int64_t> fetched;   // output: row_offset -> rows, fetched
     int64_t rows_fetched = 0;
-    absl::Status failed;  // output: not OK when its step failed (FailOutput); no bytes
     absl::Time last_used;
   };
   using Key = std::pair<std::string, std::string>;  // owner, name
@@ -121,7 +107,6 @@ class StagingTable {
                                                            DType dtype, int64_t hidden);
   absl::Status Admit(int64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked(std::map<Key, Entry>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool SettledLocked(const Key& key) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RelayPool* const pool_;
   const int64_t max_bytes_;

@@ -3,7 +3,6 @@
 // ranges and freed, expiry, and sub-slices across slice boundaries.
 #include "server/staging.h"
 
-#include <atomic>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -132,65 +131,6 @@ TEST_F(StagingTest, OutputsAreFetchedInRangesThenFreed) {
   EXPECT_EQ(Joined(got), Rows(0, 1));
   EXPECT_EQ(table_.Fetch("a", "o", 0, 1, &head, &got).code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(table_.staged_bytes(), 0);
-}
-
-// FetchStaged sent with its step (wait): it returns once the output is kept, or with the
-// step's error once it failed, or at its deadline, or when its caller cancels; never sooner.
-TEST_F(StagingTest, WaitsForTheOutputOrItsStepsError) {
-  const auto never = [] { return false; };
-  const std::string all = Rows(0, 3);
-  std::atomic<bool> kept{false};
-  std::thread step([&] {
-    absl::SleepFor(absl::Milliseconds(150));
-    kept = true;
-    std::vector<grpc::Slice> slices;
-    slices.emplace_back(all.data(), all.size());
-    EXPECT_TRUE(table_.PutOutput("a", "o", DType::kFloat32, 3, kHidden, slices).ok());
-  });
-  EXPECT_FALSE(table_.OutputSettled("a", "o"));
-  EXPECT_TRUE(table_.WaitForOutput("a", "o", absl::Now() + absl::Seconds(30), never).ok());
-  EXPECT_TRUE(kept.load());
-  step.join();
-  EXPECT_TRUE(table_.OutputSettled("a", "o"));
-  EXPECT_FALSE(table_.OutputSettled("b", "o"));  // another caller's name
-
-  // A failed step: the wait ends with its error, and so does every later fetch of the name.
-  std::thread failing([&] {
-    absl::SleepFor(absl::Milliseconds(100));
-    table_.FailOutput("a", "f", absl::NotFoundError("layer \"l\" not found"));
-  });
-  EXPECT_TRUE(table_.WaitForOutput("a", "f", absl::Now() + absl::Seconds(30), never).ok());
-  failing.join();
-  v1::Tensor head;
-  std::vector<grpc::Slice> got;
-  const absl::Status fetched = table_.Fetch("a", "f", 0, 1, &head, &got);
-  EXPECT_EQ(fetched.code(), absl::StatusCode::kNotFound);
-  EXPECT_NE(fetched.message().find("layer \"l\" not found"), absl::string_view::npos) << fetched;
-  EXPECT_TRUE(got.empty());
-  EXPECT_EQ(table_.CheckOutputName("a", "f").code(), absl::StatusCode::kAlreadyExists);
-  // A failure never replaces a kept output.
-  table_.FailOutput("a", "o", absl::InternalError("late"));
-  ASSERT_TRUE(table_.Fetch("a", "o", 0, 3, &head, &got).ok());
-  EXPECT_EQ(Joined(got), all);
-
-  // Nothing comes: the deadline, or the caller's cancellation.
-  const absl::Time start = absl::Now();
-  EXPECT_EQ(table_.WaitForOutput("a", "n", start + absl::Milliseconds(120), never).code(),
-            absl::StatusCode::kDeadlineExceeded);
-  EXPECT_GE(absl::Now() - start, absl::Milliseconds(120));
-  std::atomic<bool> cancel{false};
-  std::thread canceller([&] {
-    absl::SleepFor(absl::Milliseconds(100));
-    cancel = true;
-  });
-  EXPECT_EQ(table_.WaitForOutput("a", "n", absl::Now() + absl::Seconds(30),
-                                 [&] { return cancel.load(); })
-                .code(),
-            absl::StatusCode::kCancelled);
-  canceller.join();
-  // Failed outputs expire like the rest.
-  table_.DropExpired(absl::Now() + absl::Seconds(61));
-  EXPECT_EQ(table_.CheckOutputName("a", "f").code(), absl::StatusCode::kOk);
 }
 
 TEST_F(StagingTest, UnusedTensorsExpire) {
