@@ -200,8 +200,8 @@ class StepTimer {
     RETURN_IF_ERROR(layer_->Backward(*saved, *d_out_, 1.0, 1.0).status());
     for (const char* name : {"wi", "wo"}) {
       const LayerConfig& c = layer_->config();
-      const int64_t bytes = static_cast<int64_t>(sizeof(float)) * c.num_experts / size_ *
-                            c.hidden * (std::string(name) == "wi" ? UpWidth(c) : c.ffn);
+      const int64_t bytes = static_cast<int64_t>(sizeof(float)) * c.num_experts / size_ * c.hidden *
+                            (std::string(name) == "wi" ? UpWidth(c) : c.ffn);
       if (bytes > kMaxHashedGradientBytes) {
         absl::StrAppend(&fp, "--");
         continue;

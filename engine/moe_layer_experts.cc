@@ -1,10 +1,10 @@
 // The expert FFN of the local experts on the expert layout, both ways (docs/SPEC.md Forward 10,
 // Backward 3): per-expert GEMMs (one GroupedGemm call per projection in the forward; in the
 // backward one or two per phase: BackwardPhaseGemms), the activation and the biases. GEMMs
-// accumulate in fp32; weight gradients are fp32 and accumulate across backwards. Under FP8 (docs/SPEC.md "FP8") all six GEMMs run on quantised operands:
-// each GEMM input is quantised once (QuantizeExpertRows) into the codes as stored (h, y, d_a,
-// d_X: Fp8ExpertGemms) and grouped transposed (the weight gradients: ExpertWeightGradGemms);
-// the rows are stored in bf16.
+// accumulate in fp32; weight gradients are fp32 and accumulate across backwards. Under FP8
+// (docs/SPEC.md "FP8") all six GEMMs run on quantised operands: each GEMM input is quantised once
+// (QuantizeExpertRows) into the codes as stored (h, y, d_a, d_X: Fp8ExpertGemms) and grouped
+// transposed (the weight gradients: ExpertWeightGradGemms); the rows are stored in bf16.
 #include <algorithm>
 #include <vector>
 
@@ -81,9 +81,9 @@ absl::Status MoeLayerImpl::QuantizeExpertRows(const std::vector<int64_t>& group_
 }
 
 std::vector<GemmArgs> MoeLayerImpl::Fp8ExpertGemms(const std::vector<int64_t>& group_rows,
-                                                  const Fp8Rows& in, int64_t k, const void* weights,
-                                                  const float* weight_scales, int64_t n,
-                                                  void* out) const {
+                                                   const Fp8Rows& in, int64_t k,
+                                                   const void* weights, const float* weight_scales,
+                                                   int64_t n, void* out) const {
   const DType rd = ExpertRowDType(config_);
   const uint8_t* codes = in.rows.as<uint8_t>();
   int64_t rows = 0;
@@ -104,12 +104,12 @@ std::vector<GemmArgs> MoeLayerImpl::Fp8ExpertGemms(const std::vector<int64_t>& g
 }
 
 std::vector<GemmArgs> MoeLayerImpl::ExpertDataGemms(const std::vector<int64_t>& group_rows,
-                                                   const void* in, const Fp8Rows& in_fp8, int64_t k,
-                                                   const LayerParam& w, bool transposed, int64_t n,
-                                                   void* out) const {
+                                                    const void* in, const Fp8Rows& in_fp8,
+                                                    int64_t k, const LayerParam& w, bool transposed,
+                                                    int64_t n, void* out) const {
   if (config_.compute_dtype == DType::kFloat8E4M3) {
     return Fp8ExpertGemms(group_rows, in_fp8, k, transposed ? w.compute.data() : w.compute_t.data(),
-                         w.compute_scale.as<float>(), n, out);
+                          w.compute_scale.as<float>(), n, out);
   }
   const DType cd = ExpertRowDType(config_);
   const size_t cs = DTypeSize(cd);
@@ -126,11 +126,9 @@ std::vector<GemmArgs> MoeLayerImpl::ExpertDataGemms(const std::vector<int64_t>& 
   });
 }
 
-std::vector<GemmArgs> MoeLayerImpl::ExpertWeightGradGemms(const std::vector<int64_t>& group_rows,
-                                                         const void* in, const Fp8Rows& in_fp8,
-                                                         int64_t in_cols, const void* d_out,
-                                                         const Fp8Rows& d_out_fp8,
-                                                         int64_t out_cols, const LayerParam& w) const {
+std::vector<GemmArgs> MoeLayerImpl::ExpertWeightGradGemms(
+    const std::vector<int64_t>& group_rows, const void* in, const Fp8Rows& in_fp8, int64_t in_cols,
+    const void* d_out, const Fp8Rows& d_out_fp8, int64_t out_cols, const LayerParam& w) const {
   const float beta = w.grad_zero ? 0.0f : 1.0f;
   float* grad = w.grad.as<float>();
   if (config_.compute_dtype == DType::kFloat8E4M3) {
@@ -198,8 +196,8 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   RETURN_IF_ERROR(backend_->ActivationForward(aa));
   // y = a . wo_e   ([rows, F] x [F, H])
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, act.data(), F, s.act_fp8));
-  RETURN_IF_ERROR(backend_->GroupedGemm(ExpertDataGemms(
-      plan.group_rows, act.data(), s.act_fp8, F, *Find("wo"), /*transposed=*/false, H, y)));
+  RETURN_IF_ERROR(backend_->GroupedGemm(ExpertDataGemms(plan.group_rows, act.data(), s.act_fp8, F,
+                                                        *Find("wo"), /*transposed=*/false, H, y)));
   s.act_fp8.rows.Reset();
   if (!fp8) s.act = std::move(act);
   if (c.use_bias) {
@@ -255,13 +253,12 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]), beside
   // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up]).
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_h.data(), up, d_h_fp8));
-  RETURN_IF_ERROR(BackwardPhaseGemms(
-      backend_,
-      ExpertDataGemms(plan.group_rows, d_h.data(), d_h_fp8, up, wi, /*transposed=*/true, H,
-                      d_x_expert),
-      ExpertWeightGradGemms(plan.group_rows, s.x_expert.data(), s.x_fp8, H, d_h.data(), d_h_fp8,
-                            up, wi),
-      /*accumulating=*/!wi.grad_zero));
+  RETURN_IF_ERROR(BackwardPhaseGemms(backend_,
+                                     ExpertDataGemms(plan.group_rows, d_h.data(), d_h_fp8, up, wi,
+                                                     /*transposed=*/true, H, d_x_expert),
+                                     ExpertWeightGradGemms(plan.group_rows, s.x_expert.data(),
+                                                           s.x_fp8, H, d_h.data(), d_h_fp8, up, wi),
+                                     /*accumulating=*/!wi.grad_zero));
   wi.grad_zero = false;
   return absl::OkStatus();
 }
