@@ -8,8 +8,10 @@
 #      zeroed and accumulating fwd+bwd steps in one process, alternating ROUNDS times
 #      (default 2) between base, now, and now with GroupedGemm's old rule, large GEMMs one at a
 #      time (MOED_GEMM_SERIAL_GFLOPS=60; SKIP_SERIAL=1 leaves it out);
-#   3. a table: medians per run, now / base, and whether the fingerprints (out, d_x, d_gate of
-#      one step) of every run of a config and datatype are bitwise equal.
+#   3. a table: medians per run, now / base, and whether the fingerprints of every run of a
+#      config and datatype are bitwise equal (gpu_bench's `fingerprint`: out, d_x and d_gate of
+#      a step from zero gradients, then the wi and wo gradients after a second, accumulating
+#      step).
 #
 #   here:  BASE_REV=<commit> tools/gpu_step15_pack.sh
 #   there: OUT=$OUT tools/gpu_overlap_check.sh          # device tool: carry [".gpu"]
