@@ -19,24 +19,4 @@ LABEL=now sb 240 "${shapes[@]}"
 LABEL=base SHM=0 MOED_FLAGS=--shm_relay=false MOECTL_FLAGS=--lanes=1 sb 150 "${shapes[@]}"
 LABEL=relay SHM=0 MOECTL_FLAGS=--lanes=1 sb 60 1024,4096,8,2,4096 1024,4096,8,2,16384
 LABEL=lanes8 SHM=0 MOECTL_FLAGS=--lanes=8 sb 60 1024,4096,8,2,4096 1024,4096,8,2,16384
-python3 - <<'PY'
-import glob, json, os
-out = os.environ['OUT']
-for t in (128, 4096, 16384):
-    for line in open(f'{out}/gb{t}.json'):
-        print('gpu_bench te_seed', t, line.strip()[:900])
-for label in ('now', 'base', 'relay', 'lanes8'):
-    path = f'{out}/service_bench_{label}.jsonl'
-    if not os.path.exists(path): continue
-    for line in open(path):
-        if not line.strip(): continue
-        d = json.loads(line)
-        f, fb = d['breakdown']['forward'], d['breakdown']['forward_backward']
-        row = [label, d['config'][:32], d['tokens'], 'grpc', d['forward']['latency_ms']['p50'],
-               d['forward_backward']['latency_ms']['p50'], 'eng', f['engine_ms'], fb['engine_ms'],
-               'GB/s', f['payload_gb_per_s'], fb['payload_gb_per_s'], 'client', f['client']]
-        s, c = d.get('shm'), d.get('cuda_shm')
-        if s: row += ['| shm', s['forward']['latency_ms']['p50'], s['forward_backward']['latency_ms']['p50'], 'ident', s.get('identical_to_grpc')]
-        if c: row += ['| ipc', c['forward']['latency_ms']['p50'], c['forward_backward']['latency_ms']['p50'], 'ident', c.get('identical_to_grpc')]
-        print(*row)
-PY
+python3 tools/service_bench_summary.py "$OUT" now base relay lanes8

@@ -21,28 +21,5 @@ LABEL=reused2 SHM=0 sb 100 --device=cuda --workers=1 "${shapes[@]}"
 LABEL=new2 SHM=0 MOECTL_FLAGS=--noreuse_outputs sb 100 --device=cuda --workers=1 "${shapes[@]}"
 LABEL=tiny_cuda STEPS=200 sb 60 --device=cuda --workers=1 64,128,8,2,16
 LABEL=tiny_cpu STEPS=200 SHM=1 sb 60 --device=cpu --workers=1 64,128,8,2,16
-python3 - <<'PY'
-import json, os
-out = os.environ['OUT']
-for t in (128, 4096, 16384):
-    for line in open(f'{out}/gb{t}.json'):
-        print('gpu_bench te_seed', t, line.strip()[:700])
-for label in ('reused1', 'new1', 'reused2', 'new2', 'tiny_cuda', 'tiny_cpu'):
-    path = f'{out}/service_bench_{label}.jsonl'
-    if not os.path.exists(path): continue
-    for line in open(path):
-        if not line.strip(): continue
-        d = json.loads(line)
-        f, fb = d['breakdown']['forward'], d['breakdown']['forward_backward']
-        row = [label, d.get('output_buffers'), d['config'][:32], d['tokens'], 'grpc',
-               d['forward']['latency_ms']['p50'], d['forward_backward']['latency_ms']['p50'],
-               'eng', f['engine_ms'], fb['engine_ms'], 'GB/s', f['payload_gb_per_s'],
-               fb['payload_gb_per_s'], 'client', f['client']]
-        s, c = d.get('shm'), d.get('cuda_shm')
-        if s: row += ['| shm', s['forward']['latency_ms']['p50'], s['forward_backward']['latency_ms']['p50'], 'ident', s.get('identical_to_grpc')]
-        if c: row += ['| ipc', c['forward']['latency_ms']['p50'], c['forward_backward']['latency_ms']['p50'], 'ident', c.get('identical_to_grpc')]
-        print(*row)
-        if label.startswith('tiny'):
-            for k, dd in (('grpc', d), ('shm', s), ('ipc', c)):
-                if dd: print('   ', k, json.dumps(dd['breakdown']['forward'])[:600])
-PY
+python3 tools/service_bench_summary.py "$OUT" --output_buffers reused1 new1 reused2 new2 \
+  tiny_cuda tiny_cpu
