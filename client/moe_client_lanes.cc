@@ -6,7 +6,6 @@
 // millisecond on a LAN) against several times the bandwidth of one connection, which is why
 // only tensors of ClientOptions::lane_min_bytes or more take this path.
 #include <algorithm>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -40,20 +39,16 @@ std::vector<int64_t> PartRows(int64_t rows, size_t row_bytes, size_t lanes, size
 }
 
 // Runs fn(part, lane) for every part: lane l takes parts l, l + lanes, ... in turn, the lanes
-// concurrently (lane 0 on this thread). The first error wins.
+// concurrently on `threads` (lane 0 on this thread). The first error wins.
 template <typename Fn>
-absl::Status RunLanes(size_t parts, size_t lanes, Fn fn) {
+absl::Status RunLanes(LaneThreads* threads, size_t parts, size_t lanes, Fn fn) {
   lanes = std::min(lanes, parts);
   std::vector<absl::Status> results(lanes);
-  auto run_lane = [&](size_t lane) {
+  threads->Run(lanes, [&](size_t lane) {
     for (size_t part = lane; part < parts && results[lane].ok(); part += lanes) {
       results[lane] = fn(part, lane);
     }
-  };
-  std::vector<std::thread> threads;
-  for (size_t lane = 1; lane < lanes; ++lane) threads.emplace_back(run_lane, lane);
-  run_lane(0);
-  for (std::thread& t : threads) t.join();
+  });
   for (absl::Status& s : results) {
     if (!s.ok()) return s;
   }
@@ -85,7 +80,7 @@ absl::Status MoeClient::StageRows(const std::string& name, const Tensor& tensor,
   const size_t row_bytes = rows == 0 ? 0 : tensor.num_bytes() / rows;
   const std::vector<int64_t> offsets = PartRows(rows, row_bytes, lanes_.size(), PieceBytes());
   absl::Status status =
-      RunLanes(offsets.size() - 1, lanes_.size(), [&](size_t i, size_t lane) -> absl::Status {
+      RunLanes(&lane_threads_, offsets.size() - 1, lanes_.size(), [&](size_t i, size_t lane) -> absl::Status {
         v1::StageTensorRequest request;
         request.set_name(name);
         request.set_total_rows(rows);
@@ -122,7 +117,7 @@ absl::StatusOr<Tensor> MoeClient::FetchRows(const std::string& name, const v1::T
   const std::vector<int64_t> offsets =
       PartRows(head.shape(0), row_bytes, lanes_.size(), PieceBytes());
   RETURN_IF_ERROR(
-      RunLanes(offsets.size() - 1, lanes_.size(), [&](size_t i, size_t lane) -> absl::Status {
+      RunLanes(&lane_threads_, offsets.size() - 1, lanes_.size(), [&](size_t i, size_t lane) -> absl::Status {
         v1::FetchStagedRequest request;
         request.set_name(name);
         request.set_row_offset(offsets[i]);

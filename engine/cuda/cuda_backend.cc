@@ -173,13 +173,14 @@ absl::StatusOr<int64_t> EnvInt(const char* name, int64_t fallback, int64_t max) 
 }  // namespace
 
 // The GEMM knobs, for comparing cuBLASLt configurations on the GPU machine (defaults: today's
-// behaviour): MOED_CUBLASLT_WORKSPACE_MB (each of the 1 + kSideStreams workspaces, default 32),
+// behaviour): MOED_CUBLASLT_WORKSPACE_MB (each of the 1 + MOED_GEMM_STREAMS workspaces, default 32),
 // MOED_CUBLASLT_WGRAD_ALGO (CublasLtTuning::wgrad_algo_index, default 0),
 // MOED_CUBLASLT_WGRAD_ACCUM_ALGO (CublasLtTuning::wgrad_accumulate_algo_index, default
 // MOED_CUBLASLT_WGRAD_ALGO's value),
 // MOED_CUBLASLT_LOG=1 (log the weight-gradient plans). The CUDA backend also reads
 // MOED_GEMM_SERIAL_GFLOPS (GroupedGemm runs its GEMMs one at a time on the main stream when
-// their mean size exceeds this many GFLOP; 0, the default: never).
+// their mean size exceeds this many GFLOP; 0, the default: never) and MOED_GEMM_STREAMS (how
+// many side streams GroupedGemm spreads its GEMMs over, 1 to 16, default 4).
 absl::StatusOr<CublasLtGemm::Tuning> GemmTuningFromEnv(size_t* workspace_bytes) {
   constexpr int64_t kMaxAlgoIndex = 15;
   ASSIGN_OR_RETURN(const int64_t mb, EnvInt("MOED_CUBLASLT_WORKSPACE_MB",
@@ -220,6 +221,10 @@ absl::Status CudaBackend::Init() {
   ASSIGN_OR_RETURN(const int64_t serial_gflops,
                    EnvInt("MOED_GEMM_SERIAL_GFLOPS", kDefaultSerialGemmGflops, int64_t{1} << 30));
   serial_gemm_flops_ = static_cast<double>(serial_gflops) * 1e9;
+  ASSIGN_OR_RETURN(const int64_t streams,
+                   EnvInt("MOED_GEMM_STREAMS", kDefaultSideStreams, kMaxSideStreams));
+  if (streams < 1) return absl::InvalidArgumentError("MOED_GEMM_STREAMS='0': expected 1 to 16");
+  side_stream_count_ = static_cast<int>(streams);
   // Keep freed pool memory for reuse: steps allocate and free the same sizes every time.
   cudaMemPool_t pool;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device_));
@@ -228,15 +233,19 @@ absl::Status CudaBackend::Init() {
   cudaStream_t s;
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   stream_ = s;
-  for (int i = 0; i < kSideStreams; ++i) {
+  for (int i = 0; i < side_stream_count_; ++i) {
     CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     side_streams_[i] = s;
   }
-  for (int i = 0; i <= kSideStreams; ++i) {
-    cudaEvent_t e;
-    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    side_events_[i] = e;
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace_[i], workspace_bytes_));
+  for (int i = 0; i <= kMaxSideStreams; ++i) {
+    if (i < side_stream_count_ || i == kMaxSideStreams) {
+      cudaEvent_t e;
+      CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      side_events_[i] = e;
+    }
+    if (i <= side_stream_count_) {
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&workspace_[i], workspace_bytes_));
+    }
   }
   ASSIGN_OR_RETURN(gemm_, CublasLtGemm::Create(tuning));
   return absl::OkStatus();
@@ -246,7 +255,7 @@ CudaBackend::~CudaBackend() {
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream_));
   gemm_.reset();
-  for (int i = 0; i <= kSideStreams; ++i) {
+  for (int i = 0; i <= kMaxSideStreams; ++i) {
     if (workspace_[i] != nullptr) cudaFree(workspace_[i]);
     if (side_events_[i] != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(side_events_[i]));
   }
@@ -442,9 +451,9 @@ absl::Status CudaBackend::GroupedGemm(absl::Span<const GemmArgs> gemms) {
     return absl::OkStatus();
   }
   const cudaStream_t main = static_cast<cudaStream_t>(stream_);
-  cudaEvent_t fork = static_cast<cudaEvent_t>(side_events_[kSideStreams]);
+  cudaEvent_t fork = static_cast<cudaEvent_t>(side_events_[kMaxSideStreams]);
   CUDA_RETURN_IF_ERROR(cudaEventRecord(fork, main));
-  const int used = std::min(kSideStreams, nonempty);
+  const int used = std::min(side_stream_count_, nonempty);
   for (int i = 0; i < used; ++i) {
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(static_cast<cudaStream_t>(side_streams_[i]), fork, 0));
   }

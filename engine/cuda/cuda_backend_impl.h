@@ -82,7 +82,10 @@ class CudaBackend : public Backend {
                              float* state1, float* state2, int64_t count) override;
 
  private:
-  static constexpr int kSideStreams = 4;
+  // GroupedGemm's side streams: MOED_GEMM_STREAMS of them (read once in Init), at most
+  // kMaxSideStreams.
+  static constexpr int kMaxSideStreams = 16;
+  static constexpr int kDefaultSideStreams = 4;
   static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
   // GroupedGemm overlaps GEMMs on the side streams unless their mean size is above this
   // (0: no limit).
@@ -102,9 +105,10 @@ class CudaBackend : public Backend {
 
   int device_;
   void* stream_ = nullptr;                    // cudaStream_t
-  void* side_streams_[kSideStreams] = {};     // cudaStream_t
-  void* side_events_[kSideStreams + 1] = {};  // cudaEvent_t; [kSideStreams] is the fork
-  void* workspace_[kSideStreams + 1] = {};    // cuBLASLt workspaces; [0] main stream
+  int side_stream_count_ = kDefaultSideStreams;  // MOED_GEMM_STREAMS
+  void* side_streams_[kMaxSideStreams] = {};       // cudaStream_t; the first side_stream_count_
+  void* side_events_[kMaxSideStreams + 1] = {};    // cudaEvent_t; [kMaxSideStreams] is the fork
+  void* workspace_[kMaxSideStreams + 1] = {};      // cuBLASLt workspaces; [0] main stream
   std::unique_ptr<CublasLtGemm> gemm_;
   HostStaging staging_;       // large copies to/from pageable host memory
   bool use_staging_ = false;  // MOED_CUDA_HOST_STAGING=1 (read once in Init)

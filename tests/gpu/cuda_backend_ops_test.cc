@@ -13,12 +13,14 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/fp8.h"
+#include "engine/status_macros.h"
 #include "gtest/gtest.h"
 #include "tests/gpu/backend_pair.h"
 
@@ -120,6 +122,76 @@ TEST(CudaOps, GroupedGemmMatchesCpu) {
     return be->GroupedGemm(gemms);
   });
   EXPECT_LE(MaxRelError(bp.DownloadBf16(Y, total * N)), 1e-2);
+}
+
+// The GroupedGemm knobs (engine/cuda/cuda_backend.cc): any number of side streams, and the
+// serial rule, give bitwise the same result as the default, since every GEMM keeps its plan on
+// any stream; a malformed value refuses to make the backend instead of being ignored.
+TEST(CudaOps, GroupedGemmStreamKnobsKeepResultsAndRefuseBadValues) {
+  if (CudaDeviceCount() == 0) {
+    if (std::getenv("MOED_REQUIRE_GPU") != nullptr) FAIL() << "no GPU";
+    GTEST_SKIP() << "no GPU";
+  }
+  const int64_t H = 96, N = 160, experts = 24;
+  std::vector<int64_t> rows(experts);
+  for (int64_t e = 0; e < experts; ++e) rows[e] = (e * 11) % 37;
+  const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+  const std::vector<uint16_t> x = FloatsToBf16(RandomFloats(total * H, 5));
+  const std::vector<uint16_t> w = FloatsToBf16(RandomFloats(experts * H * N, 6));
+  // One GroupedGemm on a backend made under `env` (name=value pairs); the output's bytes.
+  auto run = [&](std::vector<std::pair<const char*, const char*>> env)
+      -> absl::StatusOr<std::vector<uint16_t>> {
+    for (const auto& [name, value] : env) setenv(name, value, 1);
+    absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackend(0);
+    for (const auto& [name, value] : env) unsetenv(name);
+    if (!made.ok()) return made.status();
+    Backend* gpu = made->get();
+    ASSIGN_OR_RETURN(Buffer dx, gpu->Allocate(x.size() * 2));
+    ASSIGN_OR_RETURN(Buffer dw, gpu->Allocate(w.size() * 2));
+    ASSIGN_OR_RETURN(Buffer dy, gpu->Allocate(total * N * 2));
+    RETURN_IF_ERROR(gpu->CopyFromHost(dx.data(), x.data(), x.size() * 2));
+    RETURN_IF_ERROR(gpu->CopyFromHost(dw.data(), w.data(), w.size() * 2));
+    std::vector<GemmArgs> gemms;
+    int64_t off = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      GemmArgs a;
+      a.m = rows[e], a.n = N, a.k = H;
+      a.a = static_cast<char*>(dx.data()) + off * H * 2, a.lda = H;
+      a.b = static_cast<char*>(dw.data()) + e * H * N * 2, a.ldb = N;
+      a.c = static_cast<char*>(dy.data()) + off * N * 2, a.ldc = N;
+      a.ab_type = a.c_type = DType::kBFloat16;
+      gemms.push_back(a);
+      off += rows[e];
+    }
+    RETURN_IF_ERROR(gpu->GroupedGemm(gemms));
+    std::vector<uint16_t> y(total * N);
+    RETURN_IF_ERROR(gpu->CopyToHost(y.data(), dy.data(), y.size() * 2));
+    return y;
+  };
+  absl::StatusOr<std::vector<uint16_t>> base = run({});
+  ASSERT_TRUE(base.ok()) << base.status();
+  const std::vector<std::pair<const char*, const char*>> same[] = {
+      {{"MOED_GEMM_STREAMS", "1"}},
+      {{"MOED_GEMM_STREAMS", "7"}},
+      {{"MOED_GEMM_STREAMS", "16"}},
+      {{"MOED_GEMM_SERIAL_GFLOPS", "1"}},  // every GEMM here is far smaller: side streams
+      {{"MOED_GEMM_STREAMS", "2"}, {"MOED_GEMM_SERIAL_GFLOPS", "0"}},
+  };
+  for (const auto& env : same) {
+    absl::StatusOr<std::vector<uint16_t>> y = run(env);
+    ASSERT_TRUE(y.ok()) << env[0].first << "=" << env[0].second << ": " << y.status();
+    EXPECT_TRUE(*y == *base) << env[0].first << "=" << env[0].second << " changed the result";
+  }
+  for (const char* bad : {"0", "17", "-1", "x", "4x"}) {
+    absl::StatusOr<std::vector<uint16_t>> y = run({{"MOED_GEMM_STREAMS", bad}});
+    EXPECT_TRUE(absl::IsInvalidArgument(y.status())) << "MOED_GEMM_STREAMS=" << bad << ": "
+                                                     << y.status();
+  }
+  for (const char* bad : {"-1", "1.5", "lots"}) {
+    absl::StatusOr<std::vector<uint16_t>> y = run({{"MOED_GEMM_SERIAL_GFLOPS", bad}});
+    EXPECT_TRUE(absl::IsInvalidArgument(y.status())) << "MOED_GEMM_SERIAL_GFLOPS=" << bad
+                                                     << ": " << y.status();
+  }
 }
 
 // FP8 quantisation: the GPU's codes and scales are bitwise the CPU emulation's (docs/SPEC.md
