@@ -6,16 +6,19 @@
 #   1. unless SKIP_TESTS=1: cuda_backend_ops_test and cuda_layer_test, FP8 cases included;
 #   2. gpu_bench for CONFIGS (default te_seed,qwen3,mixtral) and DTYPES (default bf16,fp8),
 #      zeroed and accumulating fwd+bwd steps in one process, alternating ROUNDS times
-#      (default 2) between base, now, and now with GroupedGemm's old rule, large GEMMs one at a
-#      time (MOED_GEMM_SERIAL_GFLOPS=60; SKIP_SERIAL=1 leaves it out);
-#   3. a table: medians per run, now / base, and whether the fingerprints of every run of a
-#      config and datatype are bitwise equal (gpu_bench's `fingerprint`: out, d_x and d_gate of
+#      (default 2) between the VARIANTS, each LABEL:BINARY[:ENV=VALUE...] (default: base =
+#      gpu_bench_base, now = gpu_bench, serial = gpu_bench with GroupedGemm's old rule, large
+#      GEMMs one at a time, MOED_GEMM_SERIAL_GFLOPS=60; SKIP_SERIAL=1 leaves serial out);
+#   3. a table: medians per run, each variant / the first, and whether the fingerprints of
+#      every run of a config and datatype are bitwise equal (gpu_bench's `fingerprint`: out, d_x and d_gate of
 #      a step from zero gradients, then the wi and wo gradients after a second, accumulating
 #      step).
 #
 #   here:  BASE_REV=<commit> tools/gpu_step15_pack.sh
 #   there: OUT=$OUT tools/gpu_overlap_check.sh          # device tool: carry [".gpu"]
 #          CONFIGS=dsv3 ROUNDS=1 SKIP_TESTS=1 SKIP_SERIAL=1 OUT=$OUT tools/gpu_overlap_check.sh
+#          VARIANTS="s4:gpu_bench:MOED_GEMM_STREAMS=4 s8:gpu_bench:MOED_GEMM_STREAMS=8" \
+#            DTYPES=bf16 OUT=$OUT tools/gpu_overlap_check.sh    # one build, two settings
 set -uo pipefail
 out=${OUT:-gpu_out}
 mkdir -p "$out"
@@ -41,28 +44,35 @@ bench() {  # bench LABEL BINARY [ENV=VALUE...]
     --iters="$iters" --zero_grads=true --accumulating_iters="$iters" \
     --json="$out/bench_${label}.jsonl"
 }
+variants=${VARIANTS:-"base:gpu_bench_base now:gpu_bench"}
+[ -z "${VARIANTS:-}" ] && [ -z "${SKIP_SERIAL:-}" ] && \
+  variants+=" serial:gpu_bench:MOED_GEMM_SERIAL_GFLOPS=60"
+labels=()
+for v in $variants; do labels+=("${v%%:*}"); done
 for r in $(seq 1 "${ROUNDS:-2}"); do
-  bench base gpu_bench_base
-  bench now gpu_bench
-  [ -z "${SKIP_SERIAL:-}" ] && bench serial gpu_bench MOED_GEMM_SERIAL_GFLOPS=60
+  for v in $variants; do
+    IFS=: read -r -a parts <<<"$v"
+    bench "${parts[@]}"
+  done
 done
 
-python3 - "$out" <<'PY'
+python3 - "$out" "${labels[@]}" <<'PY'
 import json, os, statistics, sys
 out = sys.argv[1]
 runs = {}
-for label in ("base", "now", "serial"):
+for label in sys.argv[2:]:
     path = os.path.join(out, "bench_%s.jsonl" % label)
     if os.path.exists(path):
         runs[label] = [json.loads(l) for l in open(path)]
 keys = sorted({(r["config"], r.get("compute_dtype", "bf16")) for rs in runs.values() for r in rs})
+first = sys.argv[2]
 def pick(label, cfg, dt):
     return [r for r in runs.get(label, []) if r["config"] == cfg and r.get("compute_dtype", "bf16") == dt]
 fields = (("fwd", "fwd_device_ms"), ("f+b zeroed", "fwdbwd_device_ms"),
           ("f+b accum", "fwdbwd_accum_device_ms"))
-print("device ms, median of each run's medians (runs listed); ratio = label / base")
+print("device ms, median of each run's medians (runs listed); ratio = label / %s" % first)
 for cfg, dt in keys:
-    base = pick("base", cfg, dt)
+    base = pick(first, cfg, dt)
     for label in runs:
         rs = pick(label, cfg, dt)
         if not rs:
