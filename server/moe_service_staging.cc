@@ -1,7 +1,7 @@
 // MoeServiceImpl: staged tensors (proto/moe.proto, "Staged tensors"; the book is
 // server/staging.h). StageTensor copies a part's rows once, from the received slices into the
-// tensor's relay buffer, inline on gRPC's thread (parts of one tensor copy in parallel, each
-// on the thread that received it); FetchStaged answers with slices of the kept output, inline.
+// tensor's relay buffer, on a handler thread (parts of one tensor copy in parallel);
+// FetchStaged answers with slices of the kept output, inline (nothing to wait for or copy).
 #include <memory>
 #include <utility>
 #include <vector>
@@ -20,23 +20,27 @@ grpc::ServerUnaryReactor* MoeServiceImpl::StageTensor(grpc::CallbackServerContex
                                                       grpc::ByteBuffer* answer) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Status allowed = Allow(*context, Role::kInfer);
-  v1::StageTensorRequest request;
-  TensorBytes bytes;
+  auto request = std::make_shared<v1::StageTensorRequest>();
+  auto bytes = std::make_shared<TensorBytes>();
   if (allowed.ok()) {
-    allowed = DecodeWithTensor(*wire, v1::StageTensorRequest::kRowsFieldNumber, &request, &bytes);
+    allowed = DecodeWithTensor(*wire, v1::StageTensorRequest::kRowsFieldNumber, request.get(),
+                               bytes.get());
   }
   if (!allowed.ok()) {
     reactor->Finish(ToGrpcStatus(allowed));
     return reactor;
   }
-  // Inline, like FetchStaged: the part's one copy into its relay rows waits for nothing but
-  // the table's short lock, and a hop to a handler thread cost a thread wake-up per part.
-  const absl::Time start = absl::Now();
-  absl::Status status = staging_->Stage(ClientOf(*context), request.name(), request.total_rows(),
-                                        request.row_offset(), request.rows(), bytes);
-  if (status.ok()) *answer = EncodeMessage(v1::StageTensorResponse());
-  reactor->Finish(Finish("StageTensor", start, status));
-  return reactor;
+  const std::string owner = ClientOf(*context);
+  return RunUnary(
+      context, &handlers_,
+      [=] {
+        const absl::Time start = absl::Now();
+        absl::Status status = staging_->Stage(owner, request->name(), request->total_rows(),
+                                              request->row_offset(), request->rows(), *bytes);
+        if (status.ok()) *answer = EncodeMessage(v1::StageTensorResponse());
+        return Finish("StageTensor", start, status);
+      },
+      owner);
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::FetchStaged(grpc::CallbackServerContext* context,
