@@ -2,9 +2,10 @@
 // (ClientOptions::lanes; proto/moe.proto, "Staged tensors"). The input goes up as row ranges
 // (StageTensor, one per lane, concurrently), the step names it and asks for its output to be
 // kept, and the output comes back as row ranges (FetchStaged, concurrently), each copied once
-// into the result (a new tensor, or the caller's CallOptions::output). Three phases instead of one call: ~2 extra round trips (well under a
-// millisecond on a LAN) against several times the bandwidth of one connection, which is why
-// only tensors of ClientOptions::lane_min_bytes or more take this path.
+// into the result (a new tensor, or the caller's CallOptions::output). Three phases instead of
+// one call: ~2 extra round trips (well under a millisecond on a LAN) against several times the
+// bandwidth of one connection, which is why only tensors of ClientOptions::lane_min_bytes or
+// more take this path. The lanes' calls run on the client's kept LaneThreads.
 #include <algorithm>
 #include <utility>
 #include <vector>
