@@ -27,7 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "client/lane_threads.h"
+#include "server/kept_threads.h"
 #include "engine/tensor.h"
 #include "proto/chunking.h"
 #include "proto/moe.grpc.pb.h"
@@ -305,7 +305,7 @@ class MoeClient {
   // One connection each (ClientOptions::lanes; empty when lanes <= 1).
   std::vector<std::shared_ptr<grpc::Channel>> lanes_;
   std::atomic<bool> lanes_refused_{false};  // the server answered UNIMPLEMENTED
-  LaneThreads lane_threads_;                // run the lanes' calls; kept between steps
+  KeptThreads lane_threads_;                // run the lanes' calls; kept between steps
   const std::string staged_prefix_;         // random per client
   std::atomic<uint64_t> next_staged_{0};
 };

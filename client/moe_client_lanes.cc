@@ -5,7 +5,7 @@
 // into the result (a new tensor, or the caller's CallOptions::output). Three phases instead of
 // one call: ~2 extra round trips (well under a millisecond on a LAN) against several times the
 // bandwidth of one connection, which is why only tensors of ClientOptions::lane_min_bytes or
-// more take this path. The lanes' calls run on the client's kept LaneThreads.
+// more take this path. The lanes' calls run on the client's kept KeptThreads.
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -42,7 +42,7 @@ std::vector<int64_t> PartRows(int64_t rows, size_t row_bytes, size_t lanes, size
 // Runs fn(part, lane) for every part: lane l takes parts l, l + lanes, ... in turn, the lanes
 // concurrently on `threads` (lane 0 on this thread). The first error wins.
 template <typename Fn>
-absl::Status RunLanes(LaneThreads* threads, size_t parts, size_t lanes, Fn fn) {
+absl::Status RunLanes(KeptThreads* threads, size_t parts, size_t lanes, Fn fn) {
   lanes = std::min(lanes, parts);
   std::vector<absl::Status> results(lanes);
   threads->Run(lanes, [&](size_t lane) {

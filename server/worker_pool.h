@@ -38,6 +38,7 @@
 #include "proto/moe.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/cluster_secret.h"
+#include "server/kept_threads.h"
 
 namespace moe {
 
@@ -202,6 +203,8 @@ class WorkerPool {
   bool AnswersAs(internal::Worker::Stub* stub, int64_t pid) const;
   std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) const;
 
+  // ForEachWorker's calls to ranks 1.. (rank 0's runs on the calling thread).
+  KeptThreads fan_out_threads_;
   const WorkerPoolOptions options_;
   const ClusterSecret secret_;
   std::function<absl::Status(const WorkerSet&)> on_setup_;

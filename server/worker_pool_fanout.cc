@@ -26,16 +26,16 @@ bool IsTransport(absl::StatusCode code) {
 // How often a fan-out polls its cancellation predicate.
 constexpr absl::Duration kCancelPoll = absl::Milliseconds(20);
 
-// Runs call(r) for every rank r < n at once, rank 0 on this thread; with `cancelled`, every
-// rank on its own thread while this one polls the predicate and cancels every context once
-// it holds.
+// Runs call(r) for every rank r < n at once, rank 0 on this thread and the others on `kept`;
+// with `cancelled` (rare: drains), every rank on its own new thread while this one polls the
+// predicate and cancels every context once it holds.
 void CallEveryRank(int n, const std::function<void(int)>& call,
                    const std::function<bool()>& cancelled,
-                   const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts) {
+                   const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts,
+                   KeptThreads* kept) {
   std::vector<std::thread> threads;
   if (cancelled == nullptr) {
-    for (int r = 1; r < n; ++r) threads.emplace_back(call, r);
-    if (n > 0) call(0);
+    kept->Run(n, [&](size_t r) { call(static_cast<int>(r)); });
   } else {
     // Every rank on its own thread; this one watches the predicate.
     absl::Mutex done_mu;
@@ -178,7 +178,7 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
         results[r] = fn(r, set.stubs[r].get(), contexts[r].get());
         ended[r] = absl::Now();
       },
-      options.cancelled, contexts);
+      options.cancelled, contexts, &fan_out_threads_);
   EndCalls(contexts);
 
   const FanOutFailures failures = CountFailures(set, results, ended, deadline);

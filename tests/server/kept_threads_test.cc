@@ -1,7 +1,7 @@
-// LaneThreads (client/lane_threads.h): every lane runs exactly once per Run, concurrently, and
+// KeptThreads (server/kept_threads.h): every index runs exactly once per Run, concurrently, and
 // threads are kept between runs instead of started anew; several callers at once each get
 // their lanes.
-#include "client/lane_threads.h"
+#include "server/kept_threads.h"
 
 #include <atomic>
 #include <set>
@@ -13,11 +13,10 @@
 #include "gtest/gtest.h"
 
 namespace moe {
-namespace client {
 namespace {
 
-TEST(LaneThreads, RunsEveryLaneOnceAndKeepsItsThreads) {
-  LaneThreads threads;
+TEST(KeptThreads, RunsEveryLaneOnceAndKeepsItsThreads) {
+  KeptThreads threads;
   for (int round = 0; round < 50; ++round) {
     std::vector<std::atomic<int>> runs(8);
     absl::Mutex mu;
@@ -39,10 +38,10 @@ TEST(LaneThreads, RunsEveryLaneOnceAndKeepsItsThreads) {
   threads.Run(1, [](size_t lane) { EXPECT_EQ(lane, 0u); });
 }
 
-TEST(LaneThreads, LanesRunConcurrently) {
+TEST(KeptThreads, LanesRunConcurrently) {
   // All four lanes must be in flight at once to pass the barrier; run one after the other,
   // this would hang (the test's timeout fails it).
-  LaneThreads threads;
+  KeptThreads threads;
   for (int round = 0; round < 5; ++round) {
     absl::Barrier* barrier = new absl::Barrier(4);  // deleted by the last one through
     threads.Run(4, [&](size_t) {
@@ -52,8 +51,8 @@ TEST(LaneThreads, LanesRunConcurrently) {
   EXPECT_LE(threads.ThreadCount(), 3u);
 }
 
-TEST(LaneThreads, SeveralCallersAtOnce) {
-  LaneThreads threads;
+TEST(KeptThreads, SeveralCallersAtOnce) {
+  KeptThreads threads;
   constexpr int kCallers = 4, kLanes = 3, kRounds = 40;
   std::atomic<int> total{0};
   std::vector<std::thread> callers;
@@ -76,5 +75,4 @@ TEST(LaneThreads, SeveralCallersAtOnce) {
 }
 
 }  // namespace
-}  // namespace client
 }  // namespace moe

@@ -1,13 +1,15 @@
-// Threads for the lanes of a staged step (client/moe_client_lanes.cc), kept between steps:
-// a step over 8 lanes used to start and join 7 threads for its staging and 7 more for its
-// fetching. A thread is started only when no kept one is idle (several callers sharing one
-// client each get their own), and every thread started is kept until the pool is destroyed,
-// so the pool holds as many threads as lanes were ever busy at once, minus the callers'.
+// Threads for work that a call fans out and waits for, kept between calls instead of started
+// and joined each time: the lanes of the C++ client's staged steps (client/moe_client_lanes.cc:
+// 7 threads for the staging and 7 for the fetching of each step over 8 lanes before) and moed's
+// calls to every worker of a step (server/worker_pool_fanout.cc). A thread is started only when
+// no kept one is free (several callers at once each get their own), and every thread started
+// is kept until the object is destroyed, so it holds as many threads as were ever busy at
+// once, not counting the callers'.
 //
-//   LaneThreads threads;
+//   KeptThreads threads;
 //   threads.Run(lanes, [&](size_t lane) { SendPart(lane); });  // lane 0 on this thread
-#ifndef MOED_CLIENT_LANE_THREADS_H_
-#define MOED_CLIENT_LANE_THREADS_H_
+#ifndef MOED_SERVER_KEPT_THREADS_H_
+#define MOED_SERVER_KEPT_THREADS_H_
 
 #include <cstddef>
 #include <deque>
@@ -20,14 +22,13 @@
 #include "absl/synchronization/mutex.h"
 
 namespace moe {
-namespace client {
 
-class LaneThreads {
+class KeptThreads {
  public:
-  LaneThreads() = default;
-  ~LaneThreads();  // joins every thread; no Run may be in progress
-  LaneThreads(const LaneThreads&) = delete;
-  LaneThreads& operator=(const LaneThreads&) = delete;
+  KeptThreads() = default;
+  ~KeptThreads();  // joins every thread; no Run may be in progress
+  KeptThreads(const KeptThreads&) = delete;
+  KeptThreads& operator=(const KeptThreads&) = delete;
 
   // Runs fn(0) on the calling thread and fn(1) .. fn(n - 1) on pool threads, concurrently;
   // returns when every one has returned. Safe to call from several threads at once.
@@ -53,7 +54,6 @@ class LaneThreads {
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace client
 }  // namespace moe
 
-#endif  // MOED_CLIENT_LANE_THREADS_H_
+#endif  // MOED_SERVER_KEPT_THREADS_H_

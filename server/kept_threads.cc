@@ -1,13 +1,12 @@
-#include "client/lane_threads.h"
+#include "server/kept_threads.h"
 
 #include <utility>
 
 #include "absl/synchronization/blocking_counter.h"
 
 namespace moe {
-namespace client {
 
-LaneThreads::~LaneThreads() {
+KeptThreads::~KeptThreads() {
   std::vector<std::thread> threads;
   {
     absl::MutexLock lock(&mu_);
@@ -17,12 +16,12 @@ LaneThreads::~LaneThreads() {
   for (std::thread& t : threads) t.join();
 }
 
-size_t LaneThreads::ThreadCount() const {
+size_t KeptThreads::ThreadCount() const {
   absl::MutexLock lock(&mu_);
   return threads_.size();
 }
 
-void LaneThreads::Run(size_t n, const std::function<void(size_t)>& fn) {
+void KeptThreads::Run(size_t n, const std::function<void(size_t)>& fn) {
   if (n == 0) return;
   absl::BlockingCounter done(static_cast<int>(n - 1));
   {
@@ -30,7 +29,7 @@ void LaneThreads::Run(size_t n, const std::function<void(size_t)>& fn) {
     for (size_t i = 1; i < n; ++i) queue_.push_back(Task{&fn, i, &done});
     // Every queued task has a free thread: one that waits, else a new one.
     while (free_ < queue_.size()) {
-      threads_.emplace_back(&LaneThreads::Loop, this);
+      threads_.emplace_back(&KeptThreads::Loop, this);
       ++free_;
     }
   }
@@ -38,7 +37,7 @@ void LaneThreads::Run(size_t n, const std::function<void(size_t)>& fn) {
   done.Wait();
 }
 
-void LaneThreads::Loop() {
+void KeptThreads::Loop() {
   auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || !queue_.empty();
   };
@@ -59,5 +58,4 @@ void LaneThreads::Loop() {
   }
 }
 
-}  // namespace client
 }  // namespace moe
