@@ -25,6 +25,9 @@
 
 namespace moe {
 namespace client {
+
+int DefaultLanes(int cores) { return cores <= 2 ? 1 : std::min(cores, 16); }
+
 namespace {
 
 constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
@@ -142,7 +145,7 @@ absl::StatusOr<std::unique_ptr<MoeClient>> MoeClient::Connect(const std::string&
   }
   // Lanes: channels whose arguments differ get connections of their own.
   if (options.lanes <= 0) {
-    options.lanes = std::clamp(static_cast<int>(std::thread::hardware_concurrency()) / 2, 1, 8);
+    options.lanes = DefaultLanes(static_cast<int>(std::thread::hardware_concurrency()));
   }
   std::vector<std::shared_ptr<grpc::Channel>> lanes;
   for (int i = 0; options.lanes > 1 && i < options.lanes; ++i) {

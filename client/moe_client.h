@@ -42,6 +42,12 @@ class PhaseClock;   // server/phase_clock.h
 class TensorBytes;  // proto/tensor_wire.h
 namespace client {
 
+// ClientOptions::lanes = 0: this host's cores, at most 16; 1 on a host of 2 cores or fewer.
+// Measured on the 16-core H200 host (moed + one CUDA worker, bf16): 16 lanes beat 12 and 8 by
+// up to 16 % at 16384 tokens and 9 % for mixtral's 4096, and tied at 4096 tokens of H 1024;
+// on the 2-core VM lanes did not help.
+int DefaultLanes(int cores);
+
 struct ClientOptions {
   // Deadline of every call that does not set its own.
   absl::Duration default_deadline = absl::Seconds(60);
@@ -68,8 +74,7 @@ struct ClientOptions {
   // connection moves ~1.7 GB/s, four ~5 GB/s on a 16-core host. A server that refuses staged
   // tensors (UNIMPLEMENTED: --shm_relay=false; RESOURCE_EXHAUSTED: full), or a lane that
   // cannot connect (UNAVAILABLE), gets the tensor in the step instead. lanes == 1: one
-  // connection; 0: half this host's cores, from 1 to 8 (measured on the 16-core H200 host: 8
-  // lanes 2.9-3.3 GB/s, 4 lanes 2.1-3.2, 1 lane 0.6-1.2; on a 2-core host lanes do not help).
+  // connection; 0: DefaultLanes() (docs/PERFORMANCE.md has the measurements).
   int lanes = 0;
   int64_t lane_min_bytes = int64_t{4} << 20;
 };

@@ -39,8 +39,8 @@ ABSL_FLAG(uint64_t, input_seed, 1, "Seed of random inputs (x, d_out).");
 ABSL_FLAG(int32_t, lanes, 0,
           "Forward / Backward tensors of --lane_min_bytes or more go, and come back, in row "
           "ranges over this many connections at once (moed's StageTensor / FetchStaged; a "
-          "moed with --shm_relay=false gets them in the step); 1: one connection; 0: half "
-          "this host's cores, 1 to 8");
+          "moed with --shm_relay=false gets them in the step); 1: one connection; 0: this "
+          "host's cores, at most 16 (1 with 2 cores or fewer)");
 ABSL_FLAG(int64_t, lane_min_bytes, int64_t{4} << 20,
           "smallest tensor (bytes) sent over --lanes connections");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,

@@ -141,6 +141,15 @@ const Tensor* Find(const std::vector<NamedTensor>& tensors, const std::string& n
   return nullptr;
 }
 
+TEST(DefaultLanes, TheHostsCoresUpTo16AndNoneOnTinyHosts) {
+  EXPECT_EQ(DefaultLanes(0), 1);  // hardware_concurrency() unknown
+  EXPECT_EQ(DefaultLanes(1), 1);
+  EXPECT_EQ(DefaultLanes(2), 1);
+  EXPECT_EQ(DefaultLanes(3), 3);
+  EXPECT_EQ(DefaultLanes(16), 16);
+  EXPECT_EQ(DefaultLanes(128), 16);
+}
+
 TEST_F(MoeClientTest, HealthAndStatus) {
   EXPECT_EQ(*client_->Health(), ServingStatus::kServing);
   EXPECT_EQ(*client_->Health("moe.v1.MoeService"), ServingStatus::kServing);
