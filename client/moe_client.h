@@ -27,10 +27,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "server/kept_threads.h"
 #include "engine/tensor.h"
 #include "proto/chunking.h"
 #include "proto/moe.grpc.pb.h"
+#include "server/kept_threads.h"
 
 namespace grpc {
 class Channel;

@@ -5,7 +5,7 @@
 // into the result (a new tensor, or the caller's CallOptions::output). Three phases instead of
 // one call: ~2 extra round trips (well under a millisecond on a LAN) against several times the
 // bandwidth of one connection, which is why only tensors of ClientOptions::lane_min_bytes or
-// more take this path. The lanes' calls run on the client's kept KeptThreads.
+// more take this path. The lanes' calls run on threads the client keeps (KeptThreads).
 #include <algorithm>
 #include <utility>
 #include <vector>
@@ -80,8 +80,9 @@ absl::Status MoeClient::StageRows(const std::string& name, const Tensor& tensor,
   const int64_t rows = tensor.shape()[0];
   const size_t row_bytes = rows == 0 ? 0 : tensor.num_bytes() / rows;
   const std::vector<int64_t> offsets = PartRows(rows, row_bytes, lanes_.size(), PieceBytes());
-  absl::Status status =
-      RunLanes(&lane_threads_, offsets.size() - 1, lanes_.size(), [&](size_t i, size_t lane) -> absl::Status {
+  absl::Status status = RunLanes(
+      &lane_threads_, offsets.size() - 1, lanes_.size(),
+      [&](size_t i, size_t lane) -> absl::Status {
         v1::StageTensorRequest request;
         request.set_name(name);
         request.set_total_rows(rows);
@@ -110,15 +111,17 @@ absl::StatusOr<Tensor> MoeClient::FetchRows(const std::string& name, const v1::T
   ASSIGN_OR_RETURN(DType dtype, ParseDType(head.datatype()));
   if (head.shape_size() != 2) return absl::InternalError("staged output: not [rows, hidden]");
   const std::vector<int64_t> shape = {head.shape(0), head.shape(1)};
-  if (call.output != nullptr) RETURN_IF_ERROR(CheckTensorFits(kOutputName, *call.output, dtype, shape));
+  if (call.output != nullptr)
+    RETURN_IF_ERROR(CheckTensorFits(kOutputName, *call.output, dtype, shape));
   // The rows go straight into the caller's buffer when it gives one.
   Tensor out = call.output != nullptr ? Tensor::View(dtype, shape, call.output->raw())
                                       : Tensor::Uninitialized(dtype, shape);
   const size_t row_bytes = head.shape(1) * DTypeSize(dtype);
   const std::vector<int64_t> offsets =
       PartRows(head.shape(0), row_bytes, lanes_.size(), PieceBytes());
-  RETURN_IF_ERROR(
-      RunLanes(&lane_threads_, offsets.size() - 1, lanes_.size(), [&](size_t i, size_t lane) -> absl::Status {
+  RETURN_IF_ERROR(RunLanes(
+      &lane_threads_, offsets.size() - 1, lanes_.size(),
+      [&](size_t i, size_t lane) -> absl::Status {
         v1::FetchStagedRequest request;
         request.set_name(name);
         request.set_row_offset(offsets[i]);

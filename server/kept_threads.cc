@@ -1,6 +1,8 @@
 #include "server/kept_threads.h"
 
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/synchronization/blocking_counter.h"
 
@@ -38,9 +40,7 @@ void KeptThreads::Run(size_t n, const std::function<void(size_t)>& fn) {
 }
 
 void KeptThreads::Loop() {
-  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || !queue_.empty();
-  };
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
   absl::MutexLock lock(&mu_);
   while (true) {
     mu_.Await(absl::Condition(&ready));
@@ -49,9 +49,9 @@ void KeptThreads::Loop() {
     queue_.pop_front();
     --free_;
     mu_.Unlock();
-    (*task.fn)(task.lane);
+    (*task.fn)(task.index);
     mu_.Lock();
-    // Free again before the caller learns the lane is done, so that its next Run finds this
+    // Free again before the caller learns the task is done, so that its next Run finds this
     // thread instead of starting another.
     ++free_;
     task.done->DecrementCount();

@@ -43,7 +43,7 @@ class KeptThreads {
   mutable absl::Mutex mu_;
   struct Task {
     const std::function<void(size_t)>* fn;
-    size_t lane;
+    size_t index;
     absl::BlockingCounter* done;
   };
   std::deque<Task> queue_ ABSL_GUARDED_BY(mu_);

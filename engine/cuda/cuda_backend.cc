@@ -173,7 +173,8 @@ absl::StatusOr<int64_t> EnvInt(const char* name, int64_t fallback, int64_t max) 
 }  // namespace
 
 // The GEMM knobs, for comparing cuBLASLt configurations on the GPU machine (defaults: today's
-// behaviour): MOED_CUBLASLT_WORKSPACE_MB (each of the 1 + MOED_GEMM_STREAMS workspaces, default 32),
+// behaviour): MOED_CUBLASLT_WORKSPACE_MB (each of the 1 + MOED_GEMM_STREAMS workspaces,
+// default 32),
 // MOED_CUBLASLT_WGRAD_ALGO (CublasLtTuning::wgrad_algo_index, default 0),
 // MOED_CUBLASLT_WGRAD_ACCUM_ALGO (CublasLtTuning::wgrad_accumulate_algo_index, default
 // MOED_CUBLASLT_WGRAD_ALGO's value),

@@ -104,11 +104,11 @@ class CudaBackend : public Backend {
   void Release(void* p);
 
   int device_;
-  void* stream_ = nullptr;                    // cudaStream_t
+  void* stream_ = nullptr;                       // cudaStream_t
   int side_stream_count_ = kDefaultSideStreams;  // MOED_GEMM_STREAMS
-  void* side_streams_[kMaxSideStreams] = {};       // cudaStream_t; the first side_stream_count_
-  void* side_events_[kMaxSideStreams + 1] = {};    // cudaEvent_t; [kMaxSideStreams] is the fork
-  void* workspace_[kMaxSideStreams + 1] = {};      // cuBLASLt workspaces; [0] main stream
+  void* side_streams_[kMaxSideStreams] = {};     // cudaStream_t; the first side_stream_count_
+  void* side_events_[kMaxSideStreams + 1] = {};  // cudaEvent_t; [kMaxSideStreams] is the fork
+  void* workspace_[kMaxSideStreams + 1] = {};    // cuBLASLt workspaces; [0] main stream
   std::unique_ptr<CublasLtGemm> gemm_;
   HostStaging staging_;       // large copies to/from pageable host memory
   bool use_staging_ = false;  // MOED_CUDA_HOST_STAGING=1 (read once in Init)

@@ -184,13 +184,13 @@ TEST(CudaOps, GroupedGemmStreamKnobsKeepResultsAndRefuseBadValues) {
   }
   for (const char* bad : {"0", "17", "-1", "x", "4x"}) {
     absl::StatusOr<std::vector<uint16_t>> y = run({{"MOED_GEMM_STREAMS", bad}});
-    EXPECT_TRUE(absl::IsInvalidArgument(y.status())) << "MOED_GEMM_STREAMS=" << bad << ": "
-                                                     << y.status();
+    EXPECT_TRUE(absl::IsInvalidArgument(y.status()))
+        << "MOED_GEMM_STREAMS=" << bad << ": " << y.status();
   }
   for (const char* bad : {"-1", "1.5", "lots"}) {
     absl::StatusOr<std::vector<uint16_t>> y = run({{"MOED_GEMM_SERIAL_GFLOPS", bad}});
-    EXPECT_TRUE(absl::IsInvalidArgument(y.status())) << "MOED_GEMM_SERIAL_GFLOPS=" << bad
-                                                     << ": " << y.status();
+    EXPECT_TRUE(absl::IsInvalidArgument(y.status()))
+        << "MOED_GEMM_SERIAL_GFLOPS=" << bad << ": " << y.status();
   }
 }
 
