@@ -2,7 +2,8 @@
 # build_base_binary.sh REV TARGET DEST [PATH...]: builds Bazel TARGET with the folders PATH
 # (default: client) as they were at REV, copies the binary to DEST, and puts this checkout's
 # folders back, whatever happens. For A/B runs of a binary against its previous version in
-# one GPU call (the GPU machine has no Bazel). Refuses when PATH has uncommitted changes.
+# one GPU call (the GPU machine has no Bazel). Refuses when PATH has uncommitted changes;
+# files git ignores under PATH (caches) are removed with the folders.
 #
 #   tools/build_base_binary.sh 0f6848a //client:moectl .gpu/base/moectl client
 set -euo pipefail
