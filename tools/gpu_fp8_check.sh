@@ -15,14 +15,9 @@
 #   device tool allows 600 s per command: tests ~1 min, the six benchmark runs ~4-6 min; if
 #   one call is too tight, run SKIP_BENCH=1 then SKIP_TESTS=1 on the same warm machine).
 set -uo pipefail
-out=${OUT:-gpu_out}
-mkdir -p "$out"
-source .gpu/env.sh
-export MOED_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0
-log="$out/fp8_tests.log"
 step_width=24
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_step.sh"  # step, summary
-{ date -u; nvidia-smi -L; } >>"$log" 2>&1
+gpu_check_begin fp8_tests.log
 if [ -z "${SKIP_TESTS:-}" ]; then
   # The FP8 tests; FULL_TESTS=1 also runs the whole binaries (their fp32/bf16 cases).
   step ops_fp8 90 cuda_backend_ops_test --gtest_filter='*Fp8*'

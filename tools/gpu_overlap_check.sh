@@ -20,17 +20,12 @@
 #          VARIANTS="s4:gpu_bench:MOED_GEMM_STREAMS=4 s8:gpu_bench:MOED_GEMM_STREAMS=8" \
 #            DTYPES=bf16 OUT=$OUT tools/gpu_overlap_check.sh    # one build, two settings
 set -uo pipefail
-out=${OUT:-gpu_out}
-mkdir -p "$out"
-source .gpu/env.sh
-export MOED_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0
-log="$out/overlap.log"
 step_width=30
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_step.sh"  # step, summary
+gpu_check_begin overlap.log
 configs=${CONFIGS:-te_seed,qwen3,mixtral}
 dtypes=${DTYPES:-bf16,fp8}
 iters=${ITERS:-8}
-{ date -u; nvidia-smi -L; } >>"$log" 2>&1
 
 if [ -z "${SKIP_TESTS:-}" ]; then
   step ops_test 150 cuda_backend_ops_test

@@ -24,15 +24,10 @@
 #   dsv3 2 x ~1.5); if one call is too tight for the device tool's 600 s, run SKIP_DSV3=1 then
 #   SKIP_TESTS=1 SKIP_SMALL=1 on the same warm machine (each call tables what it ran).
 set -uo pipefail
-out=${OUT:-gpu_out}
-mkdir -p "$out"
-source .gpu/env.sh
-export MOED_REQUIRE_GPU=1 NCCL_NVLS_ENABLE=0
-log="$out/step15.log"
 step_width=24
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_step.sh"  # step, summary
+gpu_check_begin step15.log
 iters=${ITERS:-8}
-{ date -u; nvidia-smi -L; } >>"$log" 2>&1
 
 if [ -z "${SKIP_TESTS:-}" ]; then
   filter='-*fp8*:*Fp8*'
