@@ -33,20 +33,22 @@ void CallEveryRank(int n, const std::function<void(int)>& call,
                    const std::function<bool()>& cancelled,
                    const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts,
                    KeptThreads* kept) {
-  std::vector<std::thread> threads;
   if (cancelled == nullptr) {
     kept->Run(n, [&](size_t r) { call(static_cast<int>(r)); });
-  } else {
-    // Every rank on its own thread; this one watches the predicate.
-    absl::Mutex done_mu;
-    int done = 0;
-    for (int r = 0; r < n; ++r) {
-      threads.emplace_back([&, r] {
-        call(r);
-        absl::MutexLock lock(&done_mu);
-        ++done;
-      });
-    }
+    return;
+  }
+  // Every rank on its own thread; this one watches the predicate.
+  absl::Mutex done_mu;
+  int done = 0;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      call(r);
+      absl::MutexLock lock(&done_mu);
+      ++done;
+    });
+  }
+  {
     bool cancelled_once = false;
     absl::MutexLock lock(&done_mu);
     auto all_done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(done_mu) { return done == n; };
