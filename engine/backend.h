@@ -79,6 +79,11 @@ class Buffer {
 // C = alpha * (a_scale * b_scale) * A . B^T + beta C.
 // Only this "TN" shape: trans_a false, trans_b true (both operands contiguous along k, as
 // Hopper's FP8 tensor cores need).
+// a_bf16 (optional, fp32 GEMMs only): the same A, value for value, as bf16 (same layout and
+// lda), for a caller whose fp32 A is the exact widening of bf16 data (the router's x when x
+// came as BF16). The result is still the fp32 GEMM's; a backend may read a_bf16 instead of a
+// (the CUDA backend then runs the GEMM on bf16 tensor cores: engine/cuda/bf16_split.h) or
+// ignore it (the CPU backend).
 struct GemmArgs {
   bool trans_a = false;
   bool trans_b = false;
@@ -97,6 +102,7 @@ struct GemmArgs {
   DType b_fp8 = DType::kFloat32;
   const float* a_scale = nullptr;
   const float* b_scale = nullptr;
+  const void* a_bf16 = nullptr;
   bool is_fp8() const { return a_fp8 != DType::kFloat32; }
 };
 

@@ -154,6 +154,7 @@ absl::Status MoeLayerImpl::GateBackward(const SavedStep& s, BackwardWork& w) {
     g.trans_a = true;
     g.m = H, g.n = E, g.k = T;
     g.a = s.x32.data(), g.lda = H;
+    g.a_bf16 = s.x16.data();
     g.b = w.d_logits.data(), g.ldb = E;
     g.c = d_gate, g.ldc = E;
     RETURN_IF_ERROR(backend_->Gemm(g));

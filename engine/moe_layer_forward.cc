@@ -88,17 +88,19 @@ absl::Status MoeLayerImpl::UploadInput(const Tensor& x, SavedStep& s, ForwardWor
   ASSIGN_OR_RETURN(Buffer x_in, Upload(x.raw(), x.num_bytes()));
   if (xt == DType::kFloat32) {
     s.x32 = std::move(x_in);
+    if (cd == DType::kBFloat16) {
+      ASSIGN_OR_RETURN(w.x_compute, backend_->Allocate(T * H * DTypeSize(cd)));
+      RETURN_IF_ERROR(
+          backend_->Convert(s.x32.data(), DType::kFloat32, w.x_compute.data(), cd, T * H));
+    }
   } else {
     ASSIGN_OR_RETURN(s.x32, backend_->Allocate(T * H * sizeof(float)));
     RETURN_IF_ERROR(backend_->Convert(x_in.data(), xt, s.x32.data(), DType::kFloat32, T * H));
-    if (cd == DType::kBFloat16) w.x_compute = std::move(x_in);
+    s.x16 = std::move(x_in);
   }
-  if (cd == DType::kBFloat16 && w.x_compute.data() == nullptr) {
-    ASSIGN_OR_RETURN(w.x_compute, backend_->Allocate(T * H * DTypeSize(cd)));
-    RETURN_IF_ERROR(
-        backend_->Convert(s.x32.data(), DType::kFloat32, w.x_compute.data(), cd, T * H));
-  }
-  w.x_experts = cd == DType::kFloat32 ? s.x32.data() : w.x_compute.data();
+  w.x_experts = cd == DType::kFloat32   ? s.x32.data()
+                : s.x16.data() != nullptr ? s.x16.data()
+                                          : w.x_compute.data();
   return absl::OkStatus();
 }
 
@@ -111,6 +113,7 @@ absl::Status MoeLayerImpl::RouteTokens(SavedStep& s, ForwardWork& w) {
     GemmArgs g;
     g.m = T, g.n = E, g.k = H;
     g.a = s.x32.data(), g.lda = H;
+    g.a_bf16 = s.x16.data();
     g.b = Find("gate")->master.data(), g.ldb = E;
     g.c = s.logits.data(), g.ldc = E;
     RETURN_IF_ERROR(backend_->Gemm(g));

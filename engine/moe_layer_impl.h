@@ -70,6 +70,9 @@ struct SavedStep : public StepContext {
   std::vector<int64_t> global_counts;  // f [E]
   DispatchPlan plan;
   Buffer x32;          // [T, H] fp32 input (router backward, d_gate)
+  // [T, H] x as it came when that was BF16, else empty: x32's exact bf16 form, which the
+  // router GEMMs may read instead (GemmArgs::a_bf16) and the experts read when compute is BF16.
+  Buffer x16;
   Buffer logits;       // [T, E]
   Buffer scores;       // [T, E]
   Buffer logsumexp;    // [T]
@@ -85,7 +88,7 @@ struct SavedStep : public StepContext {
   // and frees x_expert and act: half their bytes, and no re-quantisation in the backward.
   Fp8Rows x_fp8, act_fp8;
   size_t bytes() const override {
-    return x32.size() + logits.size() + scores.size() + logsumexp.size() + topk_expert.size() +
+    return x32.size() + x16.size() + logits.size() + scores.size() + logsumexp.size() + topk_expert.size() +
            topk_weight.size() + pair_row.size() + x_expert.size() + h.size() + act.size() +
            y_local.size() + x_fp8.bytes() + act_fp8.bytes();
   }
@@ -95,8 +98,8 @@ struct SavedStep : public StepContext {
 // Backward needs goes to SavedStep instead). Host fields that a stage uploads live here too:
 // an upload may be asynchronous, and Forward's final download waits for it.
 struct ForwardWork {
-  Buffer x_compute;  // [T, H] x in the compute dtype when that is BF16; empty for FP32
-  const void* x_experts = nullptr;  // what the experts read: x_compute or SavedStep::x32
+  Buffer x_compute;  // [T, H] x in BF16 when that is the compute dtype and x came as FP32
+  const void* x_experts = nullptr;  // what the experts read: SavedStep::x32, x16 or x_compute
   // Step statistics, one buffer so that one copy brings them to the host:
   //   double [E + 2]: [0, E) sum_t P[t, e], [E] sum_t lse^2, [E + 1] tokens (T, then T_g)
   //   int32 [E]: (token, slot) pairs per expert before drops (local, then global f)
@@ -179,8 +182,8 @@ class MoeLayerImpl : public MoeLayer {
   absl::StatusOr<Tensor> DownloadInto(const Buffer& buffer, DType dtype,
                                       const std::vector<int64_t>& shape, Tensor* into) const;
   // ---- Forward stages (moe_layer_forward.cc), in order ----
-  // Uploads x. Writes s.x32 ([T, H] fp32, the router's view) and w.x_compute /
-  // w.x_experts (the experts' view in the compute dtype).
+  // Uploads x. Writes s.x32 ([T, H] fp32, the router's view), s.x16 (x as it came, when
+  // BF16) and w.x_compute / w.x_experts (the experts' view in the compute dtype).
   absl::Status UploadInput(const Tensor& x, SavedStep& s, ForwardWork& w);
   // Forward 1-6: logits and router, then the all-reduce of the step statistics. Reads s.x32;
   // writes s.logits, s.scores, s.logsumexp, s.topk_expert, s.topk_weight, w.stats (its

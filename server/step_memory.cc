@@ -66,8 +66,10 @@ int64_t ForwardStepBytes(const LayerConfig& c, int64_t tokens, int ranks, DType 
   const long double H = c.hidden, F = c.ffn, up = UpWidth(c), E = c.num_experts, K = c.top_k;
   const long double cs = DTypeSize(ExpertRowDType(c)), xs = DTypeSize(x_dtype);
   // Per token: x as uploaded, its fp32 and compute views, logits and scores [E] fp32, top-k
-  // experts, weights, kept flags and pair rows, the output.
-  const long double per_token = H * (xs + 4 + cs + xs) + E * 8 + K * (4 + 4 + 1 + 4);
+  // experts, weights, kept flags and pair rows, the output; the CUDA backend's logits GEMM
+  // on bf16 tensor cores adds three [E] fp32 partial sums (and the gate's three bf16 parts,
+  // below).
+  const long double per_token = H * (xs + 4 + cs + xs) + E * (8 + 12) + K * (4 + 4 + 1 + 4);
   // Per local row: the permuted x and the combined-back y (compute dtype), the row map.
   const long double per_local_row = 2 * H * cs + 4;
   // Per expert row: dispatched x, h [up], activation [F], y [H]; FP8 adds the quantised
@@ -75,23 +77,24 @@ int64_t ForwardStepBytes(const LayerConfig& c, int64_t tokens, int ranks, DType 
   long double per_expert_row = (H + up + F + H) * cs;
   if (c.compute_dtype == DType::kFloat8E4M3) per_expert_row += H + F;
   return Saturate(rows.tokens * per_token + rows.local * per_local_row +
-                  rows.expert * per_expert_row);
+                  rows.expert * per_expert_row + H * E * 3 * 2);
 }
 
 int64_t BackwardStepBytes(const LayerConfig& c, int64_t tokens, int ranks, DType x_dtype) {
   const Rows rows = WorstCaseRows(c, tokens, ranks);
   const long double H = c.hidden, F = c.ffn, up = UpWidth(c), E = c.num_experts, K = c.top_k;
   const long double cs = DTypeSize(ExpertRowDType(c)), xs = DTypeSize(x_dtype);
-  // Per token: d_out as uploaded, d_x fp32 and cast, d_logits [E], d_probs [k].
-  const long double per_token = H * (xs + 4 + xs) + E * 4 + K * 4;
+  // Per token: d_out as uploaded, d_x fp32 and cast, d_logits [E] (and its three bf16 parts
+  // for d_gate's GEMM on the CUDA backend's tensor cores), d_probs [k].
+  const long double per_token = H * (xs + 4 + xs) + E * (4 + 6) + K * 4;
   // Per local row: d_y in the local layout. Per expert row: d_y and d_x in the expert
   // layout, d_act [F], d_h [up]; FP8 adds quantised copies.
   const long double per_local_row = H * cs;
   long double per_expert_row = (2 * H + F + up) * cs;
   if (c.compute_dtype == DType::kFloat8E4M3) per_expert_row += H + up;
-  // The gate's per-step gradient [H, E] fp32.
+  // The gate's per-step gradient [H, E] fp32 (and d_gate's three [H, E] fp32 partial sums).
   return Saturate(rows.tokens * per_token + rows.local * per_local_row +
-                  rows.expert * per_expert_row + H * E * 4);
+                  rows.expert * per_expert_row + H * E * 4 * (1 + 3));
 }
 
 }  // namespace moe

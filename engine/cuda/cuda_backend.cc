@@ -181,7 +181,9 @@ absl::StatusOr<int64_t> EnvInt(const char* name, int64_t fallback, int64_t max) 
 // MOED_CUBLASLT_LOG=1 (log the weight-gradient plans). The CUDA backend also reads
 // MOED_GEMM_SERIAL_GFLOPS (GroupedGemm runs its GEMMs one at a time on the main stream when
 // their mean size exceeds this many GFLOP; 0, the default: never) and MOED_GEMM_STREAMS (how
-// many side streams GroupedGemm spreads its GEMMs over, 1 to 16, default 4).
+// many side streams GroupedGemm spreads its GEMMs over, 1 to 16, default 4) and
+// MOED_FP32_GEMM_BF16X3 (1, the default: an fp32 Gemm with GemmArgs::a_bf16 runs on bf16
+// tensor cores, SplitFp32Gemm; 0: cuBLASLt's fp32 GEMM, for comparisons).
 absl::StatusOr<CublasLtGemm::Tuning> GemmTuningFromEnv(size_t* workspace_bytes) {
   constexpr int64_t kMaxAlgoIndex = 15;
   ASSIGN_OR_RETURN(const int64_t mb, EnvInt("MOED_CUBLASLT_WORKSPACE_MB",
@@ -226,6 +228,8 @@ absl::Status CudaBackend::Init() {
                    EnvInt("MOED_GEMM_STREAMS", kDefaultSideStreams, kMaxSideStreams));
   if (streams < 1) return absl::InvalidArgumentError("MOED_GEMM_STREAMS='0': expected 1 to 16");
   side_stream_count_ = static_cast<int>(streams);
+  ASSIGN_OR_RETURN(const int64_t split, EnvInt("MOED_FP32_GEMM_BF16X3", 1, 1));
+  split_fp32_gemm_ = split == 1;
   // Keep freed pool memory for reuse: steps allocate and free the same sizes every time.
   cudaMemPool_t pool;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device_));
@@ -407,6 +411,10 @@ absl::Status CudaBackend::CheckGemm(const GemmArgs& g) const {
     return bad("ab_type");
   }
   if (!IsKernelType(g.c_type)) return bad("c_type");
+  if (g.a_bf16 != nullptr && (g.is_fp8() || g.ab_type != DType::kFloat32 ||
+                              g.c_type != DType::kFloat32)) {
+    return bad("a_bf16 is for fp32 operands and an fp32 C only");
+  }
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
   if (g.c == nullptr || g.ldc < g.n) return bad("c is null or ldc < n");
   if (g.k == 0) return absl::OkStatus();
@@ -429,7 +437,53 @@ absl::Status CudaBackend::RunGemm(const GemmArgs& g, void* stream, void* workspa
 absl::Status CudaBackend::Gemm(const GemmArgs& args) {
   RETURN_IF_ERROR(CheckGemm(args));
   RETURN_IF_ERROR(Activate());
+  if (args.a_bf16 != nullptr && split_fp32_gemm_ && args.m > 0 && args.n > 0 && args.k > 0 &&
+      args.n <= kMaxSplitGemmN) {
+    return SplitFp32Gemm(args);
+  }
   return RunGemm(args, stream_, workspace_[0]);
+}
+
+// The fp32 GEMM C = alpha A.B + beta C whose A is exactly bf16 (GemmArgs::a_bf16), on bf16
+// tensor cores: B = B_hi + B_mid + B_lo exactly (bf16_split.h), so one bf16 GEMM
+// A . [B_hi | B_mid | B_lo] (fp32 accumulation) gives the three exact-product sums side by
+// side, added smallest first. The router's logits and d_gate (n = E) read x once, and the
+// tensor cores do 3x the fp32 GEMM's work several times faster than fp32 FMA units.
+absl::Status CudaBackend::SplitFp32Gemm(const GemmArgs& g) {
+  const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  auto launched = [](int err, const char* what) {
+    return err == 0 ? absl::OkStatus() : CudaStatus(err, what, __FILE__, __LINE__);
+  };
+  ASSIGN_OR_RETURN(void* parts, ScratchAlloc(3 * g.k * g.n * sizeof(uint16_t)));
+  absl::StatusOr<void*> sums = ScratchAlloc(3 * g.m * g.n * sizeof(float));
+  absl::Status status = sums.status();
+  if (status.ok()) {
+    status = launched(LaunchSplitBf16x3(static_cast<const float*>(g.b), b_rows, b_cols, g.ldb,
+                                        /*stack_rows=*/g.trans_b, parts, stream_),
+                      "LaunchSplitBf16x3");
+  }
+  if (status.ok()) {
+    GemmArgs bf = g;
+    bf.a = g.a_bf16;
+    bf.a_bf16 = nullptr;
+    bf.ab_type = DType::kBFloat16;
+    bf.b = parts;
+    bf.ldb = g.trans_b ? g.k : 3 * g.n;
+    bf.n = 3 * g.n;
+    bf.c = *sums;
+    bf.ldc = 3 * g.n;
+    bf.alpha = 1.0f;
+    bf.beta = 0.0f;
+    status = RunGemm(bf, stream_, workspace_[0]);
+  }
+  if (status.ok()) {
+    status = launched(LaunchSumBf16x3Planes(static_cast<const float*>(*sums), g.m, g.n, g.alpha,
+                                            g.beta, static_cast<float*>(g.c), g.ldc, stream_),
+                      "LaunchSumBf16x3Planes");
+  }
+  if (sums.ok()) status.Update(ScratchFree(*sums));
+  status.Update(ScratchFree(parts));
+  return status;
 }
 
 absl::Status CudaBackend::GroupedGemm(absl::Span<const GemmArgs> gemms) {

@@ -98,6 +98,10 @@ class CudaBackend : public Backend {
   absl::StatusOr<void*> ScratchAlloc(size_t bytes);
   absl::Status ScratchFree(void* p);
   absl::Status RunGemm(const GemmArgs& args, void* stream, void* workspace);
+  // Gemm of fp32 operands whose A is given as bf16 too (GemmArgs::a_bf16), on bf16 tensor
+  // cores (cuda_backend.cc). For n <= kMaxSplitGemmN: its scratch holds 3 m n floats.
+  absl::Status SplitFp32Gemm(const GemmArgs& args);
+  static constexpr int64_t kMaxSplitGemmN = 4096;
   absl::Status CheckGemm(const GemmArgs& args) const;
   // QuantizeFp8 with dst_grouped_t (cuda_backend_fp8.cc), after the common checks.
   absl::Status QuantizeFp8Grouped(const QuantizeArgs& args);
@@ -116,6 +120,8 @@ class CudaBackend : public Backend {
   size_t workspace_bytes_ = kDefaultWorkspaceBytes;
   // GroupedGemm's threshold in FLOP, 0 for none: MOED_GEMM_SERIAL_GFLOPS (read once in Init).
   double serial_gemm_flops_ = kDefaultSerialGemmGflops * 1e9;
+  // Gemm with GemmArgs::a_bf16 on bf16 tensor cores: MOED_FP32_GEMM_BF16X3 (read once in Init).
+  bool split_fp32_gemm_ = true;
 
   mutable absl::Mutex mu_;
   std::unordered_map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);

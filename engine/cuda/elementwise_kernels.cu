@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <type_traits>
 
+#include "engine/cuda/bf16_split.h"
 #include "engine/cuda/kernels.cuh"
 #include "engine/cuda/type_switch.cuh"
 #include "engine/cuda/vec.cuh"
@@ -213,6 +214,41 @@ __global__ void ScaleKernel(T* data, float alpha, int64_t rows, int64_t cols, in
   }
 }
 
+// The three bf16 parts of each fp32 element (engine/cuda/bf16_split.h), written as three
+// planes: beside each other ([rows, 3 * cols], part p in columns [p * cols, (p + 1) * cols)) or,
+// with stack_rows, under each other ([3 * rows, cols], part p in rows [p * rows, ...)).
+__global__ void SplitBf16x3Kernel(const float* __restrict__ src, int64_t rows, int64_t cols,
+                                  int64_t ld, bool stack_rows, uint16_t* __restrict__ dst) {
+  const int64_t n = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    uint16_t part[3];
+    SplitToBf16x3(src[r * ld + c], &part[0], &part[1], &part[2]);
+#pragma unroll
+    for (int p = 0; p < 3; ++p) {
+      const int64_t at = stack_rows ? (p * rows + r) * cols + c : r * 3 * cols + p * cols + c;
+      dst[at] = part[p];
+    }
+  }
+}
+
+// c = alpha * ((lo + mid) + hi) + beta * c over the three [rows, cols] planes of a
+// [rows, 3 * cols] product (hi, mid, lo in that column order); c is not read when beta is 0.
+__global__ void SumBf16x3PlanesKernel(const float* __restrict__ planes, int64_t rows,
+                                      int64_t cols, float alpha, float beta, float* c,
+                                      int64_t ldc) {
+  const int64_t n = rows * cols;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / cols, col = i % cols;
+    const float* p = planes + r * 3 * cols + col;
+    const float sum = (p[2 * cols] + p[cols]) + p[0];
+    float* out = c + r * ldc + col;
+    *out = beta == 0.f ? alpha * sum : alpha * sum + beta * *out;
+  }
+}
+
 __global__ void OptimizerKernel(OptimizerParams p, float* __restrict__ param,
                                 const float* __restrict__ grad, float* __restrict__ m,
                                 float* __restrict__ v, int64_t count) {
@@ -345,6 +381,22 @@ int LaunchScale(void* data, KType type, float alpha, int64_t rows, int64_t cols,
         <<<GridFor(rows * cols), 256, 0, s>>>(static_cast<T*>(data), alpha, rows, cols, ld);
     return static_cast<int>(cudaGetLastError());
   });
+}
+
+int LaunchSplitBf16x3(const float* src, int64_t rows, int64_t cols, int64_t ld, bool stack_rows,
+                      void* dst, void* stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  SplitBf16x3Kernel<<<GridFor(rows * cols), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      src, rows, cols, ld, stack_rows, static_cast<uint16_t*>(dst));
+  return cudaGetLastError();
+}
+
+int LaunchSumBf16x3Planes(const float* planes, int64_t rows, int64_t cols, float alpha,
+                          float beta, float* c, int64_t ldc, void* stream) {
+  if (rows == 0 || cols == 0) return cudaSuccess;
+  SumBf16x3PlanesKernel<<<GridFor(rows * cols), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      planes, rows, cols, alpha, beta, c, ldc);
+  return cudaGetLastError();
 }
 
 int LaunchOptimizerStep(const OptimizerParams& p, float* param, const float* grad,

@@ -95,6 +95,115 @@ TEST(CudaOps, GemmMatchesCpu) {
   }
 }
 
+// An fp32 GEMM whose A is given as bf16 too (GemmArgs::a_bf16: the router's logits and d_gate
+// when x came as BF16) runs on bf16 tensor cores (CudaBackend::SplitFp32Gemm): as accurate as
+// cuBLASLt's fp32 GEMM against an fp64 reference, bitwise repeatable, refused for non-fp32
+// operands, and MOED_FP32_GEMM_BF16X3=0 gives back the fp32 GEMM bit for bit.
+TEST(CudaOps, Fp32GemmWithBf16AIsAsAccurateAsFp32) {
+  if (CudaDeviceCount() == 0) {
+    if (std::getenv("MOED_REQUIRE_GPU") != nullptr) FAIL() << "no GPU";
+    GTEST_SKIP() << "no GPU";
+  }
+  struct Case {
+    bool ta, tb;
+    int64_t m, n, k;
+    float alpha, beta;
+  };
+  const Case cases[] = {
+      {false, false, 1000, 64, 512, 1.f, 0.f},   // logits: x [T, H] . gate [H, E]
+      {true, false, 512, 64, 1000, 1.f, 0.f},    // d_gate: x^T . d_z [T, E]
+      {false, false, 333, 256, 1024, 1.f, 1.f},  // accumulating, E = 256
+      {false, true, 200, 40, 300, 2.f, 0.5f},    // B stored transposed
+      {true, true, 96, 8, 4096, 1.f, 0.f},       // te_seed-like E = 8, long k
+  };
+  auto make = [](const char* knob) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    if (knob != nullptr) setenv("MOED_FP32_GEMM_BF16X3", knob, 1);
+    absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackend(0);
+    unsetenv("MOED_FP32_GEMM_BF16X3");
+    return made;
+  };
+  absl::StatusOr<std::unique_ptr<Backend>> split = make(nullptr), plain = make("0");
+  ASSERT_TRUE(split.ok()) << split.status();
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  for (const char* bad : {"2", "-1", "yes"}) {
+    EXPECT_TRUE(absl::IsInvalidArgument(make(bad).status())) << "MOED_FP32_GEMM_BF16X3=" << bad;
+  }
+  uint64_t seed = 40;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k
+                                      << " ta=" << c.ta << " tb=" << c.tb);
+    const int64_t ar = c.ta ? c.k : c.m, ac = c.ta ? c.m : c.k;
+    const int64_t br = c.tb ? c.n : c.k, bc = c.tb ? c.k : c.n;
+    // A: bf16 values (as x is), B: full fp32 values spanning several binades (as gate, d_z).
+    const std::vector<uint16_t> a16 = FloatsToBf16(RandomFloats(ar * ac, seed++));
+    const std::vector<float> a32 = Bf16ToFloats(a16);
+    std::vector<float> b = RandomFloats(br * bc, seed++, 0.02f);
+    for (size_t i = 0; i < b.size(); i += 7) b[i] *= 300.f;
+    const std::vector<float> c0 = RandomFloats(c.m * c.n, seed++);
+    std::vector<double> want(c.m * c.n);
+    for (int64_t i = 0; i < c.m; ++i) {
+      for (int64_t j = 0; j < c.n; ++j) {
+        double acc = 0;
+        for (int64_t l = 0; l < c.k; ++l) {
+          const double av = a32[c.ta ? l * ac + i : i * ac + l];
+          const double bv = b[c.tb ? j * bc + l : l * bc + j];
+          acc += av * bv;
+        }
+        want[i * c.n + j] = c.alpha * acc + c.beta * c0[i * c.n + j];
+      }
+    }
+    // One GEMM on `be`; with_bf16: a_bf16 set. The result's floats.
+    auto run = [&](Backend* be, bool with_bf16) -> absl::StatusOr<std::vector<float>> {
+      ASSIGN_OR_RETURN(Buffer da32, be->Allocate(a32.size() * 4));
+      ASSIGN_OR_RETURN(Buffer da16, be->Allocate(a16.size() * 2));
+      ASSIGN_OR_RETURN(Buffer db, be->Allocate(b.size() * 4));
+      ASSIGN_OR_RETURN(Buffer dc, be->Allocate(c0.size() * 4));
+      RETURN_IF_ERROR(be->CopyFromHost(da32.data(), a32.data(), a32.size() * 4));
+      RETURN_IF_ERROR(be->CopyFromHost(da16.data(), a16.data(), a16.size() * 2));
+      RETURN_IF_ERROR(be->CopyFromHost(db.data(), b.data(), b.size() * 4));
+      RETURN_IF_ERROR(be->CopyFromHost(dc.data(), c0.data(), c0.size() * 4));
+      GemmArgs g;
+      g.trans_a = c.ta, g.trans_b = c.tb, g.m = c.m, g.n = c.n, g.k = c.k;
+      g.a = da32.data(), g.lda = ac, g.b = db.data(), g.ldb = bc, g.c = dc.data(), g.ldc = c.n;
+      g.a_bf16 = with_bf16 ? da16.data() : nullptr;
+      g.alpha = c.alpha, g.beta = c.beta;
+      RETURN_IF_ERROR(be->Gemm(g));
+      std::vector<float> out(c0.size());
+      RETURN_IF_ERROR(be->CopyToHost(out.data(), dc.data(), out.size() * 4));
+      return out;
+    };
+    absl::StatusOr<std::vector<float>> fast = run(split->get(), true);
+    absl::StatusOr<std::vector<float>> again = run(split->get(), true);
+    absl::StatusOr<std::vector<float>> fp32 = run(split->get(), false);
+    absl::StatusOr<std::vector<float>> knob_off = run(plain->get(), true);
+    ASSERT_TRUE(fast.ok()) << fast.status();
+    ASSERT_TRUE(again.ok() && fp32.ok() && knob_off.ok());
+    auto error = [&](const std::vector<float>& got) {
+      double diff = 0, ref = 1e-30;
+      for (size_t i = 0; i < got.size(); ++i) {
+        diff = std::max(diff, std::fabs(got[i] - want[i]));
+        ref = std::max(ref, std::fabs(want[i]));
+      }
+      return diff / ref;
+    };
+    const double fast_err = error(*fast), fp32_err = error(*fp32);
+    std::printf("m=%lld n=%lld k=%lld: bf16x3 error %.3g, fp32 GEMM error %.3g\n",
+                static_cast<long long>(c.m), static_cast<long long>(c.n),
+                static_cast<long long>(c.k), fast_err, fp32_err);
+    EXPECT_LE(fast_err, 2 * fp32_err + 2e-7);
+    EXPECT_LE(fast_err, 1e-5);
+    EXPECT_TRUE(*fast == *again) << "two runs differ";
+    EXPECT_TRUE(*knob_off == *fp32) << "MOED_FP32_GEMM_BF16X3=0 is not the fp32 GEMM";
+  }
+  // a_bf16 belongs to fp32 GEMMs only.
+  GemmArgs g;
+  g.m = g.n = g.k = 8, g.lda = g.ldb = g.ldc = 8;
+  int dummy[64];
+  g.a = g.b = g.a_bf16 = dummy, g.c = dummy;
+  g.ab_type = DType::kBFloat16;
+  EXPECT_TRUE(absl::IsInvalidArgument((*split)->Gemm(g)));
+}
+
 TEST(CudaOps, GroupedGemmMatchesCpu) {
   BackendPair bp;
   REQUIRE_GPU(bp);
