@@ -82,8 +82,8 @@ class Buffer {
 // a_bf16 (optional, fp32 GEMMs only): the same A, value for value, as bf16 (same layout and
 // lda), for a caller whose fp32 A is the exact widening of bf16 data (the router's x when x
 // came as BF16). The result is still the fp32 GEMM's; a backend may read a_bf16 instead of a
-// (the CUDA backend then runs the GEMM on bf16 tensor cores: engine/cuda/bf16_split.h) or
-// ignore it (the CPU backend).
+// (the CUDA backend then runs the GEMM on bf16 tensor cores: engine/cuda/bf16_split.h), and a
+// may then be null (Backend::GemmReadsBf16A), or ignore it (the CPU backend).
 struct GemmArgs {
   bool trans_a = false;
   bool trans_b = false;
@@ -317,6 +317,9 @@ class Backend {
 
   // ---- dense math ----
   virtual absl::Status Gemm(const GemmArgs& args) = 0;
+  // True when Gemm reads GemmArgs::a_bf16, where given, instead of a: a may then be null (the
+  // layer keeps no fp32 copy of a BF16 x for the router). False: a must always be given.
+  virtual bool GemmReadsBf16A() const { return false; }
   // Independent GEMMs (one per local expert); the CUDA backend batches or overlaps them.
   virtual absl::Status GroupedGemm(absl::Span<const GemmArgs> gemms) {
     for (const GemmArgs& g : gemms) {

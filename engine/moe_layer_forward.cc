@@ -94,8 +94,12 @@ absl::Status MoeLayerImpl::UploadInput(const Tensor& x, SavedStep& s, ForwardWor
           backend_->Convert(s.x32.data(), DType::kFloat32, w.x_compute.data(), cd, T * H));
     }
   } else {
-    ASSIGN_OR_RETURN(s.x32, backend_->Allocate(T * H * sizeof(float)));
-    RETURN_IF_ERROR(backend_->Convert(x_in.data(), xt, s.x32.data(), DType::kFloat32, T * H));
+    // A backend whose router GEMMs read x16 (GemmReadsBf16A) needs no fp32 copy unless the
+    // experts compute in fp32.
+    if (cd == DType::kFloat32 || !backend_->GemmReadsBf16A()) {
+      ASSIGN_OR_RETURN(s.x32, backend_->Allocate(T * H * sizeof(float)));
+      RETURN_IF_ERROR(backend_->Convert(x_in.data(), xt, s.x32.data(), DType::kFloat32, T * H));
+    }
     s.x16 = std::move(x_in);
   }
   w.x_experts = cd == DType::kFloat32   ? s.x32.data()

@@ -69,7 +69,9 @@ struct SavedStep : public StepContext {
   DType x_type = DType::kFloat32;
   std::vector<int64_t> global_counts;  // f [E]
   DispatchPlan plan;
-  Buffer x32;          // [T, H] fp32 input (router backward, d_gate)
+  // [T, H] fp32 input (the router GEMMs: logits, d_gate); empty when x came as BF16, the
+  // experts compute in BF16 or FP8 and the backend's GEMMs read x16 instead (GemmReadsBf16A).
+  Buffer x32;
   // [T, H] x as it came when that was BF16, else empty: x32's exact bf16 form, which the
   // router GEMMs may read instead (GemmArgs::a_bf16) and the experts read when compute is BF16.
   Buffer x16;
@@ -185,7 +187,7 @@ class MoeLayerImpl : public MoeLayer {
   // Uploads x. Writes s.x32 ([T, H] fp32, the router's view), s.x16 (x as it came, when
   // BF16) and w.x_compute / w.x_experts (the experts' view in the compute dtype).
   absl::Status UploadInput(const Tensor& x, SavedStep& s, ForwardWork& w);
-  // Forward 1-6: logits and router, then the all-reduce of the step statistics. Reads s.x32;
+  // Forward 1-6: logits and router, then the all-reduce of the step statistics. Reads s.x32 or s.x16;
   // writes s.logits, s.scores, s.logsumexp, s.topk_expert, s.topk_weight, w.stats (its
   // per-expert counts and loss sums all-reduced; kept counts not yet written).
   absl::Status RouteTokens(SavedStep& s, ForwardWork& w);
@@ -228,7 +230,7 @@ class MoeLayerImpl : public MoeLayer {
   // Backward 5: reads s.logits, s.scores, s.logsumexp, s.topk_expert, s.global_tokens,
   // s.global_counts, w.d_probs; writes w.aux_grad_host, w.aux_grad, w.d_logits.
   absl::Status RouterBackward(const SavedStep& s, double d_aux, double d_z_loss, BackwardWork& w);
-  // Backward 6: d_x += d_z . gate^T; d_gate += all-reduce(x^T . d_z). Reads s.tokens, s.x32,
+  // Backward 6: d_x += d_z . gate^T; d_gate += all-reduce(x^T . d_z). Reads s.tokens, s.x32 or s.x16,
   // w.d_logits; updates w.d_x and the gate gradient.
   absl::Status GateBackward(const SavedStep& s, BackwardWork& w);
   // Backward's output: w.d_x cast to s.x_type (into `into` when non-null, as DownloadInto).

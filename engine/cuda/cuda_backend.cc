@@ -418,7 +418,9 @@ absl::Status CudaBackend::CheckGemm(const GemmArgs& g) const {
   if (g.m == 0 || g.n == 0) return absl::OkStatus();
   if (g.c == nullptr || g.ldc < g.n) return bad("c is null or ldc < n");
   if (g.k == 0) return absl::OkStatus();
-  if (g.a == nullptr || g.b == nullptr) return bad("a or b is null");
+  if ((g.a == nullptr && (g.a_bf16 == nullptr || !split_fp32_gemm_)) || g.b == nullptr) {
+    return bad("a or b is null");
+  }
   if (g.lda < (g.trans_a ? g.m : g.k)) return bad("lda too small");
   if (g.ldb < (g.trans_b ? g.k : g.n)) return bad("ldb too small");
   return absl::OkStatus();
@@ -437,11 +439,31 @@ absl::Status CudaBackend::RunGemm(const GemmArgs& g, void* stream, void* workspa
 absl::Status CudaBackend::Gemm(const GemmArgs& args) {
   RETURN_IF_ERROR(CheckGemm(args));
   RETURN_IF_ERROR(Activate());
-  if (args.a_bf16 != nullptr && split_fp32_gemm_ && args.m > 0 && args.n > 0 && args.k > 0 &&
-      args.n <= kMaxSplitGemmN) {
-    return SplitFp32Gemm(args);
+  if (args.a_bf16 != nullptr && split_fp32_gemm_ && args.m > 0 && args.n > 0 && args.k > 0) {
+    if (args.n <= kMaxSplitGemmN) return SplitFp32Gemm(args);
+    if (args.a == nullptr) return WidenedAGemm(args);
   }
   return RunGemm(args, stream_, workspace_[0]);
+}
+
+// The fp32 GEMM of a caller that gave A only as bf16 (GemmReadsBf16A), for shapes SplitFp32Gemm
+// does not take: A widened to fp32 in scratch, then cuBLASLt's fp32 GEMM.
+absl::Status CudaBackend::WidenedAGemm(const GemmArgs& g) {
+  const int64_t rows = g.trans_a ? g.k : g.m, cols = g.trans_a ? g.m : g.k;
+  const int64_t span = (rows - 1) * g.lda + cols;
+  ASSIGN_OR_RETURN(void* a32, ScratchAlloc(span * sizeof(float)));
+  absl::Status status;
+  if (const int err = LaunchConvert(g.a_bf16, KType::kBF16, a32, KType::kF32, span, stream_)) {
+    status = CudaStatus(err, "LaunchConvert", __FILE__, __LINE__);
+  }
+  if (status.ok()) {
+    GemmArgs wide = g;
+    wide.a = a32;
+    wide.a_bf16 = nullptr;
+    status = RunGemm(wide, stream_, workspace_[0]);
+  }
+  status.Update(ScratchFree(a32));
+  return status;
 }
 
 // The fp32 GEMM C = alpha A.B + beta C whose A is exactly bf16 (GemmArgs::a_bf16), on bf16

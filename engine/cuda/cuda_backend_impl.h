@@ -49,6 +49,7 @@ class CudaBackend : public Backend {
   absl::Status QuantizeFp8(const QuantizeArgs& args) override;
 
   absl::Status Gemm(const GemmArgs& args) override;
+  bool GemmReadsBf16A() const override { return split_fp32_gemm_; }
   absl::Status GroupedGemm(absl::Span<const GemmArgs> gemms) override;
   absl::Status Convert(const void* src, DType src_type, void* dst, DType dst_type,
                        int64_t count) override;
@@ -101,6 +102,7 @@ class CudaBackend : public Backend {
   // Gemm of fp32 operands whose A is given as bf16 too (GemmArgs::a_bf16), on bf16 tensor
   // cores (cuda_backend.cc). For n <= kMaxSplitGemmN: its scratch holds 3 m n floats.
   absl::Status SplitFp32Gemm(const GemmArgs& args);
+  absl::Status WidenedAGemm(const GemmArgs& args);  // a null, a_bf16 given, n too large
   static constexpr int64_t kMaxSplitGemmN = 4096;
   absl::Status CheckGemm(const GemmArgs& args) const;
   // QuantizeFp8 with dst_grouped_t (cuda_backend_fp8.cc), after the common checks.

@@ -153,7 +153,8 @@ TEST(CudaOps, Fp32GemmWithBf16AIsAsAccurateAsFp32) {
       }
     }
     // One GEMM on `be`; with_bf16: a_bf16 set. The result's floats.
-    auto run = [&](Backend* be, bool with_bf16) -> absl::StatusOr<std::vector<float>> {
+    auto run = [&](Backend* be, bool with_bf16,
+                   bool without_a = false) -> absl::StatusOr<std::vector<float>> {
       ASSIGN_OR_RETURN(Buffer da32, be->Allocate(a32.size() * 4));
       ASSIGN_OR_RETURN(Buffer da16, be->Allocate(a16.size() * 2));
       ASSIGN_OR_RETURN(Buffer db, be->Allocate(b.size() * 4));
@@ -166,6 +167,7 @@ TEST(CudaOps, Fp32GemmWithBf16AIsAsAccurateAsFp32) {
       g.trans_a = c.ta, g.trans_b = c.tb, g.m = c.m, g.n = c.n, g.k = c.k;
       g.a = da32.data(), g.lda = ac, g.b = db.data(), g.ldb = bc, g.c = dc.data(), g.ldc = c.n;
       g.a_bf16 = with_bf16 ? da16.data() : nullptr;
+      if (without_a) g.a = nullptr;  // GemmReadsBf16A: the fp32 A is not needed
       g.alpha = c.alpha, g.beta = c.beta;
       RETURN_IF_ERROR(be->Gemm(g));
       std::vector<float> out(c0.size());
@@ -194,6 +196,42 @@ TEST(CudaOps, Fp32GemmWithBf16AIsAsAccurateAsFp32) {
     EXPECT_LE(fast_err, 1e-5);
     EXPECT_TRUE(*fast == *again) << "two runs differ";
     EXPECT_TRUE(*knob_off == *fp32) << "MOED_FP32_GEMM_BF16X3=0 is not the fp32 GEMM";
+    ASSERT_TRUE((*split)->GemmReadsBf16A());
+    ASSERT_FALSE((*plain)->GemmReadsBf16A());
+    absl::StatusOr<std::vector<float>> no_a = run(split->get(), true, /*without_a=*/true);
+    ASSERT_TRUE(no_a.ok()) << no_a.status();
+    EXPECT_TRUE(*no_a == *fast) << "a null A changed the result";
+    EXPECT_TRUE(absl::IsInvalidArgument(run(plain->get(), true, true).status()))
+        << "a backend that does not read a_bf16 must refuse a null A";
+  }
+  {
+    // n above SplitFp32Gemm's bound with no fp32 A: A widened in scratch, then the fp32 GEMM,
+    // bitwise what the fp32 GEMM gives from the widened values.
+    const int64_t m = 3, n = 4100, k = 5;
+    const std::vector<uint16_t> a16 = FloatsToBf16(RandomFloats(m * k, 90));
+    const std::vector<float> a32 = Bf16ToFloats(a16), b = RandomFloats(k * n, 91);
+    auto wide = [&](bool without_a) -> absl::StatusOr<std::vector<float>> {
+      Backend* be = split->get();
+      ASSIGN_OR_RETURN(Buffer da32, be->Allocate(a32.size() * 4));
+      ASSIGN_OR_RETURN(Buffer da16, be->Allocate(a16.size() * 2));
+      ASSIGN_OR_RETURN(Buffer db, be->Allocate(b.size() * 4));
+      ASSIGN_OR_RETURN(Buffer dc, be->Allocate(m * n * 4));
+      RETURN_IF_ERROR(be->CopyFromHost(da32.data(), a32.data(), a32.size() * 4));
+      RETURN_IF_ERROR(be->CopyFromHost(da16.data(), a16.data(), a16.size() * 2));
+      RETURN_IF_ERROR(be->CopyFromHost(db.data(), b.data(), b.size() * 4));
+      GemmArgs g;
+      g.m = m, g.n = n, g.k = k, g.lda = k, g.ldb = n, g.ldc = n;
+      g.a = without_a ? nullptr : da32.data(), g.b = db.data(), g.c = dc.data();
+      g.a_bf16 = without_a ? da16.data() : nullptr;
+      RETURN_IF_ERROR(be->Gemm(g));
+      std::vector<float> out(m * n);
+      RETURN_IF_ERROR(be->CopyToHost(out.data(), dc.data(), out.size() * 4));
+      return out;
+    };
+    absl::StatusOr<std::vector<float>> widened = wide(true), fp32 = wide(false);
+    ASSERT_TRUE(widened.ok()) << widened.status();
+    ASSERT_TRUE(fp32.ok()) << fp32.status();
+    EXPECT_TRUE(*widened == *fp32);
   }
   // a_bf16 belongs to fp32 GEMMs only.
   GemmArgs g;
