@@ -75,6 +75,7 @@ class TimingBackend : public Backend {
   absl::Status Synchronize() override { return inner_->Synchronize(); }
   size_t allocated_bytes() const override { return inner_->allocated_bytes(); }
   size_t peak_allocated_bytes() const override { return inner_->peak_allocated_bytes(); }
+  bool GemmReadsBf16A() const override { return inner_->GemmReadsBf16A(); }
   absl::Status Gemm(const GemmArgs& a) override {
     return Timed(&ops_, "Gemm", [&] { return inner_->Gemm(a); });
   }

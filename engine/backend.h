@@ -83,7 +83,8 @@ class Buffer {
 // lda), for a caller whose fp32 A is the exact widening of bf16 data (the router's x when x
 // came as BF16). The result is still the fp32 GEMM's; a backend may read a_bf16 instead of a
 // (the CUDA backend then runs the GEMM on bf16 tensor cores: engine/cuda/bf16_split.h), and a
-// may then be null (Backend::GemmReadsBf16A), or ignore it (the CPU backend).
+// may then be null (Backend::GemmReadsBf16A; the CPU backend widens a_bf16 when a is null and
+// otherwise reads a).
 struct GemmArgs {
   bool trans_a = false;
   bool trans_b = false;
@@ -319,7 +320,8 @@ class Backend {
   virtual absl::Status Gemm(const GemmArgs& args) = 0;
   // True when Gemm reads GemmArgs::a_bf16, where given, instead of a: a may then be null (the
   // layer keeps no fp32 copy of a BF16 x for the router). False: a must always be given.
-  virtual bool GemmReadsBf16A() const { return false; }
+  // No default: a wrapping backend must pass its inner backend's answer on.
+  virtual bool GemmReadsBf16A() const = 0;
   // Independent GEMMs (one per local expert); the CUDA backend batches or overlaps them.
   virtual absl::Status GroupedGemm(absl::Span<const GemmArgs> gemms) {
     for (const GemmArgs& g : gemms) {

@@ -65,6 +65,9 @@ class CpuBackend : public Backend {
   size_t peak_allocated_bytes() const override { return peak_.load(); }
 
   absl::Status Gemm(const GemmArgs& args) override { return cpu::Gemm(args, threads_); }
+  // A null a with a_bf16 given is widened in the GEMM (cpu_gemm.cc): the same values as the
+  // fp32 copy the layer then does not keep, so the same bits.
+  bool GemmReadsBf16A() const override { return true; }
   absl::Status QuantizeFp8(const QuantizeArgs& args) override {
     return cpu::QuantizeFp8(args, threads_);
   }

@@ -69,7 +69,12 @@ absl::Status Gemm(const GemmArgs& g, int threads) {
   if (g.ldc < g.n || g.c == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("Gemm: bad C (ldc=", g.ldc, " n=", g.n, ")"));
   }
-  if (g.k > 0 && (g.lda < a_cols || g.ldb < b_cols || g.a == nullptr || g.b == nullptr)) {
+  if (g.a_bf16 != nullptr && (g.ab_type != DType::kFloat32 || g.c_type != DType::kFloat32)) {
+    return absl::InvalidArgumentError("Gemm: a_bf16 is for fp32 operands and an fp32 C only");
+  }
+  // A given only as bf16 (GemmArgs::a_bf16; Backend::GemmReadsBf16A) is widened below.
+  const bool a_given = g.a != nullptr || g.a_bf16 != nullptr;
+  if (g.k > 0 && (g.lda < a_cols || g.ldb < b_cols || !a_given || g.b == nullptr)) {
     return absl::InvalidArgumentError(absl::StrCat("Gemm: bad A/B (lda=", g.lda, " needs ",
                                                    a_cols, ", ldb=", g.ldb, " needs ", b_cols,
                                                    ")"));
@@ -105,6 +110,10 @@ absl::Status Gemm(const GemmArgs& g, int threads) {
       b = b_tmp.data();
       lda = a_cols;
       ldb = b_cols;
+    } else if (a == nullptr) {  // exact: the same fp32 values as a widened copy would hold
+      a_tmp = Widen(g.a_bf16, DType::kBFloat16, a_rows, a_cols, g.lda, threads);
+      a = a_tmp.data();
+      lda = a_cols;
     }
     cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
                 g.trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(g.m),

@@ -79,6 +79,35 @@ TEST_F(CpuBackendTest, GemmBf16OperandsAndOutput) {
   for (int i = 0; i < m * n; ++i) EXPECT_EQ(c16[i], FloatToBf16(expect[i])) << i;
 }
 
+// GemmArgs::a_bf16 with a null a (Backend::GemmReadsBf16A): the fp32 GEMM of the widened
+// values, bitwise what the fp32 copy gives (both layouts of A, a padded lda); refused for
+// non-fp32 operands, and a GEMM with neither a nor a_bf16 is refused.
+TEST_F(CpuBackendTest, GemmReadsABf16CopyWhenAIsNull) {
+  ASSERT_TRUE(backend_->GemmReadsBf16A());
+  const int m = 4, n = 3, k = 5, pad = 2;
+  for (bool ta : {false, true}) {
+    const int rows = ta ? k : m, cols = ta ? m : k, lda = cols + pad;
+    std::vector<uint16_t> a16(rows * lda);
+    std::vector<float> a32(rows * lda);
+    const std::vector<float> values = Ramp(rows * lda, 0.37f, 0.2f);
+    for (size_t i = 0; i < a16.size(); ++i) a32[i] = Bf16ToFloat(a16[i] = FloatToBf16(values[i]));
+    const std::vector<float> b = Ramp(k * n, 0.3f, 0.5f), c0 = Ramp(m * n, 0.9f, 0.2f);
+    std::vector<float> from_fp32 = c0, from_bf16 = c0;
+    GemmArgs g;
+    g.trans_a = ta, g.m = m, g.n = n, g.k = k, g.lda = lda, g.b = b.data(), g.ldb = n, g.ldc = n;
+    g.alpha = 0.75f, g.beta = 0.5f;
+    g.a = a32.data(), g.c = from_fp32.data();
+    ASSERT_TRUE(backend_->Gemm(g).ok());
+    g.a = nullptr, g.a_bf16 = a16.data(), g.c = from_bf16.data();
+    ASSERT_TRUE(backend_->Gemm(g).ok());
+    EXPECT_THAT(from_bf16, ElementsAreArray(from_fp32)) << "trans_a " << ta;
+    g.a_bf16 = nullptr;
+    EXPECT_EQ(backend_->Gemm(g).code(), absl::StatusCode::kInvalidArgument);
+    g.a_bf16 = a16.data(), g.ab_type = DType::kBFloat16;
+    EXPECT_EQ(backend_->Gemm(g).code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST_F(CpuBackendTest, GemmEmptyK) {
   std::vector<float> c = {1, 2, 3, 4};
   GemmArgs g;
