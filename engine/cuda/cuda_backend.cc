@@ -182,8 +182,8 @@ absl::StatusOr<int64_t> EnvInt(const char* name, int64_t fallback, int64_t max) 
 // MOED_GEMM_SERIAL_GFLOPS (GroupedGemm runs its GEMMs one at a time on the main stream when
 // their mean size exceeds this many GFLOP; 0, the default: never) and MOED_GEMM_STREAMS (how
 // many side streams GroupedGemm spreads its GEMMs over, 1 to 16, default 4) and
-// MOED_FP32_GEMM_BF16X3 (1, the default: an fp32 Gemm with GemmArgs::a_bf16 runs on bf16
-// tensor cores, SplitFp32Gemm; 0: cuBLASLt's fp32 GEMM, for comparisons).
+// MOED_FP32_GEMM_BF16X3 (1, the default: fp32 Gemms with GemmArgs::a_bf16 or a short k run on
+// bf16 tensor cores, SplitFp32Gemm / ShortKFp32Gemm; 0: cuBLASLt's fp32 GEMM, for comparisons).
 absl::StatusOr<CublasLtGemm::Tuning> GemmTuningFromEnv(size_t* workspace_bytes) {
   constexpr int64_t kMaxAlgoIndex = 15;
   ASSIGN_OR_RETURN(const int64_t mb, EnvInt("MOED_CUBLASLT_WORKSPACE_MB",
@@ -439,11 +439,66 @@ absl::Status CudaBackend::RunGemm(const GemmArgs& g, void* stream, void* workspa
 absl::Status CudaBackend::Gemm(const GemmArgs& args) {
   RETURN_IF_ERROR(CheckGemm(args));
   RETURN_IF_ERROR(Activate());
-  if (args.a_bf16 != nullptr && split_fp32_gemm_ && args.m > 0 && args.n > 0 && args.k > 0) {
-    if (args.n <= kMaxSplitGemmN) return SplitFp32Gemm(args);
-    if (args.a == nullptr) return WidenedAGemm(args);
+  if (split_fp32_gemm_ && args.m > 0 && args.n > 0 && args.k > 0 && !args.is_fp8() &&
+      args.ab_type == DType::kFloat32 && args.c_type == DType::kFloat32) {
+    if (args.a_bf16 != nullptr) {
+      if (args.n <= kMaxSplitGemmN) return SplitFp32Gemm(args);
+      if (args.a == nullptr) return WidenedAGemm(args);
+    } else if (args.k >= kMinShortKGemmK && args.k <= kMaxShortKGemmK &&
+               12.0 * args.k * (args.m + args.n) <= 4.0 * args.m * args.n) {
+      return ShortKFp32Gemm(args);
+    }
   }
   return RunGemm(args, stream_, workspace_[0]);
+}
+
+// The fp32 GEMM of two fp32 operands with a short k (the router's d_x += d_z . gate^T, k = E)
+// on bf16 tensor cores: both split into bf16 parts (bf16_split.h) and the six part products
+// down to 2^-22 of |a||b| (hi.hi, hi.mid, mid.hi, hi.lo, mid.mid, lo.hi; the three left out
+// are below 2^-22, under the tensor cores' own accumulation error) laid along k, so that one
+// bf16 GEMM with k' = 6k sums them all in its fp32 accumulator, straight into C with alpha and
+// beta. The parts cost 12 k (m + n) bytes of scratch, at most C's own size (Gemm's rule). On
+// the H200 it beat the fp32 GEMM at k = 128 (qwen3's d_x) and 256 (dsv3's: 1.4 ms less) but
+// lost at k = 8 (te_seed, mixtral: +0.04 ms), hence k >= kMinShortKGemmK (docs/PERFORMANCE.md).
+absl::Status CudaBackend::ShortKFp32Gemm(const GemmArgs& g) {
+  auto launched = [](int err, const char* what) {
+    return err == 0 ? absl::OkStatus() : CudaStatus(err, what, __FILE__, __LINE__);
+  };
+  constexpr int kTerms = 6;
+  Bf16PartList a_parts, b_parts;
+  a_parts.count = b_parts.count = kTerms;
+  const int a_seq[kTerms] = {0, 0, 1, 0, 1, 2}, b_seq[kTerms] = {0, 1, 0, 2, 1, 0};
+  for (int s = 0; s < kTerms; ++s) a_parts.part[s] = a_seq[s], b_parts.part[s] = b_seq[s];
+  ASSIGN_OR_RETURN(void* a6, ScratchAlloc(kTerms * g.m * g.k * sizeof(uint16_t)));
+  absl::StatusOr<void*> b6 = ScratchAlloc(kTerms * g.k * g.n * sizeof(uint16_t));
+  absl::Status status = b6.status();
+  // Along k: A [m, k] gets its blocks beside each other, A stored [k, m] (trans_a) under each
+  // other; B [k, n] under each other, B stored [n, k] (trans_b) beside each other.
+  if (status.ok()) {
+    status = launched(LaunchSplitBf16Parts(static_cast<const float*>(g.a), g.trans_a ? g.k : g.m,
+                                           g.trans_a ? g.m : g.k, g.lda, a_parts,
+                                           /*stack_rows=*/g.trans_a, a6, stream_),
+                      "LaunchSplitBf16Parts");
+  }
+  if (status.ok()) {
+    status = launched(LaunchSplitBf16Parts(static_cast<const float*>(g.b), g.trans_b ? g.n : g.k,
+                                           g.trans_b ? g.k : g.n, g.ldb, b_parts,
+                                           /*stack_rows=*/!g.trans_b, *b6, stream_),
+                      "LaunchSplitBf16Parts");
+  }
+  if (status.ok()) {
+    GemmArgs bf = g;
+    bf.ab_type = DType::kBFloat16;
+    bf.k = kTerms * g.k;
+    bf.a = a6;
+    bf.lda = g.trans_a ? g.m : kTerms * g.k;
+    bf.b = *b6;
+    bf.ldb = g.trans_b ? kTerms * g.k : g.n;
+    status = RunGemm(bf, stream_, workspace_[0]);
+  }
+  if (b6.ok()) status.Update(ScratchFree(*b6));
+  status.Update(ScratchFree(a6));
+  return status;
 }
 
 // The fp32 GEMM of a caller that gave A only as bf16 (GemmReadsBf16A), for shapes SplitFp32Gemm
@@ -480,9 +535,11 @@ absl::Status CudaBackend::SplitFp32Gemm(const GemmArgs& g) {
   absl::StatusOr<void*> sums = ScratchAlloc(3 * g.m * g.n * sizeof(float));
   absl::Status status = sums.status();
   if (status.ok()) {
-    status = launched(LaunchSplitBf16x3(static_cast<const float*>(g.b), b_rows, b_cols, g.ldb,
-                                        /*stack_rows=*/g.trans_b, parts, stream_),
-                      "LaunchSplitBf16x3");
+    Bf16PartList all;
+    all.count = 3, all.part[0] = 0, all.part[1] = 1, all.part[2] = 2;
+    status = launched(LaunchSplitBf16Parts(static_cast<const float*>(g.b), b_rows, b_cols, g.ldb,
+                                           all, /*stack_rows=*/g.trans_b, parts, stream_),
+                      "LaunchSplitBf16Parts");
   }
   if (status.ok()) {
     GemmArgs bf = g;

@@ -103,6 +103,11 @@ class CudaBackend : public Backend {
   // cores (cuda_backend.cc). For n <= kMaxSplitGemmN: its scratch holds 3 m n floats.
   absl::Status SplitFp32Gemm(const GemmArgs& args);
   absl::Status WidenedAGemm(const GemmArgs& args);  // a null, a_bf16 given, n too large
+  // Gemm of fp32 operands with kMinShortKGemmK <= k <= kMaxShortKGemmK whose bf16 parts take
+  // no more scratch than C (cuda_backend.cc): on bf16 tensor cores, six part products along k.
+  absl::Status ShortKFp32Gemm(const GemmArgs& args);
+  static constexpr int64_t kMinShortKGemmK = 128;
+  static constexpr int64_t kMaxShortKGemmK = 1024;
   static constexpr int64_t kMaxSplitGemmN = 4096;
   absl::Status CheckGemm(const GemmArgs& args) const;
   // QuantizeFp8 with dst_grouped_t (cuda_backend_fp8.cc), after the common checks.
@@ -122,7 +127,8 @@ class CudaBackend : public Backend {
   size_t workspace_bytes_ = kDefaultWorkspaceBytes;
   // GroupedGemm's threshold in FLOP, 0 for none: MOED_GEMM_SERIAL_GFLOPS (read once in Init).
   double serial_gemm_flops_ = kDefaultSerialGemmGflops * 1e9;
-  // Gemm with GemmArgs::a_bf16 on bf16 tensor cores: MOED_FP32_GEMM_BF16X3 (read once in Init).
+  // fp32 Gemms on bf16 tensor cores (SplitFp32Gemm, ShortKFp32Gemm): MOED_FP32_GEMM_BF16X3
+  // (read once in Init).
   bool split_fp32_gemm_ = true;
 
   mutable absl::Mutex mu_;

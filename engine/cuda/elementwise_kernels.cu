@@ -214,21 +214,22 @@ __global__ void ScaleKernel(T* data, float alpha, int64_t rows, int64_t cols, in
   }
 }
 
-// The three bf16 parts of each fp32 element (engine/cuda/bf16_split.h), written as three
-// planes: beside each other ([rows, 3 * cols], part p in columns [p * cols, (p + 1) * cols)) or,
-// with stack_rows, under each other ([3 * rows, cols], part p in rows [p * rows, ...)).
-__global__ void SplitBf16x3Kernel(const float* __restrict__ src, int64_t rows, int64_t cols,
-                                  int64_t ld, bool stack_rows, uint16_t* __restrict__ dst) {
+// The bf16 parts (engine/cuda/bf16_split.h) of each fp32 element, as blocks in the order of
+// `parts`: beside each other ([rows, count * cols], block s in columns [s * cols, ...)) or,
+// with stack_rows, under each other ([count * rows, cols], block s in rows [s * rows, ...)).
+__global__ void SplitBf16PartsKernel(const float* __restrict__ src, int64_t rows, int64_t cols,
+                                     int64_t ld, Bf16PartList parts, bool stack_rows,
+                                     uint16_t* __restrict__ dst) {
   const int64_t n = rows * cols;
+  const int64_t count = parts.count;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t r = i / cols, c = i % cols;
     uint16_t part[3];
     SplitToBf16x3(src[r * ld + c], &part[0], &part[1], &part[2]);
-#pragma unroll
-    for (int p = 0; p < 3; ++p) {
-      const int64_t at = stack_rows ? (p * rows + r) * cols + c : r * 3 * cols + p * cols + c;
-      dst[at] = part[p];
+    for (int64_t s = 0; s < count; ++s) {
+      const int64_t at = stack_rows ? (s * rows + r) * cols + c : r * count * cols + s * cols + c;
+      dst[at] = part[parts.part[s]];
     }
   }
 }
@@ -383,11 +384,15 @@ int LaunchScale(void* data, KType type, float alpha, int64_t rows, int64_t cols,
   });
 }
 
-int LaunchSplitBf16x3(const float* src, int64_t rows, int64_t cols, int64_t ld, bool stack_rows,
-                      void* dst, void* stream) {
+int LaunchSplitBf16Parts(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                         const Bf16PartList& parts, bool stack_rows, void* dst, void* stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
-  SplitBf16x3Kernel<<<GridFor(rows * cols), 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      src, rows, cols, ld, stack_rows, static_cast<uint16_t*>(dst));
+  if (parts.count < 1 || parts.count > Bf16PartList::kMax) return cudaErrorInvalidValue;
+  for (int s = 0; s < parts.count; ++s) {
+    if (parts.part[s] < 0 || parts.part[s] > 2) return cudaErrorInvalidValue;
+  }
+  SplitBf16PartsKernel<<<GridFor(rows * cols), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      src, rows, cols, ld, parts, stack_rows, static_cast<uint16_t*>(dst));
   return cudaGetLastError();
 }
 

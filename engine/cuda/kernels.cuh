@@ -111,14 +111,20 @@ int LaunchConvert(const void* src, KType src_type, void* dst, KType dst_type, in
 int LaunchAddInPlace(float* dst, const float* src, int64_t count, void* stream);
 int LaunchScale(void* data, KType type, float alpha, int64_t rows, int64_t cols, int64_t ld,
                 void* stream);
-// fp32 GEMMs on bf16 tensor cores (engine/cuda/bf16_split.h, CudaBackend::Gemm): the three
-// bf16 parts of src [rows, cols] (leading dimension ld) into dst, beside each other
-// ([rows, 3 * cols] bf16, part p (hi, mid, lo) in columns [p * cols, (p + 1) * cols)) or, with
-// stack_rows, under each other ([3 * rows, cols]). SumBf16x3Planes: c [rows, cols] (ldc) =
-// alpha * ((lo + mid) + hi) + beta * c from the [rows, 3 * cols] fp32 product of such planes
-// (c not read when beta is 0).
-int LaunchSplitBf16x3(const float* src, int64_t rows, int64_t cols, int64_t ld, bool stack_rows,
-                      void* dst, void* stream);
+// fp32 GEMMs on bf16 tensor cores (engine/cuda/bf16_split.h, CudaBackend::Gemm). A list of
+// bf16 parts of an fp32 value (0 hi, 1 mid, 2 lo), in the order of the blocks they fill.
+struct Bf16PartList {
+  static constexpr int kMax = 6;
+  int count = 0;
+  int part[kMax] = {};
+};
+// SplitBf16Parts: the listed parts of src [rows, cols] (leading dimension ld) into dst (bf16),
+// beside each other ([rows, count * cols], block s in columns [s * cols, (s + 1) * cols)) or,
+// with stack_rows, under each other ([count * rows, cols]). SumBf16x3Planes: c [rows, cols]
+// (ldc) = alpha * ((lo + mid) + hi) + beta * c from the [rows, 3 * cols] fp32 product of the
+// planes {hi, mid, lo} (c not read when beta is 0).
+int LaunchSplitBf16Parts(const float* src, int64_t rows, int64_t cols, int64_t ld,
+                         const Bf16PartList& parts, bool stack_rows, void* dst, void* stream);
 int LaunchSumBf16x3Planes(const float* planes, int64_t rows, int64_t cols, float alpha,
                           float beta, float* c, int64_t ldc, void* stream);
 struct OptimizerParams {
