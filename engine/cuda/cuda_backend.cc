@@ -411,8 +411,8 @@ absl::Status CudaBackend::CheckGemm(const GemmArgs& g) const {
     return bad("ab_type");
   }
   if (!IsKernelType(g.c_type)) return bad("c_type");
-  if (g.a_bf16 != nullptr && (g.is_fp8() || g.ab_type != DType::kFloat32 ||
-                              g.c_type != DType::kFloat32)) {
+  if (g.a_bf16 != nullptr &&
+      (g.is_fp8() || g.ab_type != DType::kFloat32 || g.c_type != DType::kFloat32)) {
     return bad("a_bf16 is for fp32 operands and an fp32 C only");
   }
   if (g.m == 0 || g.n == 0) return absl::OkStatus();

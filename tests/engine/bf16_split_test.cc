@@ -82,8 +82,8 @@ TEST(Bf16SplitTest, InfinitiesAndNanStayWhatTheyAre) {
   p = Split(-inf);
   EXPECT_EQ(p.hi, -inf);
   // NaN whose payload lies only in the low 16 bits (truncation alone would make it infinity).
-  for (float nan : {std::numeric_limits<float>::quiet_NaN(), BitsFloat(0x7f800001u),
-                    BitsFloat(0xff800001u)}) {
+  for (float nan :
+       {std::numeric_limits<float>::quiet_NaN(), BitsFloat(0x7f800001u), BitsFloat(0xff800001u)}) {
     p = Split(nan);
     EXPECT_TRUE(std::isnan(p.hi)) << FloatBits(nan);
     EXPECT_EQ(p.mid, 0.0f);
