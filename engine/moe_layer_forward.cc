@@ -1,7 +1,8 @@
 // MoeLayer forward (docs/SPEC.md "Forward"), written once against the Backend and
 // Communicator seams: Forward is the list of its stages, each a method documented in
 // moe_layer_impl.h. Host round trips per forward: one CopyToHost of the step statistics
-// (counts, loss partials), one of the all-gathered row counts A[R, E], and the output itself.
+// (counts, loss partials), one of the all-gathered row counts A[R, E] (none with one rank,
+// whose A is its own counts), and the output itself.
 // Every buffer a kernel or a collective touches is backend memory.
 #include <algorithm>
 #include <cmath>
@@ -204,12 +205,17 @@ absl::Status MoeLayerImpl::PlanRows(SavedStep& s, ForwardWork& w) {
     padded[e] = RoundUp(w.kept_counts[e], config_.align_size);
     w.expert_offsets[e + 1] = w.expert_offsets[e] + padded[e];
   }
-  ASSIGN_OR_RETURN(Buffer my_counts, Upload(padded.data(), E * sizeof(int64_t)));
-  ASSIGN_OR_RETURN(Buffer all_counts, backend_->Allocate(ranks_ * E * sizeof(int64_t)));
-  RETURN_IF_ERROR(comm_->AllGather(my_counts.data(), all_counts.data(), E * sizeof(int64_t)));
-  std::vector<int64_t> counts_matrix(ranks_ * E);
-  RETURN_IF_ERROR(backend_->CopyToHost(counts_matrix.data(), all_counts.data(),
-                                       counts_matrix.size() * sizeof(int64_t)));
+  std::vector<int64_t> counts_matrix;
+  if (ranks_ == 1) {
+    counts_matrix = padded;  // one rank's all-gather is its own counts: no host round trip
+  } else {
+    ASSIGN_OR_RETURN(Buffer my_counts, Upload(padded.data(), E * sizeof(int64_t)));
+    ASSIGN_OR_RETURN(Buffer all_counts, backend_->Allocate(ranks_ * E * sizeof(int64_t)));
+    RETURN_IF_ERROR(comm_->AllGather(my_counts.data(), all_counts.data(), E * sizeof(int64_t)));
+    counts_matrix.resize(ranks_ * E);
+    RETURN_IF_ERROR(backend_->CopyToHost(counts_matrix.data(), all_counts.data(),
+                                         counts_matrix.size() * sizeof(int64_t)));
+  }
   RETURN_IF_ERROR(CheckRowCounts(counts_matrix, ranks_, E));
   ASSIGN_OR_RETURN(s.plan, BuildDispatchPlan(counts_matrix, ranks_, rank_, E));
   if (s.plan.local_rows != w.expert_offsets[E]) {
