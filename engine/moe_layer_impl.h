@@ -90,9 +90,9 @@ struct SavedStep : public StepContext {
   // and frees x_expert and act: half their bytes, and no re-quantisation in the backward.
   Fp8Rows x_fp8, act_fp8;
   size_t bytes() const override {
-    return x32.size() + x16.size() + logits.size() + scores.size() + logsumexp.size() + topk_expert.size() +
-           topk_weight.size() + pair_row.size() + x_expert.size() + h.size() + act.size() +
-           y_local.size() + x_fp8.bytes() + act_fp8.bytes();
+    return x32.size() + x16.size() + logits.size() + scores.size() + logsumexp.size() +
+           topk_expert.size() + topk_weight.size() + pair_row.size() + x_expert.size() + h.size() +
+           act.size() + y_local.size() + x_fp8.bytes() + act_fp8.bytes();
   }
 };
 
@@ -187,8 +187,8 @@ class MoeLayerImpl : public MoeLayer {
   // Uploads x. Writes s.x32 ([T, H] fp32, the router's view), s.x16 (x as it came, when
   // BF16) and w.x_compute / w.x_experts (the experts' view in the compute dtype).
   absl::Status UploadInput(const Tensor& x, SavedStep& s, ForwardWork& w);
-  // Forward 1-6: logits and router, then the all-reduce of the step statistics. Reads s.x32 or s.x16;
-  // writes s.logits, s.scores, s.logsumexp, s.topk_expert, s.topk_weight, w.stats (its
+  // Forward 1-6: logits and router, then the all-reduce of the step statistics. Reads s.x32
+  // or s.x16; writes s.logits, s.scores, s.logsumexp, s.topk_expert, s.topk_weight, w.stats (its
   // per-expert counts and loss sums all-reduced; kept counts not yet written).
   absl::Status RouteTokens(SavedStep& s, ForwardWork& w);
   // Forward 7: the capacity drop, then one copy of w.stats to the host. Reads s.topk_expert,
@@ -230,8 +230,8 @@ class MoeLayerImpl : public MoeLayer {
   // Backward 5: reads s.logits, s.scores, s.logsumexp, s.topk_expert, s.global_tokens,
   // s.global_counts, w.d_probs; writes w.aux_grad_host, w.aux_grad, w.d_logits.
   absl::Status RouterBackward(const SavedStep& s, double d_aux, double d_z_loss, BackwardWork& w);
-  // Backward 6: d_x += d_z . gate^T; d_gate += all-reduce(x^T . d_z). Reads s.tokens, s.x32 or s.x16,
-  // w.d_logits; updates w.d_x and the gate gradient.
+  // Backward 6: d_x += d_z . gate^T; d_gate += all-reduce(x^T . d_z). Reads s.tokens, s.x32
+  // or s.x16, w.d_logits; updates w.d_x and the gate gradient.
   absl::Status GateBackward(const SavedStep& s, BackwardWork& w);
   // Backward's output: w.d_x cast to s.x_type (into `into` when non-null, as DownloadInto).
   absl::StatusOr<Tensor> DownloadInputGradient(const SavedStep& s, BackwardWork& w, Tensor* into);

@@ -6,8 +6,9 @@
 // So v == hi + mid + lo for every finite v whose lowest significant bit is at or above bf16's
 // smallest subnormal (2^-133): every normal float above 2^-110 and most below. A GEMM with
 // one bf16 operand A and one fp32 operand B is then A·B == A·B_hi + A·B_mid + A·B_lo with
-// every product exact in fp32 and fp32 accumulation, i.e. the fp32 GEMM's value (the CUDA
-// backend's Gemm with GemmArgs::a_bf16; docs/SPEC.md "Precision", docs/DECISIONS.md).
+// every product exact in fp32: the products an fp32 GEMM sums, summed by the tensor cores'
+// fp32 accumulation instead (the CUDA backend's Gemm with GemmArgs::a_bf16; docs/SPEC.md,
+// "Parameters", and docs/DECISIONS.md "router GEMMs" for the measured accuracy).
 // Infinities and NaN go to hi with zero mid and lo; truncation never rounds a finite value up
 // to infinity.
 //

@@ -170,6 +170,12 @@ absl::StatusOr<int64_t> EnvInt(const char* name, int64_t fallback, int64_t max) 
   return static_cast<int64_t>(v);
 }
 
+// A kernel launcher's result (0 or a cudaError_t) as a status, for code that must free its
+// scratch on every way out (no early return).
+absl::Status Launched(int err, const char* what) {
+  return err == 0 ? absl::OkStatus() : CudaStatus(err, what, __FILE__, __LINE__);
+}
+
 }  // namespace
 
 // The GEMM knobs, for comparing cuBLASLt configurations on the GPU machine (defaults: today's
@@ -461,9 +467,6 @@ absl::Status CudaBackend::Gemm(const GemmArgs& args) {
 // the H200 it beat the fp32 GEMM at k = 128 (qwen3's d_x) and 256 (dsv3's: 1.4 ms less) but
 // lost at k = 8 (te_seed, mixtral: +0.04 ms), hence k >= kMinShortKGemmK (docs/PERFORMANCE.md).
 absl::Status CudaBackend::ShortKFp32Gemm(const GemmArgs& g) {
-  auto launched = [](int err, const char* what) {
-    return err == 0 ? absl::OkStatus() : CudaStatus(err, what, __FILE__, __LINE__);
-  };
   constexpr int kTerms = 6;
   Bf16PartList a_parts, b_parts;
   a_parts.count = b_parts.count = kTerms;
@@ -475,13 +478,13 @@ absl::Status CudaBackend::ShortKFp32Gemm(const GemmArgs& g) {
   // Along k: A [m, k] gets its blocks beside each other, A stored [k, m] (trans_a) under each
   // other; B [k, n] under each other, B stored [n, k] (trans_b) beside each other.
   if (status.ok()) {
-    status = launched(LaunchSplitBf16Parts(static_cast<const float*>(g.a), g.trans_a ? g.k : g.m,
+    status = Launched(LaunchSplitBf16Parts(static_cast<const float*>(g.a), g.trans_a ? g.k : g.m,
                                            g.trans_a ? g.m : g.k, g.lda, a_parts,
                                            /*stack_rows=*/g.trans_a, a6, stream_),
                       "LaunchSplitBf16Parts");
   }
   if (status.ok()) {
-    status = launched(LaunchSplitBf16Parts(static_cast<const float*>(g.b), g.trans_b ? g.n : g.k,
+    status = Launched(LaunchSplitBf16Parts(static_cast<const float*>(g.b), g.trans_b ? g.n : g.k,
                                            g.trans_b ? g.k : g.n, g.ldb, b_parts,
                                            /*stack_rows=*/!g.trans_b, *b6, stream_),
                       "LaunchSplitBf16Parts");
@@ -507,10 +510,9 @@ absl::Status CudaBackend::WidenedAGemm(const GemmArgs& g) {
   const int64_t rows = g.trans_a ? g.k : g.m, cols = g.trans_a ? g.m : g.k;
   const int64_t span = (rows - 1) * g.lda + cols;
   ASSIGN_OR_RETURN(void* a32, ScratchAlloc(span * sizeof(float)));
-  absl::Status status;
-  if (const int err = LaunchConvert(g.a_bf16, KType::kBF16, a32, KType::kF32, span, stream_)) {
-    status = CudaStatus(err, "LaunchConvert", __FILE__, __LINE__);
-  }
+  absl::Status status =
+      Launched(LaunchConvert(g.a_bf16, KType::kBF16, a32, KType::kF32, span, stream_),
+               "LaunchConvert");
   if (status.ok()) {
     GemmArgs wide = g;
     wide.a = a32;
@@ -528,16 +530,13 @@ absl::Status CudaBackend::WidenedAGemm(const GemmArgs& g) {
 // tensor cores do 3x the fp32 GEMM's work several times faster than fp32 FMA units.
 absl::Status CudaBackend::SplitFp32Gemm(const GemmArgs& g) {
   const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
-  auto launched = [](int err, const char* what) {
-    return err == 0 ? absl::OkStatus() : CudaStatus(err, what, __FILE__, __LINE__);
-  };
   ASSIGN_OR_RETURN(void* parts, ScratchAlloc(3 * g.k * g.n * sizeof(uint16_t)));
   absl::StatusOr<void*> sums = ScratchAlloc(3 * g.m * g.n * sizeof(float));
   absl::Status status = sums.status();
   if (status.ok()) {
     Bf16PartList all;
     all.count = 3, all.part[0] = 0, all.part[1] = 1, all.part[2] = 2;
-    status = launched(LaunchSplitBf16Parts(static_cast<const float*>(g.b), b_rows, b_cols, g.ldb,
+    status = Launched(LaunchSplitBf16Parts(static_cast<const float*>(g.b), b_rows, b_cols, g.ldb,
                                            all, /*stack_rows=*/g.trans_b, parts, stream_),
                       "LaunchSplitBf16Parts");
   }
@@ -556,7 +555,7 @@ absl::Status CudaBackend::SplitFp32Gemm(const GemmArgs& g) {
     status = RunGemm(bf, stream_, workspace_[0]);
   }
   if (status.ok()) {
-    status = launched(LaunchSumBf16x3Planes(static_cast<const float*>(*sums), g.m, g.n, g.alpha,
+    status = Launched(LaunchSumBf16x3Planes(static_cast<const float*>(*sums), g.m, g.n, g.alpha,
                                             g.beta, static_cast<float*>(g.c), g.ldc, stream_),
                       "LaunchSumBf16x3Planes");
   }
@@ -570,6 +569,7 @@ absl::Status CudaBackend::GroupedGemm(absl::Span<const GemmArgs> gemms) {
   int nonempty = 0;
   for (const GemmArgs& g : gemms) {
     RETURN_IF_ERROR(CheckGemm(g));
+    if (g.a_bf16 != nullptr) return absl::InvalidArgumentError("GroupedGemm: a_bf16 is for Gemm");
     if (g.m > 0 && g.n > 0 && g.k > 0) {
       flops += 2.0 * g.m * g.n * g.k;
       ++nonempty;

@@ -262,6 +262,9 @@ TEST(CudaOps, Fp32GemmWithBf16AIsWithinFp32Tolerance) {
   g.a = g.b = g.a_bf16 = dummy, g.c = dummy;
   g.ab_type = DType::kBFloat16;
   EXPECT_TRUE(absl::IsInvalidArgument((*split)->Gemm(g)));
+  // ... and to Gemm: GroupedGemm's GEMMs read a.
+  g.ab_type = DType::kFloat32;
+  EXPECT_TRUE(absl::IsInvalidArgument((*split)->GroupedGemm({g, g})));
 }
 
 // An fp32 GEMM of two fp32 operands with a short k (the router's d_x += d_z . gate^T, k = E)
