@@ -84,15 +84,17 @@ int64_t BackwardStepBytes(const LayerConfig& c, int64_t tokens, int ranks, DType
   const Rows rows = WorstCaseRows(c, tokens, ranks);
   const long double H = c.hidden, F = c.ffn, up = UpWidth(c), E = c.num_experts, K = c.top_k;
   const long double cs = DTypeSize(ExpertRowDType(c)), xs = DTypeSize(x_dtype);
-  // Per token: d_out as uploaded, d_x fp32 and cast, d_logits [E] (and its three bf16 parts
-  // for d_gate's GEMM on the CUDA backend's tensor cores), d_probs [k].
-  const long double per_token = H * (xs + 4 + xs) + E * (4 + 6) + K * 4;
+  // Per token: d_out as uploaded, d_x fp32 and cast, d_logits [E] (and, for the CUDA
+  // backend's tensor-core GEMMs, one at a time: its three bf16 parts for d_gate's, or six for
+  // d_x's from E = 128, 12 bytes per expert), d_probs [k].
+  const long double per_token = H * (xs + 4 + xs) + E * (4 + 12) + K * 4;
   // Per local row: d_y in the local layout. Per expert row: d_y and d_x in the expert
   // layout, d_act [F], d_h [up]; FP8 adds quantised copies.
   const long double per_local_row = H * cs;
   long double per_expert_row = (2 * H + F + up) * cs;
   if (c.compute_dtype == DType::kFloat8E4M3) per_expert_row += H + up;
-  // The gate's per-step gradient [H, E] fp32 (and d_gate's three [H, E] fp32 partial sums).
+  // The gate's per-step gradient [H, E] fp32 (and d_gate's three [H, E] fp32 partial sums, or
+  // the gate's six bf16 parts for d_x's GEMM: 12 H E bytes either way).
   return Saturate(rows.tokens * per_token + rows.local * per_local_row +
                   rows.expert * per_expert_row + H * E * 4 * (1 + 3));
 }
