@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/cublaslt_plans.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/status_macros.h"
 
@@ -116,6 +117,37 @@ void LogPlan(int64_t m, int64_t n, int64_t k, int index, int found,
                AlgoConfig(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), r.workspaceSize, r.wavesCount);
 }
 
+// The table's configuration `c` as a cuBLASLt algorithm for the problem, if cuBLASLt accepts
+// it within the workspace.
+bool TunedAlgo(cublasLtHandle_t handle, const GemmArgs& g, const TunedGemmConfig& c,
+               cublasLtMatmulDescOpaque_t* desc, Layouts* l, size_t workspace_bytes,
+               cublasLtMatmulAlgo_t* algo) {
+  const cudaDataType_t ct = CudaType(g.c_type);
+  if (cublasLtMatmulAlgoInit(handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, ct,
+                             ct, c.algo, algo) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  const uint32_t tile = c.tile, stages = c.stages, swizzle = c.swizzle;
+  const int32_t splitk = 1;
+  const uint16_t cluster = static_cast<uint16_t>(c.cluster);
+  if (cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                           sizeof(tile)) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
+                                           sizeof(stages)) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                           sizeof(splitk)) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
+                                           sizeof(swizzle)) != CUBLAS_STATUS_SUCCESS ||
+      cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                           sizeof(cluster)) != CUBLAS_STATUS_SUCCESS) {
+    return false;
+  }
+  cublasLtMatmulHeuristicResult_t result;
+  return cublasLtMatmulAlgoCheck(handle, desc, &l->a, &l->b, &l->c, &l->c, algo, &result) ==
+             CUBLAS_STATUS_SUCCESS &&
+         result.workspaceSize <= workspace_bytes;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CublasLtGemm>> CublasLtGemm::Create(const Tuning& tuning) {
@@ -136,11 +168,9 @@ size_t CublasLtGemm::cached_plans() const {
   return plans_.size();
 }
 
-absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(const GemmArgs& g,
-                                                                           int64_t m, int64_t n,
-                                                                           int64_t k,
-                                                                           int alignment_bits,
-                                                                           size_t workspace_bytes) {
+absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(
+    const GemmArgs& g, int64_t m, int64_t n, int64_t k, int alignment_bits, size_t workspace_bytes,
+    bool allow_tuned) {
   auto plan = std::make_shared<Plan>();
   CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescInit(&plan->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   // cuBLASLt's transa applies to our B, transb to our A.
@@ -190,6 +220,28 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(const
   const int index = std::min(wanted, found) - 1;
   plan->algo = results[index].algo;
   if (tuning_.log_plans && IsWeightGradient(g)) LogPlan(m, n, k, index, found, results[index]);
+  constexpr int kAligned16 = 16 | 16 << 8 | 16 << 16;
+  if (allow_tuned && tuning_.tuned_plans && index == 0 && !g.is_fp8() &&
+      g.ab_type == DType::kBFloat16 &&
+      (g.c_type == DType::kBFloat16 || g.c_type == DType::kFloat32) &&
+      alignment_bits == kAligned16) {
+    const std::optional<TunedGemmConfig> tuned =
+        FindTunedGemm({g.trans_a, g.trans_b, g.c_type == DType::kFloat32, g.beta != 0.0f, m, n, k});
+    cublasLtMatmulAlgo_t algo;
+    if (tuned.has_value() && TunedAlgo(static_cast<cublasLtHandle_t>(handle_), g, *tuned,
+                                       &plan->desc, &layouts, workspace_bytes, &algo)) {
+      plan->algo = algo;
+      NoteTunedGemmPlanAdopted();
+      if (tuning_.log_plans) {
+        std::fprintf(stderr,
+                     "cublaslt tuned plan m=%lld n=%lld k=%lld trans_a=%d trans_b=%d beta=%g: "
+                     "algo %d tile %d stages %d swizzle %d cluster %d\n",
+                     static_cast<long long>(m), static_cast<long long>(n),
+                     static_cast<long long>(k), g.trans_a, g.trans_b, g.beta, tuned->algo,
+                     tuned->tile, tuned->stages, tuned->swizzle, tuned->cluster);
+      }
+    }
+  }
   return plan;
 }
 
@@ -220,7 +272,8 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
     if (it != plans_.end()) plan = it->second;
   }
   if (plan == nullptr) {
-    ASSIGN_OR_RETURN(plan, FindPlan(g, bm, bn, bk, alignment_bits, workspace_bytes));
+    ASSIGN_OR_RETURN(plan, FindPlan(g, bm, bn, bk, alignment_bits, workspace_bytes,
+                                    /*allow_tuned=*/true));
     absl::MutexLock lock(&mu_);
     plans_.emplace(key, plan);
   }
@@ -234,7 +287,8 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   // The bucket's plan does not fit this exact shape: query it exactly (not cached).
   ASSIGN_OR_RETURN(std::shared_ptr<Plan> exact,
-                   FindPlan(g, g.m, g.n, g.k, alignment_bits, workspace_bytes));
+                   FindPlan(g, g.m, g.n, g.k, alignment_bits, workspace_bytes,
+                            /*allow_tuned=*/false));
   CUBLASLT_RETURN_IF_ERROR(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), &exact->desc,
                                           &g.alpha, g.b, &layouts.a, g.a, &layouts.b, &g.beta, g.c,
                                           &layouts.c, g.c, &layouts.c, &exact->algo, workspace,

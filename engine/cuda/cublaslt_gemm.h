@@ -14,7 +14,8 @@
 // of cuBLASLt's heuristic candidates than the first (Tuning::wgrad_algo_index): a fixed index
 // into the heuristic's list, which depends only on the shape, the library and the device, so
 // every process picks the same algorithm for the same shape (bitwise reruns hold; no timing-
-// based autotuning).
+// based autotuning). The expert FFN's bf16 GEMMs of measured shapes take a configuration from
+// engine/cuda/cublaslt_plans.h instead (Tuning::tuned_plans), likewise fixed per shape.
 //
 //   ASSIGN_OR_RETURN(auto gemm, CublasLtGemm::Create());
 //   RETURN_IF_ERROR(gemm->Run(args, stream, workspace, workspace_bytes));
@@ -43,7 +44,11 @@ struct CublasLtTuning {
   // The same for weight-gradient GEMMs that accumulate (beta != 0: C is read as well as
   // written); -1: wgrad_algo_index.
   int wgrad_accumulate_algo_index = -1;
-  bool log_plans = false;  // one stderr line per weight-gradient plan (algorithm, tile)
+  bool log_plans = false;  // one stderr line per weight-gradient or tuned plan
+  // Take engine/cuda/cublaslt_plans.h's configuration where it lists the GEMM's shape (bf16
+  // operands, 16-byte aligned, heuristic index 0): bitwise the heuristic's result, faster
+  // beside GroupedGemm's other GEMMs. The backend sets it where the table was measured.
+  bool tuned_plans = false;
 };
 
 class CublasLtGemm {
@@ -66,9 +71,11 @@ class CublasLtGemm {
   // (trans_a, trans_b, operand types, C type, bucketed m, n, k, alignments, GEMM class).
   using Key = std::tuple<int, int, int, int, int64_t, int64_t, int64_t, int, int>;
   CublasLtGemm() = default;
+  // allow_tuned: the table's configuration may replace the heuristic's (not when a bucket's
+  // plan was refused and the exact shape is queried).
   absl::StatusOr<std::shared_ptr<Plan>> FindPlan(const GemmArgs& args, int64_t m, int64_t n,
                                                  int64_t k, int alignment_bits,
-                                                 size_t workspace_bytes);
+                                                 size_t workspace_bytes, bool allow_tuned);
   // The heuristic candidate a GEMM takes (Tuning): 0 for all but weight gradients.
   int AlgoIndex(const GemmArgs& args) const;
 

@@ -1,6 +1,7 @@
 // CudaBackend: device, streams, the memory pool, copies and GEMMs.
 #include "engine/cuda/cuda_backend.h"
 
+#include <cublasLt.h>
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/cublaslt_plans.h"
 #include "engine/cuda/cuda_backend_impl.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/fp8.h"
@@ -184,7 +186,10 @@ absl::Status Launched(int err, const char* what) {
 // MOED_CUBLASLT_WGRAD_ALGO (CublasLtTuning::wgrad_algo_index, default 0),
 // MOED_CUBLASLT_WGRAD_ACCUM_ALGO (CublasLtTuning::wgrad_accumulate_algo_index, default
 // MOED_CUBLASLT_WGRAD_ALGO's value),
-// MOED_CUBLASLT_LOG=1 (log the weight-gradient plans). The CUDA backend also reads
+// MOED_CUBLASLT_LOG=1 (log the weight-gradient and tuned plans), MOED_CUBLASLT_TUNED (1, the
+// default: the expert GEMMs of shapes engine/cuda/cublaslt_plans.h lists take its measured
+// configuration where the device and cuBLASLt are those it was measured on; 0: the heuristic's
+// first everywhere, for comparisons). The CUDA backend also reads
 // MOED_GEMM_SERIAL_GFLOPS (GroupedGemm runs its GEMMs one at a time on the main stream when
 // their mean size exceeds this many GFLOP; 0, the default: never) and MOED_GEMM_STREAMS (how
 // many side streams GroupedGemm spreads its GEMMs over, 1 to 16, default 4) and
@@ -203,6 +208,8 @@ absl::StatusOr<CublasLtGemm::Tuning> GemmTuningFromEnv(size_t* workspace_bytes) 
   tuning.wgrad_accumulate_algo_index = static_cast<int>(accumulate);
   ASSIGN_OR_RETURN(const int64_t log, EnvInt("MOED_CUBLASLT_LOG", 0, 1));
   tuning.log_plans = log == 1;
+  ASSIGN_OR_RETURN(const int64_t tuned, EnvInt("MOED_CUBLASLT_TUNED", 1, 1));
+  tuning.tuned_plans = tuned == 1;
   return tuning;
 }
 
@@ -226,7 +233,12 @@ absl::Status CudaBackend::Init() {
   // passed, but no full run has been made since with it on by default.
   const char* staging = std::getenv("MOED_CUDA_HOST_STAGING");
   use_staging_ = staging != nullptr && std::string(staging) == "1";
-  ASSIGN_OR_RETURN(const CublasLtGemm::Tuning tuning, GemmTuningFromEnv(&workspace_bytes_));
+  ASSIGN_OR_RETURN(CublasLtGemm::Tuning tuning, GemmTuningFromEnv(&workspace_bytes_));
+  cudaDeviceProp prop;
+  CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
+  tuning.tuned_plans =
+      tuning.tuned_plans &&
+      TunedGemmsApply(prop.major, prop.minor, prop.multiProcessorCount, cublasLtGetVersion());
   ASSIGN_OR_RETURN(const int64_t serial_gflops,
                    EnvInt("MOED_GEMM_SERIAL_GFLOPS", kDefaultSerialGemmGflops, int64_t{1} << 30));
   serial_gemm_flops_ = static_cast<double>(serial_gflops) * 1e9;
@@ -510,9 +522,8 @@ absl::Status CudaBackend::WidenedAGemm(const GemmArgs& g) {
   const int64_t rows = g.trans_a ? g.k : g.m, cols = g.trans_a ? g.m : g.k;
   const int64_t span = (rows - 1) * g.lda + cols;
   ASSIGN_OR_RETURN(void* a32, ScratchAlloc(span * sizeof(float)));
-  absl::Status status =
-      Launched(LaunchConvert(g.a_bf16, KType::kBF16, a32, KType::kF32, span, stream_),
-               "LaunchConvert");
+  absl::Status status = Launched(
+      LaunchConvert(g.a_bf16, KType::kBF16, a32, KType::kF32, span, stream_), "LaunchConvert");
   if (status.ok()) {
     GemmArgs wide = g;
     wide.a = a32;

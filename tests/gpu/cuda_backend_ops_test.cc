@@ -1,6 +1,8 @@
 // Every CUDA backend operation against the CPU backend on identical inputs (GPU machine only;
 // tagged manual). Index outputs must match exactly, float outputs within fp32 rounding (or one
 // bf16 ulp where the result is stored as bf16).
+#include <cublasLt.h>
+#include <cuda_runtime.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "engine/cuda/cublaslt_plans.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/fp8.h"
 #include "engine/status_macros.h"
@@ -424,6 +427,107 @@ TEST(CudaOps, GroupedGemmStreamKnobsKeepResultsAndRefuseBadValues) {
     absl::StatusOr<std::vector<uint16_t>> y = run({{"MOED_GEMM_SERIAL_GFLOPS", bad}});
     EXPECT_TRUE(absl::IsInvalidArgument(y.status()))
         << "MOED_GEMM_SERIAL_GFLOPS=" << bad << ": " << y.status();
+  }
+}
+
+// The tuned configurations of engine/cuda/cublaslt_plans.h: GroupedGemms of shapes the table
+// lists (qwen3's up GEMM at rows around its probed counts, dsv3's d_a, and weight gradients
+// written and accumulated, dsv3's accumulated d_wo being another cuBLASLt algorithm) give
+// bitwise the heuristic's result (MOED_CUBLASLT_TUNED=0), and on a device the table was
+// measured on they are taken.
+TEST(CudaOps, TunedGemmPlansKeepResults) {
+  REQUIRE_CUDA_DEVICE();
+  struct Case {
+    const char* name;
+    bool trans_a, trans_b, fp32_c;
+    float beta;
+    int64_t m, n, k;  // k (trans_a) or m: the expert's rows, varied per expert below
+  };
+  const Case cases[] = {
+      {"qwen3 up", false, false, false, 0.f, 1024, 1536, 2048},
+      {"dsv3 d_a", false, true, false, 0.f, 256, 2048, 7168},
+      {"qwen3 d_wi", true, false, true, 0.f, 2048, 1536, 1024},
+      {"qwen3 d_wi accumulated", true, false, true, 1.f, 2048, 1536, 1024},
+      {"dsv3 d_wo accumulated", true, false, true, 1.f, 2048, 7168, 256},
+  };
+  for (const Case& c : cases) {
+    // Three experts whose rows straddle the probed count (bucketed apart).
+    const int64_t probed = c.trans_a ? c.k : c.m;
+    const std::vector<int64_t> rows = {probed, probed * 7 / 8 + 3, probed * 5 / 4 - 8};
+    const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
+    // Per expert: A is [rows, k] (or [rows, m] for C = A^T B), B is [k, n] (or [n, k] with
+    // trans_b, or [rows, n] for a weight gradient), C is [rows, n] (or [m, n]).
+    const int64_t a_cols = c.trans_a ? c.m : c.k;
+    const int64_t b_size = c.trans_a ? 0 : c.k * c.n;
+    const int64_t b_total = c.trans_a ? total * c.n : b_size * 3;
+    const int64_t c_size = c.trans_a ? c.m * c.n : 0;
+    const int64_t c_total = c.trans_a ? c_size * 3 : total * c.n;
+    const size_t c_bytes = c.fp32_c ? 4 : 2;
+    const std::vector<uint16_t> a = FloatsToBf16(RandomFloats(total * a_cols, 51));
+    const std::vector<uint16_t> b = FloatsToBf16(RandomFloats(b_total, 52));
+    std::vector<uint8_t> c0(c_total * c_bytes);
+    {
+      const std::vector<float> init = RandomFloats(c_total, 53);
+      if (c.fp32_c) {
+        std::memcpy(c0.data(), init.data(), c0.size());
+      } else {
+        const std::vector<uint16_t> init16 = FloatsToBf16(init);
+        std::memcpy(c0.data(), init16.data(), c0.size());
+      }
+    }
+    const int64_t before = cuda::TunedGemmPlansAdopted();
+    auto run = [&](const char* tuned) -> absl::StatusOr<std::vector<uint8_t>> {
+      if (tuned != nullptr) setenv("MOED_CUBLASLT_TUNED", tuned, 1);
+      absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackend(0);
+      unsetenv("MOED_CUBLASLT_TUNED");
+      if (!made.ok()) return made.status();
+      Backend* gpu = made->get();
+      ASSIGN_OR_RETURN(Buffer da, gpu->Allocate(a.size() * 2));
+      ASSIGN_OR_RETURN(Buffer db, gpu->Allocate(b.size() * 2));
+      ASSIGN_OR_RETURN(Buffer dc, gpu->Allocate(c0.size()));
+      RETURN_IF_ERROR(gpu->CopyFromHost(da.data(), a.data(), a.size() * 2));
+      RETURN_IF_ERROR(gpu->CopyFromHost(db.data(), b.data(), b.size() * 2));
+      RETURN_IF_ERROR(gpu->CopyFromHost(dc.data(), c0.data(), c0.size()));
+      std::vector<GemmArgs> gemms;
+      int64_t off = 0;
+      for (size_t e = 0; e < rows.size(); ++e) {
+        GemmArgs g;
+        g.trans_a = c.trans_a, g.trans_b = c.trans_b;
+        g.ab_type = DType::kBFloat16;
+        g.c_type = c.fp32_c ? DType::kFloat32 : DType::kBFloat16;
+        g.beta = c.beta;
+        g.a = static_cast<const char*>(da.data()) + off * a_cols * 2, g.lda = a_cols;
+        if (c.trans_a) {
+          g.m = c.m, g.n = c.n, g.k = rows[e];
+          g.b = static_cast<const char*>(db.data()) + off * c.n * 2, g.ldb = c.n;
+          g.c = static_cast<char*>(dc.data()) + e * c_size * c_bytes, g.ldc = c.n;
+        } else {
+          g.m = rows[e], g.n = c.n, g.k = c.k;
+          g.b = static_cast<const char*>(db.data()) + e * b_size * 2;
+          g.ldb = c.trans_b ? c.k : c.n;
+          g.c = static_cast<char*>(dc.data()) + off * c.n * c_bytes, g.ldc = c.n;
+        }
+        gemms.push_back(g);
+        off += rows[e];
+      }
+      RETURN_IF_ERROR(gpu->GroupedGemm(gemms));
+      std::vector<uint8_t> out(c0.size());
+      RETURN_IF_ERROR(gpu->CopyToHost(out.data(), dc.data(), out.size()));
+      return out;
+    };
+    absl::StatusOr<std::vector<uint8_t>> heuristic = run("0");
+    ASSERT_TRUE(heuristic.ok()) << c.name << ": " << heuristic.status();
+    EXPECT_EQ(cuda::TunedGemmPlansAdopted(), before)
+        << c.name << ": MOED_CUBLASLT_TUNED=0 took one";
+    absl::StatusOr<std::vector<uint8_t>> tuned = run(nullptr);
+    ASSERT_TRUE(tuned.ok()) << c.name << ": " << tuned.status();
+    EXPECT_TRUE(*tuned == *heuristic) << c.name << ": the tuned plan changed the result";
+    cudaDeviceProp prop;
+    ASSERT_EQ(cudaGetDeviceProperties(&prop, 0), cudaSuccess);
+    if (cuda::TunedGemmsApply(prop.major, prop.minor, prop.multiProcessorCount,
+                              cublasLtGetVersion())) {
+      EXPECT_GT(cuda::TunedGemmPlansAdopted(), before) << c.name << ": no tuned plan taken";
+    }
   }
 }
 

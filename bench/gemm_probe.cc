@@ -1,0 +1,507 @@
+// gemm_probe: cuBLASLt's choices for the expert FFN's GEMMs of a preset, timed side by side on
+// the GPU (issue 15: "pick better GEMM configurations per shape"). For each GEMM kind of the
+// layer (forward up / down, the two data gradients, the two weight gradients written and
+// accumulated) it runs all E experts' GEMMs spread over --streams streams, as
+// CudaBackend::GroupedGemm does, once per candidate:
+//   - "heuristic": cuBLASLt's heuristic list for the shape (up to --candidates), with the
+//     engine's preferences (workspace, 16-byte alignment); index 0 is what the engine runs;
+//   - "enumerated" (--enumerate=wgrad|all|none): every (algorithm, tile, stages, cluster)
+//     that cublasLtMatmulAlgoCheck accepts, screened with one timed pass; the fastest
+//     --retime of them are timed like the heuristic's.
+// One JSON line per timed candidate: median ms over --reps passes, TFLOP/s, its configuration,
+// the ratio to heuristic candidate 0 (timed at the start and again at the end of the kind,
+// the mean of both), and `bitwise`: expert 0's output from the same inputs and initial C equals
+// candidate 0's bit for bit (the engine's determinism needs that of any replacement).
+// Rows per expert: T*k/E (balanced routing). Operand values: a fixed random pattern.
+//
+//   gemm_probe --configs=dsv3 --kinds=wgrad_wi,wgrad_wo --enumerate=wgrad
+//   gemm_probe --configs=te_seed,qwen3 --enumerate=none
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+ABSL_FLAG(std::string, configs, "te_seed,qwen3,mixtral,dsv3", "presets, in order");
+ABSL_FLAG(std::string, kinds, "up,down,dgrad_down,dgrad_up,wgrad_wo,wgrad_wi",
+          "GEMM kinds; wgrad_* run with beta 0 and 1");
+ABSL_FLAG(std::string, enumerate, "wgrad", "beyond the heuristic: wgrad, all or none");
+ABSL_FLAG(int, candidates, 16, "heuristic candidates asked for");
+ABSL_FLAG(int, reps, 5, "timed passes per candidate (median)");
+ABSL_FLAG(int, retime, 8, "configurations timed against candidate 0 after the screening");
+ABSL_FLAG(double, gain, 0.97, "a plan line needs at most this time ratio to candidate 0");
+ABSL_FLAG(double, rows_scale, 1.0, "rows per expert: T*k/E times this (other buckets)");
+ABSL_FLAG(int, max_enumerated, 400, "at most this many enumerated configurations screened");
+ABSL_FLAG(int, streams, 4, "streams the experts' GEMMs are spread over");
+ABSL_FLAG(int, workspace_mb, 32, "workspace per stream (the engine's default)");
+
+namespace {
+
+#define CUDA_CHECK(x)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                           \
+    }                                                                                         \
+  } while (0)
+#define LT_CHECK(x)                                                                \
+  do {                                                                             \
+    cublasStatus_t s_ = (x);                                                       \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                             \
+      std::fprintf(stderr, "%s:%d %s: cublas status %d\n", __FILE__, __LINE__, #x, \
+                   static_cast<int>(s_));                                          \
+      std::exit(1);                                                                \
+    }                                                                              \
+  } while (0)
+
+struct Preset {
+  const char* name;
+  int64_t tokens, hidden, ffn, experts, topk;
+};
+constexpr Preset kPresets[] = {
+    {"te_seed", 32768, 1024, 4096, 8, 2},
+    {"mixtral", 16384, 4096, 14336, 8, 2},
+    {"dsv3", 8192, 7168, 2048, 256, 8},
+    {"qwen3", 16384, 2048, 768, 128, 8},
+};
+
+// One GEMM kind in engine/backend.h's row-major convention: C[m, n] = op(A) op(B) (+ beta C),
+// A stored [k, m] when trans_a else [m, k], B stored [n, k] when trans_b else [k, n]. Strides
+// between experts in elements.
+struct Kind {
+  std::string name;
+  int64_t m, n, k;
+  bool trans_a, trans_b;
+  cudaDataType_t c_type;
+  float beta;
+  int64_t a_stride, b_stride, c_stride;
+  int64_t lda, ldb, ldc;
+};
+
+std::vector<Kind> KindsOf(const Preset& p, const std::vector<std::string>& wanted) {
+  const int64_t r = static_cast<int64_t>(p.tokens * p.topk / p.experts *
+                                         absl::GetFlag(FLAGS_rows_scale)),
+                H = p.hidden, F = p.ffn, up = 2 * F;
+  std::vector<Kind> all = {
+      {"up", r, up, H, false, false, CUDA_R_16BF, 0.f, r * H, H * up, r * up, H, up, up},
+      {"down", r, H, F, false, false, CUDA_R_16BF, 0.f, r * F, F * H, r * H, F, H, H},
+      {"dgrad_down", r, F, H, false, true, CUDA_R_16BF, 0.f, r * H, F * H, r * F, H, H, F},
+      {"dgrad_up", r, H, up, false, true, CUDA_R_16BF, 0.f, r * up, H * up, r * H, up, up, H},
+      {"wgrad_wo", F, H, r, true, false, CUDA_R_32F, 0.f, r * F, r * H, F * H, F, H, H},
+      {"wgrad_wo", F, H, r, true, false, CUDA_R_32F, 1.f, r * F, r * H, F * H, F, H, H},
+      {"wgrad_wi", H, up, r, true, false, CUDA_R_32F, 0.f, r * H, r * up, H * up, H, up, up},
+      {"wgrad_wi", H, up, r, true, false, CUDA_R_32F, 1.f, r * H, r * up, H * up, H, up, up},
+  };
+  std::vector<Kind> out;
+  for (const Kind& k : all) {
+    if (std::find(wanted.begin(), wanted.end(), k.name) != wanted.end()) out.push_back(k);
+  }
+  return out;
+}
+
+size_t ElemSize(cudaDataType_t t) { return t == CUDA_R_32F ? 4 : 2; }
+
+// cuBLASLt is column-major: it computes C^T = op(B)^T op(A)^T, its A being our B.
+struct Problem {
+  cublasLtMatmulDescOpaque_t desc;
+  cublasLtMatrixLayoutOpaque_t a, b, c;
+};
+
+void InitProblem(const Kind& k, Problem* p) {
+  LT_CHECK(cublasLtMatmulDescInit(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_a = k.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = k.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  LT_CHECK(
+      cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_a, sizeof(op_a)));
+  LT_CHECK(
+      cublasLtMatmulDescSetAttribute(&p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_b, sizeof(op_b)));
+  LT_CHECK(cublasLtMatrixLayoutInit(&p->a, CUDA_R_16BF, k.trans_b ? k.k : k.n,
+                                    k.trans_b ? k.n : k.k, k.ldb));
+  LT_CHECK(cublasLtMatrixLayoutInit(&p->b, CUDA_R_16BF, k.trans_a ? k.m : k.k,
+                                    k.trans_a ? k.k : k.m, k.lda));
+  LT_CHECK(cublasLtMatrixLayoutInit(&p->c, k.c_type, k.n, k.m, k.ldc));
+}
+
+int ConfigOf(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
+  uint32_t v32 = 0;
+  uint16_t v16 = 0;
+  size_t written = 0;
+  // Some attributes are 16-bit (cluster, inner shape); read by their size.
+  if (attr == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID ||
+      attr == CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID) {
+    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v16, sizeof(v16), &written) !=
+        CUBLAS_STATUS_SUCCESS) {
+      return -1;
+    }
+    return v16;
+  }
+  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v32, sizeof(v32), &written) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return -1;
+  }
+  return static_cast<int>(v32);
+}
+
+std::string Describe(const cublasLtMatmulAlgo_t& algo) {
+  return absl::StrFormat(
+      "\"algo\": %d, \"tile\": %d, \"stages\": %d, \"splitk\": %d, \"reduction\": %d, "
+      "\"swizzle\": %d, \"cluster\": %d, \"inner\": %d",
+      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_ID), ConfigOf(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID));
+}
+
+// Device memory of one kind: every expert's A, B and C, the streams and their workspaces.
+class Bench {
+ public:
+  Bench(cublasLtHandle_t lt, const Kind& kind, int64_t experts, int streams, size_t workspace)
+      : lt_(lt), kind_(kind), experts_(experts), workspace_bytes_(workspace) {
+    InitProblem(kind, &problem_);
+    a_ = AllocPattern(kind.a_stride * experts * 2, 0);
+    b_ = AllocPattern(kind.b_stride * experts * 2, 1 << 20);
+    c_ = AllocPattern(kind.c_stride * experts * ElemSize(kind.c_type), 2 << 20);
+    c0_bytes_ = kind.m * kind.n * ElemSize(kind.c_type);
+    const char* pattern = reinterpret_cast<const char*>(Pattern().data());
+    c_init_.assign(pattern, pattern + std::min(c0_bytes_, kPatternBytes));
+    streams_.resize(streams);
+    workspaces_.resize(streams);
+    for (int i = 0; i < streams; ++i) {
+      CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[i], cudaStreamNonBlocking));
+      CUDA_CHECK(cudaMalloc(&workspaces_[i], workspace));
+    }
+    CUDA_CHECK(cudaStreamCreateWithFlags(&main_, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreate(&start_));
+    CUDA_CHECK(cudaEventCreate(&stop_));
+    joins_.resize(streams);
+    for (auto& e : joins_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  ~Bench() {
+    for (auto& s : streams_) cudaStreamDestroy(s);
+    for (auto& w : workspaces_) cudaFree(w);
+    for (auto& e : joins_) cudaEventDestroy(e);
+    cudaEventDestroy(start_);
+    cudaEventDestroy(stop_);
+    cudaStreamDestroy(main_);
+    cudaFree(a_);
+    cudaFree(b_);
+    cudaFree(c_);
+  }
+
+  const Problem& problem() const { return problem_; }
+  size_t workspace_bytes() const { return workspace_bytes_; }
+
+  // All experts' GEMMs with `algo`, spread over the streams; false if cuBLASLt refused.
+  bool Pass(const cublasLtMatmulAlgo_t& algo, float* ms) {
+    CUDA_CHECK(cudaEventRecord(start_, main_));
+    for (auto& s : streams_) CUDA_CHECK(cudaStreamWaitEvent(s, start_, 0));
+    bool ok = true;
+    for (int64_t e = 0; e < experts_ && ok; ++e) {
+      const int i = static_cast<int>(e % static_cast<int64_t>(streams_.size()));
+      ok = Run(algo, e, streams_[i], workspaces_[i]);
+    }
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      CUDA_CHECK(cudaEventRecord(joins_[i], streams_[i]));
+      CUDA_CHECK(cudaStreamWaitEvent(main_, joins_[i], 0));
+    }
+    CUDA_CHECK(cudaEventRecord(stop_, main_));
+    CUDA_CHECK(cudaEventSynchronize(stop_));
+    CUDA_CHECK(cudaEventElapsedTime(ms, start_, stop_));
+    return ok;
+  }
+
+  // Median of `reps` passes after one untimed one; negative if refused.
+  float Time(const cublasLtMatmulAlgo_t& algo, int reps) {
+    float ms = 0;
+    if (!Pass(algo, &ms)) return -1;
+    std::vector<float> all;
+    for (int i = 0; i < reps; ++i) {
+      Pass(algo, &ms);
+      all.push_back(ms);
+    }
+    std::sort(all.begin(), all.end());
+    return all[all.size() / 2];
+  }
+
+  // Expert 0's C from the fixed initial C, computed with `algo`.
+  std::vector<char> Output(const cublasLtMatmulAlgo_t& algo) {
+    for (size_t off = 0; off < c0_bytes_; off += c_init_.size()) {
+      CUDA_CHECK(cudaMemcpy(static_cast<char*>(c_) + off, c_init_.data(),
+                            std::min(c_init_.size(), c0_bytes_ - off), cudaMemcpyHostToDevice));
+    }
+    std::vector<char> out(c0_bytes_);
+    if (!Run(algo, 0, main_, workspaces_[0])) return {};
+    CUDA_CHECK(cudaStreamSynchronize(main_));
+    CUDA_CHECK(cudaMemcpy(out.data(), c_, c0_bytes_, cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+ private:
+  static constexpr size_t kPatternBytes = 64u << 20;
+
+  // Small random bf16 values, the same for every kind (made once: 32 M draws).
+  static const std::vector<__nv_bfloat16>& Pattern() {
+    static const std::vector<__nv_bfloat16>* pattern = [] {
+      auto* v = new std::vector<__nv_bfloat16>(kPatternBytes / 2);
+      std::mt19937 rng(1);
+      std::uniform_real_distribution<float> u(-1.f, 1.f);
+      for (auto& x : *v) x = __float2bfloat16(u(rng));
+      return v;
+    }();
+    return *pattern;
+  }
+
+  bool Run(const cublasLtMatmulAlgo_t& algo, int64_t e, cudaStream_t s, void* ws) {
+    const float alpha = 1.f, beta = kind_.beta;
+    const char* a = static_cast<const char*>(a_) + e * kind_.a_stride * 2;
+    const char* b = static_cast<const char*>(b_) + e * kind_.b_stride * 2;
+    char* c = static_cast<char*>(c_) + e * kind_.c_stride * ElemSize(kind_.c_type);
+    Problem& p = problem_;
+    return cublasLtMatmul(lt_, &p.desc, &alpha, b, &p.a, a, &p.b, &beta, c, &p.c, c, &p.c, &algo,
+                          ws, workspace_bytes_, s) == CUBLAS_STATUS_SUCCESS;
+  }
+
+  // `bytes` of device memory filled with the pattern, starting `shift` bytes into it (so A, B
+  // and C differ).
+  static void* AllocPattern(size_t bytes, size_t shift) {
+    const char* pattern = reinterpret_cast<const char*>(Pattern().data());
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, bytes));
+    for (size_t off = 0; off < bytes;) {
+      const size_t from = (off + shift) % kPatternBytes;
+      const size_t n = std::min(kPatternBytes - from, bytes - off);
+      CUDA_CHECK(
+          cudaMemcpy(static_cast<char*>(p) + off, pattern + from, n, cudaMemcpyHostToDevice));
+      off += n;
+    }
+    return p;
+  }
+
+  cublasLtHandle_t lt_;
+  Kind kind_;
+  int64_t experts_;
+  size_t workspace_bytes_;
+  Problem problem_;
+  void* a_ = nullptr;
+  void* b_ = nullptr;
+  void* c_ = nullptr;
+  size_t c0_bytes_ = 0;
+  std::vector<char> c_init_;
+  std::vector<cudaStream_t> streams_;
+  std::vector<void*> workspaces_;
+  std::vector<cudaEvent_t> joins_;
+  cudaStream_t main_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+std::vector<cublasLtMatmulAlgo_t> Heuristic(cublasLtHandle_t lt, const Problem& p, size_t ws,
+                                            int wanted) {
+  cublasLtMatmulPreferenceOpaque_t pref;
+  LT_CHECK(cublasLtMatmulPreferenceInit(&pref));
+  const uint64_t bytes = ws;
+  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &bytes, sizeof(bytes)));
+  const uint32_t align = 16;
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(&pref, attr, &align, sizeof(align)));
+  }
+  std::vector<cublasLtMatmulHeuristicResult_t> results(wanted);
+  int found = 0;
+  Problem q = p;
+  LT_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, &q.desc, &q.a, &q.b, &q.c, &q.c, &pref, wanted,
+                                          results.data(), &found));
+  std::vector<cublasLtMatmulAlgo_t> out;
+  for (int i = 0; i < found; ++i) out.push_back(results[i].algo);
+  return out;
+}
+
+std::vector<uint32_t> CapList(const cublasLtMatmulAlgo_t& algo,
+                              cublasLtMatmulAlgoCapAttributes_t a) {
+  size_t bytes = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, a, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS ||
+      bytes == 0) {
+    return {};
+  }
+  std::vector<uint32_t> v(bytes / sizeof(uint32_t));
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, a, v.data(), bytes, &bytes) !=
+      CUBLAS_STATUS_SUCCESS) {
+    return {};
+  }
+  return v;
+}
+
+// Every (algorithm, tile, stages, cluster, swizzle) cuBLASLt's check accepts for the problem,
+// without split-k (it would change the order of k's sum); at most `limit`, evenly spread.
+std::vector<cublasLtMatmulAlgo_t> Enumerate(cublasLtHandle_t lt, const Problem& p,
+                                            cudaDataType_t c_type, size_t ws, int limit) {
+  int ids[128];
+  int count = 0;
+  LT_CHECK(cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF,
+                                    c_type, c_type, 128, ids, &count));
+  const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
+                               CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1};
+  std::vector<cublasLtMatmulAlgo_t> out;
+  Problem q = p;
+  for (int i = 0; i < count; ++i) {
+    cublasLtMatmulAlgo_t base;
+    if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, c_type,
+                               c_type, ids[i], &base) != CUBLAS_STATUS_SUCCESS) {
+      continue;
+    }
+    std::vector<uint32_t> tiles = CapList(base, CUBLASLT_ALGO_CAP_TILE_IDS);
+    std::vector<uint32_t> stages = CapList(base, CUBLASLT_ALGO_CAP_STAGES_IDS);
+    if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+    if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
+    for (uint32_t tile : tiles) {
+      for (uint32_t stage : stages) {
+        for (uint16_t cluster : clusters) {
+          for (uint32_t swizzle = 0; swizzle < 2; ++swizzle) {
+            cublasLtMatmulAlgo_t algo = base;
+            const int32_t splitk = 1;
+            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
+                                                 sizeof(tile));
+            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stage,
+                                                 sizeof(stage));
+            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
+                                                 sizeof(splitk));
+            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
+                                                 &cluster, sizeof(cluster));
+            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
+                                                 &swizzle, sizeof(swizzle));
+            cublasLtMatmulHeuristicResult_t r;
+            if (cublasLtMatmulAlgoCheck(lt, &q.desc, &q.a, &q.b, &q.c, &q.c, &algo, &r) !=
+                    CUBLAS_STATUS_SUCCESS ||
+                r.workspaceSize > ws) {
+              continue;
+            }
+            out.push_back(algo);
+          }
+        }
+      }
+    }
+  }
+  if (static_cast<int>(out.size()) <= limit) return out;
+  std::vector<cublasLtMatmulAlgo_t> sampled;
+  for (int j = 0; j < limit; ++j) sampled.push_back(out[out.size() * j / limit]);
+  return sampled;
+}
+
+// The GEMM kind's configurations: the heuristic's list, then (per --enumerate) every accepted
+// one, screened with one timed pass each; the fastest --retime are then timed against heuristic
+// candidate 0 in adjacent pairs (the GPU's clock drifts over a long probe, so only a ratio of
+// neighbours is trusted). One JSON line per finalist; the best bitwise-equal one that gains at
+// least --gain also as a "plan" line on stderr (what engine/cuda/cublaslt_plans.cc lists).
+void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind) {
+  const int64_t E = preset.experts;
+  Bench bench(lt, kind, E, absl::GetFlag(FLAGS_streams),
+              static_cast<size_t>(absl::GetFlag(FLAGS_workspace_mb)) << 20);
+  const int reps = absl::GetFlag(FLAGS_reps);
+  const double flops = 2.0 * kind.m * kind.n * kind.k * E;
+  std::vector<cublasLtMatmulAlgo_t> all =
+      Heuristic(lt, bench.problem(), bench.workspace_bytes(), absl::GetFlag(FLAGS_candidates));
+  if (all.empty()) {
+    std::printf(
+        "{\"bench\": \"gemm_probe\", \"config\": \"%s\", \"kind\": \"%s\", \"error\": "
+        "\"no heuristic candidate\"}\n",
+        preset.name, kind.name.c_str());
+    return;
+  }
+  const cublasLtMatmulAlgo_t first = all[0];
+  const size_t heuristic_count = all.size();
+  const std::string mode = absl::GetFlag(FLAGS_enumerate);
+  const bool wgrad = kind.name.rfind("wgrad", 0) == 0;
+  if (mode == "all" || (mode == "wgrad" && wgrad)) {
+    for (const auto& algo : Enumerate(lt, bench.problem(), kind.c_type, bench.workspace_bytes(),
+                                      absl::GetFlag(FLAGS_max_enumerated))) {
+      all.push_back(algo);
+    }
+  }
+  const std::vector<char> reference = bench.Output(first);
+  std::vector<std::pair<float, size_t>> screened;
+  for (size_t i = 1; i < all.size(); ++i) {
+    const float ms = bench.Time(all[i], 1);
+    if (ms > 0) screened.push_back({ms, i});
+  }
+  std::sort(screened.begin(), screened.end());
+  std::fprintf(stderr, "%s %s beta %g: %zu configurations (%zu from the heuristic), %zu ran\n",
+               preset.name, kind.name.c_str(), kind.beta, all.size(), heuristic_count,
+               screened.size() + 1);
+  double best_ratio = 1.0;
+  size_t best = 0;
+  const int finalists = std::min<int>(absl::GetFlag(FLAGS_retime), screened.size());
+  for (int j = 0; j < finalists; ++j) {
+    const size_t i = screened[j].second;
+    const float first_ms = bench.Time(first, reps);
+    const float ms = bench.Time(all[i], reps);
+    const double ratio = ms / first_ms;
+    const std::vector<char> out = bench.Output(all[i]);
+    const bool bitwise = !out.empty() && out == reference;
+    if (bitwise && ratio < best_ratio) best_ratio = ratio, best = i;
+    std::printf(
+        "{\"bench\": \"gemm_probe\", \"config\": \"%s\", \"kind\": \"%s\", \"beta\": %g, "
+        "\"m\": %lld, \"n\": %lld, \"k\": %lld, \"experts\": %lld, \"source\": \"%s\", "
+        "\"index\": %zu, %s, \"ms\": %.4f, \"tflops\": %.1f, \"first_ms\": %.4f, "
+        "\"first_tflops\": %.1f, \"vs_first\": %.4f, \"first\": {%s}, \"bitwise\": %s}\n",
+        preset.name, kind.name.c_str(), kind.beta, static_cast<long long>(kind.m),
+        static_cast<long long>(kind.n), static_cast<long long>(kind.k), static_cast<long long>(E),
+        i < heuristic_count ? "heuristic" : "enumerated",
+        i < heuristic_count ? i : i - heuristic_count, Describe(all[i]).c_str(), ms,
+        flops / ms * 1e-9, first_ms, flops / first_ms * 1e-9, ratio, Describe(first).c_str(),
+        bitwise ? "true" : "false");
+    std::fflush(stdout);
+  }
+  if (best != 0 && best_ratio <= absl::GetFlag(FLAGS_gain)) {
+    const cublasLtMatmulAlgo_t& a = all[best];
+    std::fprintf(stderr,
+                 "plan %s %s trans_a=%d trans_b=%d c=%s beta=%g m=%lld n=%lld k=%lld algo=%d "
+                 "tile=%d stages=%d swizzle=%d cluster=%d inner=%d ratio=%.3f\n",
+                 preset.name, kind.name.c_str(), kind.trans_a, kind.trans_b,
+                 kind.c_type == CUDA_R_32F ? "fp32" : "bf16", kind.beta,
+                 static_cast<long long>(kind.m), static_cast<long long>(kind.n),
+                 static_cast<long long>(kind.k), ConfigOf(a, CUBLASLT_ALGO_CONFIG_ID),
+                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID), best_ratio);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  cublasLtHandle_t lt;
+  LT_CHECK(cublasLtCreate(&lt));
+  const std::vector<std::string> kinds = absl::StrSplit(absl::GetFlag(FLAGS_kinds), ',');
+  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',')) {
+    const Preset* preset = nullptr;
+    for (const Preset& p : kPresets) {
+      if (name == p.name) preset = &p;
+    }
+    if (preset == nullptr) {
+      std::fprintf(stderr, "unknown config %s\n", std::string(name).c_str());
+      return 2;
+    }
+    for (const Kind& kind : KindsOf(*preset, kinds)) ProbeKind(lt, *preset, kind);
+  }
+  cublasLtDestroy(lt);
+  return 0;
+}

@@ -1,0 +1,99 @@
+#include "engine/cuda/cublaslt_plans.h"
+
+#include <atomic>
+#include <cmath>
+
+namespace moe {
+namespace cuda {
+namespace {
+
+struct Entry {
+  TunedGemmShape shape;
+  TunedGemmConfig config;
+};
+
+// Measured on one H200 (cuBLASLt 13.1, 2026-12-01) by
+//   gemm_probe --configs=qwen3,te_seed,dsv3 --enumerate=all [--rows_scale=0.875|1.25]
+// each with the probe's time ratio to the heuristic's choice (bench/results/gpu_2026-12-01/
+// gemm_probe). Tiles 18 128x64, 20 128x128, 21 256x64, 29 128x160, 30 160x128, 108 56x320,
+// 135 80x128, 137 80x256, 201 176x128; stages 35 64xAUTO, 12 32x6; clusters 0 auto,
+// 2 1x1x1, 3 2x1x1, 5 1x2x1. Shapes the probe found no better configuration for (ratio above
+// 0.97: te_seed's other four, mixtral's, dsv3's dgrad_up) are not listed.
+constexpr bool N = false, T = true;
+const Entry kH200[] = {
+    // qwen3 (H 2048, F 768, 128 experts, k 8): up h = X wi
+    {{N, N, false, false, 896, 1536, 2048}, {66, 20, 35, 0, 2}},   // 0.870
+    {{N, N, false, false, 1024, 1536, 2048}, {66, 21, 35, 1, 2}},  // 0.816
+    {{N, N, false, false, 1280, 1536, 2048}, {66, 20, 35, 0, 2}},  // 0.874
+    // down y = a wo
+    {{N, N, false, false, 896, 2048, 768}, {66, 201, 35, 1, 2}},  // 0.938
+    {{N, N, false, false, 1024, 2048, 768}, {66, 21, 35, 1, 5}},  // 0.943
+    {{N, N, false, false, 1280, 2048, 768}, {66, 20, 35, 0, 2}},  // 0.910
+    // d_a = d_y wo^T
+    {{N, T, false, false, 896, 768, 2048}, {66, 108, 35, 1, 2}},   // 0.757
+    {{N, T, false, false, 1024, 768, 2048}, {66, 137, 35, 0, 2}},  // 0.861
+    {{N, T, false, false, 1280, 768, 2048}, {66, 20, 35, 0, 2}},   // 0.941
+    // d_X = d_h wi^T
+    {{N, T, false, false, 896, 2048, 1536}, {66, 201, 35, 1, 2}},   // 0.878
+    {{N, T, false, false, 1024, 2048, 1536}, {66, 201, 35, 1, 5}},  // 0.801
+    {{N, T, false, false, 1280, 2048, 1536}, {66, 20, 35, 0, 5}},   // 0.937
+    // d_wo (+)= a^T d_y, d_wi (+)= X^T d_h
+    {{T, N, true, false, 768, 2048, 1024}, {66, 30, 35, 0, 3}},   // 0.822
+    {{T, N, true, true, 768, 2048, 1024}, {66, 30, 35, 1, 5}},    // 0.861
+    {{T, N, true, false, 2048, 1536, 1024}, {66, 30, 35, 1, 5}},  // 0.950
+    {{T, N, true, true, 2048, 1536, 1024}, {66, 20, 35, 0, 5}},   // 0.916
+    // te_seed (H 1024, F 4096, 8 experts, k 2): up, d_a
+    {{N, N, false, false, 8192, 8192, 1024}, {66, 29, 35, 0, 3}},  // 0.887
+    {{N, T, false, false, 8192, 4096, 1024}, {66, 29, 35, 0, 3}},  // 0.897
+    // dsv3 (H 7168, F 2048, 256 experts, k 8): up, down, d_a, d_wo written and accumulated
+    {{N, N, false, false, 256, 4096, 7168}, {66, 20, 35, 0, 5}},   // 0.811
+    {{N, N, false, false, 256, 7168, 2048}, {66, 201, 35, 1, 5}},  // 0.902
+    {{N, T, false, false, 256, 2048, 7168}, {66, 135, 35, 1, 5}},  // 0.546
+    {{T, N, true, false, 2048, 7168, 256}, {66, 21, 35, 1, 5}},    // 0.916
+    {{T, N, true, true, 2048, 7168, 256}, {21, 18, 12, 1, 0}},     // 0.921
+};
+
+int64_t Rows(const TunedGemmShape& s) { return s.trans_a ? s.k : s.m; }
+
+// Equal in everything but the rows.
+bool SameKind(const TunedGemmShape& a, const TunedGemmShape& b) {
+  if (a.trans_a != b.trans_a || a.trans_b != b.trans_b || a.fp32_c != b.fp32_c ||
+      a.accumulate != b.accumulate) {
+    return false;
+  }
+  return a.trans_a ? (a.m == b.m && a.n == b.n) : (a.n == b.n && a.k == b.k);
+}
+
+std::atomic<int64_t> adopted{0};
+
+}  // namespace
+
+std::optional<TunedGemmConfig> FindTunedGemm(const TunedGemmShape& shape) {
+  const int64_t rows = Rows(shape);
+  if (rows <= 0) return std::nullopt;
+  const double reach = std::log(kTunedRowsReach) * (1 + 1e-12);
+  const Entry* best = nullptr;
+  double best_distance = 0;
+  for (const Entry& e : kH200) {
+    if (!SameKind(e.shape, shape)) continue;
+    const double distance = std::fabs(std::log(static_cast<double>(Rows(e.shape)) / rows));
+    // Ties (rows exactly between two entries) go to the first listed, the smaller rows.
+    if (distance <= reach && (best == nullptr || distance < best_distance)) {
+      best = &e;
+      best_distance = distance;
+    }
+  }
+  if (best == nullptr) return std::nullopt;
+  return best->config;
+}
+
+bool TunedGemmsApply(int cc_major, int cc_minor, int sm_count, size_t cublaslt_version) {
+  return cc_major == 9 && cc_minor == 0 && sm_count == 132 && cublaslt_version >= 130000 &&
+         cublaslt_version < 140000;
+}
+
+int64_t TunedGemmPlansAdopted() { return adopted.load(); }
+void NoteTunedGemmPlanAdopted() { adopted.fetch_add(1); }
+
+}  // namespace cuda
+}  // namespace moe

@@ -1,0 +1,64 @@
+// GEMM configurations measured faster than cuBLASLt's heuristic choice for the expert FFN's
+// bf16 GEMMs, and bit-identical to it, on one GPU kind (bench/gemm_probe on the H200,
+// docs/PERFORMANCE.md "Expert GEMM configurations by measurement").
+//
+// Why a table: cuBLASLt's heuristic ranks a configuration by the GEMM alone, but the engine
+// runs an expert layer's GEMMs side by side on GroupedGemm's streams, where other tiles and
+// thread-block clusters schedule better (qwen3's and dsv3's small experts gained 10-45 % per
+// GEMM kind). The probe times every configuration cuBLASLt accepts for a preset's shapes in
+// that setting and keeps one only when expert 0's output is bitwise the heuristic choice's:
+// none of them splits k, so each output element sums k in the same order, and a tuned plan
+// changes the speed, never a result (the GPU test TunedGemmPlansKeepResults checks it again).
+// The choice is fixed per shape: every process picks the same configuration (no run-time
+// timing), so bitwise reruns hold as before.
+//
+//   if (TunedGemmsApply(prop.major, prop.minor, prop.multiProcessorCount, cublasLtGetVersion()))
+//     if (auto c = FindTunedGemm({/*trans_a=*/false, false, /*fp32_c=*/false, false, m, n, k}))
+//       ... cublasLtMatmulAlgoInit(..., c->algo, ...), then tile, stages, swizzle, cluster
+#ifndef MOED_ENGINE_CUDA_CUBLASLT_PLANS_H_
+#define MOED_ENGINE_CUDA_CUBLASLT_PLANS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+namespace moe {
+namespace cuda {
+
+// A GEMM in engine/backend.h's row-major convention (C[m, n] = op(A) op(B)), bf16 operands,
+// fp32 accumulation, dims as CublasLtGemm buckets them.
+struct TunedGemmShape {
+  bool trans_a = false, trans_b = false;
+  bool fp32_c = false;      // C is fp32 (else bf16)
+  bool accumulate = false;  // beta != 0
+  int64_t m = 0, n = 0, k = 0;
+};
+
+// cuBLASLt's cublasLtMatmulAlgoConfigAttributes_t values of a tuned configuration (split-k 1,
+// no reduction scheme, custom option 0, inner shape undefined).
+struct TunedGemmConfig {
+  int algo = 0;     // CUBLASLT_ALGO_CONFIG_ID
+  int tile = 0;     // cublasLtMatmulTile_t
+  int stages = 0;   // cublasLtMatmulStages_t
+  int swizzle = 0;  // CTA swizzling, 0 or 1
+  int cluster = 0;  // cublasLtClusterShape_t
+};
+
+// The rows of a GEMM: k for a weight gradient (trans_a: C = A^T B sums over the expert's rows),
+// else m. A table entry serves the shape when every other dim and flag is equal and its probed
+// rows are the nearest (by ratio) among such entries, within a factor kTunedRowsReach.
+constexpr double kTunedRowsReach = 1.5;
+std::optional<TunedGemmConfig> FindTunedGemm(const TunedGemmShape& shape);
+
+// Where the table was measured: compute capability 9.0 with 132 SMs (H100 / H200 SXM) and
+// cuBLASLt 13.x (cublasLtGetVersion() in [130000, 140000)). Elsewhere the heuristic decides.
+bool TunedGemmsApply(int cc_major, int cc_minor, int sm_count, size_t cublaslt_version);
+
+// How many plans in this process took a tuned configuration (for tests and logs).
+int64_t TunedGemmPlansAdopted();
+void NoteTunedGemmPlanAdopted();
+
+}  // namespace cuda
+}  // namespace moe
+
+#endif  // MOED_ENGINE_CUDA_CUBLASLT_PLANS_H_

@@ -1,0 +1,82 @@
+// engine/cuda/cublaslt_plans.h on the host: which GEMM shapes take a tuned configuration (the
+// nearest probed rows within kTunedRowsReach, every other dim and flag equal) and on which
+// devices the table applies. That a tuned plan changes no result is checked on the GPU
+// (tests/gpu/cuda_backend_ops_test.cc, TunedGemmPlansKeepResults).
+#include "engine/cuda/cublaslt_plans.h"
+
+#include "gtest/gtest.h"
+
+namespace moe {
+namespace cuda {
+namespace {
+
+// qwen3's up GEMM h = X wi (H 2048, up 1536) with m rows.
+TunedGemmShape QwenUp(int64_t m) { return {false, false, false, false, m, 1536, 2048}; }
+// dsv3's d_wo = a^T d_y (F 2048, H 7168) over k rows, written or accumulated.
+TunedGemmShape DsvWgradWo(int64_t k, bool accumulate) {
+  return {true, false, true, accumulate, 2048, 7168, k};
+}
+
+TEST(TunedGemms, ProbedShapeTakesItsConfiguration) {
+  std::optional<TunedGemmConfig> c = FindTunedGemm(QwenUp(1024));
+  ASSERT_TRUE(c.has_value());
+  EXPECT_EQ(c->algo, 66);
+  EXPECT_EQ(c->tile, 21);
+  EXPECT_EQ(c->swizzle, 1);
+  EXPECT_EQ(c->cluster, 2);
+}
+
+TEST(TunedGemms, RowsTakeTheNearestProbedCountWithinReach) {
+  // Probed at 896 (tile 20), 1024 (tile 21) and 1280 (tile 20, no swizzle).
+  EXPECT_EQ(FindTunedGemm(QwenUp(768))->tile, 20);        // 896 / 768 = 1.17
+  EXPECT_EQ(FindTunedGemm(QwenUp(1100))->tile, 21);       // nearer 1024 than 1280
+  EXPECT_EQ(FindTunedGemm(QwenUp(1152))->swizzle, 0);     // 1280 / 1152 < 1152 / 1024
+  EXPECT_TRUE(FindTunedGemm(QwenUp(1920)).has_value());   // 1920 / 1280 = 1.5: the reach
+  EXPECT_FALSE(FindTunedGemm(QwenUp(2048)).has_value());  // 1.6: beyond
+  EXPECT_FALSE(FindTunedGemm(QwenUp(512)).has_value());   // 896 / 512 = 1.75
+  EXPECT_FALSE(FindTunedGemm(QwenUp(0)).has_value());
+}
+
+TEST(TunedGemms, OtherDimsAndFlagsMustBeEqual) {
+  TunedGemmShape s = QwenUp(1024);
+  s.n = 1537;
+  EXPECT_FALSE(FindTunedGemm(s).has_value());
+  s = QwenUp(1024);
+  s.k = 1024;
+  EXPECT_FALSE(FindTunedGemm(s).has_value());
+  s = QwenUp(1024);
+  s.trans_b = true;  // d_a's transpose with up's dims: not probed
+  EXPECT_FALSE(FindTunedGemm(s).has_value());
+  s = QwenUp(1024);
+  s.fp32_c = true;
+  EXPECT_FALSE(FindTunedGemm(s).has_value());
+  s = QwenUp(1024);
+  s.accumulate = true;
+  EXPECT_FALSE(FindTunedGemm(s).has_value());
+}
+
+TEST(TunedGemms, WeightGradientRowsAreK) {
+  // Written and accumulated d_wo have their own configurations (another algorithm for beta 1).
+  ASSERT_TRUE(FindTunedGemm(DsvWgradWo(256, false)).has_value());
+  ASSERT_TRUE(FindTunedGemm(DsvWgradWo(224, true)).has_value());
+  EXPECT_EQ(FindTunedGemm(DsvWgradWo(256, false))->algo, 66);
+  EXPECT_EQ(FindTunedGemm(DsvWgradWo(224, true))->algo, 21);
+  EXPECT_FALSE(FindTunedGemm(DsvWgradWo(128, false)).has_value());  // 2x fewer rows
+  TunedGemmShape other_m = DsvWgradWo(256, false);
+  other_m.m = 2304;
+  EXPECT_FALSE(FindTunedGemm(other_m).has_value());
+}
+
+TEST(TunedGemms, ApplyOnlyWhereMeasured) {
+  EXPECT_TRUE(TunedGemmsApply(9, 0, 132, 130100));  // H200 / H100 SXM, cuBLASLt 13.1
+  EXPECT_TRUE(TunedGemmsApply(9, 0, 132, 139999));
+  EXPECT_FALSE(TunedGemmsApply(9, 0, 114, 130100));  // H100 PCIe: other SM count
+  EXPECT_FALSE(TunedGemmsApply(8, 0, 108, 130100));  // A100
+  EXPECT_FALSE(TunedGemmsApply(10, 0, 148, 130100));
+  EXPECT_FALSE(TunedGemmsApply(9, 0, 132, 120900));  // another cuBLASLt
+  EXPECT_FALSE(TunedGemmsApply(9, 0, 132, 140000));
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace moe
