@@ -1,21 +1,22 @@
-// gemm_probe: cuBLASLt's choices for the expert FFN's GEMMs of a preset, timed side by side on
-// the GPU (issue 15: "pick better GEMM configurations per shape"). For each GEMM kind of the
-// layer (forward up / down, the two data gradients, the two weight gradients written and
-// accumulated) it runs all E experts' GEMMs spread over --streams streams, as
-// CudaBackend::GroupedGemm does, once per candidate:
-//   - "heuristic": cuBLASLt's heuristic list for the shape (up to --candidates), with the
-//     engine's preferences (workspace, 16-byte alignment); index 0 is what the engine runs;
-//   - "enumerated" (--enumerate=wgrad|all|none): every (algorithm, tile, stages, cluster)
-//     that cublasLtMatmulAlgoCheck accepts, screened with one timed pass; the fastest
-//     --retime of them are timed like the heuristic's.
-// One JSON line per timed candidate: median ms over --reps passes, TFLOP/s, its configuration,
-// the ratio to heuristic candidate 0 (timed at the start and again at the end of the kind,
-// the mean of both), and `bitwise`: expert 0's output from the same inputs and initial C equals
-// candidate 0's bit for bit (the engine's determinism needs that of any replacement).
-// Rows per expert: T*k/E (balanced routing). Operand values: a fixed random pattern.
+// gemm_probe: cuBLASLt's configurations for the expert FFN's GEMMs of a preset, timed side by
+// side on the GPU (issue 15: "pick better GEMM configurations per shape"; what it finds is
+// engine/cuda/cublaslt_plans.cc's table). For each GEMM kind of the layer (forward up / down,
+// the two data gradients, the two weight gradients written and accumulated) every pass runs
+// all E experts' GEMMs spread over --streams streams, as CudaBackend::GroupedGemm does. The
+// configurations: cuBLASLt's heuristic list for the shape (up to --candidates; index 0 is
+// what the engine ran before the table) and, per --enumerate (wgrad|all|none), every
+// (algorithm, tile, stages, cluster, swizzle) without split-k that cublasLtMatmulAlgoCheck
+// accepts (at most --max_enumerated, evenly spread). Each is screened with one timed pass;
+// the fastest --retime are then timed (median of --reps passes) right after heuristic
+// candidate 0, since the GPU's clock drifts over a long probe and only neighbours compare.
+// One JSON line per finalist: both times, TFLOP/s, its configuration and candidate 0's, the
+// ratio, and `bitwise`: expert 0's output from the same inputs and initial C equals
+// candidate 0's bit for bit (a replacement must keep the engine's results). The best bitwise
+// finalist at or under --gain goes to stderr as a "plan" line. Rows per expert: T*k/E times
+// --rows_scale (balanced routing); operand values: a fixed random pattern.
 //
 //   gemm_probe --configs=dsv3 --kinds=wgrad_wi,wgrad_wo --enumerate=wgrad
-//   gemm_probe --configs=te_seed,qwen3 --enumerate=none
+//   gemm_probe --configs=qwen3 --enumerate=all --rows_scale=0.875   # another row bucket
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>

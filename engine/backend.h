@@ -323,7 +323,11 @@ class Backend {
   // No default: a wrapping backend must pass its inner backend's answer on.
   virtual bool GemmReadsBf16A() const = 0;
   // Independent GEMMs (one per local expert); the CUDA backend batches or overlaps them.
+  // Their a_bf16 must be null (it is for Gemm): INVALID_ARGUMENT, before any runs, otherwise.
   virtual absl::Status GroupedGemm(absl::Span<const GemmArgs> gemms) {
+    for (const GemmArgs& g : gemms) {
+      if (g.a_bf16 != nullptr) return absl::InvalidArgumentError("GroupedGemm: a_bf16 is for Gemm");
+    }
     for (const GemmArgs& g : gemms) {
       absl::Status s = Gemm(g);
       if (!s.ok()) return s;

@@ -1,16 +1,18 @@
 // GEMM configurations measured faster than cuBLASLt's heuristic choice for the expert FFN's
-// bf16 GEMMs, and bit-identical to it, on one GPU kind (bench/gemm_probe on the H200,
-// docs/PERFORMANCE.md "Expert GEMM configurations by measurement").
+// bf16 GEMMs, and bit-identical to it, on one GPU kind (bench/gemm_probe on the H200, then the
+// layer's step with and without them: docs/PERFORMANCE.md "Expert GEMM configurations by
+// measurement").
 //
 // Why a table: cuBLASLt's heuristic ranks a configuration by the GEMM alone, but the engine
 // runs an expert layer's GEMMs side by side on GroupedGemm's streams, where other tiles and
-// thread-block clusters schedule better (qwen3's and dsv3's small experts gained 10-45 % per
-// GEMM kind). The probe times every configuration cuBLASLt accepts for a preset's shapes in
-// that setting and keeps one only when expert 0's output is bitwise the heuristic choice's:
-// none of them splits k, so each output element sums k in the same order, and a tuned plan
-// changes the speed, never a result (the GPU test TunedGemmPlansKeepResults checks it again).
-// The choice is fixed per shape: every process picks the same configuration (no run-time
-// timing), so bitwise reruns hold as before.
+// thread-block clusters can schedule better (qwen3's 128 small experts: 5-25 % per GEMM kind
+// in the probe, 4-9 % of the whole step). An entry is kept only when the probe found expert
+// 0's output bitwise the heuristic choice's and the step confirmed the gain; all are the
+// heuristic's own algorithm without split-k, so each output element sums k in the same order
+// and a tuned plan changes the speed, never a result (the GPU test TunedGemmPlansKeepResults
+// checks it at other row counts; it caught a configuration of another algorithm that did not
+// hold there). The choice is fixed per shape: every process picks the same configuration (no
+// run-time timing), so bitwise reruns hold as before.
 //
 //   if (TunedGemmsApply(prop.major, prop.minor, prop.multiProcessorCount, cublasLtGetVersion()))
 //     if (auto c = FindTunedGemm({/*trans_a=*/false, false, /*fp32_c=*/false, false, m, n, k}))

@@ -105,6 +105,15 @@ TEST_F(CpuBackendTest, GemmReadsABf16CopyWhenAIsNull) {
     EXPECT_EQ(backend_->Gemm(g).code(), absl::StatusCode::kInvalidArgument);
     g.a_bf16 = a16.data(), g.ab_type = DType::kBFloat16;
     EXPECT_EQ(backend_->Gemm(g).code(), absl::StatusCode::kInvalidArgument);
+    // GroupedGemm refuses a_bf16 (as the CUDA backend does) before running any of its GEMMs.
+    GemmArgs first = g;
+    first.a = a32.data(), first.a_bf16 = nullptr, first.ab_type = DType::kFloat32;
+    std::vector<float> untouched = c0;
+    first.c = untouched.data();
+    g.ab_type = DType::kFloat32, g.a = a32.data();
+    const GemmArgs grouped[] = {first, g};
+    EXPECT_EQ(backend_->GroupedGemm(grouped).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(untouched, ElementsAreArray(c0)) << "a GEMM ran before the refusal";
   }
 }
 

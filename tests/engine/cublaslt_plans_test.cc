@@ -12,9 +12,9 @@ namespace {
 
 // qwen3's up GEMM h = X wi (H 2048, up 1536) with m rows.
 TunedGemmShape QwenUp(int64_t m) { return {false, false, false, false, m, 1536, 2048}; }
-// dsv3's d_wo = a^T d_y (F 2048, H 7168) over k rows, written or accumulated.
-TunedGemmShape DsvWgradWo(int64_t k, bool accumulate) {
-  return {true, false, true, accumulate, 2048, 7168, k};
+// qwen3's d_wo = a^T d_y (F 768, H 2048) over k rows, written or accumulated.
+TunedGemmShape QwenWgradWo(int64_t k, bool accumulate) {
+  return {true, false, true, accumulate, 768, 2048, k};
 }
 
 TEST(TunedGemms, ProbedShapeTakesItsConfiguration) {
@@ -56,15 +56,18 @@ TEST(TunedGemms, OtherDimsAndFlagsMustBeEqual) {
 }
 
 TEST(TunedGemms, WeightGradientRowsAreK) {
-  // Written and accumulated d_wo have their own configurations (another algorithm for beta 1).
-  ASSERT_TRUE(FindTunedGemm(DsvWgradWo(256, false)).has_value());
-  ASSERT_TRUE(FindTunedGemm(DsvWgradWo(224, true)).has_value());
-  EXPECT_EQ(FindTunedGemm(DsvWgradWo(256, false))->algo, 66);
-  EXPECT_EQ(FindTunedGemm(DsvWgradWo(224, true))->algo, 21);
-  EXPECT_FALSE(FindTunedGemm(DsvWgradWo(128, false)).has_value());  // 2x fewer rows
-  TunedGemmShape other_m = DsvWgradWo(256, false);
-  other_m.m = 2304;
+  // Written and accumulated d_wo have their own configurations (swizzle and cluster differ).
+  ASSERT_TRUE(FindTunedGemm(QwenWgradWo(1024, false)).has_value());
+  ASSERT_TRUE(FindTunedGemm(QwenWgradWo(896, true)).has_value());
+  EXPECT_EQ(FindTunedGemm(QwenWgradWo(1024, false))->cluster, 3);
+  EXPECT_EQ(FindTunedGemm(QwenWgradWo(896, true))->cluster, 5);
+  EXPECT_FALSE(FindTunedGemm(QwenWgradWo(512, false)).has_value());  // 2x fewer rows
+  TunedGemmShape other_m = QwenWgradWo(1024, false);
+  other_m.m = 1024;
   EXPECT_FALSE(FindTunedGemm(other_m).has_value());
+  // Shapes the step did not confirm are not listed: dsv3's d_a and te_seed's up GEMM.
+  EXPECT_FALSE(FindTunedGemm({false, true, false, false, 256, 2048, 7168}).has_value());
+  EXPECT_FALSE(FindTunedGemm({false, false, false, false, 8192, 8192, 1024}).has_value());
 }
 
 TEST(TunedGemms, ApplyOnlyWhereMeasured) {
