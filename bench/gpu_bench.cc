@@ -32,6 +32,9 @@
 // breakdown_fwdbwd_accum_ms: both kinds of step for one layer creation (dsv3's takes ~76 s).
 // `fingerprint`: FNV-1a 64 of out, d_x and the gate gradient of one fwd+bwd step from zero
 // gradients after the warm-up; two builds printing the same one computed the same bits.
+// `tuned_gemm_plans` / `tuned_gemm_refused`: the process's GEMM plans so far that took
+// engine/cuda/cublaslt_plans.h's configuration, and the GEMMs cuBLASLt refused one for at their
+// exact shape (each ran the heuristic's choice instead).
 // TFLOP/s count the expert FFN only: 2*T*k*H*3F per forward (gated), x3 with backward.
 // EP runs add the dispatch/combine all-to-all (bytes each rank sends, its own part included,
 // over the exchange time; bus bandwidth = that x (R-1)/R, nccl-tests' definition) and a
@@ -58,6 +61,7 @@
 #include "engine/comm/file_kv_store.h"
 #include "engine/comm/memory_kv_store.h"
 #include "engine/comm/nccl_communicator.h"
+#include "engine/cuda/cublaslt_plans.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/moe_layer.h"
 #include "engine/status_macros.h"
@@ -392,6 +396,8 @@ absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
       {"breakdown_fwdbwd_ms", BreakdownJson(breakdown, iters)},
       {"weights_bytes", Num(weights_bytes)},
       {"peak_bytes", Num(cuda->peak_allocated_bytes())},
+      {"tuned_gemm_plans", Num(static_cast<double>(cuda::TunedGemmPlansAdopted()))},
+      {"tuned_gemm_refused", Num(static_cast<double>(cuda::TunedGemmPlansRefused()))},
       {"fwd_ms_all", List(series[0].api)},
       {"fwdbwd_ms_all", List(series[1].api)},
   };

@@ -17,6 +17,7 @@ namespace cuda {
 struct CublasLtGemm::Plan {
   cublasLtMatmulDescOpaque_t desc;
   cublasLtMatmulAlgo_t algo;
+  bool tuned = false;  // algo is engine/cuda/cublaslt_plans.h's, not the heuristic's
 };
 
 namespace {
@@ -231,6 +232,7 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(
     if (tuned.has_value() && TunedAlgo(static_cast<cublasLtHandle_t>(handle_), g, *tuned,
                                        &plan->desc, &layouts, workspace_bytes, &algo)) {
       plan->algo = algo;
+      plan->tuned = true;
       NoteTunedGemmPlanAdopted();
       if (tuning_.log_plans) {
         std::fprintf(stderr,
@@ -286,6 +288,7 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
                                      g.c, &layouts.c, &plan->algo, workspace, workspace_bytes, s);
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   // The bucket's plan does not fit this exact shape: query it exactly (not cached).
+  if (plan->tuned) NoteTunedGemmPlanRefused();
   ASSIGN_OR_RETURN(std::shared_ptr<Plan> exact,
                    FindPlan(g, g.m, g.n, g.k, alignment_bits, workspace_bytes,
                             /*allow_tuned=*/false));

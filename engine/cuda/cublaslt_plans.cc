@@ -60,7 +60,7 @@ bool SameKind(const TunedGemmShape& a, const TunedGemmShape& b) {
   return a.trans_a ? (a.m == b.m && a.n == b.n) : (a.n == b.n && a.k == b.k);
 }
 
-std::atomic<int64_t> adopted{0};
+std::atomic<int64_t> adopted{0}, refused{0};
 
 }  // namespace
 
@@ -89,7 +89,9 @@ bool TunedGemmsApply(int cc_major, int cc_minor, int sm_count, size_t cublaslt_v
 }
 
 int64_t TunedGemmPlansAdopted() { return adopted.load(); }
+int64_t TunedGemmPlansRefused() { return refused.load(); }
 void NoteTunedGemmPlanAdopted() { adopted.fetch_add(1); }
+void NoteTunedGemmPlanRefused() { refused.fetch_add(1); }
 
 }  // namespace cuda
 }  // namespace moe

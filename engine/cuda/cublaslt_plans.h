@@ -56,9 +56,13 @@ std::optional<TunedGemmConfig> FindTunedGemm(const TunedGemmShape& shape);
 // cuBLASLt 13.x (cublasLtGetVersion() in [130000, 140000)). Elsewhere the heuristic decides.
 bool TunedGemmsApply(int cc_major, int cc_minor, int sm_count, size_t cublaslt_version);
 
-// How many plans in this process took a tuned configuration (for tests and logs).
+// How many plans in this process took a tuned configuration, and how many GEMMs cuBLASLt then
+// refused one for at their exact shape (each ran the heuristic's choice for that shape
+// instead, found anew per call): for tests, gpu_bench's JSON and logs.
 int64_t TunedGemmPlansAdopted();
+int64_t TunedGemmPlansRefused();
 void NoteTunedGemmPlanAdopted();
+void NoteTunedGemmPlanRefused();
 
 }  // namespace cuda
 }  // namespace moe

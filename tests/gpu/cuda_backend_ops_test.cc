@@ -477,6 +477,7 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
       }
     }
     const int64_t before = cuda::TunedGemmPlansAdopted();
+    const int64_t refused_before = cuda::TunedGemmPlansRefused();
     auto run = [&](const char* tuned) -> absl::StatusOr<std::vector<uint8_t>> {
       if (tuned != nullptr) setenv("MOED_CUBLASLT_TUNED", tuned, 1);
       absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackend(0);
@@ -525,6 +526,8 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
     if (cuda::TunedGemmsApply(prop.major, prop.minor, prop.multiProcessorCount,
                               cublasLtGetVersion())) {
       EXPECT_GT(cuda::TunedGemmPlansAdopted(), before) << c.name << ": no tuned plan taken";
+      EXPECT_EQ(cuda::TunedGemmPlansRefused(), refused_before)
+          << c.name << ": cuBLASLt refused a tuned plan at an exact shape";
     }
   }
 }
