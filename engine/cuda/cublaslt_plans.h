@@ -52,8 +52,10 @@ struct TunedGemmConfig {
 constexpr double kTunedRowsReach = 1.5;
 std::optional<TunedGemmConfig> FindTunedGemm(const TunedGemmShape& shape);
 
-// Where the table was measured: compute capability 9.0 with 132 SMs (H100 / H200 SXM) and
-// cuBLASLt 13.x (cublasLtGetVersion() in [130000, 140000)). Elsewhere the heuristic decides.
+// Where the table applies: compute capability 9.0 with 132 SMs and cuBLASLt 13.x
+// (cublasLtGetVersion() in [130000, 140000)); elsewhere the heuristic decides. Measured on the
+// H200; the H100 SXM has the same SMs and is taken to be alike (not measured): its results
+// stay the heuristic's (same algorithm, no split-k), only the gain is unmeasured there.
 bool TunedGemmsApply(int cc_major, int cc_minor, int sm_count, size_t cublaslt_version);
 
 // How many plans in this process took a tuned configuration, and how many GEMMs cuBLASLt then
