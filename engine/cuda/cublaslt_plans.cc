@@ -17,11 +17,12 @@ struct Entry {
 // (bench/results/gpu_2026-12-01/gemm_probe; each entry's probe time ratio to the heuristic's
 // choice beside it), then kept only where the layer's step confirmed it: gpu_bench with and
 // without the table in one call (docs/PERFORMANCE.md "Expert GEMM configurations by
-// measurement"). qwen3's (H 2048, F 768, 128 experts, k 8) made its step 4-9 % faster. The
-// probe's te_seed entries changed nothing in the step and its dsv3 entries made the step
-// slower (forward +25 %), so they are not listed; its one configuration of another algorithm
-// than the heuristic's (21, for dsv3's accumulated d_wo) also gave other bits at other row
-// counts. Every entry is algorithm 66, the heuristic's own, with its stages (35, 64xAUTO).
+// measurement"). qwen3's (H 2048, F 768, 128 experts, k 8) made its step 8-10 % faster (4-9 %
+// in a first call). The probe's te_seed entries changed nothing in the step and its dsv3
+// entries made the step slower (forward +25 %), so they are not listed; its one configuration
+// of another algorithm than the heuristic's (21, for dsv3's accumulated d_wo) also gave other
+// bits at other row counts. Every entry is algorithm 66, the heuristic's own, with its stages
+// (35, 64xAUTO).
 // Tiles 18 128x64, 20 128x128, 21 256x64, 30 160x128, 108 56x320, 137 80x256, 201 176x128;
 // clusters 2 1x1x1, 3 2x1x1, 5 1x2x1 (the heuristic's picks were 2x1x1 or 1x2x1).
 constexpr bool N = false, T = true;

@@ -6,7 +6,7 @@
 // Why a table: cuBLASLt's heuristic ranks a configuration by the GEMM alone, but the engine
 // runs an expert layer's GEMMs side by side on GroupedGemm's streams, where other tiles and
 // thread-block clusters can schedule better (qwen3's 128 small experts: 5-25 % per GEMM kind
-// in the probe, 4-9 % of the whole step). An entry is kept only when the probe found expert
+// in the probe, 8-10 % of the whole step). An entry is kept only when the probe found expert
 // 0's output bitwise the heuristic choice's and the step confirmed the gain; all are the
 // heuristic's own algorithm without split-k, so each output element sums k in the same order
 // and a tuned plan changes the speed, never a result (the GPU test TunedGemmPlansKeepResults
