@@ -22,10 +22,12 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
-#include <cstring>
+#include <cstdlib>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -348,6 +350,20 @@ std::vector<uint32_t> CapList(const cublasLtMatmulAlgo_t& algo,
   return v;
 }
 
+// Sets a configuration on `algo` (split-k 1); false if cuBLASLt refuses any attribute.
+bool Configure(cublasLtMatmulAlgo_t* algo, uint32_t tile, uint32_t stages, uint16_t cluster,
+               uint32_t swizzle) {
+  const int32_t splitk = 1;
+  auto set = [&](cublasLtMatmulAlgoConfigAttributes_t attr, const void* value, size_t size) {
+    return cublasLtMatmulAlgoConfigSetAttribute(algo, attr, value, size) == CUBLAS_STATUS_SUCCESS;
+  };
+  return set(CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile)) &&
+         set(CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages)) &&
+         set(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk)) &&
+         set(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster)) &&
+         set(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle));
+}
+
 // Every (algorithm, tile, stages, cluster, swizzle) cuBLASLt's check accepts for the problem,
 // without split-k (it would change the order of k's sum); at most `limit`, evenly spread.
 std::vector<cublasLtMatmulAlgo_t> Enumerate(cublasLtHandle_t lt, const Problem& p,
@@ -375,17 +391,7 @@ std::vector<cublasLtMatmulAlgo_t> Enumerate(cublasLtHandle_t lt, const Problem& 
         for (uint16_t cluster : clusters) {
           for (uint32_t swizzle = 0; swizzle < 2; ++swizzle) {
             cublasLtMatmulAlgo_t algo = base;
-            const int32_t splitk = 1;
-            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
-                                                 sizeof(tile));
-            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stage,
-                                                 sizeof(stage));
-            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                                 sizeof(splitk));
-            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID,
-                                                 &cluster, sizeof(cluster));
-            cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING,
-                                                 &swizzle, sizeof(swizzle));
+            if (!Configure(&algo, tile, stage, cluster, swizzle)) continue;
             cublasLtMatmulHeuristicResult_t r;
             if (cublasLtMatmulAlgoCheck(lt, &q.desc, &q.a, &q.b, &q.c, &q.c, &algo, &r) !=
                     CUBLAS_STATUS_SUCCESS ||
@@ -469,19 +475,13 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind) {
     std::fflush(stdout);
   }
   if (best != 0 && best_ratio <= absl::GetFlag(FLAGS_gain)) {
-    const cublasLtMatmulAlgo_t& a = all[best];
     std::fprintf(stderr,
-                 "plan %s %s trans_a=%d trans_b=%d c=%s beta=%g m=%lld n=%lld k=%lld algo=%d "
-                 "tile=%d stages=%d swizzle=%d cluster=%d inner=%d ratio=%.3f\n",
+                 "plan %s %s trans_a=%d trans_b=%d c=%s beta=%g m=%lld n=%lld k=%lld %s "
+                 "ratio=%.3f\n",
                  preset.name, kind.name.c_str(), kind.trans_a, kind.trans_b,
                  kind.c_type == CUDA_R_32F ? "fp32" : "bf16", kind.beta,
                  static_cast<long long>(kind.m), static_cast<long long>(kind.n),
-                 static_cast<long long>(kind.k), ConfigOf(a, CUBLASLT_ALGO_CONFIG_ID),
-                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
-                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
-                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID), best_ratio);
+                 static_cast<long long>(kind.k), Describe(all[best]).c_str(), best_ratio);
   }
 }
 

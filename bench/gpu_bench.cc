@@ -31,7 +31,9 @@
 // more fwd+bwd steps without zeroing in the same process, as fwdbwd_accum_device_ms[_all] and
 // breakdown_fwdbwd_accum_ms: both kinds of step for one layer creation (dsv3's takes ~76 s).
 // `fingerprint`: FNV-1a 64 of out, d_x and the gate gradient of one fwd+bwd step from zero
-// gradients after the warm-up; two builds printing the same one computed the same bits.
+// gradients after the warm-up, then of the wi and wo gradients after a second, accumulating
+// step ("-" where they are too large to hash: dsv3's); two builds printing the same one
+// computed the same bits.
 // `tuned_gemm_plans` / `tuned_gemm_refused`: the process's GEMM plans so far that took
 // engine/cuda/cublaslt_plans.h's configuration, and the GEMMs cuBLASLt refused one for at their
 // exact shape (each ran the heuristic's choice instead).

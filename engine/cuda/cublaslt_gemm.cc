@@ -17,7 +17,10 @@ namespace cuda {
 struct CublasLtGemm::Plan {
   cublasLtMatmulDescOpaque_t desc;
   cublasLtMatmulAlgo_t algo;
-  bool tuned = false;  // algo is engine/cuda/cublaslt_plans.h's, not the heuristic's
+  // algo is engine/cuda/cublaslt_plans.h's; heuristic_algo is what the heuristic chose (what
+  // runs, for the same bits, should cuBLASLt refuse algo at an exact shape).
+  bool tuned = false;
+  cublasLtMatmulAlgo_t heuristic_algo;
 };
 
 namespace {
@@ -228,9 +231,17 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(
       alignment_bits == kAligned16) {
     const std::optional<TunedGemmConfig> tuned =
         FindTunedGemm({g.trans_a, g.trans_b, g.c_type == DType::kFloat32, g.beta != 0.0f, m, n, k});
+    // Only in place of the same algorithm without split-k or a reduction scheme: the same
+    // order of k's sum, so the same bits (engine/cuda/cublaslt_plans.h).
+    const cublasLtMatmulAlgo_t& chosen = results[0].algo;
     cublasLtMatmulAlgo_t algo;
-    if (tuned.has_value() && TunedAlgo(static_cast<cublasLtHandle_t>(handle_), g, *tuned,
-                                       &plan->desc, &layouts, workspace_bytes, &algo)) {
+    if (tuned.has_value() && AlgoConfig(chosen, CUBLASLT_ALGO_CONFIG_ID) == tuned->algo &&
+        AlgoConfig(chosen, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1 &&
+        AlgoConfig(chosen, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) ==
+            CUBLASLT_REDUCTION_SCHEME_NONE &&
+        TunedAlgo(static_cast<cublasLtHandle_t>(handle_), g, *tuned, &plan->desc, &layouts,
+                  workspace_bytes, &algo)) {
+      plan->heuristic_algo = chosen;
       plan->algo = algo;
       plan->tuned = true;
       NoteTunedGemmPlanAdopted();
@@ -263,8 +274,9 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
                              (AlignmentBytes(g.c, g.ldc, c_size) << 16);
   const int64_t bm = Bucket(g.m), bn = Bucket(g.n), bk = Bucket(g.k);
   const int operand_types = static_cast<int>(TypeOfA(g)) * 16 + static_cast<int>(TypeOfB(g));
-  // Weight gradients that accumulate may have their own plan (Tuning); others share one.
-  const int gemm_class = IsWeightGradient(g) ? (g.beta != 0.0f ? 2 : 1) : 0;
+  // GEMMs that accumulate (beta != 0) have their own plans: a tuned configuration, or a
+  // weight gradient's Tuning index, may differ from the written one's.
+  const int gemm_class = (IsWeightGradient(g) ? 2 : 0) + (g.beta != 0.0f ? 1 : 0);
   const Key key{g.trans_a, g.trans_b,      operand_types, static_cast<int>(g.c_type), bm, bn,
                 bk,        alignment_bits, gemm_class};
   std::shared_ptr<Plan> plan;
@@ -287,8 +299,16 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
                                      g.b, &layouts.a, g.a, &layouts.b, &g.beta, g.c, &layouts.c,
                                      g.c, &layouts.c, &plan->algo, workspace, workspace_bytes, s);
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  if (plan->tuned) {
+    // The tuned configuration does not fit this exact shape: the heuristic's choice for the
+    // bucket, as with MOED_CUBLASLT_TUNED=0.
+    NoteTunedGemmPlanRefused();
+    st = cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), &plan->desc, &g.alpha, g.b,
+                        &layouts.a, g.a, &layouts.b, &g.beta, g.c, &layouts.c, g.c, &layouts.c,
+                        &plan->heuristic_algo, workspace, workspace_bytes, s);
+    if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  }
   // The bucket's plan does not fit this exact shape: query it exactly (not cached).
-  if (plan->tuned) NoteTunedGemmPlanRefused();
   ASSIGN_OR_RETURN(std::shared_ptr<Plan> exact,
                    FindPlan(g, g.m, g.n, g.k, alignment_bits, workspace_bytes,
                             /*allow_tuned=*/false));

@@ -23,8 +23,9 @@ struct Entry {
 // of another algorithm than the heuristic's (21, for dsv3's accumulated d_wo) also gave other
 // bits at other row counts. Every entry is algorithm 66, the heuristic's own, with its stages
 // (35, 64xAUTO).
-// Tiles 18 128x64, 20 128x128, 21 256x64, 30 160x128, 108 56x320, 137 80x256, 201 176x128;
-// clusters 2 1x1x1, 3 2x1x1, 5 1x2x1 (the heuristic's picks were 2x1x1 or 1x2x1).
+// Tiles 20 128x128, 21 256x64, 30 160x128, 108 56x320, 137 80x256, 201 176x128; clusters
+// 2 1x1x1, 3 2x1x1, 5 1x2x1 (the heuristic's choices here used 2 to 8 SMs: 2x1x1, 1x2x1,
+// 4x1x1, 4x2x1, 2x4x1).
 constexpr bool N = false, T = true;
 const Entry kH200[] = {
     // up: h = X wi
