@@ -12,7 +12,8 @@
 // One JSON line per finalist: both times, TFLOP/s, its configuration and candidate 0's, the
 // ratio, and `bitwise`: expert 0's output from the same inputs and initial C equals
 // candidate 0's bit for bit (a replacement must keep the engine's results). The best bitwise
-// finalist at or under --gain goes to stderr as a "plan" line. Rows per expert: T*k/E times
+// finalist at or under --gain goes to stderr as a "plan" line (an entry for
+// engine/cuda/cublaslt_plans.cc, for the step to confirm). Rows per expert: T*k/E times
 // --rows_scale (balanced routing); operand values: a fixed random pattern.
 //
 //   gemm_probe --configs=dsv3 --kinds=wgrad_wi,wgrad_wo --enumerate=wgrad
@@ -475,13 +476,20 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind) {
     std::fflush(stdout);
   }
   if (best != 0 && best_ratio <= absl::GetFlag(FLAGS_gain)) {
+    // As an entry of engine/cuda/cublaslt_plans.cc's table, to be confirmed in the step.
+    const cublasLtMatmulAlgo_t& a = all[best];
+    const char* t = "NT";
     std::fprintf(stderr,
-                 "plan %s %s trans_a=%d trans_b=%d c=%s beta=%g m=%lld n=%lld k=%lld %s "
-                 "ratio=%.3f\n",
-                 preset.name, kind.name.c_str(), kind.trans_a, kind.trans_b,
-                 kind.c_type == CUDA_R_32F ? "fp32" : "bf16", kind.beta,
-                 static_cast<long long>(kind.m), static_cast<long long>(kind.n),
-                 static_cast<long long>(kind.k), Describe(all[best]).c_str(), best_ratio);
+                 "plan {{%c, %c, %s, %s, %lld, %lld, %lld}, {%d, %d, %d, %d, %d}},  // %s %s "
+                 "%.3f\n",
+                 t[kind.trans_a], t[kind.trans_b], kind.c_type == CUDA_R_32F ? "true" : "false",
+                 kind.beta != 0 ? "true" : "false", static_cast<long long>(kind.m),
+                 static_cast<long long>(kind.n), static_cast<long long>(kind.k),
+                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_ID), ConfigOf(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), preset.name, kind.name.c_str(),
+                 best_ratio);
   }
 }
 
