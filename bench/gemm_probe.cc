@@ -36,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "engine/cuda/cublaslt_algo_config.h"
 
 ABSL_FLAG(std::string, configs, "te_seed,qwen3,mixtral,dsv3", "presets, in order");
 ABSL_FLAG(std::string, kinds, "up,down,dgrad_down,dgrad_up,wgrad_wo,wgrad_wi",
@@ -51,6 +52,9 @@ ABSL_FLAG(int, streams, 4, "streams the experts' GEMMs are spread over");
 ABSL_FLAG(int, workspace_mb, 32, "workspace per stream (the engine's default)");
 
 namespace {
+
+using moe::cuda::AlgoConfigValue;
+using moe::cuda::SetAlgoConfig;
 
 #define CUDA_CHECK(x)                                                                         \
   do {                                                                                        \
@@ -138,37 +142,18 @@ void InitProblem(const Kind& k, Problem* p) {
   LT_CHECK(cublasLtMatrixLayoutInit(&p->c, k.c_type, k.n, k.m, k.ldc));
 }
 
-int ConfigOf(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  uint32_t v32 = 0;
-  uint16_t v16 = 0;
-  size_t written = 0;
-  // Some attributes are 16-bit (cluster, inner shape); read by their size.
-  if (attr == CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID ||
-      attr == CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID) {
-    if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v16, sizeof(v16), &written) !=
-        CUBLAS_STATUS_SUCCESS) {
-      return -1;
-    }
-    return v16;
-  }
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &v32, sizeof(v32), &written) !=
-      CUBLAS_STATUS_SUCCESS) {
-    return -1;
-  }
-  return static_cast<int>(v32);
-}
-
 std::string Describe(const cublasLtMatmulAlgo_t& algo) {
   return absl::StrFormat(
       "\"algo\": %d, \"tile\": %d, \"stages\": %d, \"splitk\": %d, \"reduction\": %d, "
       "\"swizzle\": %d, \"cluster\": %d, \"inner\": %d",
-      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_ID), ConfigOf(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
-      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
-      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
-      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
-      ConfigOf(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID));
+      AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_ID),
+      AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+      AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+      AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+      AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
+      AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+      AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+      AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID));
 }
 
 // Device memory of one kind: every expert's A, B and C, the streams and their workspaces.
@@ -351,20 +336,6 @@ std::vector<uint32_t> CapList(const cublasLtMatmulAlgo_t& algo,
   return v;
 }
 
-// Sets a configuration on `algo` (split-k 1); false if cuBLASLt refuses any attribute.
-bool Configure(cublasLtMatmulAlgo_t* algo, uint32_t tile, uint32_t stages, uint16_t cluster,
-               uint32_t swizzle) {
-  const int32_t splitk = 1;
-  auto set = [&](cublasLtMatmulAlgoConfigAttributes_t attr, const void* value, size_t size) {
-    return cublasLtMatmulAlgoConfigSetAttribute(algo, attr, value, size) == CUBLAS_STATUS_SUCCESS;
-  };
-  return set(CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof(tile)) &&
-         set(CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages)) &&
-         set(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk)) &&
-         set(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster)) &&
-         set(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle));
-}
-
 // Every (algorithm, tile, stages, cluster, swizzle) cuBLASLt's check accepts for the problem,
 // without split-k (it would change the order of k's sum); at most `limit`, evenly spread.
 std::vector<cublasLtMatmulAlgo_t> Enumerate(cublasLtHandle_t lt, const Problem& p,
@@ -392,7 +363,7 @@ std::vector<cublasLtMatmulAlgo_t> Enumerate(cublasLtHandle_t lt, const Problem& 
         for (uint16_t cluster : clusters) {
           for (uint32_t swizzle = 0; swizzle < 2; ++swizzle) {
             cublasLtMatmulAlgo_t algo = base;
-            if (!Configure(&algo, tile, stage, cluster, swizzle)) continue;
+            if (!SetAlgoConfig(&algo, tile, stage, swizzle, cluster)) continue;
             cublasLtMatmulHeuristicResult_t r;
             if (cublasLtMatmulAlgoCheck(lt, &q.desc, &q.a, &q.b, &q.c, &q.c, &algo, &r) !=
                     CUBLAS_STATUS_SUCCESS ||
@@ -485,11 +456,12 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind) {
                  t[kind.trans_a], t[kind.trans_b], kind.c_type == CUDA_R_32F ? "true" : "false",
                  kind.beta != 0 ? "true" : "false", static_cast<long long>(kind.m),
                  static_cast<long long>(kind.n), static_cast<long long>(kind.k),
-                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_ID), ConfigOf(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
-                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-                 ConfigOf(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), preset.name, kind.name.c_str(),
-                 best_ratio);
+                 AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_ID),
+                 AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
+                 AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+                 AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+                 AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), preset.name,
+                 kind.name.c_str(), best_ratio);
   }
 }
 

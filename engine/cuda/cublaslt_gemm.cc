@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/cublaslt_algo_config.h"
 #include "engine/cuda/cublaslt_plans.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/status_macros.h"
@@ -99,26 +100,17 @@ bool IsWeightGradient(const GemmArgs& g) {
          !g.trans_b;
 }
 
-int AlgoConfig(const cublasLtMatmulAlgo_t& algo, cublasLtMatmulAlgoConfigAttributes_t attr) {
-  int value = -1;
-  size_t written = 0;
-  if (cublasLtMatmulAlgoConfigGetAttribute(&algo, attr, &value, sizeof(value), &written) !=
-      CUBLAS_STATUS_SUCCESS) {
-    return -1;
-  }
-  return value;
-}
-
 void LogPlan(int64_t m, int64_t n, int64_t k, int index, int found,
              const cublasLtMatmulHeuristicResult_t& r) {
   std::fprintf(stderr,
                "cublaslt wgrad plan m=%lld n=%lld k=%lld: candidate %d of %d, algo %d tile %d "
                "stages %d split-k %d, workspace %zu B, waves %.2f\n",
                static_cast<long long>(m), static_cast<long long>(n), static_cast<long long>(k),
-               index, found, AlgoConfig(r.algo, CUBLASLT_ALGO_CONFIG_ID),
-               AlgoConfig(r.algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
-               AlgoConfig(r.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
-               AlgoConfig(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), r.workspaceSize, r.wavesCount);
+               index, found, AlgoConfigValue(r.algo, CUBLASLT_ALGO_CONFIG_ID),
+               AlgoConfigValue(r.algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+               AlgoConfigValue(r.algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+               AlgoConfigValue(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM), r.workspaceSize,
+               r.wavesCount);
 }
 
 // The table's configuration `c` as a cuBLASLt algorithm for the problem, if cuBLASLt accepts
@@ -131,19 +123,7 @@ bool TunedAlgo(cublasLtHandle_t handle, const GemmArgs& g, const TunedGemmConfig
                              ct, c.algo, algo) != CUBLAS_STATUS_SUCCESS) {
     return false;
   }
-  const uint32_t tile = c.tile, stages = c.stages, swizzle = c.swizzle;
-  const int32_t splitk = 1;
-  const uint16_t cluster = static_cast<uint16_t>(c.cluster);
-  if (cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile,
-                                           sizeof(tile)) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages,
-                                           sizeof(stages)) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk,
-                                           sizeof(splitk)) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle,
-                                           sizeof(swizzle)) != CUBLAS_STATUS_SUCCESS ||
-      cublasLtMatmulAlgoConfigSetAttribute(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
-                                           sizeof(cluster)) != CUBLAS_STATUS_SUCCESS) {
+  if (!SetAlgoConfig(algo, c.tile, c.stages, c.swizzle, static_cast<uint16_t>(c.cluster))) {
     return false;
   }
   cublasLtMatmulHeuristicResult_t result;
@@ -235,9 +215,9 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(
     // order of k's sum, so the same bits (engine/cuda/cublaslt_plans.h).
     const cublasLtMatmulAlgo_t& chosen = results[0].algo;
     cublasLtMatmulAlgo_t algo;
-    if (tuned.has_value() && AlgoConfig(chosen, CUBLASLT_ALGO_CONFIG_ID) == tuned->algo &&
-        AlgoConfig(chosen, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1 &&
-        AlgoConfig(chosen, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) ==
+    if (tuned.has_value() && AlgoConfigValue(chosen, CUBLASLT_ALGO_CONFIG_ID) == tuned->algo &&
+        AlgoConfigValue(chosen, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1 &&
+        AlgoConfigValue(chosen, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) ==
             CUBLASLT_REDUCTION_SCHEME_NONE &&
         TunedAlgo(static_cast<cublasLtHandle_t>(handle_), g, *tuned, &plan->desc, &layouts,
                   workspace_bytes, &algo)) {
