@@ -14,10 +14,17 @@
 // candidate 0's bit for bit (a replacement must keep the engine's results). The best bitwise
 // finalist at or under --gain goes to stderr as a "plan" line (an entry for
 // engine/cuda/cublaslt_plans.cc, for the step to confirm). Rows per expert: T*k/E times
-// --rows_scale (balanced routing); operand values: a fixed random pattern.
+// --rows_scale (balanced routing), or with --routed_rows each expert's count when T tokens
+// pick k distinct experts at random (fixed seed), as a step's rows spread over several of
+// CublasLtGemm's row buckets: then every expert runs what the engine would run, its bucket's
+// heuristic choice (the baseline) or, for a configuration, that configuration where the table
+// would put it in (the bucket's choice is the same algorithm and cuBLASLt accepts it), and
+// the bitwise check covers one expert of every bucket. Operand values: a fixed random pattern.
 //
 //   gemm_probe --configs=dsv3 --kinds=wgrad_wi,wgrad_wo --enumerate=wgrad
 //   gemm_probe --configs=qwen3 --enumerate=all --rows_scale=0.875   # another row bucket
+//   gemm_probe --configs=dsv3 --enumerate=all --routed_rows         # rows as a step spreads them
+//   gemm_probe --configs= --copy_gb=16   # only the memory's streaming rate (a 16 GB copy)
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -26,6 +33,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -37,6 +47,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/cuda/cublaslt_algo_config.h"
+#include "engine/cuda/cublaslt_plans.h"
 
 ABSL_FLAG(std::string, configs, "te_seed,qwen3,mixtral,dsv3", "presets, in order");
 ABSL_FLAG(std::string, kinds, "up,down,dgrad_down,dgrad_up,wgrad_wo,wgrad_wi",
@@ -47,13 +58,18 @@ ABSL_FLAG(int, reps, 5, "timed passes per candidate (median)");
 ABSL_FLAG(int, retime, 8, "configurations timed against candidate 0 after the screening");
 ABSL_FLAG(double, gain, 0.97, "a plan line needs at most this time ratio to candidate 0");
 ABSL_FLAG(double, rows_scale, 1.0, "rows per expert: T*k/E times this (other buckets)");
+ABSL_FLAG(bool, routed_rows, false,
+          "rows per expert as T tokens routed to k of E experts at random, not balanced");
 ABSL_FLAG(int, max_enumerated, 400, "at most this many enumerated configurations screened");
 ABSL_FLAG(int, streams, 4, "streams the experts' GEMMs are spread over");
 ABSL_FLAG(int, workspace_mb, 32, "workspace per stream (the engine's default)");
+ABSL_FLAG(double, copy_gb, 0,
+          "first time a device-to-device copy of this many GB (the memory's streaming rate)");
 
 namespace {
 
 using moe::cuda::AlgoConfigValue;
+using moe::cuda::GemmDimBucket;
 using moe::cuda::SetAlgoConfig;
 
 #define CUDA_CHECK(x)                                                                         \
@@ -96,21 +112,49 @@ struct Kind {
   float beta;
   int64_t a_stride, b_stride, c_stride;
   int64_t lda, ldb, ldc;
+  // The dim that counts an expert's rows: k for a weight gradient (trans_a), else m.
+  int64_t rows() const { return trans_a ? k : m; }
+  Kind WithRows(int64_t r) const {
+    Kind out = *this;
+    (trans_a ? out.k : out.m) = r;
+    return out;
+  }
 };
 
-std::vector<Kind> KindsOf(const Preset& p, const std::vector<std::string>& wanted) {
-  const int64_t r = static_cast<int64_t>(p.tokens * p.topk / p.experts *
-                                         absl::GetFlag(FLAGS_rows_scale)),
-                H = p.hidden, F = p.ffn, up = 2 * F;
+// Rows per expert: balanced (T*k/E times --rows_scale), or with --routed_rows the counts of T
+// tokens each routed to k distinct experts drawn uniformly (seed 1).
+std::vector<int64_t> ExpertRows(const Preset& p) {
+  if (!absl::GetFlag(FLAGS_routed_rows)) {
+    return std::vector<int64_t>(
+        p.experts,
+        static_cast<int64_t>(p.tokens * p.topk / p.experts * absl::GetFlag(FLAGS_rows_scale)));
+  }
+  std::vector<int64_t> rows(p.experts, 0), order(p.experts);
+  std::mt19937 rng(1);
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    for (int64_t e = 0; e < p.experts; ++e) order[e] = e;
+    for (int64_t j = 0; j < p.topk; ++j) {  // a partial Fisher-Yates shuffle
+      std::uniform_int_distribution<int64_t> pick(j, p.experts - 1);
+      std::swap(order[j], order[pick(rng)]);
+      ++rows[order[j]];
+    }
+  }
+  return rows;
+}
+
+// The kinds at `r` rows per expert, experts `s` rows apart in memory (s >= every expert's rows).
+std::vector<Kind> KindsOf(const Preset& p, const std::vector<std::string>& wanted, int64_t r,
+                          int64_t s) {
+  const int64_t H = p.hidden, F = p.ffn, up = 2 * F;
   std::vector<Kind> all = {
-      {"up", r, up, H, false, false, CUDA_R_16BF, 0.f, r * H, H * up, r * up, H, up, up},
-      {"down", r, H, F, false, false, CUDA_R_16BF, 0.f, r * F, F * H, r * H, F, H, H},
-      {"dgrad_down", r, F, H, false, true, CUDA_R_16BF, 0.f, r * H, F * H, r * F, H, H, F},
-      {"dgrad_up", r, H, up, false, true, CUDA_R_16BF, 0.f, r * up, H * up, r * H, up, up, H},
-      {"wgrad_wo", F, H, r, true, false, CUDA_R_32F, 0.f, r * F, r * H, F * H, F, H, H},
-      {"wgrad_wo", F, H, r, true, false, CUDA_R_32F, 1.f, r * F, r * H, F * H, F, H, H},
-      {"wgrad_wi", H, up, r, true, false, CUDA_R_32F, 0.f, r * H, r * up, H * up, H, up, up},
-      {"wgrad_wi", H, up, r, true, false, CUDA_R_32F, 1.f, r * H, r * up, H * up, H, up, up},
+      {"up", r, up, H, false, false, CUDA_R_16BF, 0.f, s * H, H * up, s * up, H, up, up},
+      {"down", r, H, F, false, false, CUDA_R_16BF, 0.f, s * F, F * H, s * H, F, H, H},
+      {"dgrad_down", r, F, H, false, true, CUDA_R_16BF, 0.f, s * H, F * H, s * F, H, H, F},
+      {"dgrad_up", r, H, up, false, true, CUDA_R_16BF, 0.f, s * up, H * up, s * H, up, up, H},
+      {"wgrad_wo", F, H, r, true, false, CUDA_R_32F, 0.f, s * F, s * H, F * H, F, H, H},
+      {"wgrad_wo", F, H, r, true, false, CUDA_R_32F, 1.f, s * F, s * H, F * H, F, H, H},
+      {"wgrad_wi", H, up, r, true, false, CUDA_R_32F, 0.f, s * H, s * up, H * up, H, up, up},
+      {"wgrad_wi", H, up, r, true, false, CUDA_R_32F, 1.f, s * H, s * up, H * up, H, up, up},
   };
   std::vector<Kind> out;
   for (const Kind& k : all) {
@@ -156,18 +200,23 @@ std::string Describe(const cublasLtMatmulAlgo_t& algo) {
       AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID));
 }
 
-// Device memory of one kind: every expert's A, B and C, the streams and their workspaces.
+// One configuration per expert (experts of different row buckets may run different ones).
+using Assignment = std::vector<cublasLtMatmulAlgo_t>;
+
+// Device memory of one kind: every expert's A, B and C (expert e with rows[e] rows, laid out as
+// kind's strides say), the streams and their workspaces.
 class Bench {
  public:
-  Bench(cublasLtHandle_t lt, const Kind& kind, int64_t experts, int streams, size_t workspace)
-      : lt_(lt), kind_(kind), experts_(experts), workspace_bytes_(workspace) {
+  Bench(cublasLtHandle_t lt, const Kind& kind, std::vector<int64_t> rows, int streams,
+        size_t workspace)
+      : lt_(lt), kind_(kind), rows_(std::move(rows)), workspace_bytes_(workspace) {
+    const int64_t experts = static_cast<int64_t>(rows_.size());
     InitProblem(kind, &problem_);
+    problems_.resize(experts);
+    for (int64_t e = 0; e < experts; ++e) InitProblem(kind.WithRows(rows_[e]), &problems_[e]);
     a_ = AllocPattern(kind.a_stride * experts * 2, 0);
     b_ = AllocPattern(kind.b_stride * experts * 2, 1 << 20);
     c_ = AllocPattern(kind.c_stride * experts * ElemSize(kind.c_type), 2 << 20);
-    c0_bytes_ = kind.m * kind.n * ElemSize(kind.c_type);
-    const char* pattern = reinterpret_cast<const char*>(Pattern().data());
-    c_init_.assign(pattern, pattern + std::min(c0_bytes_, kPatternBytes));
     streams_.resize(streams);
     workspaces_.resize(streams);
     for (int i = 0; i < streams; ++i) {
@@ -192,17 +241,23 @@ class Bench {
     cudaFree(c_);
   }
 
+  // The kind's problem at its own rows (where candidates are looked for).
   const Problem& problem() const { return problem_; }
+  const Problem& problem(int64_t e) const { return problems_[e]; }
+  const std::vector<int64_t>& rows() const { return rows_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
 
-  // All experts' GEMMs with `algo`, spread over the streams; false if cuBLASLt refused.
-  bool Pass(const cublasLtMatmulAlgo_t& algo, float* ms) {
+  // All experts' GEMMs, expert e with algos[e], spread over the streams (experts without rows
+  // skipped, as the engine does); false if cuBLASLt refused one.
+  bool Pass(const Assignment& algos, float* ms) {
     CUDA_CHECK(cudaEventRecord(start_, main_));
     for (auto& s : streams_) CUDA_CHECK(cudaStreamWaitEvent(s, start_, 0));
     bool ok = true;
-    for (int64_t e = 0; e < experts_ && ok; ++e) {
-      const int i = static_cast<int>(e % static_cast<int64_t>(streams_.size()));
-      ok = Run(algo, e, streams_[i], workspaces_[i]);
+    size_t next = 0;
+    for (size_t e = 0; e < rows_.size() && ok; ++e) {
+      if (rows_[e] == 0) continue;
+      const size_t i = next++ % streams_.size();
+      ok = Run(algos[e], e, streams_[i], workspaces_[i]);
     }
     for (size_t i = 0; i < streams_.size(); ++i) {
       CUDA_CHECK(cudaEventRecord(joins_[i], streams_[i]));
@@ -215,28 +270,32 @@ class Bench {
   }
 
   // Median of `reps` passes after one untimed one; negative if refused.
-  float Time(const cublasLtMatmulAlgo_t& algo, int reps) {
+  float Time(const Assignment& algos, int reps) {
     float ms = 0;
-    if (!Pass(algo, &ms)) return -1;
+    if (!Pass(algos, &ms)) return -1;
     std::vector<float> all;
     for (int i = 0; i < reps; ++i) {
-      Pass(algo, &ms);
+      Pass(algos, &ms);
       all.push_back(ms);
     }
     std::sort(all.begin(), all.end());
     return all[all.size() / 2];
   }
 
-  // Expert 0's C from the fixed initial C, computed with `algo`.
-  std::vector<char> Output(const cublasLtMatmulAlgo_t& algo) {
-    for (size_t off = 0; off < c0_bytes_; off += c_init_.size()) {
-      CUDA_CHECK(cudaMemcpy(static_cast<char*>(c_) + off, c_init_.data(),
-                            std::min(c_init_.size(), c0_bytes_ - off), cudaMemcpyHostToDevice));
+  // Expert e's C computed with `algo` from a fixed initial C (the pattern's start).
+  std::vector<char> Output(const cublasLtMatmulAlgo_t& algo, size_t e) {
+    const Kind k = kind_.WithRows(rows_[e]);
+    const size_t bytes = static_cast<size_t>(k.m * k.n) * ElemSize(k.c_type);
+    char* c = static_cast<char*>(c_) + e * kind_.c_stride * ElemSize(kind_.c_type);
+    const char* pattern = reinterpret_cast<const char*>(Pattern().data());
+    for (size_t off = 0; off < bytes; off += kPatternBytes) {
+      CUDA_CHECK(cudaMemcpy(c + off, pattern, std::min(kPatternBytes, bytes - off),
+                            cudaMemcpyHostToDevice));
     }
-    std::vector<char> out(c0_bytes_);
-    if (!Run(algo, 0, main_, workspaces_[0])) return {};
+    std::vector<char> out(bytes);
+    if (!Run(algo, e, main_, workspaces_[0])) return {};
     CUDA_CHECK(cudaStreamSynchronize(main_));
-    CUDA_CHECK(cudaMemcpy(out.data(), c_, c0_bytes_, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(out.data(), c, bytes, cudaMemcpyDeviceToHost));
     return out;
   }
 
@@ -255,12 +314,12 @@ class Bench {
     return *pattern;
   }
 
-  bool Run(const cublasLtMatmulAlgo_t& algo, int64_t e, cudaStream_t s, void* ws) {
+  bool Run(const cublasLtMatmulAlgo_t& algo, size_t e, cudaStream_t s, void* ws) {
     const float alpha = 1.f, beta = kind_.beta;
     const char* a = static_cast<const char*>(a_) + e * kind_.a_stride * 2;
     const char* b = static_cast<const char*>(b_) + e * kind_.b_stride * 2;
     char* c = static_cast<char*>(c_) + e * kind_.c_stride * ElemSize(kind_.c_type);
-    Problem& p = problem_;
+    Problem& p = problems_[e];
     return cublasLtMatmul(lt_, &p.desc, &alpha, b, &p.a, a, &p.b, &beta, c, &p.c, c, &p.c, &algo,
                           ws, workspace_bytes_, s) == CUBLAS_STATUS_SUCCESS;
   }
@@ -283,14 +342,13 @@ class Bench {
 
   cublasLtHandle_t lt_;
   Kind kind_;
-  int64_t experts_;
+  std::vector<int64_t> rows_;
   size_t workspace_bytes_;
   Problem problem_;
+  std::vector<Problem> problems_;
   void* a_ = nullptr;
   void* b_ = nullptr;
   void* c_ = nullptr;
-  size_t c0_bytes_ = 0;
-  std::vector<char> c_init_;
   std::vector<cudaStream_t> streams_;
   std::vector<void*> workspaces_;
   std::vector<cudaEvent_t> joins_;
@@ -382,17 +440,119 @@ std::vector<cublasLtMatmulAlgo_t> Enumerate(cublasLtHandle_t lt, const Problem& 
   return sampled;
 }
 
+// The engine's plans without the table (each expert's row bucket's heuristic choice) and with
+// a configuration as the table's entry for the kind (CublasLtGemm::FindPlan: it replaces a
+// bucket's choice of the same algorithm without split-k or a reduction scheme, if cuBLASLt
+// accepts it at the bucket's shape). Without --routed_rows every expert has the kind's rows and
+// simply runs the configuration.
+class Plans {
+ public:
+  Plans(cublasLtHandle_t lt, const Kind& kind, const Bench& bench, cublasLtMatmulAlgo_t first)
+      : lt_(lt), kind_(kind), bench_(bench), routed_(absl::GetFlag(FLAGS_routed_rows)) {
+    for (int64_t r : bench.rows()) {
+      const int64_t b = routed_ ? GemmDimBucket(r) : kind.rows();
+      if (r == 0 || buckets_.count(b) != 0) continue;
+      Bucket& bucket = buckets_[b];
+      InitProblem(kind.WithRows(b), &bucket.problem);
+      if (!routed_) {
+        bucket.choice = first;
+        continue;
+      }
+      const std::vector<cublasLtMatmulAlgo_t> h =
+          Heuristic(lt, bucket.problem, bench.workspace_bytes(), 1);
+      if (h.empty()) {
+        std::fprintf(stderr, "no heuristic choice at %lld rows\n", static_cast<long long>(b));
+        std::exit(1);
+      }
+      bucket.choice = h[0];
+    }
+  }
+
+  size_t buckets() const { return buckets_.size(); }
+  Assignment Baseline() const { return With(nullptr); }
+  Assignment With(const cublasLtMatmulAlgo_t& algo) const { return With(&algo); }
+  // One expert of every bucket: where a bitwise check looks.
+  std::vector<size_t> Probes() const {
+    std::vector<size_t> out;
+    std::map<int64_t, bool> seen;
+    for (size_t e = 0; e < bench_.rows().size(); ++e) {
+      const int64_t r = bench_.rows()[e];
+      if (r != 0 && !seen[BucketOf(r)]) seen[BucketOf(r)] = true, out.push_back(e);
+    }
+    return out;
+  }
+
+ private:
+  struct Bucket {
+    Problem problem;
+    cublasLtMatmulAlgo_t choice;
+  };
+
+  int64_t BucketOf(int64_t rows) const { return routed_ ? GemmDimBucket(rows) : kind_.rows(); }
+
+  Assignment With(const cublasLtMatmulAlgo_t* algo) const {
+    Assignment out(bench_.rows().size());
+    for (size_t e = 0; e < out.size(); ++e) {
+      const int64_t r = bench_.rows()[e];
+      if (r == 0) continue;
+      const Bucket& bucket = buckets_.at(BucketOf(r));
+      out[e] = bucket.choice;
+      if (algo == nullptr) continue;
+      if (!routed_) {
+        out[e] = *algo;
+        continue;
+      }
+      const cublasLtMatmulAlgo_t& c = bucket.choice;
+      if (AlgoConfigValue(c, CUBLASLT_ALGO_CONFIG_ID) !=
+              AlgoConfigValue(*algo, CUBLASLT_ALGO_CONFIG_ID) ||
+          AlgoConfigValue(c, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1 ||
+          AlgoConfigValue(c, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) != 0) {
+        continue;
+      }
+      Problem q = bucket.problem;
+      cublasLtMatmulHeuristicResult_t check;
+      if (cublasLtMatmulAlgoCheck(lt_, &q.desc, &q.a, &q.b, &q.c, &q.c, algo, &check) ==
+              CUBLAS_STATUS_SUCCESS &&
+          check.workspaceSize <= bench_.workspace_bytes()) {
+        out[e] = *algo;
+      }
+    }
+    return out;
+  }
+
+  cublasLtHandle_t lt_;
+  Kind kind_;
+  const Bench& bench_;
+  bool routed_;
+  std::map<int64_t, Bucket> buckets_;
+};
+
+bool SameAlgo(const cublasLtMatmulAlgo_t& a, const cublasLtMatmulAlgo_t& b) {
+  return std::memcmp(&a, &b, sizeof(a)) == 0;
+}
+
+// Experts whose configuration differs between two assignments.
+int Replaced(const Assignment& a, const Assignment& b, const std::vector<int64_t>& rows) {
+  int n = 0;
+  for (size_t e = 0; e < a.size(); ++e) n += rows[e] != 0 && !SameAlgo(a[e], b[e]);
+  return n;
+}
+
 // The GEMM kind's configurations: the heuristic's list, then (per --enumerate) every accepted
-// one, screened with one timed pass each; the fastest --retime are then timed against heuristic
-// candidate 0 in adjacent pairs (the GPU's clock drifts over a long probe, so only a ratio of
-// neighbours is trusted). One JSON line per finalist; the best bitwise-equal one that gains at
-// least --gain also as a "plan" line on stderr (what engine/cuda/cublaslt_plans.cc lists).
-void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind) {
-  const int64_t E = preset.experts;
-  Bench bench(lt, kind, E, absl::GetFlag(FLAGS_streams),
+// one, screened with one timed pass each; the fastest --retime are then timed against the
+// baseline (the engine's plans without the table) in adjacent pairs (the GPU's clock drifts
+// over a long probe, so only a ratio of neighbours is trusted). One JSON line per finalist; the
+// best bitwise-equal one that gains at least --gain also as a "plan" line on stderr (what
+// engine/cuda/cublaslt_plans.cc lists).
+void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind,
+               const std::vector<int64_t>& rows) {
+  Bench bench(lt, kind, rows, absl::GetFlag(FLAGS_streams),
               static_cast<size_t>(absl::GetFlag(FLAGS_workspace_mb)) << 20);
   const int reps = absl::GetFlag(FLAGS_reps);
-  const double flops = 2.0 * kind.m * kind.n * kind.k * E;
+  const bool routed = absl::GetFlag(FLAGS_routed_rows);
+  int64_t total_rows = 0;
+  for (int64_t r : rows) total_rows += r;
+  const double flops = 2.0 * kind.m * kind.n * kind.k / kind.rows() * total_rows;
   std::vector<cublasLtMatmulAlgo_t> all =
       Heuristic(lt, bench.problem(), bench.workspace_bytes(), absl::GetFlag(FLAGS_candidates));
   if (all.empty()) {
@@ -412,47 +572,67 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind) {
       all.push_back(algo);
     }
   }
-  const std::vector<char> reference = bench.Output(first);
+  const Plans plans(lt, kind, bench, first);
+  const Assignment baseline = plans.Baseline();
+  const std::vector<size_t> probes = plans.Probes();
+  std::vector<std::vector<char>> reference;
+  for (size_t e : probes) reference.push_back(bench.Output(baseline[e], e));
+  // With routed rows the heuristic's own first choice at the kind's rows is a candidate too
+  // (the buckets around it may have chosen others).
   std::vector<std::pair<float, size_t>> screened;
-  for (size_t i = 1; i < all.size(); ++i) {
-    const float ms = bench.Time(all[i], 1);
+  for (size_t i = routed ? 0 : 1; i < all.size(); ++i) {
+    const Assignment with = plans.With(all[i]);
+    if (Replaced(with, baseline, rows) == 0) continue;
+    const float ms = bench.Time(with, 1);
     if (ms > 0) screened.push_back({ms, i});
   }
   std::sort(screened.begin(), screened.end());
-  std::fprintf(stderr, "%s %s beta %g: %zu configurations (%zu from the heuristic), %zu ran\n",
+  const auto [min_rows, max_rows] = std::minmax_element(rows.begin(), rows.end());
+  std::fprintf(stderr,
+               "%s %s beta %g: %zu configurations (%zu from the heuristic), %zu ran; rows %lld "
+               "to %lld in %zu buckets\n",
                preset.name, kind.name.c_str(), kind.beta, all.size(), heuristic_count,
-               screened.size() + 1);
+               screened.size() + 1, static_cast<long long>(*min_rows),
+               static_cast<long long>(*max_rows), plans.buckets());
   double best_ratio = 1.0;
-  size_t best = 0;
+  std::optional<size_t> best;
   const int finalists = std::min<int>(absl::GetFlag(FLAGS_retime), screened.size());
   for (int j = 0; j < finalists; ++j) {
     const size_t i = screened[j].second;
-    const float first_ms = bench.Time(first, reps);
-    const float ms = bench.Time(all[i], reps);
+    const Assignment with = plans.With(all[i]);
+    const float first_ms = bench.Time(baseline, reps);
+    const float ms = bench.Time(with, reps);
     const double ratio = ms / first_ms;
-    const std::vector<char> out = bench.Output(all[i]);
-    const bool bitwise = !out.empty() && out == reference;
+    bool bitwise = true;
+    for (size_t p = 0; p < probes.size() && bitwise; ++p) {
+      const std::vector<char> out = bench.Output(with[probes[p]], probes[p]);
+      bitwise = !out.empty() && out == reference[p];
+    }
     if (bitwise && ratio < best_ratio) best_ratio = ratio, best = i;
     std::printf(
         "{\"bench\": \"gemm_probe\", \"config\": \"%s\", \"kind\": \"%s\", \"beta\": %g, "
-        "\"m\": %lld, \"n\": %lld, \"k\": %lld, \"experts\": %lld, \"source\": \"%s\", "
-        "\"index\": %zu, %s, \"ms\": %.4f, \"tflops\": %.1f, \"first_ms\": %.4f, "
-        "\"first_tflops\": %.1f, \"vs_first\": %.4f, \"first\": {%s}, \"bitwise\": %s}\n",
+        "\"m\": %lld, \"n\": %lld, \"k\": %lld, \"experts\": %lld, \"routed_rows\": %s, "
+        "\"rows_min\": %lld, \"rows_max\": %lld, \"buckets\": %zu, \"replaced\": %d, "
+        "\"source\": \"%s\", \"index\": %zu, %s, \"ms\": %.4f, \"tflops\": %.1f, "
+        "\"first_ms\": %.4f, \"first_tflops\": %.1f, \"vs_first\": %.4f, \"first\": {%s}, "
+        "\"bitwise\": %s}\n",
         preset.name, kind.name.c_str(), kind.beta, static_cast<long long>(kind.m),
-        static_cast<long long>(kind.n), static_cast<long long>(kind.k), static_cast<long long>(E),
-        i < heuristic_count ? "heuristic" : "enumerated",
+        static_cast<long long>(kind.n), static_cast<long long>(kind.k),
+        static_cast<long long>(preset.experts), routed ? "true" : "false",
+        static_cast<long long>(*min_rows), static_cast<long long>(*max_rows), plans.buckets(),
+        Replaced(with, baseline, rows), i < heuristic_count ? "heuristic" : "enumerated",
         i < heuristic_count ? i : i - heuristic_count, Describe(all[i]).c_str(), ms,
         flops / ms * 1e-9, first_ms, flops / first_ms * 1e-9, ratio, Describe(first).c_str(),
         bitwise ? "true" : "false");
     std::fflush(stdout);
   }
-  if (best != 0 && best_ratio <= absl::GetFlag(FLAGS_gain)) {
+  if (best.has_value() && best_ratio <= absl::GetFlag(FLAGS_gain)) {
     // As an entry of engine/cuda/cublaslt_plans.cc's table, to be confirmed in the step.
-    const cublasLtMatmulAlgo_t& a = all[best];
+    const cublasLtMatmulAlgo_t& a = all[*best];
     const char* t = "NT";
     std::fprintf(stderr,
                  "plan {{%c, %c, %s, %s, %lld, %lld, %lld}, {%d, %d, %d, %d, %d}},  // %s %s "
-                 "%.3f\n",
+                 "%.3f%s\n",
                  t[kind.trans_a], t[kind.trans_b], kind.c_type == CUDA_R_32F ? "true" : "false",
                  kind.beta != 0 ? "true" : "false", static_cast<long long>(kind.m),
                  static_cast<long long>(kind.n), static_cast<long long>(kind.k),
@@ -461,18 +641,53 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind) {
                  AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
                  AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
                  AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), preset.name,
-                 kind.name.c_str(), best_ratio);
+                 kind.name.c_str(), best_ratio, routed ? " routed rows" : "");
   }
+}
+
+// A device-to-device copy of `gb` GB (read and written once), median of 5 after one: the rate
+// at which memory-bound GEMMs (the weight gradients' fp32 outputs) could at best stream.
+void TimeCopy(double gb) {
+  const size_t bytes = static_cast<size_t>(gb * 1e9);
+  void *src = nullptr, *dst = nullptr;
+  CUDA_CHECK(cudaMalloc(&src, bytes));
+  CUDA_CHECK(cudaMalloc(&dst, bytes));
+  CUDA_CHECK(cudaMemset(src, 1, bytes));
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> all;
+  for (int i = 0; i < 6; ++i) {
+    CUDA_CHECK(cudaEventRecord(start));
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaEventRecord(stop));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (i > 0) all.push_back(ms);
+  }
+  std::sort(all.begin(), all.end());
+  const double ms = all[all.size() / 2];
+  std::printf("{\"bench\": \"gemm_probe\", \"copy_bytes\": %zu, \"ms\": %.4f, "
+              "\"read_plus_write_tbps\": %.3f}\n",
+              bytes, ms, 2.0 * bytes / ms * 1e-9);
+  std::fflush(stdout);
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(src);
+  cudaFree(dst);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_copy_gb) > 0) TimeCopy(absl::GetFlag(FLAGS_copy_gb));
   cublasLtHandle_t lt;
   LT_CHECK(cublasLtCreate(&lt));
   const std::vector<std::string> kinds = absl::StrSplit(absl::GetFlag(FLAGS_kinds), ',');
-  for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',')) {
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_configs), ',', absl::SkipEmpty())) {
     const Preset* preset = nullptr;
     for (const Preset& p : kPresets) {
       if (name == p.name) preset = &p;
@@ -481,7 +696,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown config %s\n", std::string(name).c_str());
       return 2;
     }
-    for (const Kind& kind : KindsOf(*preset, kinds)) ProbeKind(lt, *preset, kind);
+    const std::vector<int64_t> rows = ExpertRows(*preset);
+    const int64_t mean = absl::GetFlag(FLAGS_routed_rows)
+                             ? preset->tokens * preset->topk / preset->experts
+                             : rows[0];
+    for (const Kind& kind :
+         KindsOf(*preset, kinds, mean, *std::max_element(rows.begin(), rows.end()))) {
+      ProbeKind(lt, *preset, kind, rows);
+    }
   }
   cublasLtDestroy(lt);
   return 0;

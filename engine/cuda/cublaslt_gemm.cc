@@ -58,15 +58,6 @@ absl::Status SetScalePointers(const GemmArgs& g, cublasLtMatmulDescOpaque_t* des
   return absl::OkStatus();
 }
 
-// Rounds a dimension up to its bucket: multiples of 32 up to 256, then 4 buckets per octave.
-int64_t Bucket(int64_t v) {
-  if (v <= 256) return (v + 31) / 32 * 32;
-  int64_t p = 1;
-  while (p * 2 <= v) p *= 2;
-  const int64_t step = p / 4;
-  return (v + step - 1) / step * step;
-}
-
 int AlignmentBytes(const void* p, int64_t ld, size_t elem) {
   int a = 16;
   while (a > static_cast<int>(elem) &&
@@ -252,7 +243,7 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
   const int alignment_bits = AlignmentBytes(g.a, g.lda, DTypeSize(TypeOfA(g))) |
                              (AlignmentBytes(g.b, g.ldb, DTypeSize(TypeOfB(g))) << 8) |
                              (AlignmentBytes(g.c, g.ldc, c_size) << 16);
-  const int64_t bm = Bucket(g.m), bn = Bucket(g.n), bk = Bucket(g.k);
+  const int64_t bm = GemmDimBucket(g.m), bn = GemmDimBucket(g.n), bk = GemmDimBucket(g.k);
   const int operand_types = static_cast<int>(TypeOfA(g)) * 16 + static_cast<int>(TypeOfB(g));
   // GEMMs that accumulate (beta != 0) have their own plans: a tuned configuration, or a
   // weight gradient's Tuning index, may differ from the written one's.

@@ -18,14 +18,17 @@ struct Entry {
 // choice beside it), then kept only where the layer's step confirmed it: gpu_bench with and
 // without the table in one call (docs/PERFORMANCE.md "Expert GEMM configurations by
 // measurement"). qwen3's (H 2048, F 768, 128 experts, k 8) made its step 8-10 % faster (4-9 %
-// in a first call). The probe's te_seed entries changed nothing in the step and its dsv3
-// entries made the step slower (forward +25 %), so they are not listed; its one configuration
-// of another algorithm than the heuristic's (21, for dsv3's accumulated d_wo) also gave other
-// bits at other row counts. Every entry is algorithm 66, the heuristic's own, with its stages
-// (35, 64xAUTO).
-// Tiles 20 128x128, 21 256x64, 30 160x128, 108 56x320, 137 80x256, 201 176x128; clusters
-// 2 1x1x1, 3 2x1x1, 5 1x2x1 (the heuristic's choices here used 2 to 8 SMs: 2x1x1, 1x2x1,
-// 4x1x1, 4x2x1, 2x4x1).
+// in a first call). The probe's te_seed entries changed nothing in the step. Its first dsv3
+// entries, probed with 256 rows for every expert, made the step slower (forward +25 %): a
+// step's rows spread over the buckets 224..320, where they lost; dsv3's entries are from
+// `gemm_probe --configs=dsv3 --enumerate=all --routed_rows` (2026-12-02: every expert's rows as
+// random routing spreads them, each bucket running what FindPlan would give it). Its one
+// configuration of another algorithm than the heuristic's (21, for dsv3's accumulated d_wo)
+// also gave other bits at other row counts. Every entry is algorithm 66, the heuristic's own,
+// with its stages (35, 64xAUTO).
+// Tiles 20 128x128, 21 256x64, 29 128x160, 30 160x128, 108 56x320, 137 80x256, 201 176x128,
+// 248 320x128; clusters 2 1x1x1, 3 2x1x1, 5 1x2x1 (the heuristic's
+// choices here used 2 to 8 SMs: 2x1x1, 1x2x1, 4x1x1, 4x2x1, 2x4x1).
 constexpr bool N = false, T = true;
 const Entry kH200[] = {
     // up: h = X wi
@@ -49,6 +52,11 @@ const Entry kH200[] = {
     {{T, N, true, true, 768, 2048, 1024}, {66, 30, 35, 1, 5}},    // 0.861
     {{T, N, true, false, 2048, 1536, 1024}, {66, 30, 35, 1, 5}},  // 0.950
     {{T, N, true, true, 2048, 1536, 1024}, {66, 20, 35, 0, 5}},   // 0.916
+    // dsv3 (H 7168, F 2048, 256 experts, k 8), routed rows 210..301: d_a = d_y wo^T, d_wo
+    // written, d_wi accumulated
+    {{N, T, false, false, 256, 2048, 7168}, {66, 21, 35, 1, 2}},  // 0.618
+    {{T, N, true, false, 2048, 7168, 256}, {66, 29, 35, 0, 3}},   // 0.943
+    {{T, N, true, true, 7168, 4096, 256}, {66, 248, 35, 0, 5}},   // 0.947
 };
 
 int64_t Rows(const TunedGemmShape& s) { return s.trans_a ? s.k : s.m; }
@@ -65,6 +73,14 @@ bool SameKind(const TunedGemmShape& a, const TunedGemmShape& b) {
 std::atomic<int64_t> adopted{0}, refused{0};
 
 }  // namespace
+
+int64_t GemmDimBucket(int64_t v) {
+  if (v <= 256) return (v + 31) / 32 * 32;
+  int64_t p = 1;
+  while (p * 2 <= v) p *= 2;
+  const int64_t step = p / 4;
+  return (v + step - 1) / step * step;
+}
 
 std::optional<TunedGemmConfig> FindTunedGemm(const TunedGemmShape& shape) {
   const int64_t rows = Rows(shape);

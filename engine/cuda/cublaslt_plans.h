@@ -46,6 +46,11 @@ struct TunedGemmConfig {
   int cluster = 0;  // cublasLtClusterShape_t
 };
 
+// The dimension a GEMM's plan is found and cached for (CublasLtGemm), and the dims the table's
+// entries are compared in: v rounded up to a multiple of 32 up to 256, then to one of 4 steps
+// per octave (257 -> 320, 513 -> 640).
+int64_t GemmDimBucket(int64_t v);
+
 // The rows of a GEMM: k for a weight gradient (trans_a: C = A^T B sums over the expert's rows),
 // else m. A table entry serves the shape when every other dim and flag is equal and its probed
 // rows are the nearest (by ratio) among such entries, within a factor kTunedRowsReach.
