@@ -125,9 +125,8 @@ struct Kind {
 // tokens each routed to k distinct experts drawn uniformly (seed 1).
 std::vector<int64_t> ExpertRows(const Preset& p) {
   if (!absl::GetFlag(FLAGS_routed_rows)) {
-    return std::vector<int64_t>(
-        p.experts,
-        static_cast<int64_t>(p.tokens * p.topk / p.experts * absl::GetFlag(FLAGS_rows_scale)));
+    return std::vector<int64_t>(p.experts, static_cast<int64_t>(p.tokens * p.topk / p.experts *
+                                                                absl::GetFlag(FLAGS_rows_scale)));
   }
   std::vector<int64_t> rows(p.experts, 0), order(p.experts);
   std::mt19937 rng(1);
@@ -189,7 +188,7 @@ void InitProblem(const Kind& k, Problem* p) {
 std::string Describe(const cublasLtMatmulAlgo_t& algo) {
   return absl::StrFormat(
       "\"algo\": %d, \"tile\": %d, \"stages\": %d, \"splitk\": %d, \"reduction\": %d, "
-      "\"swizzle\": %d, \"cluster\": %d, \"inner\": %d",
+      "\"swizzle\": %d, \"cluster\": %d, \"inner\": %d, \"custom\": %d",
       AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_ID),
       AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
       AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
@@ -197,7 +196,8 @@ std::string Describe(const cublasLtMatmulAlgo_t& algo) {
       AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME),
       AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
       AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
-      AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID));
+      AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_INNER_SHAPE_ID),
+      AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION));
 }
 
 // One configuration per expert (experts of different row buckets may run different ones).
@@ -440,6 +440,34 @@ std::vector<cublasLtMatmulAlgo_t> Enumerate(cublasLtHandle_t lt, const Problem& 
   return sampled;
 }
 
+// `algo` as the table gives it to the engine (CublasLtGemm's TunedAlgo): rebuilt from its id,
+// tile, stages, swizzle and cluster, if cuBLASLt accepts that for the problem. A heuristic
+// candidate can carry more than these attributes (its rebuilt form was refused by the engine
+// for some, 2026-12-02), so what is timed and proposed is the rebuilt one.
+std::optional<cublasLtMatmulAlgo_t> AsTableEntry(cublasLtHandle_t lt, const Problem& p,
+                                                 cudaDataType_t c_type,
+                                                 const cublasLtMatmulAlgo_t& algo, size_t ws) {
+  cublasLtMatmulAlgo_t out;
+  if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, c_type,
+                             c_type, AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_ID),
+                             &out) != CUBLAS_STATUS_SUCCESS ||
+      !SetAlgoConfig(
+          &out, AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
+          AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
+          AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
+          static_cast<uint16_t>(AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)))) {
+    return std::nullopt;
+  }
+  Problem q = p;
+  cublasLtMatmulHeuristicResult_t check;
+  if (cublasLtMatmulAlgoCheck(lt, &q.desc, &q.a, &q.b, &q.c, &q.c, &out, &check) !=
+          CUBLAS_STATUS_SUCCESS ||
+      check.workspaceSize > ws) {
+    return std::nullopt;
+  }
+  return out;
+}
+
 // The engine's plans without the table (each expert's row bucket's heuristic choice) and with
 // a configuration as the table's entry for the kind (CublasLtGemm::FindPlan: it replaces a
 // bucket's choice of the same algorithm without split-k or a reduction scheme, if cuBLASLt
@@ -572,15 +600,31 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind,
       all.push_back(algo);
     }
   }
+  // Every candidate as the table would give it (enumerated ones are already built that way);
+  // those cuBLASLt refuses in that form are dropped.
+  // origin[i]: where all[i] came from, index into the heuristic's list or the enumeration.
+  size_t rebuilt_heuristic = 0;
+  std::vector<std::pair<const char*, size_t>> origin = {{"heuristic", 0}};
+  {
+    std::vector<cublasLtMatmulAlgo_t> kept = {first};
+    for (size_t i = 0; i < all.size(); ++i) {
+      std::optional<cublasLtMatmulAlgo_t> entry =
+          AsTableEntry(lt, bench.problem(), kind.c_type, all[i], bench.workspace_bytes());
+      if (!entry.has_value()) continue;
+      if (i < heuristic_count) ++rebuilt_heuristic;
+      kept.push_back(*entry);
+      origin.push_back(i < heuristic_count ? std::make_pair("heuristic rebuilt", i)
+                                           : std::make_pair("enumerated", i - heuristic_count));
+    }
+    all = std::move(kept);  // all[0]: the heuristic's own first choice, as it came
+  }
   const Plans plans(lt, kind, bench, first);
   const Assignment baseline = plans.Baseline();
   const std::vector<size_t> probes = plans.Probes();
   std::vector<std::vector<char>> reference;
   for (size_t e : probes) reference.push_back(bench.Output(baseline[e], e));
-  // With routed rows the heuristic's own first choice at the kind's rows is a candidate too
-  // (the buckets around it may have chosen others).
   std::vector<std::pair<float, size_t>> screened;
-  for (size_t i = routed ? 0 : 1; i < all.size(); ++i) {
+  for (size_t i = 1; i < all.size(); ++i) {
     const Assignment with = plans.With(all[i]);
     if (Replaced(with, baseline, rows) == 0) continue;
     const float ms = bench.Time(with, 1);
@@ -589,10 +633,10 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind,
   std::sort(screened.begin(), screened.end());
   const auto [min_rows, max_rows] = std::minmax_element(rows.begin(), rows.end());
   std::fprintf(stderr,
-               "%s %s beta %g: %zu configurations (%zu from the heuristic), %zu ran; rows %lld "
-               "to %lld in %zu buckets\n",
-               preset.name, kind.name.c_str(), kind.beta, all.size(), heuristic_count,
-               screened.size() + 1, static_cast<long long>(*min_rows),
+               "%s %s beta %g: %zu configurations (%zu of the heuristic's %zu as the table "
+               "gives them), %zu ran; rows %lld to %lld in %zu buckets\n",
+               preset.name, kind.name.c_str(), kind.beta, all.size() - 1, rebuilt_heuristic,
+               heuristic_count, screened.size() + 1, static_cast<long long>(*min_rows),
                static_cast<long long>(*max_rows), plans.buckets());
   double best_ratio = 1.0;
   std::optional<size_t> best;
@@ -620,9 +664,8 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind,
         static_cast<long long>(kind.n), static_cast<long long>(kind.k),
         static_cast<long long>(preset.experts), routed ? "true" : "false",
         static_cast<long long>(*min_rows), static_cast<long long>(*max_rows), plans.buckets(),
-        Replaced(with, baseline, rows), i < heuristic_count ? "heuristic" : "enumerated",
-        i < heuristic_count ? i : i - heuristic_count, Describe(all[i]).c_str(), ms,
-        flops / ms * 1e-9, first_ms, flops / first_ms * 1e-9, ratio, Describe(first).c_str(),
+        Replaced(with, baseline, rows), origin[i].first, origin[i].second, Describe(all[i]).c_str(),
+        ms, flops / ms * 1e-9, first_ms, flops / first_ms * 1e-9, ratio, Describe(first).c_str(),
         bitwise ? "true" : "false");
     std::fflush(stdout);
   }
@@ -668,9 +711,10 @@ void TimeCopy(double gb) {
   }
   std::sort(all.begin(), all.end());
   const double ms = all[all.size() / 2];
-  std::printf("{\"bench\": \"gemm_probe\", \"copy_bytes\": %zu, \"ms\": %.4f, "
-              "\"read_plus_write_tbps\": %.3f}\n",
-              bytes, ms, 2.0 * bytes / ms * 1e-9);
+  std::printf(
+      "{\"bench\": \"gemm_probe\", \"copy_bytes\": %zu, \"ms\": %.4f, "
+      "\"read_plus_write_tbps\": %.3f}\n",
+      bytes, ms, 2.0 * bytes / ms * 1e-9);
   std::fflush(stdout);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);

@@ -2,6 +2,7 @@
 # gpu_checks.sh: every GPU test and benchmark in one go, on the GPU machine (2 GPUs), from the
 # folder tools/pack_gpu.sh made. Logs and JSON go to $OUT (default ./gpu_out); a summary table
 # is printed last. Each step has its own time limit, so one hang does not cost the others.
+# WORKERS (default 2): the server smoke's moe-workers, one per GPU (1 on a one-GPU machine).
 #
 #   source .gpu/env.sh && tools/gpu_checks.sh [tests|server|bench|all]
 set -uo pipefail
@@ -24,7 +25,7 @@ if [ "$what" = all ] || [ "$what" = server ]; then
   server_smoke() {
     local port_file=/tmp/moed_gpu.port
     rm -f "$port_file"
-    moed --device=cuda --workers=2 --port=0 --port_file="$port_file" >"$out/server.log" 2>&1 &
+    moed --device=cuda --workers="${WORKERS:-2}" --port=0 --port_file="$port_file" >"$out/server.log" 2>&1 &
     local moed_pid=$!
     for _ in $(seq 1 100); do [ -s "$port_file" ] && break; sleep 0.2; done
     local rc=1

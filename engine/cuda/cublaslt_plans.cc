@@ -12,23 +12,26 @@ struct Entry {
   TunedGemmConfig config;
 };
 
-// Found on one H200 (cuBLASLt 13.1, 2026-12-01) by
-//   gemm_probe --configs=qwen3,te_seed,dsv3 --enumerate=all [--rows_scale=0.875|1.25]
-// (bench/results/gpu_2026-12-01/gemm_probe; each entry's probe time ratio to the heuristic's
-// choice beside it), then kept only where the layer's step confirmed it: gpu_bench with and
-// without the table in one call (docs/PERFORMANCE.md "Expert GEMM configurations by
-// measurement"). qwen3's (H 2048, F 768, 128 experts, k 8) made its step 8-10 % faster (4-9 %
-// in a first call). The probe's te_seed entries changed nothing in the step. Its first dsv3
-// entries, probed with 256 rows for every expert, made the step slower (forward +25 %): a
-// step's rows spread over the buckets 224..320, where they lost; dsv3's entries are from
-// `gemm_probe --configs=dsv3 --enumerate=all --routed_rows` (2026-12-02: every expert's rows as
-// random routing spreads them, each bucket running what FindPlan would give it). Its one
-// configuration of another algorithm than the heuristic's (21, for dsv3's accumulated d_wo)
-// also gave other bits at other row counts. Every entry is algorithm 66, the heuristic's own,
-// with its stages (35, 64xAUTO).
-// Tiles 20 128x128, 21 256x64, 29 128x160, 30 160x128, 108 56x320, 137 80x256, 201 176x128,
-// 248 320x128; clusters 2 1x1x1, 3 2x1x1, 5 1x2x1 (the heuristic's
-// choices here used 2 to 8 SMs: 2x1x1, 1x2x1, 4x1x1, 4x2x1, 2x4x1).
+// Found on one H200 (cuBLASLt 13.1) by bench/gemm_probe, then kept only where the layer's step
+// confirmed it: gpu_bench with and without the table in one call (docs/PERFORMANCE.md "Expert
+// GEMM configurations by measurement"; each entry's probe time ratio to the engine's choice
+// beside it). qwen3's (H 2048, F 768, 128 experts, k 8; 2026-12-01, `--enumerate=all
+// [--rows_scale=0.875|1.25]`, JSON in bench/results/gpu_2026-12-01/gemm_probe) made its step
+// 8-10 % faster. dsv3's and te_seed's are from `--enumerate=all --routed_rows` (2026-12-02:
+// every expert's rows as random routing spreads them over the row buckets, each running what
+// FindPlan would give it). Probed with equal rows for every expert instead, dsv3's entries
+// had made the step slower (forward +25 %): a step's rows fall in the buckets 224..320, where
+// configurations chosen at exactly 256 lost. cuBLASLt's heuristic candidates carry a custom
+// option (7 for te_seed's), which an entry does not set (TunedGemmConfig: 0); rebuilt from an
+// entry, cuBLASLt refuses most of them, so the probe times every candidate as an entry
+// rebuilds it (the earlier te_seed entries and dsv3's weight-gradient candidates were refused
+// in the engine: the GPU test TunedGemmPlansKeepResults found none taken). A configuration of
+// another algorithm than the heuristic's (21, for dsv3's accumulated d_wo) gave other bits at
+// other row counts. Every entry is algorithm 66, the heuristic's own, with its stages (35,
+// 64xAUTO).
+// Tiles 20 128x128, 21 256x64, 30 160x128, 108 56x320, 137 80x256, 166 112x192, 201 176x128;
+// clusters 2 1x1x1, 3 2x1x1, 5 1x2x1 (the heuristic's choices here used 2 to 8 SMs: 2x1x1,
+// 1x2x1, 4x1x1, 4x2x1, 2x4x1).
 constexpr bool N = false, T = true;
 const Entry kH200[] = {
     // up: h = X wi
@@ -52,11 +55,11 @@ const Entry kH200[] = {
     {{T, N, true, true, 768, 2048, 1024}, {66, 30, 35, 1, 5}},    // 0.861
     {{T, N, true, false, 2048, 1536, 1024}, {66, 30, 35, 1, 5}},  // 0.950
     {{T, N, true, true, 2048, 1536, 1024}, {66, 20, 35, 0, 5}},   // 0.916
-    // dsv3 (H 7168, F 2048, 256 experts, k 8), routed rows 210..301: d_a = d_y wo^T, d_wo
-    // written, d_wi accumulated
+    // dsv3 (H 7168, F 2048, 256 experts, k 8), routed rows 210..301: d_a = d_y wo^T
     {{N, T, false, false, 256, 2048, 7168}, {66, 21, 35, 1, 2}},  // 0.618
-    {{T, N, true, false, 2048, 7168, 256}, {66, 29, 35, 0, 3}},   // 0.943
-    {{T, N, true, true, 7168, 4096, 256}, {66, 248, 35, 0, 5}},   // 0.947
+    // te_seed (H 1024, F 4096, 8 experts, k 2), routed rows 8109..8322: up, d_a
+    {{N, N, false, false, 8192, 8192, 1024}, {66, 166, 35, 1, 3}},  // 0.953
+    {{N, T, false, false, 8192, 4096, 1024}, {66, 30, 35, 0, 3}},   // 0.952
 };
 
 int64_t Rows(const TunedGemmShape& s) { return s.trans_a ? s.k : s.m; }

@@ -22,9 +22,9 @@ TEST(TunedGemms, DimsBucketByThirtyTwoThenFourStepsPerOctave) {
   EXPECT_EQ(GemmDimBucket(32), 32);
   EXPECT_EQ(GemmDimBucket(33), 64);
   EXPECT_EQ(GemmDimBucket(256), 256);
-  EXPECT_EQ(GemmDimBucket(257), 320);   // octave 256..512 in steps of 64
+  EXPECT_EQ(GemmDimBucket(257), 320);  // octave 256..512 in steps of 64
   EXPECT_EQ(GemmDimBucket(320), 320);
-  EXPECT_EQ(GemmDimBucket(513), 640);   // 512..1024 in steps of 128
+  EXPECT_EQ(GemmDimBucket(513), 640);  // 512..1024 in steps of 128
   EXPECT_EQ(GemmDimBucket(896), 896);
   EXPECT_EQ(GemmDimBucket(1025), 1280);
   EXPECT_EQ(GemmDimBucket(7168), 7168);
@@ -78,12 +78,14 @@ TEST(TunedGemms, WeightGradientRowsAreK) {
   TunedGemmShape other_m = QwenWgradWo(1024, false);
   other_m.m = 1024;
   EXPECT_FALSE(FindTunedGemm(other_m).has_value());
-  // Shapes the step did not confirm are not listed: dsv3's up GEMM and te_seed's.
+  // Shapes the step did not confirm are not listed: dsv3's up GEMM, te_seed's down.
   EXPECT_FALSE(FindTunedGemm({false, false, false, false, 256, 4096, 7168}).has_value());
-  EXPECT_FALSE(FindTunedGemm({false, false, false, false, 8192, 8192, 1024}).has_value());
+  EXPECT_FALSE(FindTunedGemm({false, false, false, false, 8192, 1024, 4096}).has_value());
   // dsv3's d_a (probed with routed rows at 256) serves its buckets 224 and 320.
   EXPECT_EQ(FindTunedGemm({false, true, false, false, 224, 2048, 7168})->tile, 21);
   EXPECT_EQ(FindTunedGemm({false, true, false, false, 320, 2048, 7168})->tile, 21);
+  // te_seed's up GEMM (probed likewise at 8192 rows) serves its bucket 10240.
+  EXPECT_EQ(FindTunedGemm({false, false, false, false, 10240, 8192, 1024})->tile, 166);
 }
 
 TEST(TunedGemms, ApplyOnlyWhereMeasured) {

@@ -437,32 +437,33 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
     const char* name;
     bool trans_a, trans_b, fp32_c;
     float beta;
-    int64_t m, n, k;  // k (trans_a) or m: the expert's rows, set per expert below
-    bool dsv3;        // rows around 256 (else around 1024)
+    int64_t m, n, k;            // k (trans_a) or m: the expert's rows, set per expert below
+    std::vector<int64_t> rows;  // of each expert
   };
+  // qwen3: experts whose rows fall in the probed buckets (1024, 896, 1280), in buckets the
+  // table's reach serves (768, 640 and 1792 for the data GEMMs: 1.2-1.4x off) and, for the
+  // weight gradients (probed at 1024 rows only), in buckets beyond it (640, 1792: the
+  // heuristic's). dsv3 and te_seed (probed with rows spread as routing spreads them, around
+  // 256 over the buckets 224..320 and around 8192 over 8192..10240): rows in those buckets,
+  // within the reach (192 and 384; 6144 and 12288) and, for dsv3, beyond it (160, 448).
+  const std::vector<int64_t> qwen3 = {1024, 850, 1250, 700, 1100, 1600, 600};
+  const std::vector<int64_t> dsv3 = {256, 213, 301, 170, 270, 400, 150};
+  const std::vector<int64_t> te_seed = {8192, 8322, 6000, 11000};
   const Case cases[] = {
-      {"qwen3 up", false, false, false, 0.f, 1024, 1536, 2048, false},
-      {"qwen3 down", false, false, false, 0.f, 1024, 2048, 768, false},
-      {"qwen3 d_a", false, true, false, 0.f, 1024, 768, 2048, false},
-      {"qwen3 d_X", false, true, false, 0.f, 1024, 2048, 1536, false},
-      {"qwen3 d_wo", true, false, true, 0.f, 768, 2048, 1024, false},
-      {"qwen3 d_wo accumulated", true, false, true, 1.f, 768, 2048, 1024, false},
-      {"qwen3 d_wi", true, false, true, 0.f, 2048, 1536, 1024, false},
-      {"qwen3 d_wi accumulated", true, false, true, 1.f, 2048, 1536, 1024, false},
-      {"dsv3 d_a", false, true, false, 0.f, 256, 2048, 7168, true},
-      {"dsv3 d_wo", true, false, true, 0.f, 2048, 7168, 256, true},
-      {"dsv3 d_wi accumulated", true, false, true, 1.f, 7168, 4096, 256, true},
+      {"qwen3 up", false, false, false, 0.f, 1024, 1536, 2048, qwen3},
+      {"qwen3 down", false, false, false, 0.f, 1024, 2048, 768, qwen3},
+      {"qwen3 d_a", false, true, false, 0.f, 1024, 768, 2048, qwen3},
+      {"qwen3 d_X", false, true, false, 0.f, 1024, 2048, 1536, qwen3},
+      {"qwen3 d_wo", true, false, true, 0.f, 768, 2048, 1024, qwen3},
+      {"qwen3 d_wo accumulated", true, false, true, 1.f, 768, 2048, 1024, qwen3},
+      {"qwen3 d_wi", true, false, true, 0.f, 2048, 1536, 1024, qwen3},
+      {"qwen3 d_wi accumulated", true, false, true, 1.f, 2048, 1536, 1024, qwen3},
+      {"dsv3 d_a", false, true, false, 0.f, 256, 2048, 7168, dsv3},
+      {"te_seed up", false, false, false, 0.f, 8192, 8192, 1024, te_seed},
+      {"te_seed d_a", false, true, false, 0.f, 8192, 4096, 1024, te_seed},
   };
   for (const Case& c : cases) {
-    // qwen3: experts whose rows fall in the probed buckets (1024, 896, 1280), in buckets the
-    // table's reach serves (768, 640 and 1792 for the data GEMMs: 1.2-1.4x off) and, for the
-    // weight gradients (probed at 1024 rows only), in buckets beyond it (640, 1792: the
-    // heuristic's). dsv3 (probed at 256 with rows spread over 224..320 as routing spreads them):
-    // rows in the buckets 224, 256 and 320 (what the probe ran), 192 and 384 (within reach) and
-    // 160 and 448 (beyond it).
-    const std::vector<int64_t> rows =
-        c.dsv3 ? std::vector<int64_t>{256, 213, 301, 170, 270, 400, 150}
-               : std::vector<int64_t>{1024, 850, 1250, 700, 1100, 1600, 600};
+    const std::vector<int64_t>& rows = c.rows;
     const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
     // Per expert: A is [rows, k] (or [rows, m] for C = A^T B), B is [k, n] (or [n, k] with
     // trans_b, or [rows, n] for a weight gradient), C is [rows, n] (or [m, n]).
