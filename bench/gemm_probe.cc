@@ -441,9 +441,10 @@ std::vector<cublasLtMatmulAlgo_t> Enumerate(cublasLtHandle_t lt, const Problem& 
 }
 
 // `algo` as the table gives it to the engine (CublasLtGemm's TunedAlgo): rebuilt from its id,
-// tile, stages, swizzle and cluster, if cuBLASLt accepts that for the problem. A heuristic
-// candidate can carry more than these attributes (its rebuilt form was refused by the engine
-// for some, 2026-12-02), so what is timed and proposed is the rebuilt one.
+// tile, stages, swizzle, cluster and custom option, if cuBLASLt accepts that for the problem.
+// What is timed and proposed is the rebuilt form, so an entry runs what the probe measured
+// (entries without the custom option, which the heuristic's candidates carry, were refused
+// by the engine on 2026-12-02).
 std::optional<cublasLtMatmulAlgo_t> AsTableEntry(cublasLtHandle_t lt, const Problem& p,
                                                  cudaDataType_t c_type,
                                                  const cublasLtMatmulAlgo_t& algo, size_t ws) {
@@ -455,7 +456,8 @@ std::optional<cublasLtMatmulAlgo_t> AsTableEntry(cublasLtHandle_t lt, const Prob
           &out, AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_TILE_ID),
           AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID),
           AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-          static_cast<uint16_t>(AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)))) {
+          static_cast<uint16_t>(AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID)),
+          AlgoConfigValue(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION))) {
     return std::nullopt;
   }
   Problem q = p;
@@ -674,7 +676,7 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind,
     const cublasLtMatmulAlgo_t& a = all[*best];
     const char* t = "NT";
     std::fprintf(stderr,
-                 "plan {{%c, %c, %s, %s, %lld, %lld, %lld}, {%d, %d, %d, %d, %d}},  // %s %s "
+                 "plan {{%c, %c, %s, %s, %lld, %lld, %lld}, {%d, %d, %d, %d, %d, %d}},  // %s %s "
                  "%.3f%s\n",
                  t[kind.trans_a], t[kind.trans_b], kind.c_type == CUDA_R_32F ? "true" : "false",
                  kind.beta != 0 ? "true" : "false", static_cast<long long>(kind.m),
@@ -683,7 +685,8 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind,
                  AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_TILE_ID),
                  AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_STAGES_ID),
                  AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING),
-                 AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID), preset.name,
+                 AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID),
+                 AlgoConfigValue(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION), preset.name,
                  kind.name.c_str(), best_ratio, routed ? " routed rows" : "");
   }
 }

@@ -34,10 +34,11 @@ inline int AlgoConfigValue(const cublasLtMatmulAlgo_t& algo,
              : -1;
 }
 
-// Sets tile, stages, swizzle and cluster on `algo`, with split-k 1; false if cuBLASLt refuses
-// any of them.
+// Sets tile, stages, swizzle, cluster and custom option on `algo`, with split-k 1; false if
+// cuBLASLt refuses any of them. (cuBLASLt's heuristic candidates often carry a custom option
+// other than the 0 cublasLtMatmulAlgoInit starts from: 7 for te_seed's expert GEMMs.)
 inline bool SetAlgoConfig(cublasLtMatmulAlgo_t* algo, uint32_t tile, uint32_t stages,
-                          uint32_t swizzle, uint16_t cluster) {
+                          uint32_t swizzle, uint16_t cluster, uint32_t custom = 0) {
   const int32_t splitk = 1;
   auto set = [&](cublasLtMatmulAlgoConfigAttributes_t attr, const void* value, size_t size) {
     return cublasLtMatmulAlgoConfigSetAttribute(algo, attr, value, size) == CUBLAS_STATUS_SUCCESS;
@@ -46,7 +47,8 @@ inline bool SetAlgoConfig(cublasLtMatmulAlgo_t* algo, uint32_t tile, uint32_t st
          set(CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof(stages)) &&
          set(CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk)) &&
          set(CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof(swizzle)) &&
-         set(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster));
+         set(CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster, sizeof(cluster)) &&
+         set(CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &custom, sizeof(custom));
 }
 
 }  // namespace cuda

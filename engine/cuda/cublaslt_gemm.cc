@@ -114,7 +114,8 @@ bool TunedAlgo(cublasLtHandle_t handle, const GemmArgs& g, const TunedGemmConfig
                              ct, c.algo, algo) != CUBLAS_STATUS_SUCCESS) {
     return false;
   }
-  if (!SetAlgoConfig(algo, c.tile, c.stages, c.swizzle, static_cast<uint16_t>(c.cluster))) {
+  if (!SetAlgoConfig(algo, c.tile, c.stages, c.swizzle, static_cast<uint16_t>(c.cluster),
+                     c.custom)) {
     return false;
   }
   cublasLtMatmulHeuristicResult_t result;

@@ -22,10 +22,12 @@ struct Entry {
 // FindPlan would give it). Probed with equal rows for every expert instead, dsv3's entries
 // had made the step slower (forward +25 %): a step's rows fall in the buckets 224..320, where
 // configurations chosen at exactly 256 lost. cuBLASLt's heuristic candidates carry a custom
-// option (7 for te_seed's), which an entry does not set (TunedGemmConfig: 0); rebuilt from an
-// entry, cuBLASLt refuses most of them, so the probe times every candidate as an entry
-// rebuilds it (the earlier te_seed entries and dsv3's weight-gradient candidates were refused
-// in the engine: the GPU test TunedGemmPlansKeepResults found none taken). A configuration of
+// option (7 for te_seed's), which entries did not set until 2026-12-02: rebuilt without it,
+// cuBLASLt refused most of them (the earlier te_seed entries and dsv3's weight-gradient
+// candidates were never taken in the engine: the GPU test TunedGemmPlansKeepResults found
+// none), so entries now carry it (TunedGemmConfig::custom) and the probe times every
+// candidate as an entry rebuilds it. The entries below all have custom option 0 (from the
+// enumeration). A configuration of
 // another algorithm than the heuristic's (21, for dsv3's accumulated d_wo) gave other bits at
 // other row counts. Every entry is algorithm 66, the heuristic's own, with its stages (35,
 // 64xAUTO).

@@ -37,13 +37,14 @@ struct TunedGemmShape {
 };
 
 // cuBLASLt's cublasLtMatmulAlgoConfigAttributes_t values of a tuned configuration (split-k 1,
-// no reduction scheme, custom option 0, inner shape undefined).
+// no reduction scheme, inner shape undefined).
 struct TunedGemmConfig {
   int algo = 0;     // CUBLASLT_ALGO_CONFIG_ID
   int tile = 0;     // cublasLtMatmulTile_t
   int stages = 0;   // cublasLtMatmulStages_t
   int swizzle = 0;  // CTA swizzling, 0 or 1
   int cluster = 0;  // cublasLtClusterShape_t
+  int custom = 0;   // CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION
 };
 
 // The dimension a GEMM's plan is found and cached for (CublasLtGemm), and the dims the table's
