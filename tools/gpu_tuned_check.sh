@@ -2,9 +2,12 @@
 # gpu_tuned_check.sh: the expert GEMM table (engine/cuda/cublaslt_plans.cc, issue 15) on the GPU
 # machine in one call, from a .gpu folder tools/pack_gpu.sh made with cuda_backend_ops_test,
 # cuda_layer_test, gpu_bench and gemm_probe (device tool: carry [".gpu"]):
-#   1. with PROBE="CONFIG:ROWS_SCALE ..." (e.g. "dsv3:0.75 dsv3:1 dsv3:1.25"), gemm_probe
-#      --enumerate=all for each (PROBE_KINDS: its --kinds, default all six), the candidate
-#      table entries it finds collected in $OUT/plans.txt, JSON in $OUT/probe.jsonl;
+#   1. with PROBE="CONFIG:ROWS_SCALE ..." (e.g. "dsv3:routed te_seed:routed qwen3:0.875"),
+#      gemm_probe --enumerate=all for each (ROWS_SCALE "routed": --routed_rows, every expert's
+#      rows as random routing spreads them, the way to probe a many-expert preset; a number:
+#      --rows_scale, the same rows for every expert; PROBE_KINDS: its --kinds, default all
+#      six), the candidate table entries it finds collected in $OUT/plans.txt, JSON in
+#      $OUT/probe.jsonl;
 #   2. tools/gpu_overlap_check.sh with and without the table (MOED_CUBLASLT_TUNED=0) for
 #      CONFIGS (default te_seed,qwen3,mixtral), ROUNDS times (default 2), bf16: the GPU tests
 #      first unless SKIP_TESTS=1 (TunedGemmPlansKeepResults among them), then the step's
@@ -13,14 +16,15 @@
 # A probed entry goes into the table only if step 2, run again with it, confirms the gain.
 #
 #   there: OUT=$OUT tools/gpu_tuned_check.sh
-#          PROBE="dsv3:0.75 dsv3:0.875 dsv3:1.25" CONFIGS=dsv3 ITERS=6 ROUNDS=1 \
-#            OUT=$OUT tools/gpu_tuned_check.sh
+#          PROBE="dsv3:routed" CONFIGS=dsv3 ITERS=6 ROUNDS=1 OUT=$OUT tools/gpu_tuned_check.sh
 set -uo pipefail
 tools_dir=$(dirname "${BASH_SOURCE[0]}")
 source "$tools_dir/gpu_step.sh"  # step, summary
 gpu_check_begin probe.log
-probe() {  # probe CONFIG ROWS_SCALE: JSON lines to probe.jsonl, plan lines to plans.txt
-  timeout 300 gemm_probe --configs="$1" --rows_scale="$2" --enumerate=all \
+probe() {  # probe CONFIG ROWS_SCALE|routed: JSON lines to probe.jsonl, plan lines to plans.txt
+  local rows="--rows_scale=$2"
+  [ "$2" = routed ] && rows=--routed_rows
+  timeout 300 gemm_probe --configs="$1" "$rows" --enumerate=all \
     --kinds="${PROBE_KINDS:-up,down,dgrad_down,dgrad_up,wgrad_wo,wgrad_wi}" \
     >>"$out/probe.jsonl" 2>>"$out/plans.txt"
 }
