@@ -58,6 +58,74 @@ TEST(InitTest, GatedAndPlainShareWi0) {
   }
 }
 
+// docs/SPEC.md "Initialisation" written out literally: five splitmix64 rounds per uniform
+// (InitRandomBits), attempts 2a and 2a + 1, Box-Muller, the first |z| <= 2. The fills hash in
+// stages (engine/init.cc); every element must be this value, bit for bit, attempts beyond the
+// first included.
+float Literal(uint64_t seed, InitTensorId tensor, uint64_t expert, uint64_t index, double sigma) {
+  const uint64_t n = static_cast<uint64_t>(tensor);
+  for (uint64_t a = 0;; ++a) {
+    const double u1 =
+        (static_cast<double>(InitRandomBits(seed, n, expert, index, 2 * a) >> 11) + 0.5) *
+        0x1.0p-53;
+    const double u2 =
+        (static_cast<double>(InitRandomBits(seed, n, expert, index, 2 * a + 1) >> 11) + 0.5) *
+        0x1.0p-53;
+    const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+    if (std::fabs(z) <= 2.0) return static_cast<float>(z * sigma);
+  }
+}
+
+TEST(InitTest, ValuesFollowTheDefinition) {
+  LayerConfig c = Tiny();
+  c.gated = true;
+  const int64_t H = c.hidden, F = c.ffn, E = c.num_experts, first = 3, n = 4;
+  const double sigma_h = 1.0 / std::sqrt(static_cast<double>(H)),
+               sigma_f = 1.0 / std::sqrt(static_cast<double>(F));
+  const std::vector<float> gate = InitGate(c), wi = InitWi(c, first, n), wo = InitWo(c, first, n);
+  for (int64_t i = 0; i < H * E; ++i) {
+    ASSERT_EQ(gate[i], Literal(c.init_seed, InitTensorId::kGate, 0, i, sigma_h)) << i;
+  }
+  int64_t second_attempts = 0;
+  for (int64_t el = 0; el < n; ++el) {
+    const uint64_t e = static_cast<uint64_t>(first + el);
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t f = 0; f < F; ++f) {
+        const uint64_t i = static_cast<uint64_t>(h * F + f);
+        const float* row = wi.data() + (el * H + h) * 2 * F;
+        ASSERT_EQ(row[f], Literal(c.init_seed, InitTensorId::kWi0, e, i, sigma_h));
+        ASSERT_EQ(row[F + f], Literal(c.init_seed, InitTensorId::kWi1, e, i, sigma_h));
+        const uint64_t o = static_cast<uint64_t>(f * H + h);
+        ASSERT_EQ(wo[el * F * H + o], Literal(c.init_seed, InitTensorId::kWo, e, o, sigma_f));
+        ASSERT_EQ(InitTruncatedNormal(c.init_seed, InitTensorId::kWo, e, o, sigma_f),
+                  wo[el * F * H + o]);
+        // An element whose first attempt is rejected (|z| > 2): the staged hash must reach
+        // the same later attempts.
+        const double u1 =
+            (static_cast<double>(InitRandomBits(c.init_seed, 3, e, o, 0) >> 11) + 0.5) * 0x1.0p-53;
+        const double u2 =
+            (static_cast<double>(InitRandomBits(c.init_seed, 3, e, o, 1) >> 11) + 0.5) * 0x1.0p-53;
+        second_attempts +=
+            std::fabs(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2)) > 2.0;
+      }
+    }
+  }
+  EXPECT_GT(second_attempts, 100);  // ~4.6 % of 8192 wo elements
+}
+
+// A fill large enough for ParallelRange's threads follows the definition too (sampled).
+TEST(InitTest, ThreadedFillsFollowTheDefinition) {
+  LayerConfig c = Tiny();
+  c.hidden = 512;
+  c.ffn = 1024;  // 512 K elements per expert: above ParallelRange's threshold
+  const std::vector<float> wo = InitWo(c, 5, 2);
+  const double sigma = 1.0 / std::sqrt(1024.0);
+  for (size_t j = 0; j < wo.size(); j += 997) {
+    const uint64_t e = 5 + j / (512 * 1024), i = j % (512 * 1024);
+    ASSERT_EQ(wo[j], Literal(c.init_seed, InitTensorId::kWo, e, i, sigma)) << j;
+  }
+}
+
 // Truncated at 2 sigma, sigma = 1/sqrt(fan_in); sample statistics of a large tensor.
 TEST(InitTest, TruncatedNormalStatistics) {
   LayerConfig c = Tiny();
