@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/bench_backend.h"
+#include "bench/presets.h"
 #include "engine/config.h"
 #include "engine/moe_layer.h"
 #include "engine/status_macros.h"
@@ -59,18 +60,6 @@ ABSL_FLAG(uint64_t, seed, 1, "init seed and input seed");
 namespace moe {
 namespace {
 
-struct Preset {
-  const char* name;
-  int64_t tokens, hidden, ffn, experts, top_k;
-  bool sigmoid_grouped;  // sigmoid scores, 8 groups, top-4 groups (DeepSeek-V3)
-};
-constexpr Preset kPresets[] = {
-    {"te_seed", 32768, 1024, 4096, 8, 2, false},
-    {"mixtral", 16384, 4096, 14336, 8, 2, false},
-    {"dsv3", 8192, 7168, 2048, 256, 8, true},
-    {"qwen3", 16384, 2048, 768, 128, 8, false},
-};
-
 absl::Status ParseBool(const std::string& flag, const std::string& value, bool* out) {
   if (value.empty()) return absl::OkStatus();
   if (value == "true" || value == "1") {
@@ -88,10 +77,7 @@ absl::Status BuildConfig(LayerConfig* c, int64_t* tokens) {
   const std::string preset = absl::GetFlag(FLAGS_config);
   *tokens = 0;
   if (!preset.empty()) {
-    const Preset* p = nullptr;
-    for (const Preset& candidate : kPresets) {
-      if (preset == candidate.name) p = &candidate;
-    }
+    const BenchPreset* p = FindBenchPreset(preset);
     if (p == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("--config=", preset, ": unknown (te_seed, mixtral, dsv3, qwen3)"));

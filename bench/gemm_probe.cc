@@ -46,6 +46,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "bench/presets.h"
 #include "engine/cuda/cublaslt_algo_config.h"
 #include "engine/cuda/cublaslt_plans.h"
 
@@ -90,16 +91,7 @@ using moe::cuda::SetAlgoConfig;
     }                                                                              \
   } while (0)
 
-struct Preset {
-  const char* name;
-  int64_t tokens, hidden, ffn, experts, topk;
-};
-constexpr Preset kPresets[] = {
-    {"te_seed", 32768, 1024, 4096, 8, 2},
-    {"mixtral", 16384, 4096, 14336, 8, 2},
-    {"dsv3", 8192, 7168, 2048, 256, 8},
-    {"qwen3", 16384, 2048, 768, 128, 8},
-};
+using Preset = moe::BenchPreset;
 
 // One GEMM kind in engine/backend.h's row-major convention: C[m, n] = op(A) op(B) (+ beta C),
 // A stored [k, m] when trans_a else [m, k], B stored [n, k] when trans_b else [k, n]. Strides
@@ -125,14 +117,14 @@ struct Kind {
 // tokens each routed to k distinct experts drawn uniformly (seed 1).
 std::vector<int64_t> ExpertRows(const Preset& p) {
   if (!absl::GetFlag(FLAGS_routed_rows)) {
-    return std::vector<int64_t>(p.experts, static_cast<int64_t>(p.tokens * p.topk / p.experts *
+    return std::vector<int64_t>(p.experts, static_cast<int64_t>(p.tokens * p.top_k / p.experts *
                                                                 absl::GetFlag(FLAGS_rows_scale)));
   }
   std::vector<int64_t> rows(p.experts, 0), order(p.experts);
   std::mt19937 rng(1);
   for (int64_t t = 0; t < p.tokens; ++t) {
     for (int64_t e = 0; e < p.experts; ++e) order[e] = e;
-    for (int64_t j = 0; j < p.topk; ++j) {  // a partial Fisher-Yates shuffle
+    for (int64_t j = 0; j < p.top_k; ++j) {  // a partial Fisher-Yates shuffle
       std::uniform_int_distribution<int64_t> pick(j, p.experts - 1);
       std::swap(order[j], order[pick(rng)]);
       ++rows[order[j]];
@@ -735,17 +727,14 @@ int main(int argc, char** argv) {
   const std::vector<std::string> kinds = absl::StrSplit(absl::GetFlag(FLAGS_kinds), ',');
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_configs), ',', absl::SkipEmpty())) {
-    const Preset* preset = nullptr;
-    for (const Preset& p : kPresets) {
-      if (name == p.name) preset = &p;
-    }
+    const Preset* preset = moe::FindBenchPreset(name);
     if (preset == nullptr) {
       std::fprintf(stderr, "unknown config %s\n", std::string(name).c_str());
       return 2;
     }
     const std::vector<int64_t> rows = ExpertRows(*preset);
     const int64_t mean = absl::GetFlag(FLAGS_routed_rows)
-                             ? preset->tokens * preset->topk / preset->experts
+                             ? preset->tokens * preset->top_k / preset->experts
                              : rows[0];
     for (const Kind& kind :
          KindsOf(*preset, kinds, mean, *std::max_element(rows.begin(), rows.end()))) {

@@ -60,6 +60,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/gpu_timing.h"
+#include "bench/presets.h"
 #include "engine/comm/file_kv_store.h"
 #include "engine/comm/memory_kv_store.h"
 #include "engine/comm/nccl_communicator.h"
@@ -89,17 +90,7 @@ ABSL_FLAG(int, accumulating_iters, 0,
 namespace moe {
 namespace {
 
-struct Preset {
-  const char* name;
-  int64_t tokens, hidden, ffn, experts, top_k;
-  bool sigmoid_grouped;
-};
-constexpr Preset kPresets[] = {
-    {"te_seed", 32768, 1024, 4096, 8, 2, false},
-    {"mixtral", 16384, 4096, 14336, 8, 2, false},
-    {"dsv3", 8192, 7168, 2048, 256, 8, true},
-    {"qwen3", 16384, 2048, 768, 128, 8, false},
-};
+using Preset = BenchPreset;
 
 void Progress(const std::string& what) {
   static const double start =
@@ -428,10 +419,7 @@ absl::Status Main() {
     dtypes.push_back(d);
   }
   for (absl::string_view name : absl::StrSplit(absl::GetFlag(FLAGS_configs), ',')) {
-    const Preset* preset = nullptr;
-    for (const Preset& p : kPresets) {
-      if (name == p.name) preset = &p;
-    }
+    const Preset* preset = FindBenchPreset(name);
     if (preset == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("unknown config '", name, "'"));
     }
