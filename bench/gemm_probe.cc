@@ -6,20 +6,22 @@
 // configurations: cuBLASLt's heuristic list for the shape (up to --candidates; index 0 is
 // what the engine ran before the table) and, per --enumerate (wgrad|all|none), every
 // (algorithm, tile, stages, cluster, swizzle) without split-k that cublasLtMatmulAlgoCheck
-// accepts (at most --max_enumerated, evenly spread). Each is screened with one timed pass;
-// the fastest --retime are then timed (median of --reps passes) right after heuristic
-// candidate 0, since the GPU's clock drifts over a long probe and only neighbours compare.
-// One JSON line per finalist: both times, TFLOP/s, its configuration and candidate 0's, the
-// ratio, and `bitwise`: expert 0's output from the same inputs and initial C equals
-// candidate 0's bit for bit (a replacement must keep the engine's results). The best bitwise
-// finalist at or under --gain goes to stderr as a "plan" line (an entry for
-// engine/cuda/cublaslt_plans.cc, for the step to confirm). Rows per expert: T*k/E times
-// --rows_scale (balanced routing), or with --routed_rows each expert's count when T tokens
-// pick k distinct experts at random (fixed seed), as a step's rows spread over several of
-// CublasLtGemm's row buckets: then every expert runs what the engine would run, its bucket's
-// heuristic choice (the baseline) or, for a configuration, that configuration where the table
-// would put it in (the bucket's choice is the same algorithm and cuBLASLt accepts it), and
-// the bitwise check covers one expert of every bucket. Operand values: a fixed random pattern.
+// accepts (at most --max_enumerated, evenly spread), each as a table entry would rebuild it.
+// Each is screened with one timed pass; the fastest --retime are then timed (median of --reps
+// passes) right after the baseline (heuristic candidate 0; with --routed_rows each bucket's),
+// since the GPU's clock drifts over a long probe and only neighbours compare. One JSON line
+// per finalist: both times, TFLOP/s, its configuration and candidate 0's, the ratio, and
+// `bitwise`: expert 0's output (with --routed_rows one expert's of every bucket) from the same
+// inputs and initial C equals the baseline's bit for bit (a replacement must keep the
+// engine's results). The best bitwise finalist at or under --gain goes to stderr as a "plan"
+// line (an entry for engine/cuda/cublaslt_plans.cc, for the step to confirm). Rows per
+// expert: T*k/E times --rows_scale (balanced routing), or with --routed_rows each expert's
+// count when T tokens pick k distinct experts at random (fixed seed), as a step's rows spread
+// over several of CublasLtGemm's row buckets: then every expert runs what the engine would
+// run, its bucket's heuristic choice (the baseline) or, for a configuration, that
+// configuration where a table entry would put it in (the bucket within kTunedRowsReach, its
+// choice the same algorithm without split-k, cuBLASLt accepting it), and the bitwise check
+// covers one expert of every bucket. Operand values: a fixed random pattern.
 //
 //   gemm_probe --configs=dsv3 --kinds=wgrad_wi,wgrad_wo --enumerate=wgrad
 //   gemm_probe --configs=qwen3 --enumerate=all --rows_scale=0.875   # another row bucket
@@ -56,11 +58,12 @@ ABSL_FLAG(std::string, kinds, "up,down,dgrad_down,dgrad_up,wgrad_wo,wgrad_wi",
 ABSL_FLAG(std::string, enumerate, "wgrad", "beyond the heuristic: wgrad, all or none");
 ABSL_FLAG(int, candidates, 16, "heuristic candidates asked for");
 ABSL_FLAG(int, reps, 5, "timed passes per candidate (median)");
-ABSL_FLAG(int, retime, 8, "configurations timed against candidate 0 after the screening");
-ABSL_FLAG(double, gain, 0.97, "a plan line needs at most this time ratio to candidate 0");
+ABSL_FLAG(int, retime, 8, "configurations timed against the baseline after the screening");
+ABSL_FLAG(double, gain, 0.97, "a plan line needs at most this time ratio to the baseline");
 ABSL_FLAG(double, rows_scale, 1.0, "rows per expert: T*k/E times this (other buckets)");
 ABSL_FLAG(bool, routed_rows, false,
-          "rows per expert as T tokens routed to k of E experts at random, not balanced");
+          "rows per expert as T tokens routed to k of E experts at random, not balanced "
+          "(--rows_scale then does not apply)");
 ABSL_FLAG(int, max_enumerated, 400, "at most this many enumerated configurations screened");
 ABSL_FLAG(int, streams, 4, "streams the experts' GEMMs are spread over");
 ABSL_FLAG(int, workspace_mb, 32, "workspace per stream (the engine's default)");
@@ -235,7 +238,6 @@ class Bench {
 
   // The kind's problem at its own rows (where candidates are looked for).
   const Problem& problem() const { return problem_; }
-  const Problem& problem(int64_t e) const { return problems_[e]; }
   const std::vector<int64_t>& rows() const { return rows_; }
   size_t workspace_bytes() const { return workspace_bytes_; }
 
@@ -524,10 +526,13 @@ class Plans {
         out[e] = *algo;
         continue;
       }
+      // An entry probed at the kind's rows serves buckets within kTunedRowsReach of them.
+      const double ratio = static_cast<double>(BucketOf(r)) / static_cast<double>(kind_.rows());
+      if (ratio > moe::cuda::kTunedRowsReach || 1 / ratio > moe::cuda::kTunedRowsReach) continue;
       const cublasLtMatmulAlgo_t& c = bucket.choice;
       if (AlgoConfigValue(c, CUBLASLT_ALGO_CONFIG_ID) !=
               AlgoConfigValue(*algo, CUBLASLT_ALGO_CONFIG_ID) ||
-          AlgoConfigValue(c, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) > 1 ||
+          AlgoConfigValue(c, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) != 1 ||
           AlgoConfigValue(c, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) != 0) {
         continue;
       }
@@ -640,6 +645,7 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind,
     const Assignment with = plans.With(all[i]);
     const float first_ms = bench.Time(baseline, reps);
     const float ms = bench.Time(with, reps);
+    if (first_ms <= 0 || ms <= 0) continue;  // cuBLASLt refused one of them at an exact shape
     const double ratio = ms / first_ms;
     bool bitwise = true;
     for (size_t p = 0; p < probes.size() && bitwise; ++p) {

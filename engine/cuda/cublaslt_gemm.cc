@@ -220,10 +220,10 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(
       if (tuning_.log_plans) {
         std::fprintf(stderr,
                      "cublaslt tuned plan m=%lld n=%lld k=%lld trans_a=%d trans_b=%d beta=%g: "
-                     "algo %d tile %d stages %d swizzle %d cluster %d\n",
+                     "algo %d tile %d stages %d swizzle %d cluster %d custom %d\n",
                      static_cast<long long>(m), static_cast<long long>(n),
                      static_cast<long long>(k), g.trans_a, g.trans_b, g.beta, tuned->algo,
-                     tuned->tile, tuned->stages, tuned->swizzle, tuned->cluster);
+                     tuned->tile, tuned->stages, tuned->swizzle, tuned->cluster, tuned->custom);
       }
     }
   }

@@ -16,7 +16,8 @@
 //
 //   if (TunedGemmsApply(prop.major, prop.minor, prop.multiProcessorCount, cublasLtGetVersion()))
 //     if (auto c = FindTunedGemm({/*trans_a=*/false, false, /*fp32_c=*/false, false, m, n, k}))
-//       ... cublasLtMatmulAlgoInit(..., c->algo, ...), then tile, stages, swizzle, cluster
+//       ... cublasLtMatmulAlgoInit(..., c->algo, ...), then tile, stages, swizzle, cluster,
+//           custom option
 #ifndef MOED_ENGINE_CUDA_CUBLASLT_PLANS_H_
 #define MOED_ENGINE_CUDA_CUBLASLT_PLANS_H_
 

@@ -81,11 +81,17 @@ TEST(TunedGemms, WeightGradientRowsAreK) {
   // Shapes the step did not confirm are not listed: dsv3's up GEMM, te_seed's down.
   EXPECT_FALSE(FindTunedGemm({false, false, false, false, 256, 4096, 7168}).has_value());
   EXPECT_FALSE(FindTunedGemm({false, false, false, false, 8192, 1024, 4096}).has_value());
-  // dsv3's d_a (probed with routed rows at 256) serves its buckets 224 and 320.
-  EXPECT_EQ(FindTunedGemm({false, true, false, false, 224, 2048, 7168})->tile, 21);
-  EXPECT_EQ(FindTunedGemm({false, true, false, false, 320, 2048, 7168})->tile, 21);
-  // te_seed's up GEMM (probed likewise at 8192 rows) serves its bucket 10240.
-  EXPECT_EQ(FindTunedGemm({false, false, false, false, 10240, 8192, 1024})->tile, 166);
+  // dsv3's d_a (probed with routed rows at 256) serves its buckets 224 and 320; te_seed's up
+  // GEMM (probed likewise at 8192 rows) its bucket 10240.
+  for (const TunedGemmShape& s : {TunedGemmShape{false, true, false, false, 224, 2048, 7168},
+                                  TunedGemmShape{false, true, false, false, 320, 2048, 7168}}) {
+    ASSERT_TRUE(FindTunedGemm(s).has_value()) << s.m;
+    EXPECT_EQ(FindTunedGemm(s)->tile, 21);
+  }
+  const std::optional<TunedGemmConfig> te_up =
+      FindTunedGemm({false, false, false, false, 10240, 8192, 1024});
+  ASSERT_TRUE(te_up.has_value());
+  EXPECT_EQ(te_up->tile, 166);
 }
 
 TEST(TunedGemms, ApplyOnlyWhereMeasured) {

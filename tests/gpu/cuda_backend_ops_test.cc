@@ -445,7 +445,7 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
   // weight gradients (probed at 1024 rows only), in buckets beyond it (640, 1792: the
   // heuristic's). dsv3 and te_seed (probed with rows spread as routing spreads them, around
   // 256 over the buckets 224..320 and around 8192 over 8192..10240): rows in those buckets,
-  // within the reach (192 and 384; 6144 and 12288) and, for dsv3, beyond it (160, 448).
+  // within the reach (192; 6144 and 12288) and, for dsv3, beyond it (160, 448).
   const std::vector<int64_t> qwen3 = {1024, 850, 1250, 700, 1100, 1600, 600};
   const std::vector<int64_t> dsv3 = {256, 213, 301, 170, 270, 400, 150};
   const std::vector<int64_t> te_seed = {8192, 8322, 6000, 11000};
