@@ -103,7 +103,7 @@ absl::Status MoeLayerImpl::UploadInput(const Tensor& x, SavedStep& s, ForwardWor
     }
     s.x16 = std::move(x_in);
   }
-  w.x_experts = cd == DType::kFloat32   ? s.x32.data()
+  w.x_experts = cd == DType::kFloat32     ? s.x32.data()
                 : s.x16.data() != nullptr ? s.x16.data()
                                           : w.x_compute.data();
   return absl::OkStatus();
@@ -126,8 +126,9 @@ absl::Status MoeLayerImpl::RouteTokens(SavedStep& s, ForwardWork& w) {
   // 2-6. Scores, grouped top-k, top-k and the loss partials, into the step statistics (layout
   // at ForwardWork::stats).
   const size_t stats_doubles = static_cast<size_t>(E + 2);
-  ASSIGN_OR_RETURN(w.stats,
-                   backend_->Allocate(stats_doubles * sizeof(double) + 2 * E * sizeof(int32_t)));
+  const int64_t gathered = ranks_ > 1 ? ranks_ * E : 0;
+  ASSIGN_OR_RETURN(w.stats, backend_->Allocate(stats_doubles * sizeof(double) +
+                                               (2 * E + gathered) * sizeof(int32_t)));
   double* loss_partials = w.stats.as<double>();
   int32_t* expert_counts = reinterpret_cast<int32_t*>(loss_partials + stats_doubles);
   ASSIGN_OR_RETURN(s.scores, backend_->Allocate(T * E * sizeof(float)));
@@ -173,6 +174,11 @@ absl::Status MoeLayerImpl::DropOverCapacity(SavedStep& s, ForwardWork& w) {
     p.kept = w.kept.as<uint8_t>();
     p.kept_counts = reinterpret_cast<int32_t*>(w.stats.as<double>() + stats_doubles) + E;
     RETURN_IF_ERROR(backend_->RoutePlan(p));
+    // Every rank's kept counts (PlanRows' dispatch plan) come to the host with the statistics:
+    // one host round trip for both (the padding to align_size is applied there).
+    if (ranks_ > 1) {
+      RETURN_IF_ERROR(comm_->AllGather(p.kept_counts, p.kept_counts + E, E * sizeof(int32_t)));
+    }
   }
   std::vector<char> host_stats(w.stats.size());
   RETURN_IF_ERROR(backend_->CopyToHost(host_stats.data(), w.stats.data(), w.stats.size()));
@@ -191,6 +197,12 @@ absl::Status MoeLayerImpl::DropOverCapacity(SavedStep& s, ForwardWork& w) {
   }
   s.global_counts.assign(counts32.begin(), counts32.begin() + E);
   w.kept_counts.assign(counts32.begin() + E, counts32.end());
+  if (ranks_ > 1) {
+    w.all_kept_counts.resize(ranks_ * E);
+    std::memcpy(w.all_kept_counts.data(),
+                host_stats.data() + stats_doubles * sizeof(double) + 2 * E * sizeof(int32_t),
+                w.all_kept_counts.size() * sizeof(int32_t));
+  }
   return absl::OkStatus();
 }
 
@@ -198,7 +210,8 @@ absl::Status MoeLayerImpl::PlanRows(SavedStep& s, ForwardWork& w) {
   const int64_t E = config_.num_experts;
   // The row counts of Forward 8 and 9 (the rows themselves move in PermuteAndDispatch): each
   // expert's kept pairs padded to align_size give this rank's local layout; every rank's padded
-  // counts, all-gathered into A[R, E] (int64), give the dispatch plan.
+  // counts A[R, E] give the dispatch plan (every rank pads the kept counts all-gathered in
+  // DropOverCapacity the same way, so all hold the same A).
   std::vector<int64_t> padded(E);
   w.expert_offsets.assign(E + 1, 0);
   for (int64_t e = 0; e < E; ++e) {
@@ -207,14 +220,12 @@ absl::Status MoeLayerImpl::PlanRows(SavedStep& s, ForwardWork& w) {
   }
   std::vector<int64_t> counts_matrix;
   if (ranks_ == 1) {
-    counts_matrix = padded;  // one rank's all-gather is its own counts: no host round trip
+    counts_matrix = padded;
   } else {
-    ASSIGN_OR_RETURN(Buffer my_counts, Upload(padded.data(), E * sizeof(int64_t)));
-    ASSIGN_OR_RETURN(Buffer all_counts, backend_->Allocate(ranks_ * E * sizeof(int64_t)));
-    RETURN_IF_ERROR(comm_->AllGather(my_counts.data(), all_counts.data(), E * sizeof(int64_t)));
     counts_matrix.resize(ranks_ * E);
-    RETURN_IF_ERROR(backend_->CopyToHost(counts_matrix.data(), all_counts.data(),
-                                         counts_matrix.size() * sizeof(int64_t)));
+    for (int64_t i = 0; i < ranks_ * E; ++i) {
+      counts_matrix[i] = RoundUp(w.all_kept_counts[i], config_.align_size);
+    }
   }
   RETURN_IF_ERROR(CheckRowCounts(counts_matrix, ranks_, E));
   ASSIGN_OR_RETURN(s.plan, BuildDispatchPlan(counts_matrix, ranks_, rank_, E));

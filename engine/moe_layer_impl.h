@@ -106,13 +106,15 @@ struct ForwardWork {
   //   double [E + 2]: [0, E) sum_t P[t, e], [E] sum_t lse^2, [E + 1] tokens (T, then T_g)
   //   int32 [E]: (token, slot) pairs per expert before drops (local, then global f)
   //   int32 [E]: pairs kept per expert after the capacity drop (local)
+  //   int32 [R, E]: every rank's kept pairs per expert, all-gathered (only when R > 1)
   Buffer stats;
-  double local_tokens = 0;              // host source of stats' tokens entry
-  Buffer kept;                          // [T, k] uint8: 1 when the pair survives capacity
-  std::vector<double> loss_sums;        // [E + 2] host copy of stats' doubles (all-reduced)
-  std::vector<int32_t> kept_counts;     // [E] host copy of stats' kept counts (local)
-  std::vector<int64_t> expert_offsets;  // [E + 1] block starts of the local layout (padded)
-  Buffer y_expert;                      // [expert_rows, H] compute dtype, expert layout
+  double local_tokens = 0;               // host source of stats' tokens entry
+  Buffer kept;                           // [T, k] uint8: 1 when the pair survives capacity
+  std::vector<double> loss_sums;         // [E + 2] host copy of stats' doubles (all-reduced)
+  std::vector<int32_t> kept_counts;      // [E] host copy of stats' kept counts (local)
+  std::vector<int32_t> all_kept_counts;  // [R, E] host copy of the all-gathered ones (R > 1)
+  std::vector<int64_t> expert_offsets;   // [E + 1] block starts of the local layout (padded)
+  Buffer y_expert;                       // [expert_rows, H] compute dtype, expert layout
 };
 
 // The backward's own buffers, passed from stage to stage (freed as soon as the next stage is
