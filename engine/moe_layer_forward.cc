@@ -1,8 +1,8 @@
 // MoeLayer forward (docs/SPEC.md "Forward"), written once against the Backend and
 // Communicator seams: Forward is the list of its stages, each a method documented in
 // moe_layer_impl.h. Host round trips per forward: one CopyToHost of the step statistics
-// (counts, loss partials), one of the all-gathered row counts A[R, E] (none with one rank,
-// whose A is its own counts), and the output itself.
+// (counts, loss partials and, with several ranks, every rank's kept counts, from which the
+// host derives A[R, E]), and the output itself.
 // Every buffer a kernel or a collective touches is backend memory.
 #include <algorithm>
 #include <cmath>
