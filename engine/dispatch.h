@@ -10,7 +10,8 @@
 //            [src0: e_first..e_{first+El-1} | src1: e_first.. | ...], A[s, e] rows each.
 //   expert   the FFN's layout, expert-major over local experts:
 //            [el0: src0..src_{R-1} | el1: src0.. | ...]; group_rows[el] = sum_s A[s, first+el].
-// A[R, E] is the all-gathered matrix of padded row counts (row s = rank s's per-expert rows).
+// A[R, E] is every rank's padded row counts (row s = rank s's per-expert rows, from its kept
+// counts all-gathered in the forward).
 // At R = 1 the three layouts are the same bytes (source-major with one source is expert-major),
 // so the layer skips the exchange and the reorder: DispatchIsIdentity(plan).
 //
