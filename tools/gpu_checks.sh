@@ -25,7 +25,8 @@ if [ "$what" = all ] || [ "$what" = server ]; then
   server_smoke() {
     local port_file=/tmp/moed_gpu.port
     rm -f "$port_file"
-    moed --device=cuda --workers="${WORKERS:-2}" --port=0 --port_file="$port_file" >"$out/server.log" 2>&1 &
+    moed --device=cuda --workers="${WORKERS:-2}" --port=0 --port_file="$port_file" \
+      >"$out/server.log" 2>&1 &
     local moed_pid=$!
     for _ in $(seq 1 100); do [ -s "$port_file" ] && break; sleep 0.2; done
     local rc=1
