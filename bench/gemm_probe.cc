@@ -526,14 +526,10 @@ class Plans {
         out[e] = *algo;
         continue;
       }
-      // An entry probed at the kind's rows serves buckets within kTunedRowsReach of them.
-      const double ratio = static_cast<double>(BucketOf(r)) / static_cast<double>(kind_.rows());
-      if (ratio > moe::cuda::kTunedRowsReach || 1 / ratio > moe::cuda::kTunedRowsReach) continue;
-      const cublasLtMatmulAlgo_t& c = bucket.choice;
-      if (AlgoConfigValue(c, CUBLASLT_ALGO_CONFIG_ID) !=
-              AlgoConfigValue(*algo, CUBLASLT_ALGO_CONFIG_ID) ||
-          AlgoConfigValue(c, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) != 1 ||
-          AlgoConfigValue(c, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) != 0) {
+      // An entry probed at the kind's rows serves the buckets within its reach.
+      if (!moe::cuda::WithinTunedReach(kind_.rows(), BucketOf(r)) ||
+          !moe::cuda::TunedMayReplace(bucket.choice,
+                                      AlgoConfigValue(*algo, CUBLASLT_ALGO_CONFIG_ID))) {
         continue;
       }
       Problem q = bucket.problem;

@@ -34,6 +34,17 @@ inline int AlgoConfigValue(const cublasLtMatmulAlgo_t& algo,
              : -1;
 }
 
+// True when a tuned configuration of algorithm `algo_id` may run in place of the heuristic's
+// `chosen` one and give the same bits: the same algorithm, without split-k or a reduction
+// scheme (each output element then sums k in the same order). CublasLtGemm::FindPlan's rule;
+// bench/gemm_probe emulates it.
+inline bool TunedMayReplace(const cublasLtMatmulAlgo_t& chosen, int algo_id) {
+  return AlgoConfigValue(chosen, CUBLASLT_ALGO_CONFIG_ID) == algo_id &&
+         AlgoConfigValue(chosen, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1 &&
+         AlgoConfigValue(chosen, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) ==
+             CUBLASLT_REDUCTION_SCHEME_NONE;
+}
+
 // Sets tile, stages, swizzle, cluster and custom option on `algo`, with split-k 1; false if
 // cuBLASLt refuses any of them. (cuBLASLt's heuristic candidates often carry a custom option
 // other than the 0 cublasLtMatmulAlgoInit starts from: 7 for te_seed's expert GEMMs.)

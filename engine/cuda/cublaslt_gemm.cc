@@ -207,10 +207,7 @@ absl::StatusOr<std::shared_ptr<CublasLtGemm::Plan>> CublasLtGemm::FindPlan(
     // order of k's sum, so the same bits (engine/cuda/cublaslt_plans.h).
     const cublasLtMatmulAlgo_t& chosen = results[0].algo;
     cublasLtMatmulAlgo_t algo;
-    if (tuned.has_value() && AlgoConfigValue(chosen, CUBLASLT_ALGO_CONFIG_ID) == tuned->algo &&
-        AlgoConfigValue(chosen, CUBLASLT_ALGO_CONFIG_SPLITK_NUM) == 1 &&
-        AlgoConfigValue(chosen, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME) ==
-            CUBLASLT_REDUCTION_SCHEME_NONE &&
+    if (tuned.has_value() && TunedMayReplace(chosen, tuned->algo) &&
         TunedAlgo(static_cast<cublasLtHandle_t>(handle_), g, *tuned, &plan->desc, &layouts,
                   workspace_bytes, &algo)) {
       plan->heuristic_algo = chosen;

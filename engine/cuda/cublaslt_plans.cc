@@ -27,10 +27,9 @@ struct Entry {
 // candidates were never taken in the engine: the GPU test TunedGemmPlansKeepResults found
 // none), so entries now carry it (TunedGemmConfig::custom) and the probe times every
 // candidate as an entry rebuilds it. The entries below all have custom option 0 (from the
-// enumeration). A configuration of
-// another algorithm than the heuristic's (21, for dsv3's accumulated d_wo) gave other bits at
-// other row counts. Every entry is algorithm 66, the heuristic's own, with its stages (35,
-// 64xAUTO).
+// enumeration). A configuration of another algorithm than the heuristic's (21, for dsv3's
+// accumulated d_wo) gave other bits at other row counts. Every entry is algorithm 66, the
+// heuristic's own, with its stages (35, 64xAUTO).
 // Tiles 20 128x128, 21 256x64, 30 160x128, 108 56x320, 137 80x256, 166 112x192, 201 176x128;
 // clusters 2 1x1x1, 3 2x1x1, 5 1x2x1 (the heuristic's choices here used 2 to 8 SMs: 2x1x1,
 // 1x2x1, 4x1x1, 4x2x1, 2x4x1).
@@ -87,17 +86,21 @@ int64_t GemmDimBucket(int64_t v) {
   return (v + step - 1) / step * step;
 }
 
+bool WithinTunedReach(int64_t probed_rows, int64_t rows) {
+  return std::fabs(std::log(static_cast<double>(probed_rows) / static_cast<double>(rows))) <=
+         std::log(kTunedRowsReach) * (1 + 1e-12);
+}
+
 std::optional<TunedGemmConfig> FindTunedGemm(const TunedGemmShape& shape) {
   const int64_t rows = Rows(shape);
   if (rows <= 0) return std::nullopt;
-  const double reach = std::log(kTunedRowsReach) * (1 + 1e-12);
   const Entry* best = nullptr;
   double best_distance = 0;
   for (const Entry& e : kH200) {
-    if (!SameKind(e.shape, shape)) continue;
+    if (!SameKind(e.shape, shape) || !WithinTunedReach(Rows(e.shape), rows)) continue;
     const double distance = std::fabs(std::log(static_cast<double>(Rows(e.shape)) / rows));
     // Ties (rows exactly between two entries) go to the first listed, the smaller rows.
-    if (distance <= reach && (best == nullptr || distance < best_distance)) {
+    if (best == nullptr || distance < best_distance) {
       best = &e;
       best_distance = distance;
     }

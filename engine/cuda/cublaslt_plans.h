@@ -58,6 +58,9 @@ int64_t GemmDimBucket(int64_t v);
 // rows are the nearest (by ratio) among such entries, within a factor kTunedRowsReach.
 constexpr double kTunedRowsReach = 1.5;
 std::optional<TunedGemmConfig> FindTunedGemm(const TunedGemmShape& shape);
+// Whether an entry probed at `probed_rows` can serve `rows` (both > 0): within kTunedRowsReach
+// either way, the reach itself included.
+bool WithinTunedReach(int64_t probed_rows, int64_t rows);
 
 // Where the table applies: compute capability 9.0 with 132 SMs and cuBLASLt 13.x
 // (cublasLtGetVersion() in [130000, 140000)); elsewhere the heuristic decides. Measured on the

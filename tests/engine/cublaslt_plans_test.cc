@@ -50,6 +50,15 @@ TEST(TunedGemms, RowsTakeTheNearestProbedCountWithinReach) {
   EXPECT_FALSE(FindTunedGemm(QwenUp(0)).has_value());
 }
 
+TEST(TunedGemms, ReachIncludesItsBoundEitherWay) {
+  EXPECT_TRUE(WithinTunedReach(1024, 1024));
+  EXPECT_TRUE(WithinTunedReach(1280, 1920));  // 1.5: the reach itself
+  EXPECT_TRUE(WithinTunedReach(8192, 12288));
+  EXPECT_TRUE(WithinTunedReach(12288, 8192));
+  EXPECT_FALSE(WithinTunedReach(1280, 2048));  // 1.6
+  EXPECT_FALSE(WithinTunedReach(896, 512));    // 1.75 the other way
+}
+
 TEST(TunedGemms, OtherDimsAndFlagsMustBeEqual) {
   TunedGemmShape s = QwenUp(1024);
   s.n = 1537;

@@ -62,16 +62,18 @@ TEST(InitTest, GatedAndPlainShareWi0) {
 // (InitRandomBits), attempts 2a and 2a + 1, Box-Muller, the first |z| <= 2. The fills hash in
 // stages (engine/init.cc); every element must be this value, bit for bit, attempts beyond the
 // first included.
+// Attempt a's Box-Muller normal, before the truncation.
+double LiteralNormal(uint64_t seed, uint64_t n, uint64_t expert, uint64_t index, uint64_t a) {
+  auto uniform = [&](uint64_t counter) {
+    return (static_cast<double>(InitRandomBits(seed, n, expert, index, counter) >> 11) + 0.5) *
+           0x1.0p-53;
+  };
+  return std::sqrt(-2.0 * std::log(uniform(2 * a))) * std::cos(2.0 * M_PI * uniform(2 * a + 1));
+}
+
 float Literal(uint64_t seed, InitTensorId tensor, uint64_t expert, uint64_t index, double sigma) {
-  const uint64_t n = static_cast<uint64_t>(tensor);
   for (uint64_t a = 0;; ++a) {
-    const double u1 =
-        (static_cast<double>(InitRandomBits(seed, n, expert, index, 2 * a) >> 11) + 0.5) *
-        0x1.0p-53;
-    const double u2 =
-        (static_cast<double>(InitRandomBits(seed, n, expert, index, 2 * a + 1) >> 11) + 0.5) *
-        0x1.0p-53;
-    const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+    const double z = LiteralNormal(seed, static_cast<uint64_t>(tensor), expert, index, a);
     if (std::fabs(z) <= 2.0) return static_cast<float>(z * sigma);
   }
 }
@@ -101,12 +103,7 @@ TEST(InitTest, ValuesFollowTheDefinition) {
                   wo[el * F * H + o]);
         // An element whose first attempt is rejected (|z| > 2): the staged hash must reach
         // the same later attempts.
-        const double u1 =
-            (static_cast<double>(InitRandomBits(c.init_seed, 3, e, o, 0) >> 11) + 0.5) * 0x1.0p-53;
-        const double u2 =
-            (static_cast<double>(InitRandomBits(c.init_seed, 3, e, o, 1) >> 11) + 0.5) * 0x1.0p-53;
-        second_attempts +=
-            std::fabs(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2)) > 2.0;
+        second_attempts += std::fabs(LiteralNormal(c.init_seed, 3, e, o, 0)) > 2.0;
       }
     }
   }
