@@ -26,11 +26,12 @@ struct Entry {
 // cuBLASLt refused most of them (the earlier te_seed entries and dsv3's weight-gradient
 // candidates were never taken in the engine: the GPU test TunedGemmPlansKeepResults found
 // none), so entries now carry it (TunedGemmConfig::custom) and the probe times every
-// candidate as an entry rebuilds it. The entries below all have custom option 0 (from the
+// candidate as an entry rebuilds it. Entries with a sixth field carry a heuristic candidate's
+// custom option (dsv3's weight gradients, te_seed's); the others have 0 (from the
 // enumeration). A configuration of another algorithm than the heuristic's (21, for dsv3's
 // accumulated d_wo) gave other bits at other row counts. Every entry is algorithm 66, the
-// heuristic's own, with its stages (35, 64xAUTO).
-// Tiles 20 128x128, 21 256x64, 30 160x128, 108 56x320, 137 80x256, 166 112x192, 201 176x128;
+// heuristic's own, with its stages (35, 64xAUTO). Tiles 20 128x128, 21 256x64, 29 128x160,
+// 30 160x128, 108 56x320, 137 80x256, 166 112x192, 201 176x128, 248 320x128;
 // clusters 2 1x1x1, 3 2x1x1, 5 1x2x1 (the heuristic's choices here used 2 to 8 SMs: 2x1x1,
 // 1x2x1, 4x1x1, 4x2x1, 2x4x1).
 constexpr bool N = false, T = true;
@@ -56,11 +57,14 @@ const Entry kH200[] = {
     {{T, N, true, true, 768, 2048, 1024}, {66, 30, 35, 1, 5}},    // 0.861
     {{T, N, true, false, 2048, 1536, 1024}, {66, 30, 35, 1, 5}},  // 0.950
     {{T, N, true, true, 2048, 1536, 1024}, {66, 20, 35, 0, 5}},   // 0.916
-    // dsv3 (H 7168, F 2048, 256 experts, k 8), routed rows 210..301: d_a = d_y wo^T
-    {{N, T, false, false, 256, 2048, 7168}, {66, 21, 35, 1, 2}},  // 0.618
+    // dsv3 (H 7168, F 2048, 256 experts, k 8), routed rows 210..301: d_a = d_y wo^T, d_wo
+    // written, d_wi accumulated
+    {{N, T, false, false, 256, 2048, 7168}, {66, 21, 35, 1, 2}},      // 0.618
+    {{T, N, true, false, 2048, 7168, 256}, {66, 20, 35, 0, 5, 3}},    // 0.921
+    {{T, N, true, true, 7168, 4096, 256}, {66, 248, 35, 0, 5, 7}},    // 0.947
     // te_seed (H 1024, F 4096, 8 experts, k 2), routed rows 8109..8322: up, d_a
-    {{N, N, false, false, 8192, 8192, 1024}, {66, 166, 35, 1, 3}},  // 0.953
-    {{N, T, false, false, 8192, 4096, 1024}, {66, 30, 35, 0, 3}},   // 0.952
+    {{N, N, false, false, 8192, 8192, 1024}, {66, 29, 35, 0, 3, 1}},  // 0.928
+    {{N, T, false, false, 8192, 4096, 1024}, {66, 29, 35, 0, 3, 1}},  // 0.930
 };
 
 int64_t Rows(const TunedGemmShape& s) { return s.trans_a ? s.k : s.m; }

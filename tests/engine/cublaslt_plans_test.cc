@@ -100,7 +100,16 @@ TEST(TunedGemms, WeightGradientRowsAreK) {
   const std::optional<TunedGemmConfig> te_up =
       FindTunedGemm({false, false, false, false, 10240, 8192, 1024});
   ASSERT_TRUE(te_up.has_value());
-  EXPECT_EQ(te_up->tile, 166);
+  EXPECT_EQ(te_up->tile, 29);
+  EXPECT_EQ(te_up->custom, 1);  // the heuristic candidate's custom option travels with it
+  // dsv3's weight gradients: d_wo where written, d_wi where accumulated; not the other way.
+  const TunedGemmShape dsv3_wo{true, false, true, false, 2048, 7168, 288};
+  ASSERT_TRUE(FindTunedGemm(dsv3_wo).has_value());
+  EXPECT_EQ(FindTunedGemm(dsv3_wo)->custom, 3);
+  EXPECT_FALSE(FindTunedGemm({true, false, true, true, 2048, 7168, 288}).has_value());
+  ASSERT_TRUE(FindTunedGemm({true, false, true, true, 7168, 4096, 224}).has_value());
+  EXPECT_EQ(FindTunedGemm({true, false, true, true, 7168, 4096, 224})->tile, 248);
+  EXPECT_FALSE(FindTunedGemm({true, false, true, false, 7168, 4096, 224}).has_value());
 }
 
 TEST(TunedGemms, ApplyOnlyWhereMeasured) {
