@@ -4,9 +4,11 @@
 // the two data gradients, the two weight gradients written and accumulated) every pass runs
 // all E experts' GEMMs spread over --streams streams, as CudaBackend::GroupedGemm does. The
 // configurations: cuBLASLt's heuristic list for the shape (up to --candidates; index 0 is
-// what the engine ran before the table) and, per --enumerate (wgrad|all|none), every
+// what the engine ran before the table) and, per --enumerate (wgrad|all|custom|none), every
 // (algorithm, tile, stages, cluster, swizzle) without split-k that cublasLtMatmulAlgoCheck
-// accepts (at most --max_enumerated, evenly spread), each as a table entry would rebuild it.
+// accepts, or (custom) every heuristic candidate's tile and stages with each custom option,
+// cluster and swizzle (at most --max_enumerated, evenly spread), each as a table entry would
+// rebuild it.
 // Each is screened with one timed pass; the fastest --retime are then timed (median of --reps
 // passes) right after the baseline (heuristic candidate 0; with --routed_rows each bucket's),
 // since the GPU's clock drifts over a long probe and only neighbours compare. One JSON line
@@ -26,6 +28,7 @@
 //   gemm_probe --configs=dsv3 --kinds=wgrad_wi,wgrad_wo --enumerate=wgrad
 //   gemm_probe --configs=qwen3 --enumerate=all --rows_scale=0.875   # another row bucket
 //   gemm_probe --configs=dsv3 --enumerate=all --routed_rows         # rows as a step spreads them
+//   gemm_probe --configs=dsv3 --enumerate=custom --routed_rows      # kernel variants of a tile
 //   gemm_probe --configs= --copy_gb=16   # only the memory's streaming rate (a 16 GB copy)
 #include <cublasLt.h>
 #include <cuda_bf16.h>
@@ -55,7 +58,9 @@
 ABSL_FLAG(std::string, configs, "te_seed,qwen3,mixtral,dsv3", "presets, in order");
 ABSL_FLAG(std::string, kinds, "up,down,dgrad_down,dgrad_up,wgrad_wo,wgrad_wi",
           "GEMM kinds; wgrad_* run with beta 0 and 1");
-ABSL_FLAG(std::string, enumerate, "wgrad", "beyond the heuristic: wgrad, all or none");
+ABSL_FLAG(std::string, enumerate, "wgrad",
+          "beyond the heuristic: wgrad, all, custom (the heuristic's candidates with every "
+          "custom option, cluster and swizzle) or none");
 ABSL_FLAG(int, candidates, 16, "heuristic candidates asked for");
 ABSL_FLAG(int, reps, 5, "timed passes per candidate (median)");
 ABSL_FLAG(int, retime, 8, "configurations timed against the baseline after the screening");
@@ -434,6 +439,49 @@ std::vector<cublasLtMatmulAlgo_t> Enumerate(cublasLtHandle_t lt, const Problem& 
   return sampled;
 }
 
+// --enumerate=custom: each of the heuristic's candidates with every custom option cuBLASLt
+// offers for it (0 to CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX), cluster shape and swizzle, its
+// algorithm, tile and stages kept, without split-k, where cublasLtMatmulAlgoCheck accepts it;
+// at most `limit`, evenly spread. (The custom option selects among a tile's kernel variants;
+// the heuristic's best candidates carried options 1, 3 and 7 that the other modes never set.)
+std::vector<cublasLtMatmulAlgo_t> EnumerateCustom(cublasLtHandle_t lt, const Problem& p,
+                                                  const std::vector<cublasLtMatmulAlgo_t>& heur,
+                                                  size_t ws, int limit) {
+  const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
+                               CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1};
+  std::vector<cublasLtMatmulAlgo_t> out;
+  Problem q = p;
+  for (const cublasLtMatmulAlgo_t& base : heur) {
+    int32_t custom_max = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&base, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX, &custom_max,
+                                          sizeof(custom_max), &written) != CUBLAS_STATUS_SUCCESS) {
+      custom_max = 0;
+    }
+    const uint32_t tile = AlgoConfigValue(base, CUBLASLT_ALGO_CONFIG_TILE_ID);
+    const uint32_t stages = AlgoConfigValue(base, CUBLASLT_ALGO_CONFIG_STAGES_ID);
+    for (int32_t custom = 0; custom <= custom_max; ++custom) {
+      for (uint16_t cluster : clusters) {
+        for (uint32_t swizzle = 0; swizzle < 2; ++swizzle) {
+          cublasLtMatmulAlgo_t algo = base;
+          if (!SetAlgoConfig(&algo, tile, stages, swizzle, cluster, custom)) continue;
+          cublasLtMatmulHeuristicResult_t r;
+          if (cublasLtMatmulAlgoCheck(lt, &q.desc, &q.a, &q.b, &q.c, &q.c, &algo, &r) !=
+                  CUBLAS_STATUS_SUCCESS ||
+              r.workspaceSize > ws) {
+            continue;
+          }
+          out.push_back(algo);
+        }
+      }
+    }
+  }
+  if (static_cast<int>(out.size()) <= limit) return out;
+  std::vector<cublasLtMatmulAlgo_t> sampled;
+  for (int j = 0; j < limit; ++j) sampled.push_back(out[out.size() * j / limit]);
+  return sampled;
+}
+
 // `algo` as the table gives it to the engine (CublasLtGemm's TunedAlgo): rebuilt from its id,
 // tile, stages, swizzle, cluster and custom option, if cuBLASLt accepts that for the problem.
 // What is timed and proposed is the rebuilt form, so an entry runs what the probe measured
@@ -592,6 +640,13 @@ void ProbeKind(cublasLtHandle_t lt, const Preset& preset, const Kind& kind,
   if (mode == "all" || (mode == "wgrad" && wgrad)) {
     for (const auto& algo : Enumerate(lt, bench.problem(), kind.c_type, bench.workspace_bytes(),
                                       absl::GetFlag(FLAGS_max_enumerated))) {
+      all.push_back(algo);
+    }
+  } else if (mode == "custom") {
+    const std::vector<cublasLtMatmulAlgo_t> heuristic(all.begin(), all.end());
+    for (const auto& algo : EnumerateCustom(lt, bench.problem(), heuristic,
+                                            bench.workspace_bytes(),
+                                            absl::GetFlag(FLAGS_max_enumerated))) {
       all.push_back(algo);
     }
   }

@@ -57,14 +57,18 @@ const Entry kH200[] = {
     {{T, N, true, true, 768, 2048, 1024}, {66, 30, 35, 1, 5}},    // 0.861
     {{T, N, true, false, 2048, 1536, 1024}, {66, 30, 35, 1, 5}},  // 0.950
     {{T, N, true, true, 2048, 1536, 1024}, {66, 20, 35, 0, 5}},   // 0.916
-    // dsv3 (H 7168, F 2048, 256 experts, k 8), routed rows 210..301: d_a = d_y wo^T, d_wo
-    // written, d_wi accumulated
+    // dsv3 (H 7168, F 2048, 256 experts, k 8), routed rows 210..301: up, d_a = d_y wo^T, d_wo
+    // written, d_wi written and accumulated
+    {{N, N, false, false, 256, 4096, 7168}, {66, 31, 35, 1, 3, 6}},   // 0.942
     {{N, T, false, false, 256, 2048, 7168}, {66, 21, 35, 1, 2}},      // 0.618
     {{T, N, true, false, 2048, 7168, 256}, {66, 20, 35, 0, 5, 3}},    // 0.921
+    {{T, N, true, false, 7168, 4096, 256}, {66, 23, 35, 0, 3, 4}},    // 0.971
     {{T, N, true, true, 7168, 4096, 256}, {66, 248, 35, 0, 5, 7}},    // 0.947
-    // te_seed (H 1024, F 4096, 8 experts, k 2), routed rows 8109..8322: up, d_a
+    // te_seed (H 1024, F 4096, 8 experts, k 2), routed rows 8109..8322: up, down, d_a, d_X
     {{N, N, false, false, 8192, 8192, 1024}, {66, 29, 35, 0, 3, 1}},  // 0.928
+    {{N, N, false, false, 8192, 1024, 4096}, {66, 32, 35, 1, 2, 7}},  // 0.966
     {{N, T, false, false, 8192, 4096, 1024}, {66, 29, 35, 0, 3, 1}},  // 0.930
+    {{N, T, false, false, 8192, 1024, 8192}, {66, 24, 35, 0, 2, 5}},  // 0.956
 };
 
 int64_t Rows(const TunedGemmShape& s) { return s.trans_a ? s.k : s.m; }

@@ -458,11 +458,15 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
       {"qwen3 d_wo accumulated", true, false, true, 1.f, 768, 2048, 1024, qwen3},
       {"qwen3 d_wi", true, false, true, 0.f, 2048, 1536, 1024, qwen3},
       {"qwen3 d_wi accumulated", true, false, true, 1.f, 2048, 1536, 1024, qwen3},
+      {"dsv3 up", false, false, false, 0.f, 256, 4096, 7168, dsv3},
       {"dsv3 d_a", false, true, false, 0.f, 256, 2048, 7168, dsv3},
       {"dsv3 d_wo", true, false, true, 0.f, 2048, 7168, 256, dsv3},
+      {"dsv3 d_wi", true, false, true, 0.f, 7168, 4096, 256, dsv3},
       {"dsv3 d_wi accumulated", true, false, true, 1.f, 7168, 4096, 256, dsv3},
       {"te_seed up", false, false, false, 0.f, 8192, 8192, 1024, te_seed},
+      {"te_seed down", false, false, false, 0.f, 8192, 1024, 4096, te_seed},
       {"te_seed d_a", false, true, false, 0.f, 8192, 4096, 1024, te_seed},
+      {"te_seed d_X", false, true, false, 0.f, 8192, 1024, 8192, te_seed},
   };
   for (const Case& c : cases) {
     const std::vector<int64_t>& rows = c.rows;
