@@ -31,7 +31,8 @@ struct Entry {
 // enumeration). A configuration of another algorithm than the heuristic's (21, for dsv3's
 // accumulated d_wo) gave other bits at other row counts. Every entry is algorithm 66, the
 // heuristic's own, with its stages (35, 64xAUTO). Tiles 20 128x128, 21 256x64, 29 128x160,
-// 30 160x128, 108 56x320, 137 80x256, 166 112x192, 201 176x128, 248 320x128;
+// 30 160x128, 108 56x320, 137 80x256, 166 112x192, 201 176x128, 248 320x128 (and 23, 24,
+// 31, 32, 458 as cuBLASLt numbers them);
 // clusters 2 1x1x1, 3 2x1x1, 5 1x2x1 (the heuristic's choices here used 2 to 8 SMs: 2x1x1,
 // 1x2x1, 4x1x1, 4x2x1, 2x4x1).
 constexpr bool N = false, T = true;
@@ -57,9 +58,10 @@ const Entry kH200[] = {
     {{T, N, true, true, 768, 2048, 1024}, {66, 30, 35, 1, 5}},    // 0.861
     {{T, N, true, false, 2048, 1536, 1024}, {66, 30, 35, 1, 5}},  // 0.950
     {{T, N, true, true, 2048, 1536, 1024}, {66, 20, 35, 0, 5}},   // 0.916
-    // dsv3 (H 7168, F 2048, 256 experts, k 8), routed rows 210..301: up, d_a = d_y wo^T, d_wo
-    // written, d_wi written and accumulated
+    // dsv3 (H 7168, F 2048, 256 experts, k 8), routed rows 210..301: up, down, d_a = d_y wo^T,
+    // d_wo written, d_wi written and accumulated
     {{N, N, false, false, 256, 4096, 7168}, {66, 31, 35, 1, 3, 6}},   // 0.942
+    {{N, N, false, false, 256, 7168, 2048}, {66, 458, 35, 0, 2, 1}},  // 0.879
     {{N, T, false, false, 256, 2048, 7168}, {66, 21, 35, 1, 2}},      // 0.618
     {{T, N, true, false, 2048, 7168, 256}, {66, 20, 35, 0, 5, 3}},    // 0.921
     {{T, N, true, false, 7168, 4096, 256}, {66, 23, 35, 0, 3, 4}},    // 0.971
@@ -69,6 +71,13 @@ const Entry kH200[] = {
     {{N, N, false, false, 8192, 1024, 4096}, {66, 32, 35, 1, 2, 7}},  // 0.966
     {{N, T, false, false, 8192, 4096, 1024}, {66, 29, 35, 0, 3, 1}},  // 0.930
     {{N, T, false, false, 8192, 1024, 8192}, {66, 24, 35, 0, 2, 5}},  // 0.956
+    // mixtral (H 4096, F 14336, 8 experts, k 2), routed rows around 4096: down, d_X, d_wo written
+    // and accumulated, d_wi written
+    {{N, N, false, false, 4096, 4096, 14336}, {66, 24, 35, 0, 2, 4}},  // 0.957
+    {{N, T, false, false, 4096, 4096, 28672}, {66, 24, 35, 0, 2, 4}},  // 0.942
+    {{T, N, true, false, 14336, 4096, 4096}, {66, 29, 35, 0, 3, 1}},   // 0.936
+    {{T, N, true, true, 14336, 4096, 4096}, {66, 29, 35, 0, 3, 1}},    // 0.923
+    {{T, N, true, false, 4096, 28672, 4096}, {66, 248, 35, 0, 5, 7}},  // 0.968
 };
 
 int64_t Rows(const TunedGemmShape& s) { return s.trans_a ? s.k : s.m; }

@@ -87,9 +87,9 @@ TEST(TunedGemms, WeightGradientRowsAreK) {
   TunedGemmShape other_m = QwenWgradWo(1024, false);
   other_m.m = 1024;
   EXPECT_FALSE(FindTunedGemm(other_m).has_value());
-  // Shapes the probe found nothing for are not listed: dsv3's down GEMM and d_X.
-  EXPECT_FALSE(FindTunedGemm({false, false, false, false, 256, 7168, 2048}).has_value());
+  // Shapes the probe found nothing for are not listed: dsv3's d_X, te_seed's written d_wi.
   EXPECT_FALSE(FindTunedGemm({false, true, false, false, 256, 7168, 4096}).has_value());
+  EXPECT_FALSE(FindTunedGemm({true, false, true, false, 1024, 8192, 8192}).has_value());
   // dsv3's d_a (probed with routed rows at 256) serves its buckets 224 and 320; te_seed's up
   // GEMM (probed likewise at 8192 rows) its bucket 10240.
   for (const TunedGemmShape& s : {TunedGemmShape{false, true, false, false, 224, 2048, 7168},

@@ -445,10 +445,12 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
   // weight gradients (probed at 1024 rows only), in buckets beyond it (640, 1792: the
   // heuristic's). dsv3 and te_seed (probed with rows spread as routing spreads them, around
   // 256 over the buckets 224..320 and around 8192 over 8192..10240): rows in those buckets,
-  // within the reach (192; 6144 and 12288) and, for dsv3, beyond it (160, 448).
+  // within the reach (192; 6144 and 12288) and, for dsv3, beyond it (160, 448). mixtral
+  // (around 4096 over 4096..5120): those buckets and 3072, within the reach.
   const std::vector<int64_t> qwen3 = {1024, 850, 1250, 700, 1100, 1600, 600};
   const std::vector<int64_t> dsv3 = {256, 213, 301, 170, 270, 400, 150};
   const std::vector<int64_t> te_seed = {8192, 8322, 6000, 11000};
+  const std::vector<int64_t> mixtral = {4096, 4200, 3900, 5000, 3000};
   const Case cases[] = {
       {"qwen3 up", false, false, false, 0.f, 1024, 1536, 2048, qwen3},
       {"qwen3 down", false, false, false, 0.f, 1024, 2048, 768, qwen3},
@@ -459,6 +461,7 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
       {"qwen3 d_wi", true, false, true, 0.f, 2048, 1536, 1024, qwen3},
       {"qwen3 d_wi accumulated", true, false, true, 1.f, 2048, 1536, 1024, qwen3},
       {"dsv3 up", false, false, false, 0.f, 256, 4096, 7168, dsv3},
+      {"dsv3 down", false, false, false, 0.f, 256, 7168, 2048, dsv3},
       {"dsv3 d_a", false, true, false, 0.f, 256, 2048, 7168, dsv3},
       {"dsv3 d_wo", true, false, true, 0.f, 2048, 7168, 256, dsv3},
       {"dsv3 d_wi", true, false, true, 0.f, 7168, 4096, 256, dsv3},
@@ -467,6 +470,11 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
       {"te_seed down", false, false, false, 0.f, 8192, 1024, 4096, te_seed},
       {"te_seed d_a", false, true, false, 0.f, 8192, 4096, 1024, te_seed},
       {"te_seed d_X", false, true, false, 0.f, 8192, 1024, 8192, te_seed},
+      {"mixtral down", false, false, false, 0.f, 4096, 4096, 14336, mixtral},
+      {"mixtral d_X", false, true, false, 0.f, 4096, 4096, 28672, mixtral},
+      {"mixtral d_wo", true, false, true, 0.f, 14336, 4096, 4096, mixtral},
+      {"mixtral d_wo accumulated", true, false, true, 1.f, 14336, 4096, 4096, mixtral},
+      {"mixtral d_wi", true, false, true, 0.f, 4096, 28672, 4096, mixtral},
   };
   for (const Case& c : cases) {
     const std::vector<int64_t>& rows = c.rows;
