@@ -393,18 +393,47 @@ std::vector<uint32_t> CapList(const cublasLtMatmulAlgo_t& algo,
   return v;
 }
 
-// Every (algorithm, tile, stages, cluster, swizzle) cuBLASLt's check accepts for the problem,
-// without split-k (it would change the order of k's sum); at most `limit`, evenly spread.
+// `base` with the tile, stages and custom option given and each cluster shape (auto, 1x1x1,
+// 2x1x1, 1x2x1) and swizzle, without split-k (it would change the order of k's sum), appended
+// to `out` where cuBLASLt's check accepts it for the problem within the workspace.
+void AddClusterVariants(cublasLtHandle_t lt, const Problem& p, const cublasLtMatmulAlgo_t& base,
+                        uint32_t tile, uint32_t stages, uint32_t custom, size_t ws,
+                        std::vector<cublasLtMatmulAlgo_t>* out) {
+  const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
+                               CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1};
+  Problem q = p;
+  for (uint16_t cluster : clusters) {
+    for (uint32_t swizzle = 0; swizzle < 2; ++swizzle) {
+      cublasLtMatmulAlgo_t algo = base;
+      if (!SetAlgoConfig(&algo, tile, stages, swizzle, cluster, custom)) continue;
+      cublasLtMatmulHeuristicResult_t r;
+      if (cublasLtMatmulAlgoCheck(lt, &q.desc, &q.a, &q.b, &q.c, &q.c, &algo, &r) !=
+              CUBLAS_STATUS_SUCCESS ||
+          r.workspaceSize > ws) {
+        continue;
+      }
+      out->push_back(algo);
+    }
+  }
+}
+
+// At most `limit` of `all`, evenly spread.
+std::vector<cublasLtMatmulAlgo_t> EvenlySpread(std::vector<cublasLtMatmulAlgo_t> all, int limit) {
+  if (static_cast<int>(all.size()) <= limit) return all;
+  std::vector<cublasLtMatmulAlgo_t> sampled;
+  for (int j = 0; j < limit; ++j) sampled.push_back(all[all.size() * j / limit]);
+  return sampled;
+}
+
+// --enumerate=all|wgrad: every (algorithm, tile, stages, cluster, swizzle) cuBLASLt's check
+// accepts for the problem, custom option 0; at most `limit`, evenly spread.
 std::vector<cublasLtMatmulAlgo_t> Enumerate(cublasLtHandle_t lt, const Problem& p,
                                             cudaDataType_t c_type, size_t ws, int limit) {
   int ids[128];
   int count = 0;
   LT_CHECK(cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF,
                                     c_type, c_type, 128, ids, &count));
-  const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
-                               CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1};
   std::vector<cublasLtMatmulAlgo_t> out;
-  Problem q = p;
   for (int i = 0; i < count; ++i) {
     cublasLtMatmulAlgo_t base;
     if (cublasLtMatmulAlgoInit(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, c_type,
@@ -416,41 +445,21 @@ std::vector<cublasLtMatmulAlgo_t> Enumerate(cublasLtHandle_t lt, const Problem& 
     if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
     if (stages.empty()) stages.push_back(CUBLASLT_MATMUL_STAGES_UNDEFINED);
     for (uint32_t tile : tiles) {
-      for (uint32_t stage : stages) {
-        for (uint16_t cluster : clusters) {
-          for (uint32_t swizzle = 0; swizzle < 2; ++swizzle) {
-            cublasLtMatmulAlgo_t algo = base;
-            if (!SetAlgoConfig(&algo, tile, stage, swizzle, cluster)) continue;
-            cublasLtMatmulHeuristicResult_t r;
-            if (cublasLtMatmulAlgoCheck(lt, &q.desc, &q.a, &q.b, &q.c, &q.c, &algo, &r) !=
-                    CUBLAS_STATUS_SUCCESS ||
-                r.workspaceSize > ws) {
-              continue;
-            }
-            out.push_back(algo);
-          }
-        }
-      }
+      for (uint32_t stage : stages) AddClusterVariants(lt, p, base, tile, stage, 0, ws, &out);
     }
   }
-  if (static_cast<int>(out.size()) <= limit) return out;
-  std::vector<cublasLtMatmulAlgo_t> sampled;
-  for (int j = 0; j < limit; ++j) sampled.push_back(out[out.size() * j / limit]);
-  return sampled;
+  return EvenlySpread(std::move(out), limit);
 }
 
 // --enumerate=custom: each of the heuristic's candidates with every custom option cuBLASLt
 // offers for it (0 to CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX), cluster shape and swizzle, its
-// algorithm, tile and stages kept, without split-k, where cublasLtMatmulAlgoCheck accepts it;
-// at most `limit`, evenly spread. (The custom option selects among a tile's kernel variants;
-// the heuristic's best candidates carried options 1, 3 and 7 that the other modes never set.)
+// algorithm, tile and stages kept; at most `limit`, evenly spread. (The custom option selects
+// among a tile's kernel variants; the heuristic's best candidates carried options 1, 3 and 7
+// that the other modes never set.)
 std::vector<cublasLtMatmulAlgo_t> EnumerateCustom(cublasLtHandle_t lt, const Problem& p,
                                                   const std::vector<cublasLtMatmulAlgo_t>& heur,
                                                   size_t ws, int limit) {
-  const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO, CUBLASLT_CLUSTER_SHAPE_1x1x1,
-                               CUBLASLT_CLUSTER_SHAPE_2x1x1, CUBLASLT_CLUSTER_SHAPE_1x2x1};
   std::vector<cublasLtMatmulAlgo_t> out;
-  Problem q = p;
   for (const cublasLtMatmulAlgo_t& base : heur) {
     int32_t custom_max = 0;
     size_t written = 0;
@@ -461,25 +470,10 @@ std::vector<cublasLtMatmulAlgo_t> EnumerateCustom(cublasLtHandle_t lt, const Pro
     const uint32_t tile = AlgoConfigValue(base, CUBLASLT_ALGO_CONFIG_TILE_ID);
     const uint32_t stages = AlgoConfigValue(base, CUBLASLT_ALGO_CONFIG_STAGES_ID);
     for (int32_t custom = 0; custom <= custom_max; ++custom) {
-      for (uint16_t cluster : clusters) {
-        for (uint32_t swizzle = 0; swizzle < 2; ++swizzle) {
-          cublasLtMatmulAlgo_t algo = base;
-          if (!SetAlgoConfig(&algo, tile, stages, swizzle, cluster, custom)) continue;
-          cublasLtMatmulHeuristicResult_t r;
-          if (cublasLtMatmulAlgoCheck(lt, &q.desc, &q.a, &q.b, &q.c, &q.c, &algo, &r) !=
-                  CUBLAS_STATUS_SUCCESS ||
-              r.workspaceSize > ws) {
-            continue;
-          }
-          out.push_back(algo);
-        }
-      }
+      AddClusterVariants(lt, p, base, tile, stages, static_cast<uint32_t>(custom), ws, &out);
     }
   }
-  if (static_cast<int>(out.size()) <= limit) return out;
-  std::vector<cublasLtMatmulAlgo_t> sampled;
-  for (int j = 0; j < limit; ++j) sampled.push_back(out[out.size() * j / limit]);
-  return sampled;
+  return EvenlySpread(std::move(out), limit);
 }
 
 // `algo` as the table gives it to the engine (CublasLtGemm's TunedAlgo): rebuilt from its id,
