@@ -3,10 +3,12 @@
 # machine in one call, from a .gpu folder tools/pack_gpu.sh made with cuda_backend_ops_test,
 # cuda_layer_test, gpu_bench and gemm_probe (device tool: carry [".gpu"]):
 #   1. with PROBE="CONFIG:ROWS_SCALE ..." (e.g. "dsv3:routed te_seed:routed qwen3:0.875"),
-#      gemm_probe --enumerate=all for each (ROWS_SCALE "routed": --routed_rows, every expert's
-#      rows as random routing spreads them, the way to probe a many-expert preset; a number:
-#      --rows_scale, the same rows for every expert; PROBE_KINDS: its --kinds, default all
-#      six), the candidate table entries it finds collected in $OUT/plans.txt, JSON in
+#      gemm_probe for each: ROWS_SCALE "routed" is --routed_rows (every expert's rows as random
+#      routing spreads them, the way to probe a many-expert preset), a number --rows_scale (the
+#      same rows for every expert); ENUMERATE its --enumerate (default custom: the heuristic's
+#      candidates with every custom option, cluster and swizzle; all: every tile, stages,
+#      cluster and swizzle with custom option 0); PROBE_KINDS its --kinds (default all six).
+#      The candidate table entries it finds are collected in $OUT/plans.txt, JSON in
 #      $OUT/probe.jsonl;
 #   2. tools/gpu_overlap_check.sh with and without the table (MOED_CUBLASLT_TUNED=0) for
 #      CONFIGS (default te_seed,qwen3,mixtral), ROUNDS times (default 2), bf16: the GPU tests
@@ -24,7 +26,7 @@ gpu_check_begin probe.log
 probe() {  # probe CONFIG ROWS_SCALE|routed: JSON lines to probe.jsonl, plan lines to plans.txt
   local rows="--rows_scale=$2"
   [ "$2" = routed ] && rows=--routed_rows
-  timeout 300 gemm_probe --configs="$1" "$rows" --enumerate=all \
+  timeout 300 gemm_probe --configs="$1" "$rows" --enumerate="${ENUMERATE:-custom}" \
     --kinds="${PROBE_KINDS:-up,down,dgrad_down,dgrad_up,wgrad_wo,wgrad_wi}" \
     >>"$out/probe.jsonl" 2>>"$out/plans.txt"
 }
