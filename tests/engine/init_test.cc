@@ -103,7 +103,8 @@ TEST(InitTest, ValuesFollowTheDefinition) {
                   wo[el * F * H + o]);
         // An element whose first attempt is rejected (|z| > 2): the staged hash must reach
         // the same later attempts.
-        second_attempts += std::fabs(LiteralNormal(c.init_seed, 3, e, o, 0)) > 2.0;
+        const uint64_t wo_id = static_cast<uint64_t>(InitTensorId::kWo);
+        second_attempts += std::fabs(LiteralNormal(c.init_seed, wo_id, e, o, 0)) > 2.0;
       }
     }
   }
