@@ -26,10 +26,18 @@
 // step writes its weight gradients (GEMM beta = 0) and the median is of such steps. The
 // engine's ZeroGradients is lazy (a host flag, no device work); the call sits outside the
 // timed window and its own cost is reported as zero_grads_host_ms / zero_grads_device_ms.
+// Each zeroed step ends with FlushGradients inside its timed window: the engine may defer the
+// expert weight gradients' GEMMs (docs/SPEC.md "Weight gradients of several backwards"), and a
+// step is only done when its gradients exist.
 // --zero_grads=false keeps accumulating steps (beta = 1 into the fp32 gradients) after the
 // first timed one, which follows a zeroing. --accumulating_iters=N (with --zero_grads) times N
 // more fwd+bwd steps without zeroing in the same process, as fwdbwd_accum_device_ms[_all] and
-// breakdown_fwdbwd_accum_ms: both kinds of step for one layer creation (dsv3's takes ~76 s).
+// breakdown_fwdbwd_accum_ms: both kinds of step for one layer creation (dsv3's takes ~55 s).
+// Accumulating steps do not flush: the one FlushGradients after the last is timed on its own
+// (fwdbwd_[accum_]flush_device_ms) and fwdbwd_[accum_]mean_device_ms is the series' total
+// device time, that flush included, per step. The median of such steps leaves out the
+// deferred GEMMs that some of them (the one filling the budget) or the flush ran: compare
+// accumulating steps by the mean.
 // `fingerprint`: FNV-1a 64 of out, d_x and the gate gradient of one fwd+bwd step from zero
 // gradients after the warm-up, then of the wi and wo gradients after a second, accumulating
 // step ("-" where they are too large to hash: dsv3's); two builds printing the same one
@@ -162,6 +170,7 @@ absl::StatusOr<double> StandaloneA2aMs(Backend* backend, Communicator* comm, siz
 // Medians' inputs of one kind of step (one entry per timed step).
 struct Series {
   std::vector<double> api, device, span, copy, a2a_ms, a2a_bytes, zero_host, zero_device;
+  double flush_device = 0;  // the FlushGradients after an accumulating series (device ms)
 };
 
 // One layer and its timing decorators: runs and times steps.
@@ -222,8 +231,11 @@ class StepTimer {
   }
 
   // `iters` timed steps; `zero`: ZeroGradients before each, timed apart from the step (host
-  // time, and the device ops it enqueues: none while the engine zeroes lazily). Per-operation
-  // device times are added into `breakdown` when it is given.
+  // time, and the device ops it enqueues: none while the engine zeroes lazily), and
+  // FlushGradients after each fwd+bwd inside its step (a zeroed step is a whole training step:
+  // its weight gradients must exist before the next zeroing). Without `zero` the fwd+bwd steps
+  // accumulate and one FlushGradients after the last is timed into out->flush_device.
+  // Per-operation device times are added into `breakdown` when it is given.
   absl::Status Time(bool backward, bool zero, int iters, Series* out,
                     std::map<std::string, double>* breakdown) {
     for (int i = 0; i < iters; ++i) {
@@ -238,6 +250,7 @@ class StepTimer {
       ResetLogs();
       const double t0 = NowMs();
       RETURN_IF_ERROR(Step(backward));
+      if (backward && zero) RETURN_IF_ERROR(layer_->FlushGradients());
       const double total = NowMs() - t0;
       size_t ex_bytes = 0;
       const double ex = tc_->exchanges().TotalMs(&ex_bytes);
@@ -253,6 +266,12 @@ class StepTimer {
         tc_->others().AddByName(breakdown);
         tb_->copies().AddByName(breakdown);
       }
+    }
+    if (backward && !zero) {
+      ResetLogs();
+      RETURN_IF_ERROR(layer_->FlushGradients());
+      out->flush_device = tb_->ops().TotalMs();
+      if (breakdown != nullptr) tb_->ops().AddByName(breakdown);
     }
     return absl::OkStatus();
   }
@@ -397,10 +416,19 @@ absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
   if (zero) {
     kv.push_back({"zero_grads_host_ms", Num(Median(series[1].zero_host))});
     kv.push_back({"zero_grads_device_ms", Num(Median(series[1].zero_device))});
+  } else {
+    double sum = series[1].flush_device;
+    for (double ms : series[1].device) sum += ms;
+    kv.push_back({"fwdbwd_flush_device_ms", Num(series[1].flush_device)});
+    kv.push_back({"fwdbwd_mean_device_ms", Num(sum / iters)});
   }
   if (accum_iters > 0) {
     const double acc_dev = Median(series[2].device);
     kv.push_back({"fwdbwd_accum_device_ms", Num(acc_dev)});
+    double sum = series[2].flush_device;
+    for (double ms : series[2].device) sum += ms;
+    kv.push_back({"fwdbwd_accum_flush_device_ms", Num(series[2].flush_device)});
+    kv.push_back({"fwdbwd_accum_mean_device_ms", Num(sum / accum_iters)});
     kv.push_back({"fwdbwd_accum_tflops_device", Num(3 * ffn_flops / acc_dev / 1e9)});
     kv.push_back({"fwdbwd_accum_device_ms_all", List(series[2].device)});
     kv.push_back({"breakdown_fwdbwd_accum_ms", BreakdownJson(accum_breakdown, accum_iters)});

@@ -106,9 +106,16 @@ class MoeLayer {
   // Replaces a master tensor (shape checked) and refreshes its compute copy.
   virtual absl::Status SetParameter(const std::string& name, const Tensor& value) = 0;
   // Gradient of a parameter (same names and shapes; "expert_bias" has none). "gate" holds the
-  // all-reduced gradient, identical on every rank.
-  virtual absl::StatusOr<Tensor> GetGradient(const std::string& name) const = 0;
+  // all-reduced gradient, identical on every rank. Runs the deferred weight-gradient GEMMs
+  // first when `name` is "wi" or "wo" (FlushGradients).
+  virtual absl::StatusOr<Tensor> GetGradient(const std::string& name) = 0;
+  // Zeroes every gradient (and drops the deferred weight-gradient operands).
   virtual absl::Status ZeroGradients() = 0;
+  // Backward may defer the expert weight gradients' GEMMs (docs/SPEC.md "Weight gradients of
+  // several backwards"): this runs every deferred one now, so that wi and wo's gradients hold
+  // every backward since the last zeroing. GetGradient and ApplyOptimizer call it themselves;
+  // callers need it only to time a step's whole work or to free the operands' memory.
+  virtual absl::Status FlushGradients() = 0;
 
   // One optimizer step on every parameter from the accumulated gradients, then refreshes the
   // compute copies and zeroes the gradients. Not collective (the gate gradient is already

@@ -60,7 +60,7 @@ absl::Status MoeLayerImpl::CombineBackward(const SavedStep& s, const Tensor& d_o
                                    s.plan.local_rows, w.d_y_local.data(), w.d_probs.as<float>());
 }
 
-absl::Status MoeLayerImpl::DispatchExpertsBackward(const SavedStep& s, BackwardWork& w) {
+absl::Status MoeLayerImpl::DispatchExpertsBackward(SavedStep& s, BackwardWork& w) {
   const size_t row_bytes = config_.hidden * DTypeSize(ExpertRowDType(config_));
   const DispatchPlan& plan = s.plan;
   // 2. Dispatch d_y exactly as the forward dispatched x (one rank: d_y_local already is).
@@ -73,7 +73,7 @@ absl::Status MoeLayerImpl::DispatchExpertsBackward(const SavedStep& s, BackwardW
   }
   // 3. Expert FFN backward.
   ASSIGN_OR_RETURN(w.d_x_expert, backend_->Allocate(plan.expert_rows * row_bytes));
-  return ExpertsBackward(s, identity ? w.d_y_local.data() : d_y_expert.data(), w.d_x_expert.data());
+  return ExpertsBackward(s, identity ? w.d_y_local : d_y_expert, w.d_x_expert.data());
 }
 
 absl::Status MoeLayerImpl::ReturnExpertGradients(const SavedStep& s, BackwardWork& w) {

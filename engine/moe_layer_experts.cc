@@ -207,7 +207,7 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   return absl::OkStatus();
 }
 
-absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, void* d_x_expert) {
+absl::Status MoeLayerImpl::ExpertsBackward(SavedStep& s, Buffer& d_y_buffer, void* d_x_expert) {
   const LayerConfig& c = config_;
   const DType cd = ExpertRowDType(c);
   const size_t cs = DTypeSize(cd);
@@ -215,25 +215,34 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
   const DispatchPlan& plan = s.plan;
   LayerParam& wi = *Find("wi");
   LayerParam& wo = *Find("wo");
+  const void* d_y = d_y_buffer.data();
+  const size_t d_h_bytes = plan.expert_rows * up * cs;
+  const bool defer = DeferWeightGradients(s.x_expert.size() + s.act.size() + d_y_buffer.size() +
+                                          d_h_bytes);
   ASSIGN_OR_RETURN(Buffer d_act, backend_->Allocate(plan.expert_rows * F * cs));
   Fp8Rows d_y_fp8;
   d_y_fp8.fp8 = kGradientFp8;
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_y, H, d_y_fp8));
   // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]), beside
-  // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]).
-  RETURN_IF_ERROR(BackwardPhaseGemms(
-      backend_,
-      ExpertDataGemms(plan.group_rows, d_y, d_y_fp8, H, wo, /*transposed=*/true, F, d_act.data()),
-      ExpertWeightGradGemms(plan.group_rows, s.act.data(), s.act_fp8, F, d_y, d_y_fp8, H, wo),
-      /*accumulating=*/!wo.grad_zero));
-  wo.grad_zero = false;
+  // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]) unless deferred.
+  std::vector<GemmArgs> d_a_gemms =
+      ExpertDataGemms(plan.group_rows, d_y, d_y_fp8, H, wo, /*transposed=*/true, F, d_act.data());
+  if (defer) {
+    RETURN_IF_ERROR(backend_->GroupedGemm(d_a_gemms));
+  } else {
+    RETURN_IF_ERROR(BackwardPhaseGemms(
+        backend_, d_a_gemms,
+        ExpertWeightGradGemms(plan.group_rows, s.act.data(), s.act_fp8, F, d_y, d_y_fp8, H, wo),
+        /*accumulating=*/!wo.grad_zero));
+    wo.grad_zero = false;
+  }
   d_y_fp8 = Fp8Rows{};
   if (c.use_bias) {
     LayerParam& wo_bias = *Find("wo_bias");
     RETURN_IF_ERROR(MaterializeGradient(wo_bias));
     RETURN_IF_ERROR(backend_->GroupBiasGrad(d_y, cd, H, plan.group_rows, wo_bias.grad.as<float>()));
   }
-  ASSIGN_OR_RETURN(Buffer d_h, backend_->Allocate(plan.expert_rows * up * cs));
+  ASSIGN_OR_RETURN(Buffer d_h, backend_->Allocate(d_h_bytes));
   ActivationArgs aa;
   aa.activation = c.activation, aa.gated = c.gated, aa.rows = plan.expert_rows, aa.ffn = F;
   aa.dtype = cd, aa.h = s.h.data(), aa.d_a = d_act.data(), aa.d_h = d_h.data();
@@ -251,16 +260,95 @@ absl::Status MoeLayerImpl::ExpertsBackward(const SavedStep& s, const void* d_y, 
         backend_->GroupBiasGrad(d_h.data(), cd, up, plan.group_rows, wi_bias.grad.as<float>()));
   }
   // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]), beside
-  // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up]).
+  // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up]) unless deferred.
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_h.data(), up, d_h_fp8));
-  RETURN_IF_ERROR(BackwardPhaseGemms(backend_,
-                                     ExpertDataGemms(plan.group_rows, d_h.data(), d_h_fp8, up, wi,
-                                                     /*transposed=*/true, H, d_x_expert),
-                                     ExpertWeightGradGemms(plan.group_rows, s.x_expert.data(),
-                                                           s.x_fp8, H, d_h.data(), d_h_fp8, up, wi),
-                                     /*accumulating=*/!wi.grad_zero));
-  wi.grad_zero = false;
-  return absl::OkStatus();
+  std::vector<GemmArgs> d_x_gemms = ExpertDataGemms(plan.group_rows, d_h.data(), d_h_fp8, up, wi,
+                                                    /*transposed=*/true, H, d_x_expert);
+  if (!defer) {
+    RETURN_IF_ERROR(BackwardPhaseGemms(backend_, d_x_gemms,
+                                       ExpertWeightGradGemms(plan.group_rows, s.x_expert.data(),
+                                                             s.x_fp8, H, d_h.data(), d_h_fp8, up,
+                                                             wi),
+                                       /*accumulating=*/!wi.grad_zero));
+    wi.grad_zero = false;
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(backend_->GroupedGemm(d_x_gemms));
+  DeferredWeightGrads step;
+  step.group_rows = plan.group_rows;
+  step.x = std::move(s.x_expert);
+  step.d_h = std::move(d_h);
+  step.act = std::move(s.act);
+  step.d_y = std::move(d_y_buffer);
+  deferred_bytes_ += step.bytes();
+  deferred_.push_back(std::move(step));
+  if (deferred_bytes_ < deferred_budget_bytes_) return absl::OkStatus();
+  return FlushGradients();
+}
+
+bool MoeLayerImpl::DeferWeightGradients(size_t step_bytes) const {
+  if (config_.compute_dtype == DType::kFloat8E4M3 || deferred_budget_bytes_ == 0) return false;
+  return !deferred_.empty() || step_bytes < deferred_budget_bytes_;
+}
+
+absl::Status MoeLayerImpl::FlushGradients() {
+  if (deferred_.empty()) return absl::OkStatus();
+  const absl::Status status = RunDeferredWeightGrads();
+  // The operands are freed either way: on an error the gradients are unusable until zeroed,
+  // as after any failed backward.
+  deferred_.clear();
+  deferred_bytes_ = 0;
+  return status;
+}
+
+absl::Status MoeLayerImpl::RunDeferredWeightGrads() {
+  const LayerConfig& c = config_;
+  const size_t cs = DTypeSize(ExpertRowDType(c));
+  const int64_t H = c.hidden, F = c.ffn, up = UpWidth(c);
+  const Fp8Rows none;
+  // One weight gradient: w.grad_e (+)= in_e^T . d_out_e over the deferred steps' rows.
+  auto run = [&](LayerParam& w, Buffer DeferredWeightGrads::*in, int64_t in_cols,
+                 Buffer DeferredWeightGrads::*d_out, int64_t out_cols) -> absl::Status {
+    if (deferred_.size() == 1) {  // the step's own layout: the GEMMs a backward would run
+      const DeferredWeightGrads& d = deferred_[0];
+      RETURN_IF_ERROR(backend_->GroupedGemm(ExpertWeightGradGemms(
+          d.group_rows, (d.*in).data(), none, in_cols, (d.*d_out).data(), none, out_cols, w)));
+      w.grad_zero = false;
+      return absl::OkStatus();
+    }
+    // Expert el's rows of every step, in step order, become expert el's rows of one layout.
+    std::vector<int64_t> group_rows(local_experts_, 0);
+    for (const DeferredWeightGrads& d : deferred_) {
+      for (int64_t el = 0; el < local_experts_; ++el) group_rows[el] += d.group_rows[el];
+    }
+    int64_t rows = 0;
+    for (int64_t r : group_rows) rows += r;
+    ASSIGN_OR_RETURN(Buffer in_all, backend_->Allocate(rows * in_cols * cs));
+    ASSIGN_OR_RETURN(Buffer d_out_all, backend_->Allocate(rows * out_cols * cs));
+    std::vector<int64_t> dst(local_experts_, 0);  // where expert el's next rows go
+    for (int64_t el = 1; el < local_experts_; ++el) dst[el] = dst[el - 1] + group_rows[el - 1];
+    for (DeferredWeightGrads& d : deferred_) {
+      std::vector<RowBlock> blocks;
+      int64_t src = 0;
+      for (int64_t el = 0; el < local_experts_; ++el) {
+        if (d.group_rows[el] > 0) blocks.push_back({src, dst[el], d.group_rows[el]});
+        src += d.group_rows[el];
+        dst[el] += d.group_rows[el];
+      }
+      RETURN_IF_ERROR(
+          backend_->CopyRowBlocks((d.*in).data(), in_all.data(), in_cols * cs, blocks));
+      RETURN_IF_ERROR(
+          backend_->CopyRowBlocks((d.*d_out).data(), d_out_all.data(), out_cols * cs, blocks));
+      (d.*in).Reset();  // gathered: the next weight's gather may reuse the memory
+      (d.*d_out).Reset();
+    }
+    RETURN_IF_ERROR(backend_->GroupedGemm(ExpertWeightGradGemms(
+        group_rows, in_all.data(), none, in_cols, d_out_all.data(), none, out_cols, w)));
+    w.grad_zero = false;
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(run(*Find("wo"), &DeferredWeightGrads::act, F, &DeferredWeightGrads::d_y, H));
+  return run(*Find("wi"), &DeferredWeightGrads::x, H, &DeferredWeightGrads::d_h, up);
 }
 
 }  // namespace moe

@@ -129,6 +129,23 @@ struct BackwardWork {
   Buffer d_logits;                   // [T, E] fp32
 };
 
+// The operands of one backward's expert weight-gradient GEMMs (docs/SPEC.md Backward 3, "Weight
+// gradients of several backwards"), kept instead of run, so that the GEMMs of several backwards
+// run once over all their rows (MoeLayerImpl::FlushGradients): per expert one GEMM with k = the
+// backwards' rows together, which reads and writes the fp32 gradient once instead of once per
+// backward. The buffers are the backward's own (moved here, not copied), in the step's expert
+// layout: expert el's rows are [offset_el, offset_el + group_rows[el]).
+struct DeferredWeightGrads {
+  std::vector<int64_t> group_rows;  // the step's rows per local expert, padding included
+  Buffer x, d_h;                    // d_wi_e += X_e^T . d_h_e   ([rows, H], [rows, up])
+  Buffer act, d_y;                  // d_wo_e += a_e^T . d_y_e   ([rows, F], [rows, H])
+  size_t bytes() const { return x.size() + d_h.size() + act.size() + d_y.size(); }
+};
+
+// The default deferral budget, as a fraction of the expert weight gradients' bytes
+// (MOED_DEFERRED_WGRAD_FRACTION overrides it; 0 turns deferral off).
+inline constexpr double kDefaultDeferredWgradFraction = 0.125;
+
 // OK when `x` is [T, hidden] and FP32 or BF16; INVALID_ARGUMENT naming `field` else.
 absl::Status CheckActivations(const char* field, const Tensor& x, int64_t hidden);
 
@@ -156,8 +173,9 @@ class MoeLayerImpl : public MoeLayer {
   std::vector<std::string> ParameterNames() const override;
   absl::StatusOr<Tensor> GetParameter(const std::string& name) const override;
   absl::Status SetParameter(const std::string& name, const Tensor& value) override;
-  absl::StatusOr<Tensor> GetGradient(const std::string& name) const override;
+  absl::StatusOr<Tensor> GetGradient(const std::string& name) override;
   absl::Status ZeroGradients() override;
+  absl::Status FlushGradients() override;
   absl::Status ApplyOptimizer(const OptimizerConfig& optimizer) override;
   std::vector<std::string> StateNames() const override;
   absl::Status ResetOptimizerState() override;
@@ -224,7 +242,7 @@ class MoeLayerImpl : public MoeLayer {
   // Backward 2-3: dispatch d_y as Forward 9 dispatched x, then the expert FFN backward
   // (accumulates the expert gradients). Reads w.d_y_local, s.plan and what
   // ExpertsBackward reads; writes w.d_x_expert.
-  absl::Status DispatchExpertsBackward(const SavedStep& s, BackwardWork& w);
+  absl::Status DispatchExpertsBackward(SavedStep& s, BackwardWork& w);
   // Backward 4: return d_X to the local layout (into w.d_y_local), then
   // d_x_t = sum_j d_X_(t,j). Reads s.plan, s.pair_row, w.d_x_expert; writes w.d_x (fp32) and
   // frees w.d_y_local and w.d_x_expert.
@@ -274,8 +292,19 @@ class MoeLayerImpl : public MoeLayer {
                                               const LayerParam& w) const;
   // Backward 3 (moe_layer_experts.cc): accumulates the expert gradients from d_y (expert
   // layout) and writes d_x_expert. Reads s.plan, s.x_expert, s.h, s.act (FP8: s.x_fp8,
-  // s.act_fp8 instead of s.x_expert, s.act).
-  absl::Status ExpertsBackward(const SavedStep& s, const void* d_y, void* d_x_expert);
+  // s.act_fp8 instead of s.x_expert, s.act). When DeferWeightGradients says so, the weight
+  // gradients' GEMMs are not run: s.x_expert, s.act, d_y and d_h move to deferred_ instead.
+  absl::Status ExpertsBackward(SavedStep& s, Buffer& d_y, void* d_x_expert);
+  // Whether a backward whose weight-gradient operands take `step_bytes` defers its GEMMs: never
+  // under FP8 or with a zero budget; else when others are already deferred (the step joins
+  // them) or when the step alone stays under the budget. A step that alone fills the budget
+  // runs its GEMMs at once, beside the data gradients' (BackwardPhaseGemms), as without
+  // deferral.
+  bool DeferWeightGradients(size_t step_bytes) const;
+  // The expert weight-gradient GEMMs of every deferred backward over their rows together:
+  // each operand gathered expert by expert (step order within an expert) when there are
+  // several, then one GEMM per expert, written (beta 0) while the gradient is lazily zero.
+  absl::Status RunDeferredWeightGrads();
 
   const LayerConfig config_;
   Backend* const backend_;
@@ -285,6 +314,12 @@ class MoeLayerImpl : public MoeLayer {
   std::vector<LayerParam> params_;           // gate, [expert_bias], wi, wo, [wi_bias, wo_bias]
   int64_t optimizer_step_ = 0;               // AdamW step count; 0 = no state yet
   std::vector<int64_t> accumulated_counts_;  // [E] global counts since UpdateExpertBias
+  // Backwards whose expert weight gradients are not yet in wi/wo's `grad` (DeferredWeightGrads,
+  // in call order), their bytes, and the budget above which a backward flushes them (a
+  // fraction of wi and wo's gradient bytes, set by Init).
+  std::vector<DeferredWeightGrads> deferred_;
+  size_t deferred_bytes_ = 0;
+  size_t deferred_budget_bytes_ = 0;
 };
 
 }  // namespace moe

@@ -2,8 +2,10 @@
 // "Parameters", "Initialisation", "Updates").
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/init.h"
@@ -11,6 +13,22 @@
 #include "engine/status_macros.h"
 
 namespace moe {
+namespace {
+
+// MOED_DEFERRED_WGRAD_FRACTION when set (a number >= 0), else kDefaultDeferredWgradFraction.
+absl::StatusOr<double> DeferredWgradFraction() {
+  const char* text = std::getenv("MOED_DEFERRED_WGRAD_FRACTION");
+  if (text == nullptr || *text == '\0') return kDefaultDeferredWgradFraction;
+  double fraction = 0;
+  if (!absl::SimpleAtod(text, &fraction) || !std::isfinite(fraction) || fraction < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MOED_DEFERRED_WGRAD_FRACTION must be a number >= 0 (0 turns deferral off), got '", text,
+        "'"));
+  }
+  return fraction;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(
     const LayerConfig& config, Backend* backend, Communicator* comm,
@@ -107,6 +125,10 @@ absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled) {
     RETURN_IF_ERROR(add("wi_bias", {El, up}, true, false, nullptr, nullptr));
     RETURN_IF_ERROR(add("wo_bias", {El, H}, true, false, nullptr, nullptr));
   }
+  ASSIGN_OR_RETURN(const double fraction, DeferredWgradFraction());
+  deferred_budget_bytes_ =
+      static_cast<size_t>(fraction * static_cast<double>(Find("wi")->grad.size() +
+                                                         Find("wo")->grad.size()));
   return backend_->Synchronize();
 }
 
@@ -221,17 +243,21 @@ absl::Status MoeLayerImpl::SetParameter(const std::string& name, const Tensor& v
   return backend_->Synchronize();
 }
 
-absl::StatusOr<Tensor> MoeLayerImpl::GetGradient(const std::string& name) const {
+absl::StatusOr<Tensor> MoeLayerImpl::GetGradient(const std::string& name) {
   const LayerParam* p = Find(name);
   if (p == nullptr || !p->has_grad) {
     return absl::NotFoundError(absl::StrCat("parameter '", name, "' has no gradient"));
   }
+  if (name == "wi" || name == "wo") RETURN_IF_ERROR(FlushGradients());
   if (p->grad_zero) return Tensor::Zeros(DType::kFloat32, p->shape);
   return Download(p->grad, DType::kFloat32, p->shape);
 }
 
 absl::Status MoeLayerImpl::ZeroGradients() {
-  // Lazy (LayerParam): the next backward overwrites instead of accumulating.
+  // Lazy (LayerParam): the next backward overwrites instead of accumulating. The deferred
+  // weight-gradient operands would add to what is being zeroed: dropped.
+  deferred_.clear();
+  deferred_bytes_ = 0;
   for (LayerParam& p : params_) p.grad_zero = true;
   return absl::OkStatus();
 }
@@ -258,6 +284,7 @@ absl::Status MoeLayerImpl::ApplyOptimizer(const OptimizerConfig& o) {
   args.grad_scale = o.grad_scale;
   if (adamw) args.step = ++optimizer_step_;
   const bool needs_m = adamw || o.momentum != 0.0;
+  RETURN_IF_ERROR(FlushGradients());
   for (LayerParam& p : params_) {
     if (!p.has_grad) continue;
     const size_t bytes = p.master.size();

@@ -7,12 +7,15 @@
 //    in double), refreshes the compute copies and zeroes the gradients; UpdateExpertBias
 //    follows the counts accumulated over forwards.
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/reference/engine_adapter.h"
 #include "tests/reference/finite_difference.h"
@@ -95,7 +98,7 @@ Tensor Concat(const Tensor& a, const Tensor& b) {
   return FromDoubles(v, {a.dim(0) + b.dim(0), a.dim(1)}, a.dtype());
 }
 
-std::vector<std::vector<double>> Gradients(const moe::MoeLayer& layer) {
+std::vector<std::vector<double>> Gradients(moe::MoeLayer& layer) {
   RefGradients g = ReadGradients(layer).value();
   return {g.d_gate, g.d_wi, g.d_wo, g.d_wi_bias, g.d_wo_bias};
 }
@@ -210,6 +213,195 @@ TEST(AccumulationTest, AContextServesOneBackwardOnly) {
   ASSERT_TRUE(cpu->layer->Backward(*saved, x, 1.0, 1.0).ok());
   EXPECT_EQ(cpu->layer->Backward(*saved, x, 1.0, 1.0).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// Deferred expert weight gradients (docs/SPEC.md "Weight gradients of several backwards"):
+// MOED_DEFERRED_WGRAD_FRACTION, read when a layer is created, sets the budget as a fraction of
+// wi and wo's gradient bytes. The tests compare layers with a large budget (every backward
+// defers), a zero one (none does) and budgets set from a step's measured operand bytes.
+absl::StatusOr<CpuLayer> MakeCpuLayerDeferring(const LayerConfig& c, const std::string& fraction) {
+  setenv("MOED_DEFERRED_WGRAD_FRACTION", fraction.c_str(), 1);
+  absl::StatusOr<CpuLayer> cpu = MakeCpuLayer(c);
+  unsetenv("MOED_DEFERRED_WGRAD_FRACTION");
+  return cpu;
+}
+
+LayerConfig DeferralConfig(DType dtype) {
+  LayerConfig c = MediumConfig(dtype);
+  c.aux_loss_coeff = 0.0;  // as TwoBackwardsEqualOneOnTheConcatenatedBatch says why
+  c.z_loss_coeff = 0.0;
+  c.capacity_factor = 0.0;
+  return c;
+}
+
+// Backend bytes wi and wo's gradients take.
+size_t ExpertGradientBytes(const LayerConfig& c) {
+  const int64_t up = c.gated ? 2 * c.ffn : c.ffn;
+  return sizeof(float) * c.num_experts * (c.hidden * up + c.ffn * c.hidden);
+}
+
+// Forward and backward of one batch; the d_x bytes.
+std::string Backward(moe::MoeLayer* layer, const Tensor& x, const Tensor& d_out) {
+  std::unique_ptr<moe::StepContext> saved;
+  EXPECT_TRUE(layer->Forward(x, &saved).ok());
+  absl::StatusOr<Tensor> d_x = layer->Backward(*saved, d_out, 1.0, 1.0);
+  EXPECT_TRUE(d_x.ok()) << d_x.status();
+  return d_x.ok() ? std::string(d_x->bytes()) : "";
+}
+
+class DeferredWeightGradTest : public ::testing::TestWithParam<DType> {};
+
+// One deferred backward runs, when flushed, the very GEMMs an immediate backward runs: the same
+// bits. Until then the layer holds the operands' memory.
+TEST_P(DeferredWeightGradTest, OneDeferredBackwardIsBitwiseTheImmediateOne) {
+  const LayerConfig c = DeferralConfig(GetParam());
+  Tensor x = RandomTensor(60, c.hidden, 51, GetParam());
+  Tensor d = RandomTensor(60, c.hidden, 52, GetParam());
+  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, "100");
+  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, "0");
+  ASSERT_TRUE(deferring.ok() && immediate.ok());
+  EXPECT_EQ(Backward(deferring->layer.get(), x, d), Backward(immediate->layer.get(), x, d));
+  EXPECT_GT(deferring->backend->allocated_bytes(), immediate->backend->allocated_bytes())
+      << "nothing deferred: the test is vacuous";
+  ASSERT_TRUE(deferring->layer->FlushGradients().ok());
+  EXPECT_EQ(deferring->backend->allocated_bytes(), immediate->backend->allocated_bytes());
+  for (const std::string& name : immediate->layer->ParameterNames()) {
+    if (name == "expert_bias") continue;
+    EXPECT_EQ(deferring->layer->GetGradient(name).value().bytes(),
+              immediate->layer->GetGradient(name).value().bytes())
+        << name;
+  }
+}
+
+// Three deferred backwards become one GEMM per expert over their rows: another fp32 summation
+// order than three accumulating GEMMs, the same sums (and the same d_x bits: only the weight
+// gradients move), and what one backward on the concatenated batch gives.
+TEST_P(DeferredWeightGradTest, SeveralBackwardsRunAsOneGemmOverTheirRows) {
+  const LayerConfig c = DeferralConfig(GetParam());
+  const int64_t rows[3] = {45, 38, 51};
+  std::vector<Tensor> xs, ds;
+  for (int i = 0; i < 3; ++i) {
+    xs.push_back(RandomTensor(rows[i], c.hidden, 61 + i, GetParam()));
+    ds.push_back(RandomTensor(rows[i], c.hidden, 71 + i, GetParam()));
+  }
+  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, "100");
+  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, "0");
+  absl::StatusOr<CpuLayer> whole = MakeCpuLayerDeferring(c, "0");
+  ASSERT_TRUE(deferring.ok() && immediate.ok() && whole.ok());
+  size_t held = deferring->backend->allocated_bytes();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(Backward(deferring->layer.get(), xs[i], ds[i]),
+              Backward(immediate->layer.get(), xs[i], ds[i]))
+        << "d_x of backward " << i;
+    EXPECT_GT(deferring->backend->allocated_bytes(), held) << "backward " << i << " not deferred";
+    held = deferring->backend->allocated_bytes();
+  }
+  const Tensor x_all = Concat(Concat(xs[0], xs[1]), xs[2]);
+  const Tensor d_all = Concat(Concat(ds[0], ds[1]), ds[2]);
+  ASSERT_TRUE(RunStep(whole->layer.get(), x_all, &d_all, 1.0, 1.0).ok());
+  const auto deferred = Gradients(*deferring->layer);
+  const auto accumulated = Gradients(*immediate->layer);
+  const auto reference = Gradients(*whole->layer);
+  for (size_t i = 0; i < reference.size(); ++i) {
+    EXPECT_LE(RelativeError(deferred[i], accumulated[i]), 1e-6) << "gradient " << i;
+    EXPECT_LE(RelativeError(deferred[i], reference[i]), 1e-5) << "gradient " << i;
+  }
+}
+
+// The budget: a backward whose operands alone fill it runs its GEMMs at once (bitwise the
+// immediate layer, no memory held); one that fits is deferred, and the backward that brings the
+// deferred bytes to the budget runs them all.
+TEST_P(DeferredWeightGradTest, TheBudgetBoundsTheDeferredBytes) {
+  const LayerConfig c = DeferralConfig(GetParam());
+  Tensor x = RandomTensor(64, c.hidden, 81, GetParam());
+  Tensor d = RandomTensor(64, c.hidden, 82, GetParam());
+  absl::StatusOr<CpuLayer> probe = MakeCpuLayerDeferring(c, "100");
+  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, "0");
+  ASSERT_TRUE(probe.ok() && immediate.ok());
+  const size_t base = immediate->backend->allocated_bytes();
+  Backward(probe->layer.get(), x, d);
+  const size_t step_bytes = probe->backend->allocated_bytes() - base;  // one step's operands
+  ASSERT_GT(step_bytes, 0u);
+  auto fraction = [&](double budget_steps) {
+    return absl::StrCat(budget_steps * static_cast<double>(step_bytes) /
+                        static_cast<double>(ExpertGradientBytes(c)));
+  };
+
+  absl::StatusOr<CpuLayer> small = MakeCpuLayerDeferring(c, fraction(0.9));
+  absl::StatusOr<CpuLayer> two = MakeCpuLayerDeferring(c, fraction(1.5));
+  ASSERT_TRUE(small.ok() && two.ok());
+  for (int i = 0; i < 3; ++i) {
+    Backward(immediate->layer.get(), x, d);
+    Backward(small->layer.get(), x, d);
+    EXPECT_EQ(small->backend->allocated_bytes(), base) << "backward " << i;
+    Backward(two->layer.get(), x, d);
+    // 1 step deferred; 2 reach 1.5 steps' budget: flushed; then 1 again.
+    EXPECT_EQ(two->backend->allocated_bytes(), i == 1 ? base : base + step_bytes)
+        << "backward " << i;
+  }
+  const auto reference = Gradients(*immediate->layer);
+  EXPECT_EQ(Gradients(*small->layer), reference);
+  const auto flushed = Gradients(*two->layer);
+  for (size_t i = 0; i < reference.size(); ++i) {
+    EXPECT_LE(RelativeError(flushed[i], reference[i]), 1e-6) << "gradient " << i;
+  }
+}
+
+// ZeroGradients drops the deferred operands (they would add to what is zeroed), and
+// ApplyOptimizer runs them first.
+TEST_P(DeferredWeightGradTest, ZeroingDropsAndTheOptimizerFlushes) {
+  const LayerConfig c = DeferralConfig(GetParam());
+  Tensor x1 = RandomTensor(40, c.hidden, 91, GetParam());
+  Tensor d1 = RandomTensor(40, c.hidden, 92, GetParam());
+  Tensor x2 = RandomTensor(33, c.hidden, 93, GetParam());
+  Tensor d2 = RandomTensor(33, c.hidden, 94, GetParam());
+  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, "100");
+  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, "0");
+  ASSERT_TRUE(deferring.ok() && immediate.ok());
+  const size_t base = immediate->backend->allocated_bytes();
+  Backward(deferring->layer.get(), x1, d1);
+  ASSERT_TRUE(deferring->layer->ZeroGradients().ok());
+  EXPECT_EQ(deferring->backend->allocated_bytes(), base);
+  Backward(deferring->layer.get(), x2, d2);
+  Backward(immediate->layer.get(), x2, d2);
+  const moe::OptimizerConfig sgd = moe::OptimizerConfig::Sgd(0.5, 0.0, 0.1);
+  ASSERT_TRUE(deferring->layer->ApplyOptimizer(sgd).ok());
+  ASSERT_TRUE(immediate->layer->ApplyOptimizer(sgd).ok());
+  EXPECT_EQ(deferring->backend->allocated_bytes(), immediate->backend->allocated_bytes());
+  for (const std::string& name : immediate->layer->ParameterNames()) {
+    EXPECT_EQ(deferring->layer->GetParameter(name).value().bytes(),
+              immediate->layer->GetParameter(name).value().bytes())
+        << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, DeferredWeightGradTest,
+                         ::testing::Values(DType::kFloat32, DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(moe::DTypeName(info.param));
+                         });
+
+TEST(DeferredWeightGradTest, FP8NeverDefers) {
+  LayerConfig c = DeferralConfig(DType::kFloat8E4M3);
+  Tensor x = RandomTensor(48, c.hidden, 95, DType::kBFloat16);
+  Tensor d = RandomTensor(48, c.hidden, 96, DType::kBFloat16);
+  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, "100");
+  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, "0");
+  ASSERT_TRUE(deferring.ok() && immediate.ok()) << deferring.status();
+  Backward(deferring->layer.get(), x, d);
+  Backward(immediate->layer.get(), x, d);
+  EXPECT_EQ(deferring->backend->allocated_bytes(), immediate->backend->allocated_bytes());
+}
+
+TEST(DeferredWeightGradTest, ABadFractionIsRefused) {
+  for (const char* bad : {"abc", "-1", "nan", "1e400"}) {
+    absl::StatusOr<CpuLayer> cpu = MakeCpuLayerDeferring(MediumConfig(DType::kFloat32), bad);
+    EXPECT_EQ(cpu.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    if (!cpu.ok()) {
+      EXPECT_THAT(std::string(cpu.status().message()),
+                  ::testing::HasSubstr("MOED_DEFERRED_WGRAD_FRACTION"));
+    }
+  }
 }
 
 // Expected masters after optimizer steps, computed in double from the gradients the layer

@@ -311,6 +311,104 @@ TEST_P(CudaLayer, MatchesCpuAndIsDeterministic) {
   }
 }
 
+// Deferred expert weight gradients on the GPU (docs/SPEC.md "Weight gradients of several
+// backwards"): a layer deferring every backward's weight-gradient GEMMs
+// (MOED_DEFERRED_WGRAD_FRACTION=100) against one running them at once (=0) and the CPU backend
+// (immediate), over three backwards of different batches: d_x bit-identical to the immediate
+// GPU layer's; one deferred backward's gradients bit-identical (the same GEMMs, flushed); three
+// deferred ones (one GEMM per expert over their rows) within fp32 summation-order distance of
+// the immediate layer and within the usual tolerance of the CPU; a rerun bit-identical.
+absl::StatusOr<std::unique_ptr<MoeLayer>> CreateDeferring(const LayerConfig& c, Backend* backend,
+                                                          Communicator* comm, const char* fraction) {
+  setenv("MOED_DEFERRED_WGRAD_FRACTION", fraction, 1);
+  auto layer = MoeLayer::Create(c, backend, comm);
+  unsetenv("MOED_DEFERRED_WGRAD_FRACTION");
+  return layer;
+}
+
+class CudaDeferred : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaDeferred, MatchesImmediateAndCpu) {
+  if (CudaDeviceCount() == 0) {
+    if (std::getenv("MOED_REQUIRE_GPU") != nullptr) FAIL() << "no GPU";
+    GTEST_SKIP() << "no GPU";
+  }
+  LayerConfig c = Base(256, 384, 16, 4, GetParam());
+  c.aux_loss_coeff = 1e-2, c.z_loss_coeff = 1e-3;
+  std::unique_ptr<Backend> cpu = MakeCpuBackend();
+  std::unique_ptr<Communicator> local = MakeLocalCommunicator();
+  auto gpu_or = MakeCudaBackend(0);
+  ASSERT_TRUE(gpu_or.ok()) << gpu_or.status();
+  std::unique_ptr<Backend> gpu = std::move(gpu_or).value();
+  auto nccl_or = MakeNcclCommunicator(std::make_shared<MemoryKeyValueStore>(), "t/deferred", 0, 1,
+                                      0, gpu->stream(), CommOptions{});
+  ASSERT_TRUE(nccl_or.ok()) << nccl_or.status();
+  std::unique_ptr<Communicator> nccl = std::move(nccl_or).value();
+  auto deferring = CreateDeferring(c, gpu.get(), nccl.get(), "100");
+  auto immediate = CreateDeferring(c, gpu.get(), nccl.get(), "0");
+  auto reference = CreateDeferring(c, cpu.get(), local.get(), "0");
+  ASSERT_TRUE(deferring.ok() && immediate.ok() && reference.ok()) << deferring.status();
+  MoeLayer* layers[3] = {deferring->get(), immediate->get(), reference->get()};
+
+  const DType io = ExpertRowDType(c);
+  const int64_t rows[3] = {300, 170, 241};
+  auto run = [&](MoeLayer* layer, int steps, std::vector<std::string>* d_x) -> absl::Status {
+    for (int i = 0; i < steps; ++i) {
+      const Tensor x = MakeInput(RandomFloats(rows[i] * c.hidden, 10 + i), rows[i], c.hidden, io);
+      const Tensor d = MakeInput(RandomFloats(rows[i] * c.hidden, 20 + i), rows[i], c.hidden, io);
+      std::unique_ptr<StepContext> saved;
+      auto fwd = layer->Forward(x, &saved);
+      if (!fwd.ok()) return fwd.status();
+      auto dx = layer->Backward(*saved, d, 0.7, 1.3);
+      if (!dx.ok()) return dx.status();
+      if (d_x != nullptr) d_x->push_back(std::string(dx->bytes()));
+    }
+    return absl::OkStatus();
+  };
+  auto grads = [&](MoeLayer* layer) {
+    std::vector<Tensor> g;
+    for (const char* name : {"wi", "wo"}) g.push_back(layer->GetGradient(name).value());
+    return g;
+  };
+
+  // One backward: the same bits.
+  const size_t before = gpu->allocated_bytes();
+  ASSERT_TRUE(run(layers[0], 1, nullptr).ok());
+  EXPECT_GT(gpu->allocated_bytes(), before) << "nothing deferred: the test is vacuous";
+  ASSERT_TRUE(run(layers[1], 1, nullptr).ok());
+  const std::vector<Tensor> one_deferred = grads(layers[0]), one_immediate = grads(layers[1]);
+  for (size_t i = 0; i < one_deferred.size(); ++i) {
+    EXPECT_EQ(one_deferred[i].bytes(), one_immediate[i].bytes()) << "gradient " << i;
+  }
+
+  // Three backwards.
+  std::vector<std::string> d_x[3];
+  for (int l = 0; l < 3; ++l) {
+    ASSERT_TRUE(layers[l]->ZeroGradients().ok());
+    ASSERT_TRUE(run(layers[l], 3, &d_x[l]).ok());
+  }
+  EXPECT_EQ(d_x[0], d_x[1]) << "d_x of the deferring layer differs";
+  const std::vector<Tensor> g_deferred = grads(layers[0]), g_immediate = grads(layers[1]),
+                            g_cpu = grads(layers[2]);
+  const double tol = c.compute_dtype == DType::kBFloat16 ? 2e-2 : 1e-4;
+  for (size_t i = 0; i < g_deferred.size(); ++i) {
+    EXPECT_LE(MaxRelError(Floats(g_deferred[i]), Floats(g_immediate[i])), 1e-5) << "gradient " << i;
+    EXPECT_LE(MaxRelError(Floats(g_deferred[i]), Floats(g_cpu[i])), tol) << "gradient " << i;
+  }
+  ASSERT_TRUE(layers[0]->ZeroGradients().ok());
+  ASSERT_TRUE(run(layers[0], 3, nullptr).ok());
+  const std::vector<Tensor> g_again = grads(layers[0]);
+  for (size_t i = 0; i < g_again.size(); ++i) {
+    EXPECT_EQ(g_again[i].bytes(), g_deferred[i].bytes()) << "rerun of gradient " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CudaDeferred,
+                         ::testing::Values(DType::kFloat32, DType::kBFloat16),
+                         [](const ::testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
 std::vector<double> RoundExpertsToE4M3(const std::vector<double>& w, int64_t experts) {
   const size_t per = w.size() / experts;
   std::vector<double> out(w.size());

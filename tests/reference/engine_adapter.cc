@@ -109,7 +109,7 @@ absl::Status WriteParams(const RefParams& p, moe::MoeLayer* layer) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<RefGradients> ReadGradients(const moe::MoeLayer& layer) {
+absl::StatusOr<RefGradients> ReadGradients(moe::MoeLayer& layer) {
   const moe::LayerConfig& c = layer.config();
   RefParams zeros = RefParams::Zeros(FromLayerConfig(c));
   RefGradients g;

@@ -41,7 +41,7 @@ absl::StatusOr<RefParams> ReadParams(const moe::MoeLayer& layer);
 absl::Status WriteParams(const RefParams& params, moe::MoeLayer* layer);
 // The layer's accumulated gradients in the reference layout (d_x left empty; biases zero when
 // the config has none).
-absl::StatusOr<RefGradients> ReadGradients(const moe::MoeLayer& layer);
+absl::StatusOr<RefGradients> ReadGradients(moe::MoeLayer& layer);
 
 // A single-rank layer on the CPU backend with the local communicator.
 struct CpuLayer {
