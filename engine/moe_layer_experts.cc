@@ -217,30 +217,52 @@ absl::Status MoeLayerImpl::ExpertsBackward(SavedStep& s, Buffer& d_y_buffer, voi
   LayerParam& wo = *Find("wo");
   const void* d_y = d_y_buffer.data();
   const size_t d_h_bytes = plan.expert_rows * up * cs;
-  const bool defer = DeferWeightGradients(s.x_expert.size() + s.act.size() + d_y_buffer.size() +
-                                          d_h_bytes);
+  const size_t step_bytes = s.x_expert.size() + s.act.size() + d_y_buffer.size() + d_h_bytes;
+  // defer: this step's weight gradients join deferred_; flush: and then the step that brings
+  // deferred_ to its budget runs every deferred one beside its own data gradients, as an
+  // immediate backward runs its own (BackwardPhaseGemms).
+  const bool defer = DeferWeightGradients(step_bytes);
+  const bool flush = defer && deferred_bytes_ + step_bytes >= deferred_budget_bytes_;
+  if (defer) {
+    DeferredWeightGrads step;
+    step.group_rows = plan.group_rows;
+    step.x = std::move(s.x_expert);
+    step.act = std::move(s.act);
+    step.d_y = std::move(d_y_buffer);  // d_y stays valid: the memory moves with the Buffer
+    deferred_bytes_ += step_bytes;
+    deferred_.push_back(std::move(step));
+  }
   ASSIGN_OR_RETURN(Buffer d_act, backend_->Allocate(plan.expert_rows * F * cs));
   Fp8Rows d_y_fp8;
   d_y_fp8.fp8 = kGradientFp8;
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_y, H, d_y_fp8));
   // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]), beside
-  // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]) unless deferred.
-  std::vector<GemmArgs> d_a_gemms =
+  // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]) unless deferred (then, when flushing, beside
+  // the deferred steps' d_wo over all their rows).
+  const std::vector<GemmArgs> d_a_gemms =
       ExpertDataGemms(plan.group_rows, d_y, d_y_fp8, H, wo, /*transposed=*/true, F, d_act.data());
-  if (defer) {
-    RETURN_IF_ERROR(backend_->GroupedGemm(d_a_gemms));
-  } else {
-    RETURN_IF_ERROR(BackwardPhaseGemms(
-        backend_, d_a_gemms,
-        ExpertWeightGradGemms(plan.group_rows, s.act.data(), s.act_fp8, F, d_y, d_y_fp8, H, wo),
-        /*accumulating=*/!wo.grad_zero));
+  if (!defer || flush) {
+    Buffer gathered[2];
+    ASSIGN_OR_RETURN(
+        const std::vector<GemmArgs> d_wo_gemms,
+        defer ? DeferredWeightGradGemms(wo, &DeferredWeightGrads::act, F, &DeferredWeightGrads::d_y,
+                                        H, gathered)
+              : ExpertWeightGradGemms(plan.group_rows, s.act.data(), s.act_fp8, F, d_y, d_y_fp8,
+                                      H, wo));
+    RETURN_IF_ERROR(BackwardPhaseGemms(backend_, d_a_gemms, d_wo_gemms,
+                                       /*accumulating=*/!wo.grad_zero));
     wo.grad_zero = false;
+  } else {
+    RETURN_IF_ERROR(backend_->GroupedGemm(d_a_gemms));
   }
   d_y_fp8 = Fp8Rows{};
   if (c.use_bias) {
     LayerParam& wo_bias = *Find("wo_bias");
     RETURN_IF_ERROR(MaterializeGradient(wo_bias));
     RETURN_IF_ERROR(backend_->GroupBiasGrad(d_y, cd, H, plan.group_rows, wo_bias.grad.as<float>()));
+  }
+  if (flush) {  // every step's d_wo is enqueued: their operands can go
+    for (DeferredWeightGrads& d : deferred_) d.act.Reset(), d.d_y.Reset();
   }
   ASSIGN_OR_RETURN(Buffer d_h, backend_->Allocate(d_h_bytes));
   ActivationArgs aa;
@@ -260,10 +282,10 @@ absl::Status MoeLayerImpl::ExpertsBackward(SavedStep& s, Buffer& d_y_buffer, voi
         backend_->GroupBiasGrad(d_h.data(), cd, up, plan.group_rows, wi_bias.grad.as<float>()));
   }
   // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]), beside
-  // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up]) unless deferred.
+  // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up]) unless deferred (as d_wo above).
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_h.data(), up, d_h_fp8));
-  std::vector<GemmArgs> d_x_gemms = ExpertDataGemms(plan.group_rows, d_h.data(), d_h_fp8, up, wi,
-                                                    /*transposed=*/true, H, d_x_expert);
+  const std::vector<GemmArgs> d_x_gemms = ExpertDataGemms(
+      plan.group_rows, d_h.data(), d_h_fp8, up, wi, /*transposed=*/true, H, d_x_expert);
   if (!defer) {
     RETURN_IF_ERROR(BackwardPhaseGemms(backend_, d_x_gemms,
                                        ExpertWeightGradGemms(plan.group_rows, s.x_expert.data(),
@@ -273,17 +295,18 @@ absl::Status MoeLayerImpl::ExpertsBackward(SavedStep& s, Buffer& d_y_buffer, voi
     wi.grad_zero = false;
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(backend_->GroupedGemm(d_x_gemms));
-  DeferredWeightGrads step;
-  step.group_rows = plan.group_rows;
-  step.x = std::move(s.x_expert);
-  step.d_h = std::move(d_h);
-  step.act = std::move(s.act);
-  step.d_y = std::move(d_y_buffer);
-  deferred_bytes_ += step.bytes();
-  deferred_.push_back(std::move(step));
-  if (deferred_bytes_ < deferred_budget_bytes_) return absl::OkStatus();
-  return FlushGradients();
+  deferred_.back().d_h = std::move(d_h);
+  if (!flush) return backend_->GroupedGemm(d_x_gemms);
+  Buffer gathered[2];
+  ASSIGN_OR_RETURN(const std::vector<GemmArgs> d_wi_gemms,
+                   DeferredWeightGradGemms(wi, &DeferredWeightGrads::x, H,
+                                           &DeferredWeightGrads::d_h, up, gathered));
+  RETURN_IF_ERROR(BackwardPhaseGemms(backend_, d_x_gemms, d_wi_gemms,
+                                     /*accumulating=*/!wi.grad_zero));
+  wi.grad_zero = false;
+  deferred_.clear();
+  deferred_bytes_ = 0;
+  return absl::OkStatus();
 }
 
 bool MoeLayerImpl::DeferWeightGradients(size_t step_bytes) const {
@@ -303,52 +326,63 @@ absl::Status MoeLayerImpl::FlushGradients() {
 
 absl::Status MoeLayerImpl::RunDeferredWeightGrads() {
   const LayerConfig& c = config_;
-  const size_t cs = DTypeSize(ExpertRowDType(c));
   const int64_t H = c.hidden, F = c.ffn, up = UpWidth(c);
+  LayerParam& wi = *Find("wi");
+  LayerParam& wo = *Find("wo");
+  {
+    Buffer gathered[2];
+    ASSIGN_OR_RETURN(const std::vector<GemmArgs> gemms,
+                     DeferredWeightGradGemms(wo, &DeferredWeightGrads::act, F,
+                                             &DeferredWeightGrads::d_y, H, gathered));
+    RETURN_IF_ERROR(backend_->GroupedGemm(gemms));
+    wo.grad_zero = false;
+  }
+  for (DeferredWeightGrads& d : deferred_) d.act.Reset(), d.d_y.Reset();  // enqueued: can go
+  Buffer gathered[2];
+  ASSIGN_OR_RETURN(const std::vector<GemmArgs> gemms,
+                   DeferredWeightGradGemms(wi, &DeferredWeightGrads::x, H,
+                                           &DeferredWeightGrads::d_h, up, gathered));
+  RETURN_IF_ERROR(backend_->GroupedGemm(gemms));
+  wi.grad_zero = false;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<GemmArgs>> MoeLayerImpl::DeferredWeightGradGemms(
+    const LayerParam& w, Buffer DeferredWeightGrads::*in, int64_t in_cols,
+    Buffer DeferredWeightGrads::*d_out, int64_t out_cols, Buffer (&gathered)[2]) {
+  const size_t cs = DTypeSize(ExpertRowDType(config_));
   const Fp8Rows none;
-  // One weight gradient: w.grad_e (+)= in_e^T . d_out_e over the deferred steps' rows.
-  auto run = [&](LayerParam& w, Buffer DeferredWeightGrads::*in, int64_t in_cols,
-                 Buffer DeferredWeightGrads::*d_out, int64_t out_cols) -> absl::Status {
-    if (deferred_.size() == 1) {  // the step's own layout: the GEMMs a backward would run
-      const DeferredWeightGrads& d = deferred_[0];
-      RETURN_IF_ERROR(backend_->GroupedGemm(ExpertWeightGradGemms(
-          d.group_rows, (d.*in).data(), none, in_cols, (d.*d_out).data(), none, out_cols, w)));
-      w.grad_zero = false;
-      return absl::OkStatus();
+  if (deferred_.size() == 1) {  // the step's own layout: the GEMMs its backward would run
+    const DeferredWeightGrads& d = deferred_[0];
+    return ExpertWeightGradGemms(d.group_rows, (d.*in).data(), none, in_cols, (d.*d_out).data(),
+                                 none, out_cols, w);
+  }
+  // Expert el's rows of every step, in step order, become expert el's rows of one layout.
+  std::vector<int64_t> group_rows(local_experts_, 0);
+  for (const DeferredWeightGrads& d : deferred_) {
+    for (int64_t el = 0; el < local_experts_; ++el) group_rows[el] += d.group_rows[el];
+  }
+  int64_t rows = 0;
+  for (int64_t r : group_rows) rows += r;
+  ASSIGN_OR_RETURN(gathered[0], backend_->Allocate(rows * in_cols * cs));
+  ASSIGN_OR_RETURN(gathered[1], backend_->Allocate(rows * out_cols * cs));
+  std::vector<int64_t> dst(local_experts_, 0);  // where expert el's next rows go
+  for (int64_t el = 1; el < local_experts_; ++el) dst[el] = dst[el - 1] + group_rows[el - 1];
+  for (const DeferredWeightGrads& d : deferred_) {
+    std::vector<RowBlock> blocks;
+    int64_t src = 0;
+    for (int64_t el = 0; el < local_experts_; ++el) {
+      if (d.group_rows[el] > 0) blocks.push_back({src, dst[el], d.group_rows[el]});
+      src += d.group_rows[el];
+      dst[el] += d.group_rows[el];
     }
-    // Expert el's rows of every step, in step order, become expert el's rows of one layout.
-    std::vector<int64_t> group_rows(local_experts_, 0);
-    for (const DeferredWeightGrads& d : deferred_) {
-      for (int64_t el = 0; el < local_experts_; ++el) group_rows[el] += d.group_rows[el];
-    }
-    int64_t rows = 0;
-    for (int64_t r : group_rows) rows += r;
-    ASSIGN_OR_RETURN(Buffer in_all, backend_->Allocate(rows * in_cols * cs));
-    ASSIGN_OR_RETURN(Buffer d_out_all, backend_->Allocate(rows * out_cols * cs));
-    std::vector<int64_t> dst(local_experts_, 0);  // where expert el's next rows go
-    for (int64_t el = 1; el < local_experts_; ++el) dst[el] = dst[el - 1] + group_rows[el - 1];
-    for (DeferredWeightGrads& d : deferred_) {
-      std::vector<RowBlock> blocks;
-      int64_t src = 0;
-      for (int64_t el = 0; el < local_experts_; ++el) {
-        if (d.group_rows[el] > 0) blocks.push_back({src, dst[el], d.group_rows[el]});
-        src += d.group_rows[el];
-        dst[el] += d.group_rows[el];
-      }
-      RETURN_IF_ERROR(
-          backend_->CopyRowBlocks((d.*in).data(), in_all.data(), in_cols * cs, blocks));
-      RETURN_IF_ERROR(
-          backend_->CopyRowBlocks((d.*d_out).data(), d_out_all.data(), out_cols * cs, blocks));
-      (d.*in).Reset();  // gathered: the next weight's gather may reuse the memory
-      (d.*d_out).Reset();
-    }
-    RETURN_IF_ERROR(backend_->GroupedGemm(ExpertWeightGradGemms(
-        group_rows, in_all.data(), none, in_cols, d_out_all.data(), none, out_cols, w)));
-    w.grad_zero = false;
-    return absl::OkStatus();
-  };
-  RETURN_IF_ERROR(run(*Find("wo"), &DeferredWeightGrads::act, F, &DeferredWeightGrads::d_y, H));
-  return run(*Find("wi"), &DeferredWeightGrads::x, H, &DeferredWeightGrads::d_h, up);
+    RETURN_IF_ERROR(backend_->CopyRowBlocks((d.*in).data(), gathered[0].data(), in_cols * cs,
+                                            blocks));
+    RETURN_IF_ERROR(backend_->CopyRowBlocks((d.*d_out).data(), gathered[1].data(),
+                                            out_cols * cs, blocks));
+  }
+  return ExpertWeightGradGemms(group_rows, gathered[0].data(), none, in_cols, gathered[1].data(),
+                               none, out_cols, w);
 }
 
 }  // namespace moe

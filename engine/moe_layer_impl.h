@@ -293,7 +293,9 @@ class MoeLayerImpl : public MoeLayer {
   // Backward 3 (moe_layer_experts.cc): accumulates the expert gradients from d_y (expert
   // layout) and writes d_x_expert. Reads s.plan, s.x_expert, s.h, s.act (FP8: s.x_fp8,
   // s.act_fp8 instead of s.x_expert, s.act). When DeferWeightGradients says so, the weight
-  // gradients' GEMMs are not run: s.x_expert, s.act, d_y and d_h move to deferred_ instead.
+  // gradients' GEMMs are not run: s.x_expert, s.act, d_y and d_h move to deferred_ instead;
+  // the backward that brings deferred_ to its budget then runs every deferred step's weight
+  // gradients (its own included) beside its data gradients and empties deferred_.
   absl::Status ExpertsBackward(SavedStep& s, Buffer& d_y, void* d_x_expert);
   // Whether a backward whose weight-gradient operands take `step_bytes` defers its GEMMs: never
   // under FP8 or with a zero budget; else when others are already deferred (the step joins
@@ -301,9 +303,16 @@ class MoeLayerImpl : public MoeLayer {
   // runs its GEMMs at once, beside the data gradients' (BackwardPhaseGemms), as without
   // deferral.
   bool DeferWeightGradients(size_t step_bytes) const;
-  // The expert weight-gradient GEMMs of every deferred backward over their rows together:
-  // each operand gathered expert by expert (step order within an expert) when there are
-  // several, then one GEMM per expert, written (beta 0) while the gradient is lazily zero.
+  // The weight-gradient GEMMs of w (ExpertWeightGradGemms) over every deferred backward's rows
+  // together, operands `in` [rows, in_cols] and `d_out` [rows, out_cols] of each: one deferred
+  // backward's own buffers, or with several both gathered into `gathered` expert by expert
+  // (step order within an expert: one GEMM per expert with k = its rows of every step).
+  // Written (beta 0) while w's gradient is lazily zero. `gathered` must outlive the GEMMs'
+  // enqueueing.
+  absl::StatusOr<std::vector<GemmArgs>> DeferredWeightGradGemms(
+      const LayerParam& w, Buffer DeferredWeightGrads::*in, int64_t in_cols,
+      Buffer DeferredWeightGrads::*d_out, int64_t out_cols, Buffer (&gathered)[2]);
+  // FlushGradients' GEMMs: d_wo's over the deferred rows, then d_wi's.
   absl::Status RunDeferredWeightGrads();
 
   const LayerConfig config_;

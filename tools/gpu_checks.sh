@@ -14,8 +14,8 @@ log="$out/tests.log"
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_step.sh"  # step, summary
 { date -u; nvidia-smi -L; nvidia-smi topo -m 2>/dev/null | head -5; } >>"$log" 2>&1
 if [ "$what" = all ] || [ "$what" = tests ]; then
-  step ops_test 120 cuda_backend_ops_test ||
-    step ops_test_memcheck 150 compute-sanitizer --tool memcheck cuda_backend_ops_test
+  step ops_test 300 cuda_backend_ops_test ||
+    step ops_test_memcheck 600 compute-sanitizer --tool memcheck cuda_backend_ops_test
   step layer_test 120 cuda_layer_test
   step ep2_test 120 ep2_gpu_test
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error|ok \(rank" "$log" | tail -40

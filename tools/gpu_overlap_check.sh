@@ -28,7 +28,7 @@ dtypes=${DTYPES:-bf16,fp8}
 iters=${ITERS:-8}
 
 if [ -z "${SKIP_TESTS:-}" ]; then
-  step ops_test 150 cuda_backend_ops_test
+  step ops_test 300 cuda_backend_ops_test
   step layer_test 240 cuda_layer_test
   grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|Expected|actual|Which is" "$log" | tail -40
 fi

@@ -431,6 +431,22 @@ TEST(CudaOps, GroupedGemmStreamKnobsKeepResultsAndRefuseBadValues) {
 // written and accumulated) give bitwise the heuristic's result (MOED_CUBLASLT_TUNED=0), and on
 // a device the table was measured on they are taken. (This test refused dsv3's probed d_wo
 // configuration of another algorithm: other bits at other row counts.)
+// Uniform values in [-1, 1) from a hashed counter (splitmix64): the tuned-plan cases' operands,
+// up to 587 M values each (mixtral's d_wi and d_X), in about a second, where RandomFloats'
+// normal distribution takes ~20 ns a value. The test compares two GPU runs bitwise, so any
+// spread of values serves.
+std::vector<float> FastRandomFloats(size_t n, uint64_t seed) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + i;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    v[i] = static_cast<float>(static_cast<int32_t>(z >> 32)) * (1.0f / 2147483648.0f);
+  }
+  return v;
+}
+
 TEST(CudaOps, TunedGemmPlansKeepResults) {
   REQUIRE_CUDA_DEVICE();
   struct Case {
@@ -487,11 +503,11 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
     const int64_t c_size = c.trans_a ? c.m * c.n : 0;
     const int64_t c_total = c.trans_a ? c_size * static_cast<int64_t>(rows.size()) : total * c.n;
     const size_t c_bytes = c.fp32_c ? 4 : 2;
-    const std::vector<uint16_t> a = FloatsToBf16(RandomFloats(total * a_cols, 51));
-    const std::vector<uint16_t> b = FloatsToBf16(RandomFloats(b_total, 52));
+    const std::vector<uint16_t> a = FloatsToBf16(FastRandomFloats(total * a_cols, 51));
+    const std::vector<uint16_t> b = FloatsToBf16(FastRandomFloats(b_total, 52));
     std::vector<uint8_t> c0(c_total * c_bytes);
     {
-      const std::vector<float> init = RandomFloats(c_total, 53);
+      const std::vector<float> init = FastRandomFloats(c_total, 53);
       if (c.fp32_c) {
         std::memcpy(c0.data(), init.data(), c0.size());
       } else {
