@@ -68,6 +68,13 @@ const Entry kH200[] = {
     {{T, N, true, false, 2048, 7168, 256}, {66, 20, 35, 0, 5, 3}},    // 0.921
     {{T, N, true, false, 7168, 4096, 256}, {66, 23, 35, 0, 3, 4}},    // 0.971
     {{T, N, true, true, 7168, 4096, 256}, {66, 248, 35, 0, 5, 7}},    // 0.947
+    // dsv3's deferred weight gradients (docs/SPEC.md "Weight gradients of several backwards":
+    // three backwards' rows per expert in one GEMM, k around 768; `--rows_scale=3
+    // --enumerate=custom`, equal rows): d_wo and d_wi, written and accumulated
+    {{T, N, true, false, 2048, 7168, 768}, {66, 20, 35, 0, 5, 3}},    // 0.878
+    {{T, N, true, true, 2048, 7168, 768}, {66, 24, 35, 0, 2, 7}},     // 0.885
+    {{T, N, true, false, 7168, 4096, 768}, {66, 29, 35, 0, 3, 1}},    // 0.910
+    {{T, N, true, true, 7168, 4096, 768}, {66, 24, 35, 0, 2, 6}},     // 0.966
     // te_seed (H 1024, F 4096, 8 experts, k 2), routed rows 8109..8322: up, down, d_a, d_X
     {{N, N, false, false, 8192, 8192, 1024}, {66, 29, 35, 0, 3, 1}},  // 0.928
     {{N, N, false, false, 8192, 1024, 4096}, {66, 32, 35, 1, 2, 7}},  // 0.966

@@ -110,6 +110,15 @@ TEST(TunedGemms, WeightGradientRowsAreK) {
   ASSERT_TRUE(FindTunedGemm({true, false, true, true, 7168, 4096, 224}).has_value());
   EXPECT_EQ(FindTunedGemm({true, false, true, true, 7168, 4096, 224})->tile, 248);
   EXPECT_EQ(FindTunedGemm({true, false, true, false, 7168, 4096, 224})->custom, 4);
+  // Its deferred weight gradients (k around 768) have entries of their own, written and
+  // accumulated, which also serve 512..1152 rows but not the single backward's 256.
+  EXPECT_EQ(FindTunedGemm({true, false, true, true, 2048, 7168, 768})->tile, 24);
+  EXPECT_EQ(FindTunedGemm({true, false, true, false, 2048, 7168, 1100})->tile, 20);
+  EXPECT_EQ(FindTunedGemm({true, false, true, false, 2048, 7168, 1100})->custom, 3);
+  EXPECT_EQ(FindTunedGemm({true, false, true, true, 7168, 4096, 600})->custom, 6);
+  EXPECT_EQ(FindTunedGemm({true, false, true, false, 7168, 4096, 900})->tile, 29);
+  EXPECT_FALSE(FindTunedGemm({true, false, true, true, 2048, 7168, 256}).has_value());
+  EXPECT_FALSE(FindTunedGemm({true, false, true, true, 7168, 4096, 1300}).has_value());
 }
 
 TEST(TunedGemms, ApplyOnlyWhereMeasured) {

@@ -467,6 +467,8 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
   const std::vector<int64_t> dsv3 = {256, 213, 301, 170, 270, 400, 150};
   const std::vector<int64_t> te_seed = {8192, 8322, 6000, 11000};
   const std::vector<int64_t> mixtral = {4096, 4200, 3900, 5000, 3000};
+  // dsv3's deferred weight gradients: three backwards' rows of an expert together.
+  const std::vector<int64_t> dsv3_deferred = {768, 700, 850, 640, 900, 560, 1100};
   const Case cases[] = {
       {"qwen3 up", false, false, false, 0.f, 1024, 1536, 2048, qwen3},
       {"qwen3 down", false, false, false, 0.f, 1024, 2048, 768, qwen3},
@@ -482,6 +484,10 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
       {"dsv3 d_wo", true, false, true, 0.f, 2048, 7168, 256, dsv3},
       {"dsv3 d_wi", true, false, true, 0.f, 7168, 4096, 256, dsv3},
       {"dsv3 d_wi accumulated", true, false, true, 1.f, 7168, 4096, 256, dsv3},
+      {"dsv3 deferred d_wo", true, false, true, 0.f, 2048, 7168, 768, dsv3_deferred},
+      {"dsv3 deferred d_wo accumulated", true, false, true, 1.f, 2048, 7168, 768, dsv3_deferred},
+      {"dsv3 deferred d_wi", true, false, true, 0.f, 7168, 4096, 768, dsv3_deferred},
+      {"dsv3 deferred d_wi accumulated", true, false, true, 1.f, 7168, 4096, 768, dsv3_deferred},
       {"te_seed up", false, false, false, 0.f, 8192, 8192, 1024, te_seed},
       {"te_seed down", false, false, false, 0.f, 8192, 1024, 4096, te_seed},
       {"te_seed d_a", false, true, false, 0.f, 8192, 4096, 1024, te_seed},

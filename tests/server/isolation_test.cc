@@ -115,15 +115,16 @@ TEST_F(IsolationTest, OverdueStepFailsAlone) {
   const uint64_t bystander = SaveBystanderStep();
   v1::LayerConfig big = TinyConfig(5);
   big.set_hidden(kBigHidden);
-  big.set_ffn(2048);
+  big.set_ffn(8192);
   big.set_num_experts(2);
   big.set_top_k(2);
   grpc::Status created = Create("big", big);
   ASSERT_TRUE(created.ok()) << created.error_message();
   const int64_t generation = Status().generation();
 
-  // About 260 GFLOP: several seconds even on two idle cores, well past the 2 s deadline (with
-  // a quarter of it, 256 wide, an idle CI-sized machine finished within the deadline).
+  // About 1 TFLOP: several seconds even on two idle cores, well past the 2 s deadline (with a
+  // quarter of it, ffn 2048, a 2-core machine answered OK after 2.13 s, and with ffn 4096 it
+  // finished after 2.4 s; with 256 wide, an idle CI-sized machine finished within the deadline).
   constexpr int64_t kTokens = 10240;
   const v1::Tensor x =
       FloatsToProto({kTokens, kBigHidden}, RandomFloats(kTokens * kBigHidden, 7));
