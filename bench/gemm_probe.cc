@@ -29,7 +29,7 @@
 //   gemm_probe --configs=qwen3 --enumerate=all --rows_scale=0.875   # another row bucket
 //   gemm_probe --configs=dsv3 --enumerate=all --routed_rows         # rows as a step spreads them
 //   gemm_probe --configs=dsv3 --enumerate=custom --routed_rows      # kernel variants of a tile
-//   gemm_probe --configs= --copy_gb=16   # only the memory's streaming rate (a 16 GB copy)
+//   gemm_probe --configs= --copy_gb=16   # only the memory's rates (a 16 GB copy and memset)
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -73,7 +73,8 @@ ABSL_FLAG(int, max_enumerated, 400, "at most this many enumerated configurations
 ABSL_FLAG(int, streams, 4, "streams the experts' GEMMs are spread over");
 ABSL_FLAG(int, workspace_mb, 32, "workspace per stream (the engine's default)");
 ABSL_FLAG(double, copy_gb, 0,
-          "first time a device-to-device copy of this many GB (the memory's streaming rate)");
+          "first time a device-to-device copy and a memset of this many GB (the memory's "
+          "read + write and write-only rates)");
 
 namespace {
 
@@ -745,22 +746,29 @@ void TimeCopy(double gb) {
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
-  std::vector<float> all;
-  for (int i = 0; i < 6; ++i) {
-    CUDA_CHECK(cudaEventRecord(start));
-    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice));
-    CUDA_CHECK(cudaEventRecord(stop));
-    CUDA_CHECK(cudaEventSynchronize(stop));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (i > 0) all.push_back(ms);
-  }
-  std::sort(all.begin(), all.end());
-  const double ms = all[all.size() / 2];
+  // The median of five timed runs of `op` (one untimed first).
+  auto median_ms = [&](auto op) {
+    std::vector<float> all;
+    for (int i = 0; i < 6; ++i) {
+      CUDA_CHECK(cudaEventRecord(start));
+      op();
+      CUDA_CHECK(cudaEventRecord(stop));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      if (i > 0) all.push_back(ms);
+    }
+    std::sort(all.begin(), all.end());
+    return static_cast<double>(all[all.size() / 2]);
+  };
+  const double ms =
+      median_ms([&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice)); });
+  // A zeroed step's weight gradients only write their fp32 outputs: the write-only rate.
+  const double write_ms = median_ms([&] { CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes)); });
   std::printf(
       "{\"bench\": \"gemm_probe\", \"copy_bytes\": %zu, \"ms\": %.4f, "
-      "\"read_plus_write_tbps\": %.3f}\n",
-      bytes, ms, 2.0 * bytes / ms * 1e-9);
+      "\"read_plus_write_tbps\": %.3f, \"memset_ms\": %.4f, \"write_tbps\": %.3f}\n",
+      bytes, ms, 2.0 * bytes / ms * 1e-9, write_ms, bytes / write_ms * 1e-9);
   std::fflush(stdout);
   cudaEventDestroy(start);
   cudaEventDestroy(stop);
