@@ -1,6 +1,9 @@
 #include "engine/config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstdlib>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -286,6 +289,30 @@ absl::StatusOr<LayerConfig> ConfigFromString(absl::string_view text) {
     }
   }
   return c;
+}
+
+absl::StatusOr<double> DeferredWgradFractionFromEnv() {
+  const char* text = std::getenv("MOED_DEFERRED_WGRAD_FRACTION");
+  if (text == nullptr || *text == '\0') return kDefaultDeferredWgradFraction;
+  double fraction = 0;
+  if (!absl::SimpleAtod(text, &fraction) || !std::isfinite(fraction) || fraction < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MOED_DEFERRED_WGRAD_FRACTION must be a number >= 0 (0 turns deferral off), got '", text,
+        "'"));
+  }
+  return fraction;
+}
+
+int64_t DeferredWgradBudgetBytes(const LayerConfig& config, int ep_ranks, double fraction) {
+  if (config.compute_dtype == DType::kFloat8E4M3 || !(fraction > 0)) return 0;
+  const long double experts =
+      static_cast<long double>(config.num_experts) / std::max(ep_ranks, 1);
+  const long double gradient_bytes =
+      experts * sizeof(float) *
+      (static_cast<long double>(config.hidden) * UpWidth(config) +
+       static_cast<long double>(config.ffn) * config.hidden);
+  const long double budget = static_cast<long double>(fraction) * gradient_bytes;
+  return budget >= static_cast<long double>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(budget);
 }
 
 }  // namespace moe

@@ -79,6 +79,19 @@ inline DType ExpertRowDType(const LayerConfig& c) {
 // Width of the fused up projection: 2F when gated, F otherwise.
 inline int64_t UpWidth(const LayerConfig& c) { return c.gated ? 2 * c.ffn : c.ffn; }
 
+// The deferral budget of the expert weight gradients (docs/SPEC.md "Weight gradients of several
+// backwards"), as a fraction of a rank's wi and wo gradient bytes: MOED_DEFERRED_WGRAD_FRACTION
+// when set (a number >= 0; 0 turns deferral off), else kDefaultDeferredWgradFraction;
+// INVALID_ARGUMENT naming the variable for anything else. Layers read it when created; moed's
+// admission control reads the workers' answers (PingResponse.deferred_wgrad_fraction).
+inline constexpr double kDefaultDeferredWgradFraction = 0.125;
+absl::StatusOr<double> DeferredWgradFractionFromEnv();
+// The budget in bytes on one of `ep_ranks` ranks: `fraction` x its experts' wi and wo fp32
+// gradients (0 under FP8, which never defers). A layer holds less than this between calls
+// (the backward that reaches it runs every deferred GEMM); a backward that does so allocates,
+// beside its own buffers, one gathered copy of the deferred rows of one weight at a time.
+int64_t DeferredWgradBudgetBytes(const LayerConfig& config, int ep_ranks, double fraction);
+
 // One line, "key=value ..." of every field: logs, checkpoints and error messages.
 std::string ConfigToString(const LayerConfig& config);
 absl::StatusOr<LayerConfig> ConfigFromString(absl::string_view text);

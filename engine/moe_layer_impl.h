@@ -142,9 +142,6 @@ struct DeferredWeightGrads {
   size_t bytes() const { return x.size() + d_h.size() + act.size() + d_y.size(); }
 };
 
-// The default deferral budget, as a fraction of the expert weight gradients' bytes
-// (MOED_DEFERRED_WGRAD_FRACTION overrides it; 0 turns deferral off).
-inline constexpr double kDefaultDeferredWgradFraction = 0.125;
 
 // OK when `x` is [T, hidden] and FP32 or BF16; INVALID_ARGUMENT naming `field` else.
 absl::Status CheckActivations(const char* field, const Tensor& x, int64_t hidden);

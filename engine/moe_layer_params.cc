@@ -1,11 +1,8 @@
 // MoeLayer creation, parameters, gradients, optimizer state and updates (docs/SPEC.md
 // "Parameters", "Initialisation", "Updates").
 #include <algorithm>
-#include <cmath>
-#include <cstdlib>
 #include <cstring>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/init.h"
@@ -13,22 +10,6 @@
 #include "engine/status_macros.h"
 
 namespace moe {
-namespace {
-
-// MOED_DEFERRED_WGRAD_FRACTION when set (a number >= 0), else kDefaultDeferredWgradFraction.
-absl::StatusOr<double> DeferredWgradFraction() {
-  const char* text = std::getenv("MOED_DEFERRED_WGRAD_FRACTION");
-  if (text == nullptr || *text == '\0') return kDefaultDeferredWgradFraction;
-  double fraction = 0;
-  if (!absl::SimpleAtod(text, &fraction) || !std::isfinite(fraction) || fraction < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MOED_DEFERRED_WGRAD_FRACTION must be a number >= 0 (0 turns deferral off), got '", text,
-        "'"));
-  }
-  return fraction;
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(
     const LayerConfig& config, Backend* backend, Communicator* comm,
@@ -125,10 +106,9 @@ absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled) {
     RETURN_IF_ERROR(add("wi_bias", {El, up}, true, false, nullptr, nullptr));
     RETURN_IF_ERROR(add("wo_bias", {El, H}, true, false, nullptr, nullptr));
   }
-  ASSIGN_OR_RETURN(const double fraction, DeferredWgradFraction());
+  ASSIGN_OR_RETURN(const double fraction, DeferredWgradFractionFromEnv());
   deferred_budget_bytes_ =
-      static_cast<size_t>(fraction * static_cast<double>(Find("wi")->grad.size() +
-                                                         Find("wo")->grad.size()));
+      static_cast<size_t>(DeferredWgradBudgetBytes(c, comm_->size(), fraction));
   return backend_->Synchronize();
 }
 

@@ -293,7 +293,9 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
     // the layer is listed (from then on HeldWorkerBytes counts it).
     WorkerMemoryReservations::Reservation reserved;
     RETURN_IF_ERROR(AdmitWorkerMemory("CreateLayer", request->name(), -1,
-                                      LayerBytesPerWorker(config, pool_->world_size()), &reserved));
+                                      LayerBytesPerWorker(config, pool_->world_size(),
+                                                          DeferredWgradFraction()),
+                                      &reserved));
     auto layer = std::make_shared<Layer>(request->name(), SavedLimits());
     layer->id = next_layer_id_++;
     layer->config = config;
@@ -336,7 +338,7 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
     // dropped it: reserved until then (admission control, moe_service_admission.cc), taken
     // before it leaves the books so that it is never uncounted.
     const WorkerMemoryReservations::Reservation leaving =
-        reservations_.Hold(LayerHeldBytes(*layer));
+        reservations_.Hold(LayerHeldBytes(*layer, DeferredWgradFraction()));
     // The layer leaves the books even when the workers are unreachable: a new generation
     // re-creates only the layers still listed.
     {

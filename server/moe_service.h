@@ -523,11 +523,15 @@ class MoeServiceImpl final : public MoeServiceBase {
   // workers that report that host); 0 when off or nothing is known yet (no admission control).
   // *derived says which.
   int64_t WorkerMemoryBudget(bool* derived) const;
+  // The deferral budget's fraction the estimates count (LayerBytesPerWorker, BackwardStepBytes):
+  // the largest the workers report (PingResponse.deferred_wgrad_fraction), or
+  // kDefaultDeferredWgradFraction while none has.
+  double DeferredWgradFraction() const;
   // What one worker holds (estimated): every layer's LayerBytesPerWorker plus the bytes of
   // the steps kept for backward (summed over workers, divided by the worker count).
   int64_t HeldWorkerBytes() const;
   // One layer's part of it: its LayerBytesPerWorker and its kept steps' bytes per worker.
-  int64_t LayerHeldBytes(Layer& layer) const;
+  int64_t LayerHeldBytes(Layer& layer, double deferred_wgrad_fraction) const;
   // The saved-step budget and ttl of every layer (options_).
   SavedStepLimits SavedLimits() const;
   absl::Time InternalDeadline(grpc::ServerContextBase* context, bool collective) const;

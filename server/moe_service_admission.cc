@@ -2,7 +2,8 @@
 //
 // A CreateLayer, Forward or Backward is refused with RESOURCE_EXHAUSTED before any worker
 // allocates when what it needs per worker (server/step_memory.h: the layer's shard, or the
-// step's worst-case working memory), plus what the workers already hold (every layer's shard
+// step's worst-case working memory), plus what the workers already hold (every layer's shard,
+// with the deferred weight-gradient operands it may keep at the fraction the workers report,
 // and the steps kept for backward), plus what the calls admitted before it and still running
 // reserved (server/worker_memory_reservations.h), passes the budget. A refusal is immediate:
 // nothing waits for memory to become free.
@@ -28,6 +29,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -72,20 +74,33 @@ int64_t MoeServiceImpl::WorkerMemoryBudget(bool* derived) const {
   return any ? static_cast<int64_t>(budget) : 0;
 }
 
+double MoeServiceImpl::DeferredWgradFraction() const {
+  std::optional<double> largest;
+  for (const v1::WorkerStatus& w : pool_->WorkerStatuses()) {
+    if (!w.has_deferred_wgrad_fraction()) continue;
+    largest = std::max(largest.value_or(0.0), w.deferred_wgrad_fraction());
+  }
+  return largest.value_or(kDefaultDeferredWgradFraction);
+}
+
 int64_t MoeServiceImpl::HeldWorkerBytes() const {
+  const double fraction = DeferredWgradFraction();
   std::vector<std::shared_ptr<Layer>> layers;
   {
     absl::MutexLock lock(&layers_mu_);
     for (const auto& kv : layers_) layers.push_back(kv.second);
   }
   long double held = 0;
-  for (const auto& layer : layers) held += static_cast<long double>(LayerHeldBytes(*layer));
+  for (const auto& layer : layers) {
+    held += static_cast<long double>(LayerHeldBytes(*layer, fraction));
+  }
   return held >= static_cast<long double>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(held);
 }
 
-int64_t MoeServiceImpl::LayerHeldBytes(Layer& layer) const {
+int64_t MoeServiceImpl::LayerHeldBytes(Layer& layer, double deferred_wgrad_fraction) const {
   const int ranks = std::max(pool_->world_size(), 1);
-  long double held = static_cast<long double>(LayerBytesPerWorker(layer.config, ranks));
+  long double held =
+      static_cast<long double>(LayerBytesPerWorker(layer.config, ranks, deferred_wgrad_fraction));
   absl::MutexLock lock(&layer.mu);
   held += static_cast<long double>(layer.saved.bytes()) / ranks;
   return held >= static_cast<long double>(INT64_MAX) ? INT64_MAX

@@ -430,7 +430,8 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     if (!std::isfinite(d_aux)) return absl::InvalidArgumentError("d_aux: not finite");
     if (!std::isfinite(d_z_loss)) return absl::InvalidArgumentError("d_z_loss: not finite");
     // Admission control, as in Forward (d_out has the saved step's tokens, checked below).
-    const int64_t need = BackwardStepBytes(found->config, d_out.tokens, pool_->world_size(), dtype);
+    const int64_t need = BackwardStepBytes(found->config, d_out.tokens, pool_->world_size(), dtype,
+                                           DeferredWgradFraction());
     RETURN_IF_ERROR(AdmitWorkerMemory("Backward", found->name, d_out.tokens, need));
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));

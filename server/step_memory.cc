@@ -45,7 +45,7 @@ Rows WorstCaseRows(const LayerConfig& c, int64_t tokens, int ranks) {
 
 }  // namespace
 
-int64_t LayerBytesPerWorker(const LayerConfig& config, int ranks) {
+int64_t LayerBytesPerWorker(const LayerConfig& config, int ranks, double deferred_wgrad_fraction) {
   const long double R = std::max(ranks, 1);
   const long double compute_copy =
       ExpertRowDType(config) == DType::kFloat32 ? 0 : DTypeSize(ExpertRowDType(config));
@@ -58,6 +58,7 @@ int64_t LayerBytesPerWorker(const LayerConfig& config, int ranks) {
     const long double per_element = (p.has_gradient ? 4 : 1) * sizeof(float);
     bytes += elements * (per_element + (p.expert_sharded ? compute_copy : 0));
   }
+  bytes += static_cast<long double>(DeferredWgradBudgetBytes(config, ranks, deferred_wgrad_fraction));
   return Saturate(bytes);
 }
 
@@ -80,7 +81,8 @@ int64_t ForwardStepBytes(const LayerConfig& c, int64_t tokens, int ranks, DType 
                   rows.expert * per_expert_row + H * E * 3 * 2);
 }
 
-int64_t BackwardStepBytes(const LayerConfig& c, int64_t tokens, int ranks, DType x_dtype) {
+int64_t BackwardStepBytes(const LayerConfig& c, int64_t tokens, int ranks, DType x_dtype,
+                          double deferred_wgrad_fraction) {
   const Rows rows = WorstCaseRows(c, tokens, ranks);
   const long double H = c.hidden, F = c.ffn, up = UpWidth(c), E = c.num_experts, K = c.top_k;
   const long double cs = DTypeSize(ExpertRowDType(c)), xs = DTypeSize(x_dtype);
@@ -95,8 +97,14 @@ int64_t BackwardStepBytes(const LayerConfig& c, int64_t tokens, int ranks, DType
   if (c.compute_dtype == DType::kFloat8E4M3) per_expert_row += H + up;
   // The gate's per-step gradient [H, E] fp32 (and d_gate's three [H, E] fp32 partial sums, or
   // the gate's six bf16 parts for d_x's GEMM: 12 H E bytes either way).
+  // The flush of deferred weight gradients (engine/moe_layer_experts.cc,
+  // DeferredWeightGradGemms): the kept rows (below the budget) and this step's, of wi's
+  // operands [x | d_h] or wo's [act | d_y].
+  const long double budget =
+      static_cast<long double>(DeferredWgradBudgetBytes(c, ranks, deferred_wgrad_fraction));
+  const long double flush = budget > 0 ? budget + rows.expert * std::max(H + up, F + H) * cs : 0;
   return Saturate(rows.tokens * per_token + rows.local * per_local_row +
-                  rows.expert * per_expert_row + H * E * 4 * (1 + 3));
+                  rows.expert * per_expert_row + H * E * 4 * (1 + 3) + flush);
 }
 
 }  // namespace moe

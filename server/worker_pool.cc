@@ -243,6 +243,10 @@ void WorkerPool::HeartbeatLoop() {
           slot.memory_bytes = response.memory_bytes();
           slot.peak_memory_bytes = response.peak_memory_bytes();
           slot.memory_capacity_bytes = response.memory_capacity_bytes();
+          slot.deferred_wgrad_fraction =
+              response.has_deferred_wgrad_fraction()
+                  ? std::optional<double>(response.deferred_wgrad_fraction())
+                  : std::nullopt;
           if (!response.device().empty()) slot.device = response.device();
         }
       });
@@ -358,6 +362,9 @@ std::vector<v1::WorkerStatus> WorkerPool::WorkerStatuses() const {
     status.set_memory_bytes(slot.memory_bytes);
     status.set_peak_memory_bytes(slot.peak_memory_bytes);
     status.set_memory_capacity_bytes(slot.memory_capacity_bytes);
+    if (slot.deferred_wgrad_fraction.has_value()) {
+      status.set_deferred_wgrad_fraction(*slot.deferred_wgrad_fraction);
+    }
     status.set_last_seen_ms_ago(slot.filled ? absl::ToInt64Milliseconds(now - slot.last_seen) : -1);
     status.set_error(slot.filled ? slot.error : "not joined yet");
     status.set_pid(slot.pid);

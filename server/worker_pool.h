@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -163,6 +164,7 @@ class WorkerPool {
     int64_t memory_bytes = 0;
     int64_t peak_memory_bytes = 0;
     int64_t memory_capacity_bytes = 0;  // PingResponse.memory_capacity_bytes
+    std::optional<double> deferred_wgrad_fraction;  // PingResponse.deferred_wgrad_fraction
   };
 
   // Appends every slot's stub and channel to *set and says whether all are on this host.

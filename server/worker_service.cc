@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/config.h"
 #include "engine/config_agreement.h"
 #include "engine/status_macros.h"
 #include "proto/config_convert.h"
@@ -422,6 +423,8 @@ grpc::Status WorkerService::Ping(grpc::ServerContext*, const internal::PingReque
   for (const auto& kv : retired_) response->add_restorable_layers(kv.first);
   response->set_pid(getpid());
   response->set_memory_capacity_bytes(DeviceMemoryCapacity(device_, rank_));
+  const absl::StatusOr<double> fraction = DeferredWgradFractionFromEnv();
+  if (fraction.ok()) response->set_deferred_wgrad_fraction(*fraction);
   return grpc::Status::OK;
 }
 

@@ -1,5 +1,6 @@
 #include "engine/config.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -204,6 +205,36 @@ TEST(ConfigTest, Names) {
   EXPECT_EQ(*ParseActivation("linear"), Activation::kLinear);
   EXPECT_EQ(*ParseScoreFunction("softmax"), ScoreFunction::kSoftmax);
   EXPECT_FALSE(ParseScoreFunction("tanh").ok());
+}
+
+// The deferral budget: the fraction of a rank's wi + wo fp32 gradient bytes, none under FP8 or
+// with a zero fraction; the variable parsed strictly.
+TEST(ConfigTest, DeferredWgradBudget) {
+  LayerConfig c = Tiny();
+  c.gated = true;
+  const int64_t gradient = 4 * c.num_experts * (c.hidden * 2 * c.ffn + c.ffn * c.hidden);
+  EXPECT_EQ(DeferredWgradBudgetBytes(c, 1, 0.125), gradient / 8);
+  EXPECT_EQ(DeferredWgradBudgetBytes(c, 2, 0.125), gradient / 16);
+  EXPECT_EQ(DeferredWgradBudgetBytes(c, 1, 1.0), gradient);
+  EXPECT_EQ(DeferredWgradBudgetBytes(c, 1, 0.0), 0);
+  c.gated = false;
+  EXPECT_EQ(DeferredWgradBudgetBytes(c, 1, 1.0), 4 * c.num_experts * 2 * c.ffn * c.hidden);
+  c.compute_dtype = DType::kFloat8E4M3;
+  EXPECT_EQ(DeferredWgradBudgetBytes(c, 1, 1.0), 0);
+
+  unsetenv("MOED_DEFERRED_WGRAD_FRACTION");
+  EXPECT_EQ(DeferredWgradFractionFromEnv().value(), kDefaultDeferredWgradFraction);
+  setenv("MOED_DEFERRED_WGRAD_FRACTION", "0.25", 1);
+  EXPECT_EQ(DeferredWgradFractionFromEnv().value(), 0.25);
+  setenv("MOED_DEFERRED_WGRAD_FRACTION", "0", 1);
+  EXPECT_EQ(DeferredWgradFractionFromEnv().value(), 0.0);
+  for (const char* bad : {"-0.5", "nan", "inf", "1/8", "x"}) {
+    setenv("MOED_DEFERRED_WGRAD_FRACTION", bad, 1);
+    const absl::StatusOr<double> f = DeferredWgradFractionFromEnv();
+    EXPECT_EQ(f.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(f.status().message()), HasSubstr("MOED_DEFERRED_WGRAD_FRACTION"));
+  }
+  unsetenv("MOED_DEFERRED_WGRAD_FRACTION");
 }
 
 }  // namespace

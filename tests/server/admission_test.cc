@@ -6,6 +6,7 @@
 // peak stays within the estimate).
 #include <signal.h>
 
+#include <cstdlib>
 #include <optional>
 #include <thread>
 
@@ -25,6 +26,9 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kHidden = 32;  // TinyConfig's
 constexpr int kRanks = 2;
+// The workers' deferral budget (their MOED_DEFERRED_WGRAD_FRACTION is unset), which moed's
+// estimates count.
+constexpr double kFraction = kDefaultDeferredWgradFraction;
 
 LayerConfig EngineConfig(const v1::LayerConfig& proto) {
   absl::StatusOr<LayerConfig> config = ConfigFromProto(proto);
@@ -91,7 +95,7 @@ TEST_F(AdmissionTest, OversizedStepIsRefusedBeforeAnyWorkerAllocates) {
   const v1::LayerConfig tiny = TinyConfig(1);
   const LayerConfig config = EngineConfig(tiny);
   constexpr int64_t kTokens = 512;
-  const int64_t layer_bytes = LayerBytesPerWorker(config, kRanks);
+  const int64_t layer_bytes = LayerBytesPerWorker(config, kRanks, kFraction);
   const int64_t budget = layer_bytes + ForwardStepBytes(config, kTokens, kRanks, DType::kFloat32);
   StartCluster({absl::StrCat("--worker_memory_bytes=", budget)});
   ASSERT_TRUE(Create("a", tiny).ok());
@@ -126,7 +130,7 @@ TEST_F(AdmissionTest, KeptStepsCountAgainstTheLimit) {
   const v1::LayerConfig tiny = TinyConfig(2);
   const LayerConfig config = EngineConfig(tiny);
   constexpr int64_t kTokens = 512;
-  const int64_t budget = LayerBytesPerWorker(config, kRanks) +
+  const int64_t budget = LayerBytesPerWorker(config, kRanks, kFraction) +
                          ForwardStepBytes(config, kTokens, kRanks, DType::kFloat32);
   StartCluster({absl::StrCat("--worker_memory_bytes=", budget)});
   ASSERT_TRUE(Create("k", tiny).ok());
@@ -154,7 +158,7 @@ TEST_F(AdmissionTest, OversizedBackwardIsRefusedAndKeepsItsStep) {
   const v1::LayerConfig tiny = TinyConfig(7);
   const LayerConfig config = EngineConfig(tiny);
   constexpr int64_t kTokens = 512;
-  const int64_t layer_bytes = LayerBytesPerWorker(config, kRanks);
+  const int64_t layer_bytes = LayerBytesPerWorker(config, kRanks, kFraction);
   const int64_t budget = layer_bytes + ForwardStepBytes(config, kTokens, kRanks, DType::kFloat32);
   StartCluster({absl::StrCat("--worker_memory_bytes=", budget)});
   ASSERT_TRUE(Create("b", tiny).ok());
@@ -162,7 +166,8 @@ TEST_F(AdmissionTest, OversizedBackwardIsRefusedAndKeepsItsStep) {
   ASSERT_TRUE(Forward("b", kTokens, /*keep=*/true, &kept).ok());
   const int64_t saved = Info("b").saved_bytes();
   ASSERT_GT(
-      layer_bytes + saved / kRanks + BackwardStepBytes(config, kTokens, kRanks, DType::kFloat32),
+      layer_bytes + saved / kRanks +
+          BackwardStepBytes(config, kTokens, kRanks, DType::kFloat32, kFraction),
       budget)
       << "this Backward would fit: the test proves nothing";
   grpc::ClientContext ctx;
@@ -192,7 +197,7 @@ TEST_F(AdmissionTest, ConcurrentStepsOfDifferentLayersAreSummed) {
   const v1::LayerConfig tiny = TinyConfig(8);
   const LayerConfig config = EngineConfig(tiny);
   constexpr int64_t kTokens = 512;
-  const int64_t layer_bytes = LayerBytesPerWorker(config, kRanks);
+  const int64_t layer_bytes = LayerBytesPerWorker(config, kRanks, kFraction);
   const int64_t step = ForwardStepBytes(config, kTokens, kRanks, DType::kFloat32);
   const int64_t budget = 2 * layer_bytes + step + step / 2;
   // A stopped worker must not be declared dead (nor its step time out) on a loaded machine.
@@ -244,7 +249,7 @@ TEST_F(AdmissionTest, LayerBeingDeletedCountsUntilTheWorkersDroppedIt) {
   const v1::LayerConfig tiny = TinyConfig(12);
   const LayerConfig config = EngineConfig(tiny);
   constexpr int64_t kTokens = 512, kSmall = 8;
-  const int64_t layer_bytes = LayerBytesPerWorker(config, kRanks);
+  const int64_t layer_bytes = LayerBytesPerWorker(config, kRanks, kFraction);
   const int64_t step = ForwardStepBytes(config, kTokens, kRanks, DType::kFloat32);
   const int64_t small = ForwardStepBytes(config, kSmall, kRanks, DType::kFloat32);
   ASSERT_GE(layer_bytes, small) << "the small step would not fit anyway: the test proves nothing";
@@ -307,7 +312,7 @@ TEST_F(AdmissionTest, LayerBeingDeletedCountsUntilTheWorkersDroppedIt) {
 
 TEST_F(AdmissionTest, CreateLayerOverTheLimitIsRefused) {
   const v1::LayerConfig tiny = TinyConfig(3);
-  const int64_t layer_bytes = LayerBytesPerWorker(EngineConfig(tiny), kRanks);
+  const int64_t layer_bytes = LayerBytesPerWorker(EngineConfig(tiny), kRanks, kFraction);
   StartCluster({absl::StrCat("--worker_memory_bytes=", layer_bytes * 3 / 2)});
   ASSERT_TRUE(Create("first", tiny).ok());
   grpc::Status s = Create("second", TinyConfig(4));
@@ -334,13 +339,52 @@ TEST_F(AdmissionTest, DerivedLimitRefusesALayerLargerThanTheHost) {
   v1::LayerConfig huge = TinyConfig(5);  // ~206 GB per worker, under --max_layer_bytes
   huge.set_hidden(16384);
   huge.set_ffn(65536);
-  ASSERT_LT(capacity, LayerBytesPerWorker(EngineConfig(huge), kRanks));
+  ASSERT_LT(capacity, LayerBytesPerWorker(EngineConfig(huge), kRanks, kFraction));
   const absl::Time start = absl::Now();
   grpc::Status s = Create("huge", huge);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
   EXPECT_THAT(s.error_message(), HasSubstr("derived from the memory the workers report"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(2));
   EXPECT_TRUE(Create("small", TinyConfig(6)).ok());
+}
+
+// moed counts the deferral budget the workers report (PingResponse.deferred_wgrad_fraction)
+// as memory every layer may hold: with workers that keep half their weight gradients' bytes, a
+// step that fits beside the default budget's layer is refused, and GetStatus shows the
+// workers' fraction.
+TEST_F(AdmissionTest, TheWorkersDeferralBudgetCountsAgainstTheLimit) {
+  const v1::LayerConfig tiny = TinyConfig(14);
+  const LayerConfig config = EngineConfig(tiny);
+  constexpr int64_t kTokens = 512;
+  constexpr double kWorkers = 0.5;
+  const int64_t step = ForwardStepBytes(config, kTokens, kRanks, DType::kFloat32);
+  const int64_t budget = LayerBytesPerWorker(config, kRanks, kFraction) + step;
+  ASSERT_GT(LayerBytesPerWorker(config, kRanks, kWorkers) + step, budget);
+  setenv("MOED_DEFERRED_WGRAD_FRACTION", "0.5", 1);  // inherited by moed's workers
+  StartCluster({absl::StrCat("--worker_memory_bytes=", budget)});
+  unsetenv("MOED_DEFERRED_WGRAD_FRACTION");
+  bool reported = false;
+  const absl::Time until = absl::Now() + absl::Seconds(10);
+  while (!reported && absl::Now() < until) {
+    const v1::GetStatusResponse status = Status();
+    reported = status.workers_size() == kRanks;
+    for (const v1::WorkerStatus& w : status.workers()) {
+      reported = reported && w.has_deferred_wgrad_fraction();
+      if (w.has_deferred_wgrad_fraction()) {
+        EXPECT_EQ(w.deferred_wgrad_fraction(), kWorkers);
+      }
+    }
+    if (!reported) absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_TRUE(reported) << "the workers report no deferral fraction";
+  ASSERT_TRUE(Create("d", tiny).ok());
+  v1::ForwardResponse response;
+  grpc::Status s = Forward("d", kTokens, /*keep=*/false, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(),
+              HasSubstr(absl::StrCat("hold ", LayerBytesPerWorker(config, kRanks, kWorkers))));
+  EXPECT_EQ(Info("d").forward_count(), 0);
+  EXPECT_TRUE(Forward("d", kTokens / 4, /*keep=*/false, &response).ok());
 }
 
 }  // namespace
