@@ -9,6 +9,8 @@
 #      (default 2) between the VARIANTS, each LABEL:BINARY[:ENV=VALUE...] (default: base =
 #      gpu_bench_base, now = gpu_bench, serial = gpu_bench with GroupedGemm's old rule, large
 #      GEMMs one at a time, MOED_GEMM_SERIAL_GFLOPS=60; SKIP_SERIAL=1 leaves serial out);
+#      (ITERS steps of each kind, default 8; ACCUM_ITERS accumulating ones, default ITERS:
+#      a multiple of the deferral groups, e.g. 60, makes the accumulating mean a steady state);
 #   3. a table: medians per run, each variant / the first, and whether the fingerprints of
 #      every run of a config and datatype are bitwise equal (gpu_bench's `fingerprint`: out, d_x and d_gate of
 #      a step from zero gradients, then the wi and wo gradients after a second, accumulating
@@ -36,7 +38,7 @@ fi
 bench() {  # bench LABEL BINARY [ENV=VALUE...]
   local label=$1 binary=$2; shift 2
   step "bench_${label}_$r" 240 env "$@" "$binary" --configs="$configs" --compute_dtypes="$dtypes" \
-    --iters="$iters" --zero_grads=true --accumulating_iters="$iters" \
+    --iters="$iters" --zero_grads=true --accumulating_iters="${ACCUM_ITERS:-$iters}" \
     --json="$out/bench_${label}.jsonl"
 }
 variants=${VARIANTS:-"base:gpu_bench_base now:gpu_bench"}
@@ -64,7 +66,8 @@ first = sys.argv[2]
 def pick(label, cfg, dt):
     return [r for r in runs.get(label, []) if r["config"] == cfg and r.get("compute_dtype", "bf16") == dt]
 fields = (("fwd", "fwd_device_ms"), ("f+b zeroed", "fwdbwd_device_ms"),
-          ("f+b accum", "fwdbwd_accum_device_ms"))
+          ("f+b accum", "fwdbwd_accum_device_ms"),
+          ("accum mean", "fwdbwd_accum_mean_device_ms"))
 print("device ms, median of each run's medians (runs listed); ratio = label / %s" % first)
 for cfg, dt in keys:
     base = pick(first, cfg, dt)
