@@ -142,7 +142,6 @@ struct DeferredWeightGrads {
   size_t bytes() const { return x.size() + d_h.size() + act.size() + d_y.size(); }
 };
 
-
 // OK when `x` is [T, hidden] and FP32 or BF16; INVALID_ARGUMENT naming `field` else.
 absl::Status CheckActivations(const char* field, const Tensor& x, int64_t hidden);
 

@@ -58,7 +58,8 @@ int64_t LayerBytesPerWorker(const LayerConfig& config, int ranks, double deferre
     const long double per_element = (p.has_gradient ? 4 : 1) * sizeof(float);
     bytes += elements * (per_element + (p.expert_sharded ? compute_copy : 0));
   }
-  bytes += static_cast<long double>(DeferredWgradBudgetBytes(config, ranks, deferred_wgrad_fraction));
+  bytes +=
+      static_cast<long double>(DeferredWgradBudgetBytes(config, ranks, deferred_wgrad_fraction));
   return Saturate(bytes);
 }
 
@@ -95,14 +96,14 @@ int64_t BackwardStepBytes(const LayerConfig& c, int64_t tokens, int ranks, DType
   const long double per_local_row = H * cs;
   long double per_expert_row = (2 * H + F + up) * cs;
   if (c.compute_dtype == DType::kFloat8E4M3) per_expert_row += H + up;
-  // The gate's per-step gradient [H, E] fp32 (and d_gate's three [H, E] fp32 partial sums, or
-  // the gate's six bf16 parts for d_x's GEMM: 12 H E bytes either way).
   // The flush of deferred weight gradients (engine/moe_layer_experts.cc,
-  // DeferredWeightGradGemms): the kept rows (below the budget) and this step's, of wi's
+  // DeferredWeightGradGemms) gathers the kept rows (below the budget) and this step's, of wi's
   // operands [x | d_h] or wo's [act | d_y].
   const long double budget =
       static_cast<long double>(DeferredWgradBudgetBytes(c, ranks, deferred_wgrad_fraction));
   const long double flush = budget > 0 ? budget + rows.expert * std::max(H + up, F + H) * cs : 0;
+  // The gate's per-step gradient [H, E] fp32 (and d_gate's three [H, E] fp32 partial sums, or
+  // the gate's six bf16 parts for d_x's GEMM: 12 H E bytes either way).
   return Saturate(rows.tokens * per_token + rows.local * per_local_row +
                   rows.expert * per_expert_row + H * E * 4 * (1 + 3) + flush);
 }

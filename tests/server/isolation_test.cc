@@ -110,7 +110,10 @@ class IsolationTest : public OwnClusterTest {
 // the cluster does not re-form and another layer's saved step survives. The overdue step's
 // layer serves again once its workers finished it.
 TEST_F(IsolationTest, OverdueStepFailsAlone) {
-  constexpr int64_t kBigHidden = 1024;
+  // The layer must be created within the 2 s --step_timeout_ms (CreateLayer is a step too) on
+  // a loaded 2-core machine, and the step must not end within it: few parameters (12.6 M, as
+  // before the step grew) and many tokens.
+  constexpr int64_t kBigHidden = 256;
   StartCluster({"--step_timeout_ms=2000", "--collective_timeout_ms=60000"});
   const uint64_t bystander = SaveBystanderStep();
   v1::LayerConfig big = TinyConfig(5);
@@ -122,10 +125,11 @@ TEST_F(IsolationTest, OverdueStepFailsAlone) {
   ASSERT_TRUE(created.ok()) << created.error_message();
   const int64_t generation = Status().generation();
 
-  // About 1 TFLOP: several seconds even on two idle cores, well past the 2 s deadline (with a
-  // quarter of it, ffn 2048, a 2-core machine answered OK after 2.13 s, and with ffn 4096 it
-  // finished after 2.4 s; with 256 wide, an idle CI-sized machine finished within the deadline).
-  constexpr int64_t kTokens = 10240;
+  // About 1 TFLOP (40960 tokens, both of 2 experts of 256 x 8192): several seconds even on two
+  // idle cores, well past the 2 s deadline. A quarter of this work answered OK after 2.13 s on
+  // a 2-core machine; the same work on a layer 1024 wide (10240 tokens, 50 M parameters) was
+  // not created within the deadline on a loaded one.
+  constexpr int64_t kTokens = 40960;
   const v1::Tensor x =
       FloatsToProto({kTokens, kBigHidden}, RandomFloats(kTokens * kBigHidden, 7));
   const absl::Time start = absl::Now();
