@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
-#include <optional>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -75,12 +74,7 @@ int64_t MoeServiceImpl::WorkerMemoryBudget(bool* derived) const {
 }
 
 double MoeServiceImpl::DeferredWgradFraction() const {
-  std::optional<double> largest;
-  for (const v1::WorkerStatus& w : pool_->WorkerStatuses()) {
-    if (!w.has_deferred_wgrad_fraction()) continue;
-    largest = std::max(largest.value_or(0.0), w.deferred_wgrad_fraction());
-  }
-  return largest.value_or(kDefaultDeferredWgradFraction);
+  return pool_->LargestDeferredWgradFraction().value_or(kDefaultDeferredWgradFraction);
 }
 
 int64_t MoeServiceImpl::HeldWorkerBytes() const {

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <climits>
 #include <utility>
 
@@ -346,6 +347,16 @@ absl::Status WorkerPool::RunSetup(int64_t generation, const WorkerSet& set) {
     if (!status.ok()) return status;
   }
   return absl::OkStatus();
+}
+
+std::optional<double> WorkerPool::LargestDeferredWgradFraction() const {
+  absl::MutexLock lock(&mu_);
+  std::optional<double> largest;
+  for (const Slot& slot : slots_) {
+    if (!slot.deferred_wgrad_fraction.has_value()) continue;
+    largest = std::max(largest.value_or(0.0), *slot.deferred_wgrad_fraction);
+  }
+  return largest;
 }
 
 std::vector<v1::WorkerStatus> WorkerPool::WorkerStatuses() const {

@@ -147,6 +147,8 @@ class WorkerPool {
   void Restart(const std::string& why);
 
   std::vector<v1::WorkerStatus> WorkerStatuses() const;
+  // The largest PingResponse.deferred_wgrad_fraction the workers reported; empty while none did.
+  std::optional<double> LargestDeferredWgradFraction() const;
   int64_t generation() const;
   std::string message() const;  // why not serving (empty when serving)
 
