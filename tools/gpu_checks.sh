@@ -4,7 +4,7 @@
 # is printed last. Each step has its own time limit, so one hang does not cost the others.
 # WORKERS (default 2): the server smoke's moe-workers, one per GPU (1 on a one-GPU machine).
 #
-#   source .gpu/env.sh && tools/gpu_checks.sh [tests|server|bench|all]
+#   source .gpu/env.sh && tools/gpu_checks.sh [tests|server|python|bench|all]
 set -uo pipefail
 out=${OUT:-gpu_out}
 what=${1:-all}
@@ -54,6 +54,38 @@ if [ "$what" = all ] || [ "$what" = server ]; then
   if [ -x "$(command -v moed)" ] && [ -x "$(command -v moectl)" ]; then
     step server_smoke 150 server_smoke
   fi
+fi
+if [ "$what" = all ] || [ "$what" = python ]; then
+  # The Python client's own tests with the GPU machine's python3 (grpcio, protobuf, torch with
+  # CUDA) and the stubs tools/pack_gpu.sh generated here (.gpu/py); cuda_ipc_test runs its GPU
+  # cases there. Then the trainer benchmark (RemoteMoE over CUDA IPC / shared memory / gRPC
+  # against torch._grouped_mm on the same GPU) and the C++ client on the same shapes.
+  export PYTHONPATH="$PWD/.gpu/py:$PWD/tests/python"
+  bins=(--moed="$(command -v moed)" --worker="$(command -v moe-worker)")
+  for t in ${PY_TESTS:-codec_test cuda_ipc_test remote_moe_test shm_test errors_test client_test}; do
+    step "py_$t" 150 python3 tests/python/$t.py "${bins[@]}"
+  done
+  trainer_bench() {
+    local port_file=/tmp/moed_trainer.port
+    rm -f "$port_file"
+    moed --device=cuda --workers=1 --port=0 --port_file="$port_file" --allow_client_shm \
+      --max_layer_bytes=$((1 << 40)) >"$out/trainer_moed.log" 2>&1 &
+    local moed_pid=$! rc=1
+    for _ in $(seq 1 300); do [ -s "$port_file" ] && break; sleep 0.1; done
+    local server="127.0.0.1:$(cat "$port_file")"
+    if timeout 120 moectl --server="$server" health --wait_ms=120000; then
+      timeout 400 python3 client/python/examples/bench_trainer.py --server="$server" \
+        --tokens="${TRAINER_TOKENS:-16,1024,4096,16384}" --json="$out/bench_trainer.jsonl" \
+        ${TRAINER_FLAGS:-}
+      rc=$?
+    fi
+    kill "$moed_pid" 2>/dev/null
+    wait "$moed_pid" 2>/dev/null
+    return $rc
+  }
+  step trainer_bench 450 trainer_bench
+  [ -n "${SKIP_SERVICE_BENCH:-}" ] || OUT=$out step service_bench 300 bench/service_bench.sh \
+    --device=cuda --workers=1 --dtype=bf16 1024,4096,8,2,16 1024,4096,8,2,4096 1024,4096,8,2,16384
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   [ -n "${SKIP_1GPU:-}" ] || step bench_1gpu 250 gpu_bench --configs="${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3}" \

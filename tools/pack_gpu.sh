@@ -37,6 +37,12 @@ for b in "${bins[@]}"; do
     [ -f "$path" ] && cp -Lu "$path" "$out/lib/"
   done
 done
+# The Python client with its stubs generated here (Debian's protoc; they import under the GPU
+# machine's grpcio / protobuf): PYTHONPATH=OUTDIR/py there (tools/gpu_checks.sh python).
+mkdir -p "$out/py"
+cp -r client/python/moe_client "$out/py/"
+rm -rf "$out/py/moe_client/proto/moe_pb2"*.py "$out/py/moe_client/__pycache__"
+client/python/gen_stubs.sh "$out/py"
 # The libraries travel compressed (OpenBLAS alone is 36 MB); env.sh unpacks them there.
 tar -C "$out" -cf - lib | xz -6 -T0 > "$out/lib.tar.xz"
 rm -rf "$out/lib"

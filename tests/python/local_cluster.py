@@ -31,9 +31,11 @@ def binaries_from_argv(argv):
 
 class LocalCluster:
 
-    def __init__(self, moed, worker, workers=2, extra_flags=(), client_kwargs=None):
-        """client_kwargs: Client arguments the health polling needs (TLS files, token)."""
-        self.moed, self.worker, self.workers = moed, worker, workers
+    def __init__(self, moed, worker, workers=2, extra_flags=(), client_kwargs=None,
+                 device="cpu"):
+        """client_kwargs: Client arguments the health polling needs (TLS files, token).
+        device: moed's --device ("cpu", or "cuda": one worker per GPU, `workers` of them)."""
+        self.moed, self.worker, self.workers, self.device = moed, worker, workers, device
         self.extra_flags = list(extra_flags)
         self.client_kwargs = dict(client_kwargs or {})
         self.process = None
@@ -51,7 +53,8 @@ class LocalCluster:
         self.process = subprocess.Popen(
             [self.moed, "--port=0", "--port_file=" + port_file, "--listen=127.0.0.1",
              "--checkpoint_root=" + self.checkpoint_root,
-             "--workers=%d" % self.workers, "--device=cpu", "--worker_binary=" + self.worker]
+             "--workers=%d" % self.workers, "--device=" + self.device,
+             "--worker_binary=" + self.worker]
             + self.extra_flags, stdout=log, stderr=subprocess.STDOUT, env=env,
             start_new_session=True)  # its own process group: stop() can clean up the workers
         log.close()

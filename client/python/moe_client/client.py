@@ -438,6 +438,15 @@ class Client:
         self._call("RegisterSystemSharedMemory", moe_pb2.RegisterSystemSharedMemoryRequest(
             name=name, key=key, offset=offset, byte_size=byte_size), timeout)
 
+    def register_cuda_shared_memory(self, name, raw_handle, device_id, byte_size, timeout=None):
+        """A region of this process's GPU memory (moe_client.cuda_ipc): raw_handle is the 64
+        bytes of cuIpcGetMemHandle / cudaIpcGetMemHandle of an allocation of at least byte_size
+        bytes on device `device_id` (this process's numbering). FAILED_PRECONDITION unless the
+        workers are CUDA workers; a handle they cannot open fails the first step using it."""
+        self._call("RegisterCudaSharedMemory", moe_pb2.RegisterCudaSharedMemoryRequest(
+            name=name, raw_handle=bytes(raw_handle), device_id=int(device_id),
+            byte_size=int(byte_size)), timeout)
+
     def system_shared_memory_status(self, name="", timeout=None):
         """[RegionStatus] of `name` (empty: all regions)."""
         return list(self._call("SystemSharedMemoryStatus",

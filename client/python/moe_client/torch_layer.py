@@ -45,8 +45,10 @@ Contract:
   compile. Untested: Debian's PyTorch 1.13 has no torch.compile (the wrapper is then a no-op),
   and examples/compile_check.py, which checks it, has not been run on a PyTorch 2 machine.
 - The wire carries FP32 or BF16: fp64 inputs are sent as fp32 (the server computes in fp32)
-  and the results cast back; bf16 inputs travel as bf16. Tensors on a GPU are copied to the
-  host for the wire and the results copied back to x's device.
+  and the results cast back; bf16 inputs travel as bf16. Tensors on a GPU go to the workers
+  by CUDA IPC where the server can open this process's GPU memory (cuda_ipc=True, the
+  default; moe_client.cuda_ipc), else they are copied to the host for the wire and the
+  results copied back to x's device.
 - Conditional steps (conditional_steps=True, the default): a plain step() sends the layer's
   optimizer step its gradients were computed on (ApplyOptimizer's expected_optimizer_step:
   LayerInfo.optimizer_step when the module attached, then each step's answer). If the layer
@@ -70,7 +72,8 @@ import torch
 from moe_client import codec
 from moe_client.client import Client
 from moe_client.data_parallel import DataParallelRanks
-from moe_client.errors import AlreadyExists, Aborted
+from moe_client.cuda_ipc import CudaStepper
+from moe_client.errors import AlreadyExists, Aborted, FailedPrecondition
 from moe_client.shared_memory import ShmStepper
 
 _log = logging.getLogger("moe_client")
@@ -156,8 +159,27 @@ def _from_wire(array, datatype):
 
 
 def _run_forward(module, x2d, keep):
-    """Forward RPC; returns (out tensor in x's dtype, aux, z, step_id)."""
+    """Forward RPC; returns (out tensor in x's dtype, aux, z, step_id, path): path is the
+    CudaStepper the step went through (its Backward goes the same way), or None."""
     datatype = _wire_datatype(x2d.dtype)
+    cuda = module._cuda_stepper(x2d)
+    if cuda is not None:  # x and out stay on the GPU: CUDA IPC
+        try:
+            r, out = cuda.forward(module.name, x2d, datatype, keep)
+        except FailedPrecondition as e:
+            if cuda.steps:
+                raise
+            # The workers could not open this process's GPU memory (another host, another GPU
+            # set): said once, then shared memory or gRPC for every step of this device.
+            module._cuda[x2d.device.index] = None
+            cuda.close()
+            _log.warning("moe_client: %s: CUDA IPC refused by the workers (%s); tensors on %s "
+                         "go through %s from now on", module.name, e.message, x2d.device,
+                         "shared memory" if module._shm is not None else "gRPC")
+            return _run_forward(module, x2d, keep)
+        module.last_tokens_per_expert = r.tokens_per_expert
+        module.last_z_loss = r.z_loss
+        return out.to(dtype=x2d.dtype), r.aux_loss, r.z_loss, r.step_id, cuda
     if module._shm is not None:  # x and out through shared memory
         r, out = module._shm.forward(module.name, _to_wire(x2d, datatype), datatype, keep)
         out = _from_wire(out, datatype)
@@ -167,7 +189,8 @@ def _run_forward(module, x2d, keep):
         out = codec.to_torch(r.out)
     out = out.to(device=x2d.device, dtype=x2d.dtype)
     module.last_tokens_per_expert = r.tokens_per_expert
-    return out, r.aux_loss, r.z_loss, r.step_id
+    module.last_z_loss = r.z_loss
+    return out, r.aux_loss, r.z_loss, r.step_id, None
 
 
 class _RemoteMoEFunction(torch.autograd.Function):
@@ -177,7 +200,7 @@ class _RemoteMoEFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x2d, anchor, module):
-        out, aux, z, step_id = _run_forward(module, x2d, keep=True)
+        out, aux, z, step_id, ctx.cuda = _run_forward(module, x2d, keep=True)
         ctx.module = module
         ctx.anchor = (anchor.dtype, anchor.device)
         ctx.step = _Step(module.client, module.name, step_id)
@@ -192,12 +215,20 @@ class _RemoteMoEFunction(torch.autograd.Function):
         module = ctx.module
         (x2d,) = ctx.saved_tensors
         module._zero_server_if_reset()
-        step = ctx.step
+        step, cuda = ctx.step, ctx.cuda
         if not step.consume():  # a second backward through this graph: run Forward again
-            _, _, _, step_id = _run_forward(module, x2d, keep=True)
+            _, _, _, step_id, cuda = _run_forward(module, x2d, keep=True)
             step = _Step(module.client, module.name, step_id)
             step.consume()
         datatype = _wire_datatype(x2d.dtype)
+        # Both scalars in one device-to-host copy (each float() of a CUDA tensor is a wait).
+        d_aux, d_z = torch.stack([d_aux.detach().reshape(()).to(torch.float64),
+                                  d_z.detach().reshape(()).to(torch.float64)]).tolist()
+        if cuda is not None:  # the step's forward went by CUDA IPC: d_out and d_x too
+            d_x = cuda.backward(module.name, step.step_id, d_out, datatype, d_aux, d_z)
+            module._server_has_grads = True
+            d_anchor = torch.full((), _MARKER_GRAD, dtype=ctx.anchor[0], device=ctx.anchor[1])
+            return d_x.to(dtype=x2d.dtype), d_anchor, None
         d_out = d_out.to(x2d.dtype if x2d.dtype == torch.bfloat16 else torch.float32)
         if module._shm is not None:
             d_x = _from_wire(module._shm.backward(module.name, step.step_id,
@@ -217,7 +248,7 @@ class RemoteMoE(torch.nn.Module):
 
     def __init__(self, client, name, create="if_missing", config=None, optimizer=None,
                  shared_memory=False, data_parallel="auto", checkpoint_state=None,
-                 conditional_steps=True, **config_fields):
+                 conditional_steps=True, cuda_ipc=True, **config_fields):
         """client: a Client or an address. name: the layer's name on the server.
 
         create: True creates the layer (ALREADY_EXISTS if it exists), False attaches to an
@@ -230,6 +261,13 @@ class RemoteMoE(torch.nn.Module):
         (moe_client.shared_memory) instead of the socket when the server can use it: moed on
         this host with --allow_client_shm. Otherwise (another host, the flag off) the module
         uses gRPC as usual; `module.uses_shared_memory` says which.
+        cuda_ipc: CUDA tensors go to the workers in place, by CUDA IPC (moe_client.cuda_ipc:
+        one region of GPU memory per device, registered once; a device-to-device copy in and
+        out per step, no host copy) when the server can: moed on this host with
+        --allow_client_shm and CUDA workers. Otherwise (flag off, CPU workers, another host,
+        a handle the workers cannot open) one log line says so at the first CUDA step and
+        CUDA tensors go through shared memory (shared_memory=True) or gRPC;
+        `module.uses_cuda_ipc` says whether the last CUDA step used it.
         data_parallel: "auto" makes step() a data-parallel step when torch.distributed is
         initialised with more than one process; False never; True requires it.
         checkpoint_state: None, or a checkpoint name inside moed's --checkpoint_root that
@@ -269,6 +307,8 @@ class RemoteMoE(torch.nn.Module):
         # The layer's optimizer step as this module last saw it (expected_optimizer_step).
         self._optimizer_step = self.info.optimizer_step
         self._shm = ShmStepper.create(self.client) if shared_memory else None
+        self.cuda_ipc = cuda_ipc
+        self._cuda = {}  # device index -> CudaStepper, or None where CUDA IPC is refused
         if shared_memory and self._shm is None:
             _log.info("moe_client: %s: the server cannot use this host's shared memory; "
                       "using gRPC", self.name)
@@ -276,6 +316,27 @@ class RemoteMoE(torch.nn.Module):
     @property
     def uses_shared_memory(self):
         return self._shm is not None
+
+    @property
+    def uses_cuda_ipc(self):
+        return any(stepper is not None and stepper.steps for stepper in self._cuda.values())
+
+    def _cuda_stepper(self, x):
+        """The CudaStepper for CUDA tensor x's device (made at its first step), or None: x on
+        the CPU, cuda_ipc=False, or the server refused it (said once, in the log)."""
+        if not self.cuda_ipc or not x.is_cuda:
+            return None
+        device = x.device.index if x.device.index is not None else torch.cuda.current_device()
+        if device not in self._cuda:
+            stepper = CudaStepper.create(self.client, device)
+            if not isinstance(stepper, CudaStepper):
+                _log.warning("moe_client: %s: the server cannot use this process's GPU memory "
+                             "(%s); tensors on cuda:%d go through %s", self.name,
+                             getattr(stepper, "message", stepper), device,
+                             "shared memory" if self._shm is not None else "gRPC")
+                stepper = None
+            self._cuda[device] = stepper
+        return self._cuda[device]
 
     def _attach(self, config):
         info = self.client.get_layer(self.name)
@@ -299,12 +360,11 @@ class RemoteMoE(torch.nn.Module):
         if torch.is_grad_enabled():
             out, aux, z = _RemoteMoEFunction.apply(x2d, self.grad_marker, self)
         else:
-            out, aux, z, _ = _run_forward(self, x2d, keep=False)
+            out, aux, z, _, _ = _run_forward(self, x2d, keep=False)
             loss_dtype = _loss_dtype(x2d.dtype)
             aux = torch.tensor(aux, dtype=loss_dtype, device=x2d.device)
             z = torch.tensor(z, dtype=loss_dtype, device=x2d.device)
         out = out.reshape(shape)
-        self.last_z_loss = float(z)
         return (out, aux, z) if return_z_loss else (out, aux)
 
     def step(self, sgd=None, adamw=None, step=None, num_ranks=None, rank=None, run_id=None,
