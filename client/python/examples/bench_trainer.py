@@ -127,14 +127,19 @@ def call_breakdown(client, name, moe, x, steps):
                 times.append((time.perf_counter() - start) * 1e3)
         return round(percentile(times, 0.5), 3)
 
+    import grpc
+    plain = grpc.insecure_channel(client.address)  # no channel options: are ours the cost?
+    plain_health = plain.unary_unary("/grpc.health.v1.Health/Check")
     with torch.no_grad():
         result = {
             "health_rpc": timed(client.health),
+            "health_rpc_plain_channel": timed(lambda: plain_health(b"", timeout=10)),
             "forward_rpc_on_region": timed(lambda: client.forward_shm(
                 name, region.tensor(0, datatype, x.shape), out=region.output(n, n))),
             "cuda_stepper_forward": timed(lambda: stepper.forward(name, x, datatype, False)),
             "remote_moe_forward": timed(lambda: moe(x)),
         }
+    plain.close()
     stepper.close()
     region.close()
     return result

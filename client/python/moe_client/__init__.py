@@ -12,8 +12,17 @@ jax_layer (remote_moe, a jax.custom_vjp wrapper; UNTESTED, JAX is not on the bui
 The generated stubs (moe_client.proto.moe_pb2) come with the install: client/python/README.md.
 """
 
-from moe_client.client import Client, ForwardResult, layer_config
-from moe_client.errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,
+import os
+
+# gRPC's EventEngine client (the default of recent grpcio; 1.84 on the GPU machine) doubles a
+# Python call's fixed cost: a health check p50 317 -> 149 us on the H200 host with it off
+# (docs/DECISIONS.md, "the Python client's per-call floor"). It must be set before gRPC starts;
+# a GRPC_EXPERIMENTS of the caller's own (even empty) is left alone.
+os.environ.setdefault("GRPC_EXPERIMENTS", "-event_engine_client")
+
+from moe_client.client import Client, ForwardResult, layer_config  # noqa: E402
+from moe_client.errors import (Aborted, AlreadyExists, Cancelled, DataLoss,  # noqa: E402
+                               DeadlineExceeded,
                                FailedPrecondition, Internal, InvalidArgument, MoeError, NotFound,
                                PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable,
                                Unimplemented)

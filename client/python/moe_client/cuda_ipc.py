@@ -231,11 +231,13 @@ def _slot(nbytes):
 
 class CudaStepper:
     """RemoteMoE's CUDA IPC path: one region on a GPU laid out [input | output] (x and out in a
-    forward, d_out and d_x in a backward) for the largest step seen so far (re-created larger when a step needs more). A step costs a
-    device-to-device copy in and one out on the caller's stream, a wait for them, and one RPC
-    with no tensor bytes. Steps of one module are serialised by a lock (the region is reused).
+    forward, d_out and d_x in a backward) for the largest step seen so far (re-created larger
+    when a step needs more). A step costs a device-to-device copy in and one out on the
+    caller's stream, a wait for them, and one RPC with no tensor bytes. Steps of one module
+    are serialised by a lock (the region is reused).
 
-    create() returns None when the server cannot use this process's GPU memory: moed without
+    create() returns the error instead of a stepper when the server cannot use this process's
+    GPU memory: moed without
     --allow_client_shm (UNIMPLEMENTED), a remote caller (PERMISSION_DENIED), CPU workers
     (FAILED_PRECONDITION). A handle the workers cannot open (another host, another GPU set)
     fails the first step with FAILED_PRECONDITION: RemoteMoE then falls back (torch_layer.py)."""
@@ -245,6 +247,7 @@ class CudaStepper:
         self.device = device
         self.region = None
         self.lock = threading.Lock()
+        self._cache = {}  # _slots(): (datatype, shape) -> views and messages of self.region
         self.steps = 0  # steps answered over CUDA IPC
 
     @classmethod
@@ -263,25 +266,39 @@ class CudaStepper:
         size = 1 << 20
         while size < need:
             size <<= 1
-        if self.region is not None:
-            self.region.close()
-            self.region = None
+        self.close()
         self.region = CudaSharedMemoryRegion(self.client, size, self.device)
+
+    def _slots(self, datatype, shape):
+        """(input view, output view, SharedMemoryTensor, SharedMemoryOutput) of a step of
+        `datatype` and `shape`, made once per shape and region (a trainer repeats its shapes,
+        and each view or message made anew costs tens of microseconds of Python)."""
+        key = (datatype, shape)
+        slots = self._cache.get(key)
+        if slots is None:
+            n = codec.element_size(datatype)
+            for d in shape:
+                n *= d
+            self._ensure(n)
+            dtype, slot, region = _TORCH_OF[datatype], _slot(n), self.region
+            slots = (region.view(0, dtype, shape), region.view(slot, dtype, shape),
+                     region.tensor(0, datatype, shape), region.output(slot, n))
+            if len(self._cache) >= 64:
+                self._cache.clear()
+            self._cache[key] = slots
+        return slots
 
     def _run(self, tensor, datatype, call):
         """Copies `tensor` into the input slot as `datatype` ("FP32" or "BF16"), runs
         call(SharedMemoryTensor of the input, SharedMemoryOutput of the output slot) and
         returns (its answer, the output slot copied into a new tensor of that dtype)."""
-        dtype = _TORCH_OF[datatype]
-        n = tensor.numel() * codec.element_size(datatype)
-        self._ensure(n)
+        into, out_slot, message_in, message_out = self._slots(datatype, tuple(tensor.shape))
+        into.copy_(tensor)  # any strides, dtype and device
         region = self.region
-        slot = _slot(n)
-        region.view(0, dtype, tensor.shape).copy_(tensor)  # any strides, dtype and device
         region.record()
         region.synchronize_for_step()
-        answer = call(region.tensor(0, datatype, tensor.shape), region.output(slot, n))
-        out = region.view(slot, dtype, tensor.shape).clone()
+        answer = call(message_in, message_out)
+        out = out_slot.clone()
         region.record()
         self.steps += 1
         return answer, out
@@ -301,6 +318,7 @@ class CudaStepper:
                 layer, step_id, t, d_x=o, d_aux=d_aux, d_z_loss=d_z_loss))[1]
 
     def close(self):
+        self._cache.clear()
         if self.region is not None:
             self.region.close()
             self.region = None
