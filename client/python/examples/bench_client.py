@@ -42,6 +42,10 @@ def main():
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
     parser.add_argument("--fresh_output", action="store_true",
                         help="a fresh out / d_x each step instead of one reused buffer each")
+    parser.add_argument("--shm", action="store_true",
+                        help="also time shared memory (moed --allow_client_shm on this host): "
+                             "the RPCs on a region filled once, as moectl bench --shm, and "
+                             "RemoteMoE's path (ShmStepper: torch copies in and out per step)")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     layer = "bench-client-" + uuid.uuid4().hex[:8]
@@ -71,6 +75,7 @@ def main():
                 if i >= args.warmup:
                     times["forward"].append(forward * 1e3)
                     times["forward_backward"].append(both * 1e3)
+            shm = time_shm(client, layer, x, d_out, args) if args.shm else None
         finally:
             client.delete_layer(layer)
         lanes = len(client._lanes) or 1
@@ -83,8 +88,54 @@ def main():
         p50 = percentile(times[kind], 0.5)
         result[kind] = {"p50_ms": round(p50, 3), "p90_ms": round(percentile(times[kind], 0.9), 3),
                         "payload_gb_per_s_overall": round(payload / p50 / 1e6, 3)}
+    if shm is not None:
+        result["shm"] = shm
     print(json.dumps(result))
     return 0
+
+
+def time_shm(client, layer, x, d_out, args):
+    """p50 ms of forward and forward+backward over shared memory: "rpc" names a region filled
+    once (no copies: moectl bench --shm's measure), "stepper" is RemoteMoE's ShmStepper (x and
+    d_out copied in, out and d_x copied out each step)."""
+    from moe_client.shared_memory import SharedMemoryRegion, ShmStepper
+    datatype = "BF16" if x.dtype == torch.bfloat16 else "FP32"
+    n = x.numel() * x.element_size()
+    region = SharedMemoryRegion(client, 4 * n)
+    region.view(0, datatype, x.shape).copy_(x)
+    region.view(2 * n, datatype, x.shape).copy_(d_out)
+    stepper = ShmStepper(client)
+
+    def rpc_fwd(keep):
+        return client.forward_shm(layer, region.tensor(0, datatype, x.shape),
+                                  out=region.output(n, n), keep_for_backward=keep)
+
+    def rpc_both():
+        step = rpc_fwd(True).step_id
+        client.backward_shm(layer, step, region.tensor(2 * n, datatype, x.shape),
+                            d_x=region.output(3 * n, n))
+
+    def stepper_both():
+        r, _ = stepper.forward(layer, x, datatype, True)
+        stepper.backward(layer, r.step_id, d_out, datatype, None, None)
+
+    def p50(fn):
+        times = []
+        for i in range(args.warmup + args.steps):
+            start = time.perf_counter()
+            fn()
+            if i >= args.warmup:
+                times.append((time.perf_counter() - start) * 1e3)
+        return round(percentile(times, 0.5), 3)
+
+    result = {"rpc": {"forward_p50_ms": p50(lambda: rpc_fwd(False)),
+                      "forward_backward_p50_ms": p50(rpc_both)},
+              "stepper": {"forward_p50_ms": p50(lambda: stepper.forward(layer, x, datatype,
+                                                                        False)),
+                          "forward_backward_p50_ms": p50(stepper_both)}}
+    stepper.close()
+    region.close()
+    return result
 
 
 if __name__ == "__main__":

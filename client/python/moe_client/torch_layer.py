@@ -66,7 +66,6 @@ Contract:
 import logging
 import weakref
 
-import numpy as np
 import torch
 
 from moe_client import codec
@@ -145,19 +144,6 @@ def _loss_dtype(dtype):
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _to_wire(t, datatype):
-    """t as a C-contiguous host numpy array of the wire type (BF16 as uint16 bit patterns)."""
-    t = t.detach().to(device="cpu", dtype=torch.bfloat16 if datatype == "BF16"
-                      else torch.float32).contiguous()
-    return t.view(torch.int16).numpy().view(np.uint16) if datatype == "BF16" else t.numpy()
-
-
-def _from_wire(array, datatype):
-    if datatype == "BF16":
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(array)
-
-
 def _run_forward(module, x2d, keep):
     """Forward RPC; returns (out tensor in x's dtype, aux, z, step_id, path): path is the
     CudaStepper the step went through (its Backward goes the same way), or None."""
@@ -180,9 +166,8 @@ def _run_forward(module, x2d, keep):
         module.last_tokens_per_expert = r.tokens_per_expert
         module.last_z_loss = r.z_loss
         return out.to(dtype=x2d.dtype), r.aux_loss, r.z_loss, r.step_id, cuda
-    if module._shm is not None:  # x and out through shared memory
-        r, out = module._shm.forward(module.name, _to_wire(x2d, datatype), datatype, keep)
-        out = _from_wire(out, datatype)
+    if module._shm is not None:  # x and out through shared memory, copied by torch
+        r, out = module._shm.forward(module.name, x2d, datatype, keep)
     else:
         r = module.client.forward(module.name, x2d, keep_for_backward=keep, datatype=datatype,
                                   raw=True)
@@ -231,9 +216,7 @@ class _RemoteMoEFunction(torch.autograd.Function):
             return d_x.to(dtype=x2d.dtype), d_anchor, None
         d_out = d_out.to(x2d.dtype if x2d.dtype == torch.bfloat16 else torch.float32)
         if module._shm is not None:
-            d_x = _from_wire(module._shm.backward(module.name, step.step_id,
-                                                  _to_wire(d_out, datatype), datatype,
-                                                  float(d_aux), float(d_z)), datatype)
+            d_x = module._shm.backward(module.name, step.step_id, d_out, datatype, d_aux, d_z)
         else:
             d_x = codec.to_torch(module.client.backward(
                 module.name, step.step_id, d_out, d_aux=float(d_aux), d_z_loss=float(d_z),
