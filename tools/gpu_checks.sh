@@ -78,6 +78,13 @@ if [ "$what" = all ] || [ "$what" = python ]; then
         --tokens="${TRAINER_TOKENS:-16,1024,4096,16384}" --json="$out/bench_trainer.jsonl" \
         ${TRAINER_FLAGS:-}
       rc=$?
+      # torch.compile around a RemoteMoE on the GPU: one graph break at most, eager == compiled.
+      timeout 120 python3 client/python/examples/compile_check.py --server="$server" || rc=1
+      # The Python client over shared memory with CPU tensors (as moectl bench --shm measures).
+      for t in 4096 16384; do
+        timeout 120 python3 client/python/examples/bench_client.py --server="$server" \
+          --tokens=$t --shm --steps=10 | tee -a "$out/bench_client.jsonl" || rc=1
+      done
     fi
     kill "$moed_pid" 2>/dev/null
     wait "$moed_pid" 2>/dev/null
