@@ -11,7 +11,6 @@
 // Prints one JSON line per (mode, parts): mode "streams" = the parts as concurrent calls on
 // one channel (one TCP connection), "channels" = one channel (connection) per part. gb_per_s
 // counts both directions: 2 * bytes / median round trip.
-#include <grpcpp/generic/async_generic_service.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -30,6 +29,7 @@
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "bench/grpc_echo.h"
 #include "server/bulk_transport.h"
 
 ABSL_FLAG(int64_t, bytes, int64_t{64} << 20, "bytes of one message (split over the parts)");
@@ -40,33 +40,8 @@ ABSL_FLAG(std::string, transport, "tcp",
 
 namespace {
 
-constexpr char kMethod[] = "/bench.Echo/Echo";
-
-// Answers every call with the request it read (the same slices).
-class EchoService final : public grpc::CallbackGenericService {
- public:
-  grpc::ServerGenericBidiReactor* CreateReactor(grpc::GenericCallbackServerContext*) override {
-    return new Reactor();
-  }
-
- private:
-  class Reactor final : public grpc::ServerGenericBidiReactor {
-   public:
-    Reactor() { StartRead(&message_); }
-    void OnReadDone(bool ok) override {
-      if (!ok) {
-        Finish(grpc::Status::OK);
-        return;
-      }
-      StartWrite(&message_);
-    }
-    void OnWriteDone(bool) override { Finish(grpc::Status::OK); }
-    void OnDone() override { delete this; }
-
-   private:
-    grpc::ByteBuffer message_;
-  };
-};
+using moe::bench::EchoService;
+using moe::bench::kEchoMethod;
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, int index) {
   grpc::ChannelArguments args;
@@ -99,8 +74,8 @@ double RoundTrip(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
   absl::BlockingCounter done(static_cast<int>(parts));
   const absl::Time start = absl::Now();
   for (size_t i = 0; i < parts; ++i) {
-    stubs[i]->UnaryCall(contexts[i].get(), kMethod, grpc::StubOptions(), &requests[i], &answers[i],
-                        [&, i](grpc::Status s) {
+    stubs[i]->UnaryCall(contexts[i].get(), kEchoMethod, grpc::StubOptions(), &requests[i],
+                        &answers[i], [&, i](grpc::Status s) {
                           statuses[i] = std::move(s);
                           done.DecrementCount();
                         });
