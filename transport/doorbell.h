@@ -10,9 +10,9 @@
 //   const uint32_t seen = bell.Value();
 //   if (!ready()) RETURN_IF_ERROR(bell.Wait(seen, deadline));  // then re-check ready()
 //
-// Wait() spins briefly before it sleeps (a reply that comes within microseconds skips the
-// futex's sleep and wake-up); the spin adapts: it doubles (to max_spin) after a wait the spin
-// satisfied, and halves after one that had to sleep, so an idle peer costs little CPU.
+// Wait() may spin before it sleeps (max_spin; off by default, docs/DECISIONS.md "ring
+// doorbell spin": on a loaded 2-core host it did not help). The spin adapts: it doubles (to
+// max_spin) after a wait the spin satisfied and halves after one that had to sleep.
 // One Doorbell object per waiting thread (the adaptive state is not shared).
 #ifndef MOED_TRANSPORT_DOORBELL_H_
 #define MOED_TRANSPORT_DOORBELL_H_
@@ -31,7 +31,7 @@ static_assert(sizeof(std::atomic<uint32_t>) == 4, "a futex word is 32 bits");
 class Doorbell {
  public:
   // `word` lives in shared memory and outlives this object; 4-byte aligned.
-  explicit Doorbell(std::atomic<uint32_t>* word, absl::Duration max_spin = absl::Microseconds(20))
+  explicit Doorbell(std::atomic<uint32_t>* word, absl::Duration max_spin = absl::ZeroDuration())
       : word_(word), max_spin_ns_(absl::ToInt64Nanoseconds(max_spin)), spin_ns_(max_spin_ns_) {}
 
   uint32_t Value() const { return word_->load(std::memory_order_acquire); }

@@ -47,7 +47,7 @@ namespace moe {
 struct RingChannelOptions {
   uint64_t ring_bytes = uint64_t{1} << 20;  // Create only: each ring's data bytes, power of two
   absl::Duration peer_check_interval = absl::Milliseconds(20);
-  absl::Duration max_spin = absl::Microseconds(20);   // Doorbell's adaptive spin, 0: none
+  absl::Duration max_spin = absl::ZeroDuration();     // Doorbell spin limit (docs/DECISIONS.md)
   absl::Duration attach_timeout = absl::Seconds(10);  // Serve: how long to wait for a caller
 };
 

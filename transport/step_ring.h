@@ -52,7 +52,7 @@ class StepRing {
   // `control` and `data` (ring_bytes bytes, a power of two) lie in a mapping that outlives
   // the ring. Call Init() before anything else.
   StepRing(ring_layout::RingControl* control, char* data, uint64_t ring_bytes, Side side,
-           absl::Duration max_spin = absl::Microseconds(20));
+           absl::Duration max_spin = absl::ZeroDuration());
 
   // Reads head and tail once (a ring attached to after traffic started) and checks them.
   absl::Status Init();

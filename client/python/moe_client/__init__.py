@@ -7,7 +7,8 @@
 
 Modules: client (Client, one method per RPC), errors (MoeError and one subclass per gRPC
 code), codec (numpy/torch <-> wire tensors, fp32 and bf16), torch_layer (RemoteMoE),
-shared_memory (SharedMemoryRegion: zero-copy steps on moed's host),
+shared_memory (SharedMemoryRegion: zero-copy steps on moed's host), ring (RingCaller: the
+caller side of a same-host RingChannel, transport/README.md; moed does not serve one yet),
 jax_layer (remote_moe, a jax.custom_vjp wrapper; UNTESTED, JAX is not on the build machine).
 The generated stubs (moe_client.proto.moe_pb2) come with the install: client/python/README.md.
 """

@@ -88,7 +88,7 @@ def process_alive(pid):
 class RingCaller:
     """The caller's end of a RingChannel a C++ server created (or attached to)."""
 
-    def __init__(self, path, peer_check_interval=0.02, max_spin=20e-6):
+    def __init__(self, path, peer_check_interval=0.02, max_spin=0.0):
         if _SYS_FUTEX is None:
             raise _error(grpc.StatusCode.UNIMPLEMENTED,
                          "ring channels need Linux on x86_64 or aarch64, not " +
