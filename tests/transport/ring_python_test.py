@@ -11,7 +11,7 @@ import tempfile
 import time
 import unittest
 
-from moe_client import (DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted,
+from moe_client.errors import (DeadlineExceeded, FailedPrecondition, InvalidArgument, ResourceExhausted,
                         Unavailable)
 from moe_client.ring import RingCaller
 
