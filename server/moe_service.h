@@ -278,6 +278,9 @@ class MoeServiceImpl final : public MoeServiceBase {
   // Shared memory (moe_service_shm.cc). UNIMPLEMENTED without allow_client_shm,
   // PERMISSION_DENIED for a caller not on this host.
   absl::Status CheckShmAllowed(grpc::ServerContextBase* context) const;
+  // Whose shared-memory regions a call names: the token's identity with tokens, else one
+  // identity ("") for every caller.
+  std::string ShmOwnerOf(const grpc::ServerContextBase& context) const;
   // The regions a step names, leased until the ShmStep is destroyed (empty if none).
   absl::StatusOr<ShmStep> PrepareShm(grpc::ServerContextBase* context,
                                      const v1::ForwardRequest& request, int64_t hidden);

@@ -25,6 +25,14 @@ absl::Status MoeServiceImpl::CheckShmAllowed(grpc::ServerContextBase* context) c
   return absl::OkStatus();
 }
 
+std::string MoeServiceImpl::ShmOwnerOf(const grpc::ServerContextBase& context) const {
+  // With tokens, the token's identity (as staged tensors). Without, every caller is one
+  // identity: shared memory is for callers on this host, and without tokens moed serves one
+  // user on loopback (docs/SECURITY.md); a caller's address would split one client's IPv4
+  // and IPv6 or unix connections.
+  return options_.auth != nullptr ? ClientOf(context) : std::string();
+}
+
 absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(grpc::ServerContextBase* context,
                                                    const v1::ForwardRequest& request,
                                                    int64_t hidden) {
@@ -32,11 +40,13 @@ absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(grpc::ServerContextBase* cont
   if (!request.has_x_shm() && !request.has_out_shm()) return shm;
   RETURN_IF_ERROR(CheckShmAllowed(context));
   if (request.has_x_shm()) {
-    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("x_shm.region", request.x_shm().region()));
+    ASSIGN_OR_RETURN(ShmLease lease,
+                     shm_->Acquire("x_shm.region", ShmOwnerOf(*context), request.x_shm().region()));
     RETURN_IF_ERROR(shm.SetInput("x_shm", request.x_shm(), hidden, std::move(lease)));
   }
   if (request.has_out_shm()) {
-    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("out_shm.region", request.out_shm().region()));
+    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("out_shm.region", ShmOwnerOf(*context),
+                                                   request.out_shm().region()));
     RETURN_IF_ERROR(shm.SetOutput("out_shm", request.out_shm(), std::move(lease)));
   }
   return shm;
@@ -49,12 +59,13 @@ absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(grpc::ServerContextBase* cont
   if (!request.has_d_out_shm() && !request.has_d_x_shm()) return shm;
   RETURN_IF_ERROR(CheckShmAllowed(context));
   if (request.has_d_out_shm()) {
-    ASSIGN_OR_RETURN(ShmLease lease,
-                     shm_->Acquire("d_out_shm.region", request.d_out_shm().region()));
+    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("d_out_shm.region", ShmOwnerOf(*context),
+                                                   request.d_out_shm().region()));
     RETURN_IF_ERROR(shm.SetInput("d_out_shm", request.d_out_shm(), hidden, std::move(lease)));
   }
   if (request.has_d_x_shm()) {
-    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("d_x_shm.region", request.d_x_shm().region()));
+    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("d_x_shm.region", ShmOwnerOf(*context),
+                                                   request.d_x_shm().region()));
     RETURN_IF_ERROR(shm.SetOutput("d_x_shm", request.d_x_shm(), std::move(lease)));
   }
   return shm;
@@ -83,7 +94,7 @@ absl::StatusOr<RelayStep> MoeServiceImpl::RelayLocally(const WorkerSet& set,
     tensor.add_shape(hidden);
     tensor.set_region(relay.input->name);
     tensor.set_byte_size(static_cast<int64_t>(input.size()));
-    ASSIGN_OR_RETURN(ShmLease lease, registry->Acquire(in_field, relay.input->name));
+    ASSIGN_OR_RETURN(ShmLease lease, registry->Acquire(in_field, "", relay.input->name));
     RETURN_IF_ERROR(shm->SetInput(in_field, tensor, hidden, std::move(lease)));
   }
   const int64_t out_bytes = tokens * hidden * static_cast<int64_t>(DTypeSize(out_dtype));
@@ -91,7 +102,7 @@ absl::StatusOr<RelayStep> MoeServiceImpl::RelayLocally(const WorkerSet& set,
     v1::SharedMemoryOutput output;
     output.set_region(relay.output->name);
     output.set_byte_size(out_bytes);
-    ASSIGN_OR_RETURN(ShmLease lease, registry->Acquire(out_field, relay.output->name));
+    ASSIGN_OR_RETURN(ShmLease lease, registry->Acquire(out_field, "", relay.output->name));
     RETURN_IF_ERROR(shm->SetOutput(out_field, output, std::move(lease)));
     RETURN_IF_ERROR(shm->CheckOutput(tokens, hidden, out_dtype));
     relay.output_bytes = out_bytes;
@@ -135,8 +146,8 @@ grpc::Status MoeServiceImpl::DoRegisterSystemSharedMemory(
   const InflightRequest inflight(metrics_, "RegisterSystemSharedMemory");
   absl::Status status = CheckShmAllowed(context);
   if (status.ok()) {
-    status =
-        shm_->Register(request->name(), request->key(), request->offset(), request->byte_size());
+    status = shm_->Register(ShmOwnerOf(*context), request->name(), request->key(),
+                            request->offset(), request->byte_size());
   }
   return Finish("RegisterSystemSharedMemory", start, status);
 }
@@ -158,8 +169,8 @@ grpc::Status MoeServiceImpl::DoRegisterCudaSharedMemory(
     }
   }
   if (status.ok()) {
-    status = shm_->RegisterCuda(request->name(), request->raw_handle(), request->device_id(),
-                                request->byte_size());
+    status = shm_->RegisterCuda(ShmOwnerOf(*context), request->name(), request->raw_handle(),
+                                request->device_id(), request->byte_size());
   }
   return Finish("RegisterCudaSharedMemory", start, status);
 }
@@ -167,7 +178,7 @@ grpc::Status MoeServiceImpl::DoRegisterCudaSharedMemory(
 absl::Status MoeServiceImpl::ShmStatus(grpc::ServerContextBase* context, const std::string& name,
                                        v1::SystemSharedMemoryStatusResponse* response) {
   RETURN_IF_ERROR(CheckShmAllowed(context));
-  ASSIGN_OR_RETURN(std::vector<ShmRegionStatus> regions, shm_->Status(name));
+  ASSIGN_OR_RETURN(std::vector<ShmRegionStatus> regions, shm_->Status(ShmOwnerOf(*context), name));
   for (const ShmRegionStatus& r : regions) {
     auto* out = response->add_regions();
     out->set_name(r.region.name);
@@ -197,7 +208,7 @@ grpc::Status MoeServiceImpl::DoUnregisterSystemSharedMemory(
   const absl::Time start = absl::Now();
   const InflightRequest inflight(metrics_, "UnregisterSystemSharedMemory");
   absl::Status status = CheckShmAllowed(context);
-  if (status.ok()) status = shm_->Unregister(request->name());
+  if (status.ok()) status = shm_->Unregister(ShmOwnerOf(*context), request->name());
   ForgetRetiredShm();
   return Finish("UnregisterSystemSharedMemory", start, status);
 }

@@ -137,11 +137,11 @@ ABSL_FLAG(int64_t, shm_idle_timeout_s, 600,
           "(a client that died; 0: never)");
 ABSL_FLAG(bool, shm_relay, true,
           "steps whose tensors arrive over gRPC reach workers on this host (loopback "
-          "addresses) through moed's own shared-memory buffers (/dev/shm/moed-relay-*) instead "
+          "addresses) through moed's own shared-memory buffers (anonymous memfds) instead "
           "of a second gRPC hop; off: over gRPC. Independent of --allow_client_shm");
 ABSL_FLAG(int64_t, shm_relay_max_bytes, int64_t{2} << 30,
-          "most /dev/shm the relay buffers may use (bytes); a step that does not fit, or a "
-          "/dev/shm too small, goes over gRPC");
+          "most shared memory the relay buffers may use (bytes); a step that does not fit, or "
+          "memory the system refuses, goes over gRPC");
 ABSL_FLAG(int64_t, staged_ttl_s, 60,
           "drop a staged tensor (StageTensor, out_staged / d_x_staged) unused for this many "
           "seconds (a client that died mid-step)");

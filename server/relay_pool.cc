@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -35,7 +36,8 @@ int64_t CapacityFor(int64_t bytes) {
   return capacity;
 }
 
-// Unlinks "/dev/shm/moed-relay-<pid>-<n>" objects of processes that are gone (a killed moed).
+// Unlinks "/dev/shm/moed-relay-<pid>-<n>" objects of processes that are gone: a killed moed of
+// an earlier version, which named its buffers there (buffers are memfds now: nothing to leave).
 void UnlinkOrphans() {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return;
@@ -53,8 +55,10 @@ void UnlinkOrphans() {
 
 struct Mapped {
   std::string name;
+  int fd = -1;  // the memfd, open while mapped: the workers open it as /proc/<moed>/fd/<fd>
   char* data = nullptr;
   int64_t capacity = 0;
+  uint64_t device = 0, inode = 0;
 };
 
 }  // namespace
@@ -68,40 +72,57 @@ struct RelayPool::State {
     }
   }
 
-  // A new buffer of `capacity` bytes, mapped, backed (posix_fallocate: a full /dev/shm is an
-  // error here, not a SIGBUS on first write) and registered.
+  // A new buffer of `capacity` bytes: an anonymous memfd (no name anywhere a client could open
+  // or link), backed (posix_fallocate: no memory is an error here, not a SIGBUS on first
+  // write), mapped, marked as moed's own object (RegisterSystemSharedMemory refuses it by its
+  // identity) and registered under "/proc/<moed>/fd/<fd>", the path the local workers open
+  // (docs/SECURITY.md, "Shared memory").
   absl::StatusOr<Mapped> Create(int64_t capacity) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     Mapped m;
     m.name = absl::StrCat(kPrefix, getpid(), "-", next_index++);
-    const std::string key = "/" + m.name;
-    const int fd = shm_open(key.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
-    if (fd < 0) return absl::InternalError(absl::StrCat("shm_open: ", std::strerror(errno)));
+    const int fd = memfd_create(m.name.c_str(), MFD_CLOEXEC);
+    if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(errno)));
     const int rc = posix_fallocate(fd, 0, capacity);
     void* data =
         rc == 0 ? mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
     const int map_errno = errno;
-    close(fd);
-    if (data == MAP_FAILED) {
-      shm_unlink(key.c_str());
+    struct stat st;
+    if (data == MAP_FAILED || fstat(fd, &st) != 0) {
+      const int stat_errno = errno;
+      if (data != MAP_FAILED) munmap(data, capacity);
+      close(fd);
+      if (data != MAP_FAILED) {
+        return absl::InternalError(absl::StrCat("fstat: ", std::strerror(stat_errno)));
+      }
       return absl::ResourceExhaustedError(absl::StrCat(
           rc != 0 ? "posix_fallocate: " : "mmap: ", std::strerror(rc != 0 ? rc : map_errno), " (",
           capacity, " bytes)"));
     }
+    m.fd = fd;
     m.data = static_cast<char*>(data);
     m.capacity = capacity;
-    absl::Status registered = registry.Register(m.name, key, 0, capacity);
+    m.device = static_cast<uint64_t>(st.st_dev);
+    m.inode = static_cast<uint64_t>(st.st_ino);
+    MarkOwnShmObject(m.device, m.inode);
+    absl::Status registered = registry.RegisterOwn(
+        m.name, absl::StrCat("/proc/", getpid(), "/fd/", fd), capacity, m.device, m.inode);
     if (!registered.ok()) {
-      munmap(data, capacity);
-      shm_unlink(key.c_str());
+      Close(m);
       return registered;
     }
     return m;
   }
 
-  void Unmap(const Mapped& m) {
-    registry.Unregister(m.name).IgnoreError();
+  // Unmaps and closes: the memory is freed once no worker maps it any more.
+  static void Close(const Mapped& m) {
     munmap(m.data, m.capacity);
-    shm_unlink(absl::StrCat("/", m.name).c_str());
+    ForgetOwnShmObject(m.device, m.inode);
+    close(m.fd);
+  }
+
+  void Unmap(const Mapped& m) {
+    registry.Unregister("", m.name).IgnoreError();
+    Close(m);
   }
 
   // Unmaps one kept buffer (the largest) to make room; false when none is kept.

@@ -9,11 +9,15 @@
 // it directly), the workers write the output into a second one, and moed answers the client
 // with slices over that buffer (no copy): the moed <-> worker hop carries no tensor bytes.
 //
-// Buffers are POSIX shm objects "/moed-relay-<pid>-<n>" (mode 0600), sized in powers of two
-// from 1 MiB, registered in the pool's own SharedMemoryRegistry (ids from
-// kRelayFirstRegionId, apart from the client regions' ids) and reused: a worker maps each once.
-// The pool maps at most max_bytes; past it Take returns null and the step goes over gRPC as
-// before (nothing fails). Objects a killed moed left behind are unlinked by the next moed.
+// Buffers hold other callers' tensors, so no client may reach them: each is an anonymous memfd
+// (memfd_create "moed-relay-<pid>-<n>": no /dev/shm name to open or link), which the local
+// workers open as /proc/<moed pid>/fd/<fd> (moed's user only, as ptrace would need) and
+// RegisterSystemSharedMemory refuses by its identity (MarkOwnShmObject, server/shared_memory.h).
+// Sized in powers of two from 1 MiB, registered in the pool's own SharedMemoryRegistry under
+// their names (ids from kRelayFirstRegionId, apart from the client regions' ids) and reused: a
+// worker maps each once. The pool maps at most max_bytes; past it Take returns null and the
+// step goes over gRPC as before (nothing fails). A killed moed leaves nothing behind (its
+// memfds go with it); /dev/shm objects named by a moed of an earlier version are unlinked.
 //
 //   RelayPool relay(int64_t{2} << 30);
 //   std::shared_ptr<RelayBuffer> in = relay.Take(bytes);   // null: relay over gRPC instead
@@ -38,11 +42,11 @@ inline constexpr uint64_t kRelayFirstRegionId = uint64_t{1} << 48;
 
 // One mapped buffer. Returned to its pool when the last shared_ptr to it is dropped.
 struct RelayBuffer {
-  std::string name;  // its region name in RelayPool::registry()
+  std::string name;  // its region name in RelayPool::registry() (also the memfd's name)
   char* data = nullptr;
   int64_t capacity = 0;
   // Set when a worker may still be using it after its step returned (a step that failed or
-  // passed its deadline): unmapped and unlinked at the last release instead of reused.
+  // passed its deadline): unmapped and closed at the last release instead of reused.
   std::atomic<bool> discard{false};
 };
 

@@ -8,10 +8,14 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "proto/layer_info.h"
 
 namespace moe {
@@ -49,13 +53,39 @@ absl::StatusOr<struct stat> StatObject(const std::string& key, int flags) {
 // Same object as registered (an unlinked or replaced one is not). A CUDA region has no object
 // moed can look at: it stays until unregistered or idle.
 bool SameObject(const ShmRegion& region) {
-  if (region.cuda()) return true;
+  if (region.cuda() || region.own) return true;
   absl::StatusOr<struct stat> st = StatObject(region.key, O_RDONLY);
   return st.ok() && static_cast<uint64_t>(st->st_dev) == region.device &&
          static_cast<uint64_t>(st->st_ino) == region.inode;
 }
 
+absl::Mutex own_objects_mu(absl::kConstInit);
+std::set<std::pair<uint64_t, uint64_t>>& OwnObjects()
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(own_objects_mu) {
+  static auto* objects = new std::set<std::pair<uint64_t, uint64_t>>;
+  return *objects;
+}
+
+std::string NotFound(const std::string& name) {
+  return absl::StrCat("name: no shared-memory region \"", name, "\"");
+}
+
 }  // namespace
+
+void MarkOwnShmObject(uint64_t device, uint64_t inode) {
+  absl::MutexLock lock(&own_objects_mu);
+  OwnObjects().insert({device, inode});
+}
+
+void ForgetOwnShmObject(uint64_t device, uint64_t inode) {
+  absl::MutexLock lock(&own_objects_mu);
+  OwnObjects().erase({device, inode});
+}
+
+bool IsOwnShmObject(uint64_t device, uint64_t inode) {
+  absl::MutexLock lock(&own_objects_mu);
+  return OwnObjects().count({device, inode}) != 0;
+}
 
 bool IsLocalPeer(absl::string_view peer) {
   return absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "ipv4:127.") ||
@@ -78,8 +108,9 @@ void ShmLease::Release() {
   registry_ = nullptr;
 }
 
-absl::Status SharedMemoryRegistry::Register(const std::string& name, const std::string& key,
-                                            int64_t offset, int64_t byte_size) {
+absl::Status SharedMemoryRegistry::Register(const std::string& owner, const std::string& name,
+                                            const std::string& key, int64_t offset,
+                                            int64_t byte_size) {
   absl::Status name_ok = ValidateLayerName("name", name);
   if (!name_ok.ok()) return name_ok;
   absl::Status key_ok = CheckKey(key);
@@ -94,12 +125,20 @@ absl::Status SharedMemoryRegistry::Register(const std::string& name, const std::
   // Read-write: the workers write outputs into it with moed's user.
   absl::StatusOr<struct stat> st = StatObject(key, O_RDWR);
   if (!st.ok()) return st.status();
+  // By identity, not by name: a link or any other path to one of moed's relay buffers (which
+  // hold other callers' tensors) is the same object.
+  if (IsOwnShmObject(static_cast<uint64_t>(st->st_dev), static_cast<uint64_t>(st->st_ino))) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("key: shm object \"", key,
+                     "\" is one of moed's own buffers; register an object you created"));
+  }
   if (st->st_size < offset + byte_size) {
     return absl::InvalidArgumentError(absl::StrCat("offset + byte_size: ", offset + byte_size,
                                                    " > the size of shm object \"", key, "\" (",
                                                    static_cast<int64_t>(st->st_size), " bytes)"));
   }
   auto region = std::make_shared<ShmRegion>();
+  region->owner = owner;
   region->name = name;
   region->key = key;
   region->offset = offset;
@@ -109,7 +148,7 @@ absl::Status SharedMemoryRegistry::Register(const std::string& name, const std::
   return Insert(std::move(region));
 }
 
-absl::Status SharedMemoryRegistry::RegisterCuda(const std::string& name,
+absl::Status SharedMemoryRegistry::RegisterCuda(const std::string& owner, const std::string& name,
                                                 const std::string& raw_handle, int64_t device_id,
                                                 int64_t byte_size) {
   absl::Status name_ok = ValidateLayerName("name", name);
@@ -126,6 +165,7 @@ absl::Status SharedMemoryRegistry::RegisterCuda(const std::string& name,
     return absl::InvalidArgumentError(absl::StrCat("byte_size: ", byte_size, " <= 0"));
   }
   auto region = std::make_shared<ShmRegion>();
+  region->owner = owner;
   region->name = name;
   region->byte_size = byte_size;
   region->cuda_handle = raw_handle;
@@ -133,23 +173,36 @@ absl::Status SharedMemoryRegistry::RegisterCuda(const std::string& name,
   return Insert(std::move(region));
 }
 
+absl::Status SharedMemoryRegistry::RegisterOwn(const std::string& name, const std::string& key,
+                                               int64_t byte_size, uint64_t device, uint64_t inode) {
+  auto region = std::make_shared<ShmRegion>();
+  region->name = name;
+  region->key = key;
+  region->byte_size = byte_size;
+  region->device = device;
+  region->inode = inode;
+  region->own = true;
+  return Insert(std::move(region));
+}
+
 absl::Status SharedMemoryRegistry::Insert(std::shared_ptr<ShmRegion> region) {
-  const std::string name = region->name;
+  const Key key(region->owner, region->name);
   absl::MutexLock lock(&mu_);
-  if (by_name_.count(name) != 0) {
+  if (by_name_.count(key) != 0) {
     return absl::AlreadyExistsError(
-        absl::StrCat("name: region \"", name, "\" is registered (unregister it first)"));
+        absl::StrCat("name: region \"", region->name, "\" is registered (unregister it first)"));
   }
   region->id = next_id_++;
-  by_name_[name] = region->id;
+  by_name_[key] = region->id;
   Entry& entry = entries_[region->id];
   entry.region = std::move(region);
   entry.last_used = absl::Now();
   return absl::OkStatus();
 }
 
-void SharedMemoryRegistry::DropLocked(const std::string& name, const char* why) {
-  auto it = by_name_.find(name);
+void SharedMemoryRegistry::DropLocked(const Key& key, const char* why) {
+  const std::string& name = key.second;
+  auto it = by_name_.find(key);
   if (it == by_name_.end()) return;
   const uint64_t id = it->second;
   by_name_.erase(it);
@@ -165,40 +218,46 @@ void SharedMemoryRegistry::DropLocked(const std::string& name, const char* why) 
   }
 }
 
-absl::Status SharedMemoryRegistry::Unregister(const std::string& name) {
+absl::Status SharedMemoryRegistry::Unregister(const std::string& owner, const std::string& name) {
   absl::MutexLock lock(&mu_);
   if (name.empty()) {
-    while (!by_name_.empty()) DropLocked(by_name_.begin()->first, nullptr);
+    std::vector<Key> owned;
+    for (auto it = by_name_.lower_bound(Key(owner, ""));
+         it != by_name_.end() && it->first.first == owner; ++it) {
+      owned.push_back(it->first);
+    }
+    for (const Key& key : owned) DropLocked(key, nullptr);
     return absl::OkStatus();
   }
-  if (by_name_.count(name) == 0) {
-    return absl::NotFoundError(absl::StrCat("name: no shared-memory region \"", name, "\""));
-  }
-  DropLocked(name, nullptr);
+  const Key key(owner, name);
+  if (by_name_.count(key) == 0) return absl::NotFoundError(NotFound(name));
+  DropLocked(key, nullptr);
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<ShmRegionStatus>> SharedMemoryRegistry::Status(const std::string& name) {
+absl::StatusOr<std::vector<ShmRegionStatus>> SharedMemoryRegistry::Status(const std::string& owner,
+                                                                          const std::string& name) {
   DropStale(absl::Now());
   absl::MutexLock lock(&mu_);
   std::vector<ShmRegionStatus> out;
-  for (const auto& [region_name, id] : by_name_) {
-    if (!name.empty() && region_name != name) continue;
-    const Entry& entry = entries_.at(id);
+  for (auto it = by_name_.lower_bound(Key(owner, ""));
+       it != by_name_.end() && it->first.first == owner; ++it) {
+    if (!name.empty() && it->first.second != name) continue;
+    const Entry& entry = entries_.at(it->second);
     out.push_back(ShmRegionStatus{*entry.region, entry.in_flight});
   }
-  if (!name.empty() && out.empty()) {
-    return absl::NotFoundError(absl::StrCat("name: no shared-memory region \"", name, "\""));
-  }
+  if (!name.empty() && out.empty()) return absl::NotFoundError(NotFound(name));
   return out;
 }
 
 absl::StatusOr<ShmLease> SharedMemoryRegistry::Acquire(absl::string_view field,
+                                                       const std::string& owner,
                                                        const std::string& name) {
+  const Key key(owner, name);
   std::shared_ptr<const ShmRegion> region;
   {
     absl::MutexLock lock(&mu_);
-    auto it = by_name_.find(name);
+    auto it = by_name_.find(key);
     if (it != by_name_.end()) region = entries_.at(it->second).region;
   }
   if (region == nullptr) {
@@ -208,13 +267,13 @@ absl::StatusOr<ShmLease> SharedMemoryRegistry::Acquire(absl::string_view field,
   // Outside mu_: a syscall per step keeps a dead client's unlinked object from being used.
   const bool same = SameObject(*region);
   absl::MutexLock lock(&mu_);
-  auto it = by_name_.find(name);
+  auto it = by_name_.find(key);
   if (it == by_name_.end() || it->second != region->id) {
     return absl::NotFoundError(
         absl::StrCat(field, ": shared-memory region \"", name, "\" was unregistered"));
   }
   if (!same) {
-    DropLocked(name, "its shm object was unlinked or replaced");
+    DropLocked(key, "its shm object was unlinked or replaced");
     return absl::NotFoundError(absl::StrCat(field, ": shared-memory region \"", name,
                                             "\" was dropped: its shm object \"", region->key,
                                             "\" was unlinked or replaced"));
@@ -249,14 +308,15 @@ void SharedMemoryRegistry::DropStale(absl::Time now) {
   for (const auto& region : regions) same.push_back(SameObject(*region));
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < regions.size(); ++i) {
-    auto it = by_name_.find(regions[i]->name);
+    const Key key(regions[i]->owner, regions[i]->name);
+    auto it = by_name_.find(key);
     if (it == by_name_.end() || it->second != regions[i]->id) continue;
     const Entry& entry = entries_.at(it->second);
     if (!same[i]) {
-      DropLocked(regions[i]->name, "its shm object was unlinked or replaced");
+      DropLocked(key, "its shm object was unlinked or replaced");
     } else if (idle_timeout_ > absl::ZeroDuration() && entry.in_flight == 0 &&
                now - entry.last_used > idle_timeout_) {
-      DropLocked(regions[i]->name, "unused for --shm_idle_timeout_s");
+      DropLocked(key, "unused for --shm_idle_timeout_s");
     }
   }
 }

@@ -1,15 +1,21 @@
 // moed's book of client shared-memory regions (RegisterSystemSharedMemory, proto/moe.proto):
-// names -> (POSIX shm key, offset, byte size, the object's identity), with a reference count
-// of the steps using each region. moed never maps a region; the workers do
-// (server/worker_shm.h), and forget a region once its id is retired here.
+// (owner, name) -> (POSIX shm key, offset, byte size, the object's identity), with a reference
+// count of the steps using each region. The owner is the caller's identity
+// (MoeServiceImpl::ShmOwnerOf: its token with --tokens_file, one identity without): a caller
+// lists, uses and unregisters its own regions only; another's are NOT_FOUND, as if absent.
+// moed never maps a client region; the workers do (server/worker_shm.h), and forget a region
+// once its id is retired here.
+//
+// Objects moed made itself (its relay buffers, server/relay_pool.h) are marked by identity
+// (MarkOwnShmObject): Register refuses them with PERMISSION_DENIED whatever path names them.
 //
 // Lifetime of a region: Register -> Acquire/release by steps -> Unregister (or DropStale) takes
 // it off the book at once; its id is retired (TakeRetired) when the last step that acquired
 // it has released it, so a worker is told to unmap it only when no step can still use it.
 //
 //   SharedMemoryRegistry registry(absl::Seconds(600));
-//   RETURN_IF_ERROR(registry.Register("in", "/my_shm", 0, 1 << 20));
-//   ASSIGN_OR_RETURN(ShmLease lease, registry.Acquire("x_shm.region", "in"));
+//   RETURN_IF_ERROR(registry.Register(owner, "in", "/my_shm", 0, 1 << 20));
+//   ASSIGN_OR_RETURN(ShmLease lease, registry.Acquire("x_shm.region", owner, "in"));
 //   ... lease->key, lease->id ...
 //   lease = {};                                   // the step ended
 //   for (uint64_t id : registry.TakeRetired()) ...  // tell the workers to unmap
@@ -20,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -38,6 +45,7 @@ inline constexpr size_t kCudaIpcHandleBytes = 64;
 // the object (device, inode) when it was registered; or, for a CUDA region, the first
 // byte_size bytes of the GPU allocation shared by `cuda_handle`.
 struct ShmRegion {
+  std::string owner;  // who registered it (MoeServiceImpl::ShmOwnerOf)
   std::string name;
   std::string key;
   int64_t offset = 0;
@@ -47,6 +55,7 @@ struct ShmRegion {
   uint64_t inode = 0;
   std::string cuda_handle;   // a cudaIpcMemHandle_t; empty for a POSIX region
   int64_t cuda_device = -1;  // the client's device ordinal (informational)
+  bool own = false;          // moed's own object (RegisterOwn): never stale, never checked
   bool cuda() const { return !cuda_handle.empty(); }
 };
 
@@ -80,6 +89,12 @@ class ShmLease {
 // "ipv6:[::1]:port" or an IPv4-mapped loopback "ipv6:[::ffff:127.x.x.x]:port".
 bool IsLocalPeer(absl::string_view peer);
 
+// The identities (st_dev, st_ino) of the shared-memory objects this process created and still
+// holds (its relay buffers): Register refuses them. Thread-safe.
+void MarkOwnShmObject(uint64_t device, uint64_t inode);
+void ForgetOwnShmObject(uint64_t device, uint64_t inode);
+bool IsOwnShmObject(uint64_t device, uint64_t inode);
+
 // Thread-safe.
 class SharedMemoryRegistry {
  public:
@@ -92,21 +107,31 @@ class SharedMemoryRegistry {
       : idle_timeout_(idle_timeout), next_id_(first_id) {}
 
   // Checks the name, key and range, opens the object (read-write) to check that it exists and
-  // is large enough, and records its identity. Codes as RegisterSystemSharedMemoryRequest.
-  absl::Status Register(const std::string& name, const std::string& key, int64_t offset,
-                        int64_t byte_size);
+  // is large enough, and records its identity. Codes as RegisterSystemSharedMemoryRequest;
+  // PERMISSION_DENIED for one of this process's own objects (IsOwnShmObject). Names are
+  // per owner: another owner may register the same name.
+  absl::Status Register(const std::string& owner, const std::string& name, const std::string& key,
+                        int64_t offset, int64_t byte_size);
   // A CUDA region (RegisterCudaSharedMemoryRequest): checks the name, the handle's size, the
   // device ordinal and the size (INVALID_ARGUMENT); moed cannot open it (the workers do).
-  // Such a region is dropped only by Unregister or idle_timeout.
-  absl::Status RegisterCuda(const std::string& name, const std::string& raw_handle,
-                            int64_t device_id, int64_t byte_size);
-  // Takes `name` (empty: every region) off the book; NOT_FOUND if not registered.
-  absl::Status Unregister(const std::string& name);
-  // `name` (empty: all, by name); NOT_FOUND if not registered. Drops stale regions first.
-  absl::StatusOr<std::vector<ShmRegionStatus>> Status(const std::string& name);
-  // For a step: NOT_FOUND (naming `field`) when not registered, or when its object was
-  // unlinked or replaced (then the region is dropped).
-  absl::StatusOr<ShmLease> Acquire(absl::string_view field, const std::string& name);
+  // Such a region is dropped only by Unregister or idle_timeout. Same namespace as Register.
+  absl::Status RegisterCuda(const std::string& owner, const std::string& name,
+                            const std::string& raw_handle, int64_t device_id, int64_t byte_size);
+  // One of moed's own objects (a relay buffer), owner "": the whole of it, `key` the path the
+  // workers open, the identity as moed's fstat gave it. Never dropped as stale.
+  absl::Status RegisterOwn(const std::string& name, const std::string& key, int64_t byte_size,
+                           uint64_t device, uint64_t inode);
+  // Takes owner's `name` (empty: every region of owner) off the book; NOT_FOUND if owner has
+  // no such region.
+  absl::Status Unregister(const std::string& owner, const std::string& name);
+  // owner's `name` (empty: all of owner's, by name); NOT_FOUND if owner has no such region.
+  // Drops stale regions first.
+  absl::StatusOr<std::vector<ShmRegionStatus>> Status(const std::string& owner,
+                                                      const std::string& name);
+  // For a step: NOT_FOUND (naming `field`) when owner has no such region, or when its object
+  // was unlinked or replaced (then the region is dropped).
+  absl::StatusOr<ShmLease> Acquire(absl::string_view field, const std::string& owner,
+                                   const std::string& name);
   // Drops regions whose object is gone or replaced, and regions idle past idle_timeout.
   void DropStale(absl::Time now);
   // Ids of dropped regions that no step uses any more (each returned once).
@@ -121,15 +146,16 @@ class SharedMemoryRegistry {
     absl::Time last_used;
   };
   void Release(const ShmRegion& region);
-  // Books a new region under its name (ALREADY_EXISTS if taken) with a new id.
+  using Key = std::pair<std::string, std::string>;  // owner, name
+  // Books a new region under (owner, name) (ALREADY_EXISTS if taken) with a new id.
   absl::Status Insert(std::shared_ptr<ShmRegion> region);
   // Removes the entry from by_name_; its id retires now or when its last lease is released.
-  void DropLocked(const std::string& name, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropLocked(const Key& key, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const absl::Duration idle_timeout_;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, uint64_t> by_name_ ABSL_GUARDED_BY(mu_);  // name -> id
+  std::map<Key, uint64_t> by_name_ ABSL_GUARDED_BY(mu_);          // (owner, name) -> id
   std::map<uint64_t, Entry> entries_ ABSL_GUARDED_BY(mu_);        // registered or leased
   std::vector<uint64_t> retired_ ABSL_GUARDED_BY(mu_);
 };

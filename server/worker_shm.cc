@@ -72,8 +72,15 @@ absl::Status Errno(absl::string_view what) {
 absl::StatusOr<std::shared_ptr<WorkerShmMappings::Mapping>> WorkerShmMappings::MapSystem(
     absl::string_view field, const internal::WorkerShmSlice& slice) {
   auto made = std::make_shared<Mapping>();
-  made->fd = shm_open(slice.key().c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (made->fd < 0) return Errno(absl::StrCat(field, ": shm_open(\"", slice.key(), "\")"));
+  // A client's key is a POSIX shm name ("/name", no other "/": moed checked it); moed's own
+  // relay buffers are anonymous memfds, named by the path of moed's descriptor
+  // ("/proc/<moed>/fd/<fd>", server/relay_pool.h), which only moed's user can open.
+  const bool path = slice.key().find('/', 1) != std::string::npos;
+  made->fd = path ? open(slice.key().c_str(), O_RDWR | O_CLOEXEC)
+                  : shm_open(slice.key().c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (made->fd < 0) {
+    return Errno(absl::StrCat(field, path ? ": open(\"" : ": shm_open(\"", slice.key(), "\")"));
+  }
   struct stat st;
   if (fstat(made->fd, &st) != 0) return Errno(absl::StrCat(field, ": fstat"));
   if (static_cast<uint64_t>(st.st_dev) != slice.device() ||

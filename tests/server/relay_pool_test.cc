@@ -23,13 +23,20 @@ bool Exists(const std::string& name) {
   return stat(("/dev/shm/" + name).c_str(), &st) == 0;
 }
 
+// The leased region of `buffer`: its key (the path workers open) and identity.
+ShmRegion RegionOf(RelayPool& pool, const RelayBuffer& buffer) {
+  absl::StatusOr<ShmLease> lease = pool.registry()->Acquire("x", "", buffer.name);
+  EXPECT_TRUE(lease.ok()) << lease.status();
+  return lease.ok() ? **lease : ShmRegion();
+}
+
 TEST(RelayPoolTest, SizesInPowersOfTwoAndReusesReleasedBuffers) {
   RelayPool pool(64 * kMiB);
   std::shared_ptr<RelayBuffer> a = pool.Take(1000);
   ASSERT_NE(a, nullptr);
   EXPECT_EQ(a->capacity, kMiB);
   EXPECT_EQ(a->name.rfind(absl::StrCat("moed-relay-", getpid(), "-"), 0), 0u) << a->name;
-  EXPECT_TRUE(Exists(a->name));
+  EXPECT_FALSE(Exists(a->name));  // a memfd: no name in /dev/shm
   a->data[kMiB - 1] = 7;  // backed: writing the last byte does not fault
   std::shared_ptr<RelayBuffer> b = pool.Take(3 * kMiB);
   ASSERT_NE(b, nullptr);
@@ -42,7 +49,7 @@ TEST(RelayPoolTest, SizesInPowersOfTwoAndReusesReleasedBuffers) {
   EXPECT_EQ(again->name, a_name);  // the kept buffer, not a new object
   EXPECT_EQ(pool.mapped_bytes(), 5 * kMiB);
   // Registered under its name, for leases.
-  EXPECT_TRUE(pool.registry()->Acquire("x", again->name).ok());
+  EXPECT_TRUE(pool.registry()->Acquire("x", "", again->name).ok());
 }
 
 TEST(RelayPoolTest, CapRefusesThenEvictsKeptBuffers) {
@@ -58,8 +65,8 @@ TEST(RelayPoolTest, CapRefusesThenEvictsKeptBuffers) {
   // Two kept 1 MiB buffers make room for a 2 MiB one.
   std::shared_ptr<RelayBuffer> big = pool.Take(2 * kMiB);
   ASSERT_NE(big, nullptr);
-  EXPECT_FALSE(Exists(a_name));
-  EXPECT_FALSE(Exists(b_name));
+  EXPECT_FALSE(pool.registry()->Acquire("x", "", a_name).ok());
+  EXPECT_FALSE(pool.registry()->Acquire("x", "", b_name).ok());
   EXPECT_EQ(pool.mapped_bytes(), 2 * kMiB);
   EXPECT_EQ(pool.Take(3 * kMiB), nullptr);  // larger than the cap
 }
@@ -78,9 +85,8 @@ TEST(RelayPoolTest, DiscardedBufferIsUnlinkedNotReused) {
   EXPECT_TRUE(a->discard);
   a.reset();
   step = RelayStep();
-  EXPECT_FALSE(Exists(name));
   EXPECT_EQ(pool.mapped_bytes(), 0);
-  EXPECT_FALSE(pool.registry()->Acquire("x", name).ok());
+  EXPECT_FALSE(pool.registry()->Acquire("x", "", name).ok());
 }
 
 TEST(RelayPoolTest, SliceHoldsItsBufferUntilGrpcReleasesIt) {
@@ -98,6 +104,27 @@ TEST(RelayPoolTest, SliceHoldsItsBufferUntilGrpcReleasesIt) {
   slice.reset();
   other.reset();
   EXPECT_EQ(pool.mapped_bytes(), 2 * kMiB);  // both kept for reuse
+}
+
+// A buffer is an anonymous memfd: the workers open it as /proc/<moed>/fd/<fd>, it has no name a
+// client could open, and while it is mapped its identity is moed's own (refused by
+// RegisterSystemSharedMemory); once closed it is no longer.
+TEST(RelayPoolTest, BuffersAreAnonymousAndMarkedAsOwn) {
+  RelayPool pool(8 * kMiB);
+  std::shared_ptr<RelayBuffer> a = pool.Take(kMiB);
+  ASSERT_NE(a, nullptr);
+  const ShmRegion region = RegionOf(pool, *a);
+  EXPECT_EQ(region.key.rfind(absl::StrCat("/proc/", getpid(), "/fd/"), 0), 0u) << region.key;
+  struct stat st;
+  ASSERT_EQ(stat(region.key.c_str(), &st), 0);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_ino), region.inode);
+  EXPECT_EQ(static_cast<uint64_t>(st.st_dev), region.device);
+  EXPECT_EQ(st.st_nlink, 0u);  // nothing links it: no path but moed's descriptor
+  EXPECT_TRUE(IsOwnShmObject(region.device, region.inode));
+  EXPECT_EQ(shm_open(("/" + a->name).c_str(), O_RDWR, 0), -1);
+  a->discard = true;
+  a.reset();
+  EXPECT_FALSE(IsOwnShmObject(region.device, region.inode));
 }
 
 TEST(RelayPoolTest, UnlinksObjectsOfDeadProcessesOnly) {

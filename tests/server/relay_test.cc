@@ -1,22 +1,26 @@
 // moed's relay to local workers (server/relay_pool.h) through a real cluster: a gRPC step's
-// tensors go to the workers through /dev/shm/moed-relay-* buffers (the workers map them), the
-// answers are bit-identical to a moed started with --shm_relay=false, and a moed that was
-// killed leaves objects the next moed unlinks. Staged tensors (StageTensor / FetchStaged): the C++
-// client's steps over several connections give the one-call answer, and fall back to it on a
-// moed that refuses them.
+// tensors go to the workers through moed's relay buffers (memfds "moed-relay-*" the workers
+// map), the answers are bit-identical to a moed started with --shm_relay=false, and neither a
+// running nor a killed moed leaves anything in /dev/shm. Staged tensors (StageTensor /
+// FetchStaged): the C++ client's steps over several connections give the one-call answer, and fall
+// back to it on a moed that refuses them.
 #include <dirent.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
 #include <iterator>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "client/moe_client.h"
 #include "gtest/gtest.h"
 #include "tests/server/cluster.h"
@@ -41,18 +45,41 @@ std::vector<std::string> RelayObjects(pid_t pid) {
 bool MapsRelay(pid_t worker, pid_t moed) {
   std::ifstream in(absl::StrCat("/proc/", worker, "/maps"));
   std::string maps((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return maps.find(absl::StrCat("/dev/shm/moed-relay-", moed, "-")) != std::string::npos;
+  return maps.find(absl::StrCat("/memfd:moed-relay-", moed, "-")) != std::string::npos;
 }
 
-// Relay objects of moed `moed` that `worker` still maps after moed unlinked them.
-int MappedDeletedRelays(pid_t worker, pid_t moed) {
-  std::ifstream in(absl::StrCat("/proc/", worker, "/maps"));
-  const std::string prefix = absl::StrCat("/dev/shm/moed-relay-", moed, "-");
-  int n = 0;
-  for (std::string line; std::getline(in, line);) {
-    if (line.find(prefix) != std::string::npos && absl::EndsWith(line, "(deleted)")) ++n;
+// Inodes of the relay buffers moed `moed` holds open now.
+std::set<std::string> HeldRelayInodes(pid_t moed) {
+  std::set<std::string> inodes;
+  const std::string dir_path = absl::StrCat("/proc/", moed, "/fd");
+  DIR* dir = opendir(dir_path.c_str());
+  if (dir == nullptr) return inodes;
+  while (const dirent* entry = readdir(dir)) {
+    const std::string path = dir_path + "/" + entry->d_name;
+    char target[512];
+    const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
+    struct stat st;
+    if (n <= 0 || stat(path.c_str(), &st) != 0) continue;
+    target[n] = '\0';
+    if (absl::StrContains(target, "moed-relay-")) inodes.insert(absl::StrCat(st.st_ino));
   }
-  return n;
+  closedir(dir);
+  return inodes;
+}
+
+// Relay buffers of moed `moed` that `worker` still maps after moed closed them.
+int MappedDeletedRelays(pid_t worker, pid_t moed) {
+  const std::set<std::string> held = HeldRelayInodes(moed);
+  std::ifstream in(absl::StrCat("/proc/", worker, "/maps"));
+  const std::string name = absl::StrCat("/memfd:moed-relay-", moed, "-");
+  std::set<std::string> stale;
+  for (std::string line; std::getline(in, line);) {
+    if (line.find(name) == std::string::npos) continue;
+    // "start-end perms offset dev inode path": the fifth field.
+    std::vector<std::string> fields = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (fields.size() > 4 && held.count(fields[4]) == 0) stale.insert(fields[4]);
+  }
+  return static_cast<int>(stale.size());
 }
 
 std::unique_ptr<TestCluster> StartCluster(std::vector<std::string> flags) {
@@ -202,24 +229,23 @@ TEST(RelayTest, LocalWorkersUseTheRelayAndAnswerAsOverGrpc) {
   }
   CheckStagedSteps(*relayed, *plain);
   // The relayed cluster's workers read and wrote moed's buffers; the other moed made none.
-  EXPECT_FALSE(RelayObjects(relayed->moed_pid()).empty());
+  // Neither has a name in /dev/shm (memfds: no client can open them).
+  EXPECT_FALSE(HeldRelayInodes(relayed->moed_pid()).empty());
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(MapsRelay(relayed->worker_pid(r), relayed->moed_pid())) << "worker " << r;
   }
-  EXPECT_TRUE(RelayObjects(plain->moed_pid()).empty());
+  EXPECT_TRUE(RelayObjects(relayed->moed_pid()).empty());
+  EXPECT_TRUE(HeldRelayInodes(plain->moed_pid()).empty());
 
-  // A killed moed's objects stay until the next moed starts.
+  // A killed moed leaves nothing behind.
   const pid_t killed = relayed->moed_pid();
   relayed->SignalMoed(SIGKILL);
   relayed.reset();
-  EXPECT_FALSE(RelayObjects(killed).empty());
-  std::unique_ptr<TestCluster> next = StartCluster({});
-  ASSERT_NE(next, nullptr);
   EXPECT_TRUE(RelayObjects(killed).empty());
 }
 
 // A relay buffer the pool evicts (here: a 2 MiB pool, a step of 1 MiB buffers, then one that
-// needs 2 MiB) is unlinked by moed and, within a housekeeping round, unmapped by the workers,
+// needs 2 MiB) is closed by moed and, within a housekeeping round, unmapped by the workers,
 // instead of staying mapped (its memory held) until their idle unmap a minute later.
 TEST(RelayTest, WorkersUnmapEvictedRelayBuffers) {
   std::unique_ptr<TestCluster> cluster = StartCluster({"--shm_relay_max_bytes=2097152"});
