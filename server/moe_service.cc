@@ -313,6 +313,13 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
         return absl::AlreadyExistsError(
             absl::StrCat("name: a layer named \"", request->name(), "\" exists"));
       }
+      if (static_cast<int64_t>(layers_.size()) >= options_.max_layers) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("CreateLayer: ", layers_.size(),
+                         " layers exist, the most --max_layers=", options_.max_layers,
+                         " allows; delete a layer or start moed with a larger "
+                         "--max_layers"));
+      }
       layers_[request->name()] = layer;
     }
     reserved.Release();  // listed first, then released: never uncounted

@@ -64,6 +64,9 @@ struct ServiceOptions {
   // A layer whose parameters, gradients and two optimizer states (4 x fp32 per parameter,
   // summed over all workers) would exceed this is refused at CreateLayer.
   int64_t max_layer_bytes = int64_t{1} << 40;
+  // Layers that may exist at once; a CreateLayer beyond it is RESOURCE_EXHAUSTED. Every layer
+  // costs each worker its own communicator (sockets to every peer) and a share of the pings.
+  int64_t max_layers = 1024;
   // Admission control (server/step_memory.h): the memory one worker may hold for its layers
   // (LayerBytesPerWorker), the steps kept for backward and the estimates of the steps running
   // at once, on any layer (ForwardStepBytes / BackwardStepBytes, reserved while they run). A

@@ -104,6 +104,9 @@ ABSL_FLAG(int64_t, setup_timeout_ms, 60000, "deadline of the workers' communicat
 ABSL_FLAG(int64_t, max_layer_bytes, int64_t{1} << 40,
           "refuse layers whose parameters + gradients + optimizer state (4 x fp32 per "
           "parameter, all workers) exceed this many bytes");
+ABSL_FLAG(int64_t, max_layers, 1024,
+          "layers that may exist at once; a CreateLayer beyond it is RESOURCE_EXHAUSTED (each "
+          "layer holds a communicator on every worker)");
 ABSL_FLAG(int64_t, worker_memory_bytes, 0,
           "memory one worker may hold for layers and steps: its layers (parameters, gradients, "
           "optimizer state), the steps kept for backward and a running step's estimated "
@@ -201,6 +204,7 @@ MoedOptions MoedOptionsFromFlags() {
       static_cast<int>(std::min<int64_t>(absl::GetFlag(FLAGS_handler_threads_per_client), 1 << 16));
   s.max_inflight_bytes = absl::GetFlag(FLAGS_max_inflight_bytes);
   s.max_layer_bytes = absl::GetFlag(FLAGS_max_layer_bytes);
+  s.max_layers = absl::GetFlag(FLAGS_max_layers);
   s.worker_memory_bytes = absl::GetFlag(FLAGS_worker_memory_bytes);
   s.saved_step_ttl = absl::Seconds(absl::GetFlag(FLAGS_saved_step_ttl_s));
   s.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
@@ -238,6 +242,7 @@ absl::Status ValidateMoedOptions(const MoedOptions& o) {
            {"overdue_call_limit_s", absl::ToInt64Seconds(s.overdue_call_limit)},
            {"collective_timeout_ms", absl::ToInt64Milliseconds(o.pool.collective_timeout)},
            {"max_stream_bytes", s.max_stream_bytes},
+           {"max_layers", s.max_layers},
            {"max_inflight_bytes", s.max_inflight_bytes},
            {"handler_threads", s.handler_threads},
            {"setup_timeout_ms", absl::ToInt64Milliseconds(o.pool.setup_timeout)},

@@ -7,8 +7,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -301,6 +304,30 @@ gloo::transport::tcp::attr DeviceAttr(const GlooTransportOptions& transport) {
   return attr;
 }
 
+// Gloo's TCP device runs one event-loop thread (epoll) serving every pair of the contexts that
+// use it. A device per communicator was a thread per layer on every worker (850 small layers:
+// 864 threads, creation slowing down, pings timing out); instead the communicators of a
+// process share kSharedDevices devices per listening address, handed out in turn, so a few
+// layers' collectives still progress on different threads. The devices live as long as the
+// process (a context keeps its device alive anyway).
+constexpr size_t kSharedDevices = 4;
+
+std::shared_ptr<gloo::transport::Device> SharedDevice(const gloo::transport::tcp::attr& attr) {
+  static absl::Mutex mu(absl::kConstInit);
+  struct Devices {
+    std::vector<std::shared_ptr<gloo::transport::Device>> devices;
+    size_t next = 0;  // once all exist, the next one handed out
+  };
+  static auto* by_address = new std::map<std::pair<std::string, std::string>, Devices>;
+  absl::MutexLock lock(&mu);
+  Devices& shared = (*by_address)[{attr.iface, attr.hostname}];
+  if (shared.devices.size() < kSharedDevices) {
+    shared.devices.push_back(gloo::transport::tcp::CreateDevice(attr));  // may throw: no change
+    return shared.devices.back();
+  }
+  return shared.devices[shared.next++ % kSharedDevices];
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Communicator>> MakeGlooCommunicator(
@@ -323,8 +350,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> MakeGlooCommunicator(
   const std::string what =
       absl::StrCat("connect (rank ", rank, " of ", size, ", prefix '", prefix, "')");
   absl::Status connected = CallGloo(what, [&] {
-    std::shared_ptr<gloo::transport::Device> device =
-        gloo::transport::tcp::CreateDevice(DeviceAttr(transport));
+    std::shared_ptr<gloo::transport::Device> device = SharedDevice(DeviceAttr(transport));
     context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(ToChrono(options.timeout));
     StoreAdapter adapter(store, prefix, options.timeout);
