@@ -82,18 +82,18 @@ struct RelayPool::State {
     m.name = absl::StrCat(kPrefix, getpid(), "-", next_index++);
     const int fd = memfd_create(m.name.c_str(), MFD_CLOEXEC);
     if (fd < 0) return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(errno)));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+      const int err = errno;
+      close(fd);
+      return absl::InternalError(absl::StrCat("fstat: ", std::strerror(err)));
+    }
     const int rc = posix_fallocate(fd, 0, capacity);
     void* data =
         rc == 0 ? mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
     const int map_errno = errno;
-    struct stat st;
-    if (data == MAP_FAILED || fstat(fd, &st) != 0) {
-      const int stat_errno = errno;
-      if (data != MAP_FAILED) munmap(data, capacity);
+    if (data == MAP_FAILED) {
       close(fd);
-      if (data != MAP_FAILED) {
-        return absl::InternalError(absl::StrCat("fstat: ", std::strerror(stat_errno)));
-      }
       return absl::ResourceExhaustedError(absl::StrCat(
           rc != 0 ? "posix_fallocate: " : "mmap: ", std::strerror(rc != 0 ? rc : map_errno), " (",
           capacity, " bytes)"));

@@ -1,6 +1,7 @@
 #include "engine/comm/gloo_communicator.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -319,7 +320,12 @@ std::shared_ptr<gloo::transport::Device> SharedDevice(const gloo::transport::tcp
     size_t next = 0;  // once all exist, the next one handed out
   };
   static auto* by_address = new std::map<std::pair<std::string, std::string>, Devices>;
+  static pid_t owner = 0;
   absl::MutexLock lock(&mu);
+  if (owner != getpid()) {  // a forked child: the parent's loop threads do not exist here
+    by_address = new std::map<std::pair<std::string, std::string>, Devices>;
+    owner = getpid();
+  }
   Devices& shared = (*by_address)[{attr.iface, attr.hostname}];
   if (shared.devices.size() < kSharedDevices) {
     shared.devices.push_back(gloo::transport::tcp::CreateDevice(attr));  // may throw: no change
