@@ -30,12 +30,25 @@ HandlerPool::~HandlerPool() {
 
 bool HandlerPool::TrySubmit(std::function<grpc::Status()> body,
                             std::function<void(const grpc::Status&)> finish) {
-  return Submit("", std::move(body), std::move(finish)).ok();
+  absl::MutexLock lock(&mu_);
+  return Queue("", std::move(body), std::move(finish)).ok();
 }
 
 grpc::Status HandlerPool::Submit(const std::string& client, std::function<grpc::Status()> body,
                                  std::function<void(const grpc::Status&)> finish) {
   absl::MutexLock lock(&mu_);
+  if (closed_) return refusal_;
+  return Queue(client, std::move(body), std::move(finish));
+}
+
+void HandlerPool::Close(grpc::Status refusal) {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+  refusal_ = std::move(refusal);
+}
+
+grpc::Status HandlerPool::Queue(const std::string& client, std::function<grpc::Status()> body,
+                                std::function<void(const grpc::Status&)> finish) {
   if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is stopping");
   const bool limited = max_per_client_ > 0 && !client.empty();
   if (limited) {

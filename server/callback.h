@@ -58,9 +58,15 @@ class HandlerPool {
                       std::function<void(const grpc::Status&)> finish);
   // What a call refused because every thread is busy answers.
   grpc::Status BusyStatus() const;
+  // From now on Submit refuses every call with `refusal` (moed's graceful stop: no new calls);
+  // the bodies queued or running finish, and TrySubmit (the service's own work) still runs.
+  void Close(grpc::Status refusal);
 
  private:
   void Loop();
+  grpc::Status Queue(const std::string& client, std::function<grpc::Status()> body,
+                     std::function<void(const grpc::Status&)> finish)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int max_threads_;
   const int max_per_client_;
@@ -74,6 +80,8 @@ class HandlerPool {
   std::deque<Work> queue_ ABSL_GUARDED_BY(mu_);
   int busy_ ABSL_GUARDED_BY(mu_) = 0;  // bodies queued or running
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status refusal_ ABSL_GUARDED_BY(mu_);  // while closed_
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -84,10 +84,17 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
 absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
     std::shared_ptr<Layer> layer, grpc::ServerContextBase* context, bool require_serving,
     bool allow_diverged) {
+  return TakeTurnUntil(
+      std::move(layer), absl::FromChrono(context->deadline()),
+      [context] { return context->IsCancelled(); }, require_serving, allow_diverged);
+}
+
+absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurnUntil(
+    std::shared_ptr<Layer> layer, absl::Time deadline, const std::function<bool()>& cancelled,
+    bool require_serving, bool allow_diverged) {
   const std::string& name = layer->name;
-  absl::Time deadline = absl::FromChrono(context->deadline());
-  if (!layer->turn.Lock(deadline, [context] { return context->IsCancelled(); })) {
-    if (context->IsCancelled()) return absl::CancelledError("client cancelled");
+  if (!layer->turn.Lock(deadline, cancelled)) {
+    if (cancelled && cancelled()) return absl::CancelledError("client cancelled");
     return absl::DeadlineExceededError(
         absl::StrCat("deadline passed while waiting for layer \"", name, "\""));
   }
@@ -99,6 +106,7 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
     if (layer->deleted) {
       return absl::NotFoundError(absl::StrCat("layer: \"", name, "\" was deleted"));
     }
+    if (layer->closed) return absl::UnavailableError(kShuttingDownMessage);
     if (!layer->diverged.empty() && !allow_diverged) {
       return absl::FailedPreconditionError(absl::StrCat(
           "layer \"", name, "\": its workers may hold different state (", layer->diverged, "); ",
@@ -292,10 +300,9 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
     // Its turn is immediate: checked with the calls running now, and its shard reserved until
     // the layer is listed (from then on HeldWorkerBytes counts it).
     WorkerMemoryReservations::Reservation reserved;
-    RETURN_IF_ERROR(AdmitWorkerMemory("CreateLayer", request->name(), -1,
-                                      LayerBytesPerWorker(config, pool_->world_size(),
-                                                          DeferredWgradFraction()),
-                                      &reserved));
+    RETURN_IF_ERROR(AdmitWorkerMemory(
+        "CreateLayer", request->name(), -1,
+        LayerBytesPerWorker(config, pool_->world_size(), DeferredWgradFraction()), &reserved));
     auto layer = std::make_shared<Layer>(request->name(), SavedLimits());
     layer->id = next_layer_id_++;
     layer->config = config;

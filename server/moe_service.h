@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -45,6 +46,7 @@
 #include "server/data_parallel_steps.h"
 #include "server/durable_store.h"
 #include "server/fifo_mutex.h"
+#include "server/graceful_stop.h"
 #include "server/metrics.h"
 #include "server/relay_pool.h"
 #include "server/saved_steps.h"
@@ -164,6 +166,18 @@ class MoeServiceImpl final : public MoeServiceBase {
   // (before the pool reports SERVING). Call once, before the pool starts. A config that does
   // not fit this world size is FAILED_PRECONDITION naming the layer.
   absl::Status RestoreDurableLayers();
+  // The graceful stop (SIGTERM / SIGINT; server/graceful_stop.h, moe_service_stop.cc).
+  // BeginShutdown: from now on every call that would take a handler thread is UNAVAILABLE
+  // (kShuttingDownMessage); the calls already accepted run on. ListLayers, GetLayer and
+  // GetStatus, which only read moed's books, still answer. Every layer is entered in
+  // *report as waiting, so that a stop cut short at once still names them.
+  void BeginShutdown(GracefulStopReport* report);
+  // Then, once: takes every layer's turn, each behind the calls already queued for it (they
+  // finish first), closes it (a call that reaches its turn later is UNAVAILABLE) and, when it
+  // changed since its durable checkpoint, writes that checkpoint into the durable store.
+  // Returns when every layer is done or `deadline` passed while waiting for a turn; a
+  // durable write already started runs to its end. Layers in parallel; outcomes in *report.
+  void PersistForShutdown(absl::Time deadline, GracefulStopReport* report);
   // The layers' gauges for a metrics scrape (MetricsSnapshot).
   std::vector<MetricsSnapshot::Layer> LayerMetrics() const;
   // The worker memory (bytes per worker) reserved now by admitted calls still running
@@ -388,6 +402,8 @@ class MoeServiceImpl final : public MoeServiceBase {
     // ZeroGradients or optimizer step: a conditional ApplyOptimizer (expected_optimizer_step)
     // is ABORTED until one of those clears it, so no step is taken from partial gradients.
     bool gradients_dropped ABSL_GUARDED_BY(mu) = false;
+    // The graceful stop took its last turn: no call runs on it any more.
+    bool closed ABSL_GUARDED_BY(mu) = false;
     void ClearDiverged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
       diverged.clear();
       diverged_gradients_only = false;
@@ -448,6 +464,16 @@ class MoeServiceImpl final : public MoeServiceBase {
                                                  grpc::ServerContextBase* context,
                                                  bool require_serving = true,
                                                  bool allow_diverged = false);
+  // TakeTurn's body: waits for the turn until `deadline` or `cancelled()` (may be null). A
+  // layer closed by the graceful stop is UNAVAILABLE (kShuttingDownMessage).
+  absl::StatusOr<std::unique_ptr<Turn>> TakeTurnUntil(std::shared_ptr<Layer> layer,
+                                                      absl::Time deadline,
+                                                      const std::function<bool()>& cancelled,
+                                                      bool require_serving, bool allow_diverged);
+  // moe_service_stop.cc. PersistForShutdown for one layer: its turn (after the calls queued
+  // for it), closed, written into the durable store when changed; the outcome in *report.
+  void CloseAndPersist(const std::shared_ptr<Layer>& layer, absl::Time deadline,
+                       GracefulStopReport* report);
   // ForEachWorker for a call that changes the layer's state on the workers. A failure that
   // may have taken effect on some workers only marks the layer diverged, naming `method`
   // and the error (gradients_only: the call changes nothing but gradients).

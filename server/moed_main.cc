@@ -1,6 +1,8 @@
 // moed: the front end. Serves moe.v1.MoeService, grpc.health.v1.Health (readiness "" and
 // "moe.v1.MoeService", liveness "liveness": server/health.h), server reflection and
-// moe.internal.Coordinator on one port, and Prometheus metrics on --metrics_listen.
+// moe.internal.Coordinator on one port, and Prometheus metrics on --metrics_listen. SIGTERM /
+// SIGINT stop it gracefully: readiness NOT_SERVING, new calls refused, every layer changed
+// since its durable checkpoint written, within --shutdown_grace_s (server/graceful_stop.h).
 //
 //   moed --workers=2 --device=cpu --port=50051            # embedded: starts 2 moe-workers
 //   moed --expect_workers=2 --internal_listen=0.0.0.0:50053 --cluster_secret_file=S
@@ -10,6 +12,7 @@
 #include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/resource_quota.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +22,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -26,6 +30,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "cli/usage.h"
 #include "engine/file_util.h"
 #include "engine/status_macros.h"
@@ -36,6 +43,7 @@
 #include "server/coordinator_service.h"
 #include "server/device.h"
 #include "server/durable_store.h"
+#include "server/graceful_stop.h"
 #include "server/health.h"
 #include "server/internal_tls.h"
 #include "server/metrics.h"
@@ -274,16 +282,76 @@ absl::StatusOr<Servers> StartServers(const MoedOptions& options, const Loaded& l
   return servers;
 }
 
-// Readiness ("" and the service) follows the pool; "liveness" stays SERVING (server/health.h).
-// Returns the setter, for the way out.
-std::function<void(bool)> ReadinessFollowsPool(grpc::Server* server, WorkerPool* pool) {
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
-  InitHealth(health, v1::MoeService::service_full_name());
-  auto set_health = [health](bool serving) {
-    SetReadiness(health, v1::MoeService::service_full_name(), serving);
-  };
-  pool->set_on_serving_changed(set_health);
-  return set_health;
+// Readiness ("" and the service) follows the pool until the graceful stop ends it for good
+// (server/health.h): a worker that comes back during the stop must not make moed ready again.
+class Readiness {
+ public:
+  Readiness(grpc::Server* server, WorkerPool* pool) : health_(server->GetHealthCheckService()) {
+    InitHealth(health_, v1::MoeService::service_full_name());
+    pool->set_on_serving_changed([this](bool serving) { Set(serving); });
+  }
+  void Set(bool serving) {
+    absl::MutexLock lock(&mu_);
+    SetReadiness(health_, v1::MoeService::service_full_name(), serving && !stopped_);
+  }
+  void StopForGood() {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+    SetReadiness(health_, v1::MoeService::service_full_name(), false);
+  }
+
+ private:
+  grpc::HealthCheckServiceInterface* const health_;
+  absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// The graceful stop waits for `done`, a second SIGINT / SIGTERM or `deadline`: 0, the signal,
+// or -1. SIGHUP is ignored meanwhile.
+int WaitForDoneOrSignal(const sigset_t& signals, absl::Time deadline, absl::Notification* done) {
+  while (!done->HasBeenNotified()) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return -1;
+    const timespec wait = absl::ToTimespec(std::min(left, absl::Milliseconds(50)));
+    const int received = sigtimedwait(&signals, nullptr, &wait);
+    if (received == SIGINT || received == SIGTERM) return received;
+  }
+  return 0;
+}
+
+// After the first SIGINT / SIGTERM (server/graceful_stop.h): readiness NOT_SERVING first, new
+// calls refused, the accepted ones finish, every changed layer is written. Returns 0 once
+// every layer is done. At a second signal or once --shutdown_grace_s passed, moed exits at
+// once with status 1 (std::_Exit: the threads still waiting for a layer's turn or writing it
+// are abandoned; a durable write cut short leaves the layer's previous checkpoint whole).
+// Either way the log names the layers persisted and those that were not.
+int StopGracefully(int received, const MoedOptions& options, const sigset_t& signals,
+                   MoeServiceImpl* service, Readiness* readiness) {
+  const absl::Time deadline = absl::Now() + options.shutdown_grace;
+  std::fprintf(stderr,
+               "moed: signal %d: stopping: readiness NOT_SERVING, new calls refused; the running "
+               "calls finish and changed layers are persisted within --shutdown_grace_s=%lld (a "
+               "second signal exits at once)\n",
+               received, static_cast<long long>(absl::ToInt64Seconds(options.shutdown_grace)));
+  readiness->StopForGood();
+  GracefulStopReport report;
+  service->BeginShutdown(&report);
+  absl::Notification done;
+  std::thread persist([&] {
+    service->PersistForShutdown(deadline, &report);
+    done.Notify();
+  });
+  const int cut_short = WaitForDoneOrSignal(signals, deadline, &done);
+  for (const std::string& line : report.Summary()) std::fprintf(stderr, "%s\n", line.c_str());
+  if (cut_short == 0) {
+    persist.join();
+    return 0;
+  }
+  std::fprintf(
+      stderr, "moed: stop: %s: exiting now with what is written\n",
+      cut_short > 0 ? absl::StrCat("signal ", cut_short).c_str() : "--shutdown_grace_s passed");
+  std::fflush(stderr);
+  std::_Exit(1);
 }
 
 int Main() {
@@ -292,12 +360,14 @@ int Main() {
     std::fprintf(stderr, "moed: %s\n", std::string(valid.message()).c_str());
     return 2;
   }
+  // Before any thread starts (LoadFiles may start gRPC's): a thread that did not block them
+  // would take a SIGINT or SIGTERM that arrives while the graceful stop runs, and die of it.
+  const sigset_t signals = BlockShutdownSignals();
   absl::StatusOr<Loaded> loaded = LoadFiles(options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "moed: %s\n", loaded.status().ToString().c_str());
     return 2;
   }
-  const sigset_t signals = BlockShutdownSignals();
 
   WorkerPool pool(options.pool, *loaded->secret);
   Metrics metrics;
@@ -320,8 +390,7 @@ int Main() {
     std::fprintf(stderr, "moed: %s\n", std::string(servers.status().message()).c_str());
     return 1;
   }
-  const std::function<void(bool)> set_health =
-      ReadinessFollowsPool(servers->public_api.get(), &pool);
+  Readiness readiness(servers->public_api.get(), &pool);
   pool.set_on_setup([&](const WorkerSet& set) { return service.RecreateLayers(set); });
   pool.Start();
   // On every way out of Main: the pool's threads call into the service and the health
@@ -360,10 +429,10 @@ int Main() {
     launcher = std::move(*started);
   }
   const int received = WaitForShutdown(signals, loaded->auth.get());
-  std::fprintf(stderr, "moed: signal %d, shutting down\n", received);
-  set_health(false);
+  const int status = StopGracefully(received, options, signals, &service, &readiness);
   if (launcher) launcher->Stop();
-  return 0;  // stop_first shuts the server down and stops the pool
+  std::fprintf(stderr, "moed: stopped\n");
+  return status;  // stop_first shuts the server down and stops the pool
 }
 
 }  // namespace

@@ -51,6 +51,11 @@ ABSL_FLAG(std::string, state_dir, "",
 ABSL_FLAG(int64_t, durable_every_steps, 100,
           "with --state_dir: checkpoint a layer after this many optimizer steps since its last "
           "durable checkpoint (0: off)");
+ABSL_FLAG(int64_t, shutdown_grace_s, 25,
+          "on SIGTERM/SIGINT: the running calls finish and every layer changed since its "
+          "durable checkpoint is written within this many seconds; then (or at a second "
+          "signal) moed exits with what is written. Below Kubernetes' default "
+          "terminationGracePeriodSeconds (30)");
 ABSL_FLAG(int64_t, durable_every_s, 300,
           "with --state_dir: checkpoint a changed layer at its next ApplyOptimizer or "
           "UpdateExpertBias once this many seconds passed since its last durable checkpoint "
@@ -182,6 +187,7 @@ MoedOptions MoedOptionsFromFlags() {
   o.cluster_secret_file = absl::GetFlag(FLAGS_cluster_secret_file);
   o.state_dir = absl::GetFlag(FLAGS_state_dir);
   o.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  o.shutdown_grace = absl::Seconds(absl::GetFlag(FLAGS_shutdown_grace_s));
 
   o.pool.world_size = o.world;
   o.pool.heartbeat_interval = absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_ms));
@@ -278,6 +284,9 @@ absl::Status ValidateMoedOptions(const MoedOptions& o) {
   if (!o.state_dir.empty() &&
       (s.durable_every_steps < 0 || s.durable_every < absl::ZeroDuration())) {
     return absl::InvalidArgumentError("--durable_every_steps and --durable_every_s must be >= 0");
+  }
+  if (o.shutdown_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--shutdown_grace_s must be >= 0");
   }
   if (o.tokens_file.empty() && !IsLoopback(o.listen)) {
     return absl::InvalidArgumentError(absl::StrCat(

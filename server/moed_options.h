@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "server/moe_service.h"
 #include "server/rendezvous_store.h"
 #include "server/tls.h"
@@ -50,6 +51,9 @@ struct MoedOptions {
   std::string state_dir;  // given: durable layers in STATE_DIR/layers (server/durable_store.h)
   std::string checkpoint_root;
 
+  // SIGTERM / SIGINT: how long the graceful stop may take (server/graceful_stop.h).
+  absl::Duration shutdown_grace = absl::Seconds(25);
+
   // Handed on as they are; pool.world_size is `world`. The service's checkpoint_root, auth and
   // durable_store are set at wiring.
   WorkerPoolOptions pool;
@@ -63,8 +67,8 @@ MoedOptions MoedOptionsFromFlags();
 
 // INVALID_ARGUMENT naming the flag at fault: no workers, an unknown --device (embedded), a
 // timing or size flag that is not positive, --max_message_bytes outside [65536, 2^31),
-// --max_inflight_bytes below it, external workers without --cluster_secret_file, a --listen
-// beyond loopback without --tokens_file.
+// --max_inflight_bytes below it, a negative --shutdown_grace_s, external workers without
+// --cluster_secret_file, a --listen beyond loopback without --tokens_file.
 absl::Status ValidateMoedOptions(const MoedOptions& options);
 
 }  // namespace moe

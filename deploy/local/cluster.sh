@@ -17,7 +17,8 @@
 #        --port: default 0, i.e. moed binds a free port itself (no race with other programs)
 #        and reports it. --timeout: seconds to wait for SERVING (default 60).
 # stop   SIGTERM to moed (which stops its workers), then to the whole process group after
-#        --grace seconds (default 10), then SIGKILL; returns once nothing of it is left.
+#        --grace seconds (default 30: moed's --shutdown_grace_s is 25), then SIGKILL; returns
+#        once nothing of it is left.
 # status prints the run directory, the processes and `moectl status`; exit 0 when serving,
 #        1 when running but not serving, 3 when not running.
 #
@@ -56,7 +57,7 @@ PORT=""
 RUN_DIR=""
 MODE=embedded
 TIMEOUT=60
-GRACE=10
+GRACE=30
 MOED="${MOED:-${REPO_ROOT}/bazel-bin/server/moed}"
 MOE_WORKER="${MOE_WORKER:-${REPO_ROOT}/bazel-bin/server/moe-worker}"
 MOECTL="${MOECTL:-${REPO_ROOT}/bazel-bin/client/moectl}"

@@ -99,5 +99,31 @@ TEST(HandlerPoolTest, OneClientIsLimitedWhileOthersStillGetThreads) {
   again.WaitForNotification();
 }
 
+// moed's graceful stop: a closed pool refuses calls with the given status; the bodies already
+// queued run to their end, and the service's own work (TrySubmit) still runs.
+TEST(HandlerPoolTest, ClosedPoolRefusesCallsButFinishesTheAcceptedOnes) {
+  HandlerPool pool(8);
+  absl::Notification release, finished;
+  ASSERT_TRUE(pool.Submit(
+                      "client",
+                      [&] {
+                        release.WaitForNotification();
+                        return grpc::Status::OK;
+                      },
+                      [&](const grpc::Status&) { finished.Notify(); })
+                  .ok());
+  pool.Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
+  grpc::Status refused = pool.Submit(
+      "client", [] { return grpc::Status::OK; }, [](const grpc::Status&) {});
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(refused.error_message(), "stopping");
+  absl::Notification internal;
+  EXPECT_TRUE(pool.TrySubmit([] { return grpc::Status::OK; },
+                             [&](const grpc::Status&) { internal.Notify(); }));
+  internal.WaitForNotification();
+  release.Notify();
+  finished.WaitForNotification();
+}
+
 }  // namespace
 }  // namespace moe

@@ -1,5 +1,6 @@
 #include "tests/server/cluster.h"
 
+#include <fcntl.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,13 +19,18 @@
 namespace moe {
 namespace {
 
-absl::StatusOr<pid_t> Spawn(std::vector<std::string> args) {
+// stderr_path: the child's stderr is appended there (empty: inherited).
+absl::StatusOr<pid_t> Spawn(std::vector<std::string> args, const std::string& stderr_path = "") {
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {
+    if (!stderr_path.empty()) {
+      const int fd = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0600);
+      if (fd >= 0) dup2(fd, 2);
+    }
     execv(argv[0], argv.data());
     _exit(127);
   }
@@ -123,6 +129,7 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
   }
   args.insert(args.end(), options.moed_flags.begin(), options.moed_flags.end());
   cluster->moed_args_ = std::move(args);
+  cluster->moed_log_ = options.moed_log;
   cluster->port_file_ = port_file;
   if (absl::Status spawned = cluster->SpawnMoed(); !spawned.ok()) return spawned;
   grpc::ChannelArguments channel_args;
@@ -149,7 +156,7 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(const ClusterOpt
 absl::Status TestCluster::SpawnMoed() {
   std::remove(port_file_.c_str());
   std::remove((port_file_ + ".internal").c_str());
-  absl::StatusOr<pid_t> moed = Spawn(moed_args_);
+  absl::StatusOr<pid_t> moed = Spawn(moed_args_, moed_log_);
   if (!moed.ok()) return moed.status();
   moed_ = *moed;
   int port = 0;
@@ -271,6 +278,21 @@ absl::Status TestCluster::RestartWorker(int rank) {
 bool TestCluster::MoedRunning() { return waitpid(moed_, nullptr, WNOHANG) == 0; }
 
 void TestCluster::NotifyMoed(int signal) { kill(moed_, signal); }
+
+int TestCluster::ReapMoed(absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  int status = 0;
+  while (waitpid(moed_, &status, WNOHANG) == 0) {
+    if (absl::Now() > give_up) {
+      KillAndReap(moed_);
+      moed_ = -1;
+      return -2;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  moed_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
 
 int TestCluster::SignalMoed(int signal) {
   kill(moed_, signal);

@@ -31,6 +31,8 @@ struct ClusterOptions {
   std::vector<std::string> worker_flags;  // extra flags of the workers the test starts
   // moed starts its own workers (--workers=N) instead of the test starting them.
   bool embedded = false;
+  // moed's stderr is appended to this file (empty: the test's stderr).
+  std::string moed_log;
   // moed's --checkpoint_root; empty: a fresh folder in the test's temporary directory.
   std::string checkpoint_root;
   // Credentials of the test's channel (stub(), health); null: plaintext. With TLS, the name
@@ -78,6 +80,9 @@ class TestCluster {
   int SignalMoed(int signal);
   // Sends `signal` to moed and returns at once (SIGHUP: reload the tokens file).
   void NotifyMoed(int signal);
+  // Waits up to `timeout` for moed to exit, reaps it and returns its exit status (-1 if
+  // signalled); -2 when it still ran (then it is SIGKILLed).
+  int ReapMoed(absl::Duration timeout);
   pid_t worker_pid(int rank) const { return workers_[rank]; }
   pid_t moed_pid() const { return moed_; }
 
@@ -88,6 +93,7 @@ class TestCluster {
   absl::Status SpawnMoed();
 
   std::vector<std::string> moed_args_;
+  std::string moed_log_;
   std::string port_file_;
   std::string moed_path_;
   std::string worker_path_;

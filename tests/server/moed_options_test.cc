@@ -44,6 +44,8 @@ TEST(MoedOptionsTest, DefaultsAreValidAndEmbedded) {
   EXPECT_EQ(options.pool.world_size, 2);
   EXPECT_EQ(options.listen, "127.0.0.1");
   EXPECT_EQ(options.service.saved_step_ttl, absl::Seconds(600));
+  // Below Kubernetes' default terminationGracePeriodSeconds (30).
+  EXPECT_EQ(options.shutdown_grace, absl::Seconds(25));
 }
 
 TEST(MoedOptionsTest, FlagsReachTheirTypedFields) {
@@ -117,6 +119,9 @@ TEST(MoedOptionsTest, ZeroMeansNeverForTheTtls) {
                 "--saved_step_ttl_s must be >= 0");
   ExpectRefused([](MoedOptions& o) { o.service.shm_idle_timeout = absl::Seconds(-1); },
                 "--shm_idle_timeout_s");
+  EXPECT_TRUE(Validate([](MoedOptions& o) { o.shutdown_grace = absl::ZeroDuration(); }).ok());
+  ExpectRefused([](MoedOptions& o) { o.shutdown_grace = absl::Seconds(-1); },
+                "--shutdown_grace_s must be >= 0");
 }
 
 TEST(MoedOptionsTest, RefusesMessageAndInflightSizesThatDisagree) {
