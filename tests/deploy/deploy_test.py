@@ -299,6 +299,36 @@ def dockerfile_instructions():
             if w == "FROM" else (w, r) for w, r in out]
 
 
+class StopGraceTest(unittest.TestCase):
+    """SIGTERM starts moed's graceful stop, bounded by --shutdown_grace_s (default 25 s): the
+    container runtime must wait longer than that before it SIGKILLs the front end."""
+
+    MOED_DEFAULT_GRACE_S = 25
+
+    def grace_of(self, args):
+        value = flag_value(args, "shutdown_grace_s")
+        return int(value) if value else self.MOED_DEFAULT_GRACE_S
+
+    def test_compose_waits_for_the_graceful_stop(self):
+        for path in COMPOSE_FILES:
+            (doc,) = load_all(path)
+            moed = doc["services"]["moed"]
+            m = re.match(r"^(\d+)s$", str(moed.get("stop_grace_period", "")))
+            self.assertTrue(m, path + ": moed needs stop_grace_period (Compose's default is 10s)")
+            self.assertGreater(int(m.group(1)), self.grace_of(as_list(moed["command"])), path)
+
+    def test_kubernetes_waits_for_the_graceful_stop(self):
+        for layout in K8S_LAYOUTS:
+            for d in k8s_docs(layout):
+                if d["kind"] != "Deployment":  # the front end
+                    continue
+                spec = d["spec"]["template"]["spec"]
+                (c,) = containers_of(d)
+                self.assertGreater(spec.get("terminationGracePeriodSeconds", 30),
+                                   self.grace_of(c["args"]), layout)
+                self.assertIn("terminationGracePeriodSeconds", spec, layout)
+
+
 class DockerfileTest(unittest.TestCase):
 
     def stages(self):
