@@ -4,12 +4,16 @@
 // the workers, so the results are bit-identical), and the answer's tensor goes back in pieces.
 // The tensor's declared size is admitted against --max_stream_bytes (one step) and
 // --max_inflight_bytes (all streamed steps at once) before its first piece is read.
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
 #include "proto/status_convert.h"
 #include "server/auth.h"
@@ -39,6 +43,28 @@ absl::StatusOr<int64_t> DeclaredBytes(absl::string_view field, const v1::Tensor&
   return bytes;
 }
 
+// The fields a later message of a request stream sets besides its piece of `field`'s raw_data
+// ("layer", "x.datatype"); empty when it sets none (proto/moe.proto: every other field unset).
+std::vector<std::string> FieldsBesidesThePiece(const google::protobuf::Message& piece,
+                                               absl::string_view field) {
+  std::vector<std::string> names;
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  piece.GetReflection()->ListFields(piece, &fields);
+  for (const google::protobuf::FieldDescriptor* f : fields) {
+    if (f->name() != field || f->message_type() != v1::Tensor::descriptor()) {
+      names.push_back(f->name());
+      continue;
+    }
+    const google::protobuf::Message& tensor = piece.GetReflection()->GetMessage(piece, f);
+    std::vector<const google::protobuf::FieldDescriptor*> inner;
+    tensor.GetReflection()->ListFields(tensor, &inner);
+    for (const google::protobuf::FieldDescriptor* g : inner) {
+      if (g->name() != "raw_data") names.push_back(absl::StrCat(field, ".", g->name()));
+    }
+  }
+  return names;
+}
+
 // Reads the request stream into *request: the first message whole (check_first(it) must
 // pass before more is read), then the pieces of the tensor `mutable_tensor` selects, appended
 // to its raw_data. `max_bytes` bounds the declared size (moed assembles the tensor in memory).
@@ -61,6 +87,15 @@ absl::Status ReadPieces(StreamReaderWriter<Request, Response>* stream,
   raw->reserve(want);
   Request piece;
   while (stream->Read(&piece)) {
+    // A later message naming another layer, step or datatype would otherwise be appended to
+    // the first one's tensor as if it were more of it.
+    const std::vector<std::string> extra = FieldsBesidesThePiece(piece, field);
+    if (!extra.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": a later message of the stream sets ", absl::StrJoin(extra, ", "),
+          "; only the first message names the step, later ones carry only the next piece of ",
+          field, ".raw_data"));
+    }
     const std::string& bytes = (piece.*mutable_tensor)()->raw_data();
     if (static_cast<int64_t>(raw->size() + bytes.size()) > want) {
       return absl::InvalidArgumentError(absl::StrCat(

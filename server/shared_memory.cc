@@ -25,9 +25,11 @@ constexpr size_t kMaxKeyLength = 251;  // "/" + NAME_MAX - 4 (glibc's "/dev/shm/
 
 absl::Status CheckKey(const std::string& key) {
   if (key.size() < 2 || key.size() > kMaxKeyLength || key[0] != '/' ||
-      key.find('/', 1) != std::string::npos || key == "/." || key == "/..") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "key: \"", key, "\" is not a POSIX shm name (\"/\" then 1-250 characters, no \"/\")"));
+      key.find('/', 1) != std::string::npos || key.find('\0') != std::string::npos || key == "/." ||
+      key == "/..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key: \"", key,
+                     "\" is not a POSIX shm name (\"/\" then 1-250 characters, no \"/\" or NUL)"));
   }
   return absl::OkStatus();
 }

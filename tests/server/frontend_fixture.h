@@ -39,8 +39,9 @@ class FrontEndTest : public ::testing::Test {
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     ASSERT_NE(port, 0);
-    stub_ = v1::MoeService::NewStub(
-        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+    channel_ =
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+    stub_ = v1::MoeService::NewStub(channel_);
   }
   void TearDown() override {
     if (server_ != nullptr) server_->Shutdown();
@@ -51,6 +52,7 @@ class FrontEndTest : public ::testing::Test {
   std::unique_ptr<WorkerPool> pool_;
   std::unique_ptr<MoeServiceImpl> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::MoeService::Stub> stub_;
 };
 

@@ -186,6 +186,16 @@ TEST_F(RegistryTest, OwnObjectsAreRefusedByIdentity) {
 
 // A CPU worker refuses a step on a CUDA region with FAILED_PRECONDITION (moed refuses to
 // register one with CPU workers; this is the worker's own guard).
+TEST_F(RegistryTest, KeyWithANulByteIsRefusedNotTruncated) {
+  SharedMemoryRegistry registry(absl::ZeroDuration());
+  // shm_open would read key_ alone: an existing object under a name the caller did not send.
+  absl::Status status =
+      registry.Register(kOwner, "r", key_ + std::string(1, '\0') + "tail", 0, 4096);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("NUL"));
+  EXPECT_TRUE(registry.Register(kOwner, "r", key_, 0, 4096).ok());
+}
+
 TEST(WorkerShmTest, CpuWorkerRefusesCudaRegions) {
   WorkerShmMappings mappings;
   internal::WorkerShmSlice slice;

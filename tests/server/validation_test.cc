@@ -1,7 +1,15 @@
 // The front end alone, with no worker ever joining: every request is validated before any
 // worker is involved, so a bad request gets its own code (not UNAVAILABLE), a valid one that
 // needs the workers gets UNAVAILABLE, and the read-only RPCs work.
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -95,6 +103,87 @@ TEST_F(ValidationTest, AbsurdSizesAreInvalidBeforeAnyEstimate) {
         << ffn << ": " << s.error_message();
     EXPECT_THAT(s.error_message(), HasSubstr("config.ffn: must be <= 262144"));
   }
+}
+
+// A streamed step's first message names it; a later one carries only the next piece of the
+// tensor's raw_data. One that names another layer or datatype is refused, not appended.
+TEST_F(ValidationTest, StreamFollowUpsNamingAnotherLayerOrDatatypeAreRefused) {
+  v1::ForwardRequest first;
+  first.set_layer("ffn0");
+  *first.mutable_x() = FloatsToProto({4, 32}, RandomFloats(4 * 32, 1));
+  first.mutable_x()->mutable_raw_data()->resize(2 * 32 * sizeof(float));  // half the rows
+  for (const auto& change : std::vector<std::pair<const char*, void (*)(v1::ForwardRequest*)>>{
+           {"layer", [](v1::ForwardRequest* r) { r->set_layer("other"); }},
+           {"x.datatype", [](v1::ForwardRequest* r) { r->mutable_x()->set_datatype("BF16"); }},
+           {"x.shape", [](v1::ForwardRequest* r) { r->mutable_x()->add_shape(4); }}}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    auto stream = stub_->ForwardStream(&ctx);
+    ASSERT_TRUE(stream->Write(first));
+    v1::ForwardRequest piece;
+    piece.mutable_x()->set_raw_data(std::string(2 * 32 * sizeof(float), '\0'));
+    change.second(&piece);
+    stream->Write(piece);
+    stream->WritesDone();
+    grpc::Status status = stream->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << change.first << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr(change.first));
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  auto stream = stub_->BackwardStream(&ctx);
+  v1::BackwardRequest head;
+  head.set_layer("ffn0");
+  head.set_step_id(1);
+  *head.mutable_d_out() = FloatsToProto({4, 32}, RandomFloats(4 * 32, 2));
+  head.mutable_d_out()->mutable_raw_data()->resize(2 * 32 * sizeof(float));
+  ASSERT_TRUE(stream->Write(head));
+  v1::BackwardRequest piece;
+  piece.mutable_d_out()->set_raw_data(std::string(2 * 32 * sizeof(float), '\0'));
+  piece.mutable_d_out()->set_datatype("BF16");
+  stream->Write(piece);
+  stream->WritesDone();
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("d_out.datatype"));
+}
+
+// Request bytes that do not parse: Forward and Backward are moed's own raw handlers
+// (INVALID_ARGUMENT); every other method is parsed by gRPC's generated callback handler,
+// which answers UNIMPLEMENTED with an empty message before moed's code runs
+// (server/README.md, "Step lifecycle").
+TEST_F(ValidationTest, UnparseableRequestBytes) {
+  grpc::GenericStub generic(channel_);
+  auto call = [&](const std::string& method) {
+    const std::string garbage = "\xff\xff\xff\xff";  // an invalid tag
+    grpc::Slice slice(garbage.data(), garbage.size());
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+      std::lock_guard<std::mutex> lock(mu);
+      status = s;
+      done = true;
+      cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    return status;
+  };
+  for (const char* method : {"/moe.v1.MoeService/Forward", "/moe.v1.MoeService/Backward"}) {
+    grpc::Status status = call(method);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << method << ": " << status.error_message();
+  }
+  grpc::Status status = call("/moe.v1.MoeService/GetLayer");
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << status.error_message();
+  EXPECT_EQ(status.error_message(), "");
 }
 
 }  // namespace
