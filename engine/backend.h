@@ -400,6 +400,10 @@ class Backend {
   };
   virtual absl::Status OptimizerStep(const OptimizerArgs& args, float* param, const float* grad,
                                      float* state1, float* state2, int64_t count) = 0;
+  // *all_finite = no element of data[0, count) (backend memory) is NaN or +-Inf: the check
+  // before an optimizer step (MoeLayer::NonFiniteGradient). The default copies 4 MiB pieces
+  // to the host and scans them (any backend); the CPU backend reads its memory directly.
+  virtual absl::Status AllFinite(const float* data, int64_t count, bool* all_finite);
 };
 
 }  // namespace moe

@@ -121,6 +121,12 @@ class MoeLayer {
   // compute copies and zeroes the gradients. Not collective (the gate gradient is already
   // reduced, so every rank takes the same router step).
   virtual absl::Status ApplyOptimizer(const OptimizerConfig& optimizer) = 0;
+  // The name of the first parameter (ParameterNames() order) whose accumulated gradient holds
+  // a NaN or an Inf, or "" when every gradient is finite; runs the deferred weight-gradient
+  // GEMMs first (FlushGradients). ApplyOptimizer does not check: a caller that must not step
+  // on such gradients asks first (moed asks every worker before any steps, so that all or
+  // none of the shards step; docs/SPEC.md "Updates").
+  virtual absl::StatusOr<std::string> NonFiniteGradient() = 0;
   // Optimizer state by parameter: "<param>.m", "<param>.v" (AdamW) or "<param>.m" (SGD
   // momentum), plus "step" ([1] fp32 holding the AdamW step count). Empty before the first
   // step. For checkpoints.

@@ -173,6 +173,7 @@ class MoeLayerImpl : public MoeLayer {
   absl::Status ZeroGradients() override;
   absl::Status FlushGradients() override;
   absl::Status ApplyOptimizer(const OptimizerConfig& optimizer) override;
+  absl::StatusOr<std::string> NonFiniteGradient() override;
   std::vector<std::string> StateNames() const override;
   absl::Status ResetOptimizerState() override;
   absl::StatusOr<Tensor> GetState(const std::string& name) const override;

@@ -287,6 +287,17 @@ absl::Status MoeLayerImpl::ApplyOptimizer(const OptimizerConfig& o) {
   return backend_->Synchronize();
 }
 
+absl::StatusOr<std::string> MoeLayerImpl::NonFiniteGradient() {
+  RETURN_IF_ERROR(FlushGradients());
+  for (const LayerParam& p : params_) {
+    if (!p.has_grad || p.grad_zero) continue;  // a lazily zeroed gradient is finite
+    bool finite = true;
+    RETURN_IF_ERROR(backend_->AllFinite(p.grad.as<float>(), p.count(), &finite));
+    if (!finite) return p.name;
+  }
+  return std::string();
+}
+
 absl::Status MoeLayerImpl::ResetOptimizerState() {
   for (LayerParam& p : params_) {
     p.m.Reset();

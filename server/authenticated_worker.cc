@@ -171,6 +171,13 @@ grpc::Status AuthenticatedWorkerService::ApplyOptimizer(
   return denied.ok() ? inner_->ApplyOptimizer(context, request, response) : denied;
 }
 
+grpc::Status AuthenticatedWorkerService::CheckGradients(grpc::ServerContext* context,
+                                                        const internal::WorkerLayerRequest* request,
+                                                        internal::WorkerGradientCheck* response) {
+  grpc::Status denied = secret_.Check(*context);
+  return denied.ok() ? inner_->CheckGradients(context, request, response) : denied;
+}
+
 grpc::Status AuthenticatedWorkerService::UpdateExpertBias(
     grpc::ServerContext* context, const internal::WorkerExpertBiasRequest* request,
     internal::WorkerExpertBiasResponse* response) {

@@ -44,6 +44,8 @@ class AuthenticatedWorkerService final : public internal::Worker::Service {
                              internal::WorkerEmpty*) override;
   grpc::Status ApplyOptimizer(grpc::ServerContext*, const internal::WorkerOptimizerRequest*,
                               internal::WorkerEmpty*) override;
+  grpc::Status CheckGradients(grpc::ServerContext*, const internal::WorkerLayerRequest*,
+                              internal::WorkerGradientCheck*) override;
   grpc::Status UpdateExpertBias(grpc::ServerContext*, const internal::WorkerExpertBiasRequest*,
                                 internal::WorkerExpertBiasResponse*) override;
   grpc::Status SaveCheckpoint(grpc::ServerContext*, const internal::WorkerCheckpointRequest*,

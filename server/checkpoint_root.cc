@@ -14,8 +14,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "engine/file_util.h"
 #include "engine/status_macros.h"
 
@@ -26,6 +28,8 @@ constexpr char kStaging[] = ".staging";
 constexpr size_t kMaxNameBytes = 1024;
 constexpr size_t kMaxComponentBytes = 255;
 constexpr size_t kMaxDepth = 16;
+// The marker's line with the saved layer's optimizer_step.
+constexpr char kOptimizerStepKey[] = "optimizer_step: ";
 constexpr int kDirFlags = O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC;
 
 // Closes a descriptor on every way out of a scope.
@@ -229,7 +233,6 @@ absl::StatusOr<std::string> CheckpointRoot::CheckName(absl::string_view field,
   if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
   if (name.size() > kMaxNameBytes) return refuse(absl::StrCat("is over ", kMaxNameBytes, " bytes"));
   if (name[0] == '/') return refuse("is an absolute path");
-  while (name.size() > 1 && name.back() == '/') name.remove_suffix(1);
   const std::vector<absl::string_view> parts = absl::StrSplit(name, '/');
   if (parts.size() > kMaxDepth) return refuse(absl::StrCat("is deeper than ", kMaxDepth));
   for (absl::string_view part : parts) {
@@ -308,7 +311,10 @@ absl::Status CheckpointRoot::CommitSave(const Staging& staging) {
       Fd marker(::openat(dir.get(), kCheckpointMarker,
                          O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
       if (marker.get() < 0) return ErrnoStatus(errno, "checkpoint root: write marker");
-      const std::string text = absl::StrCat("moed checkpoint\nname: ", staging.name, "\n");
+      std::string text = absl::StrCat("moed checkpoint\nname: ", staging.name, "\n");
+      if (staging.optimizer_step >= 0) {
+        absl::StrAppend(&text, kOptimizerStepKey, staging.optimizer_step, "\n");
+      }
       if (::write(marker.get(), text.data(), text.size()) != static_cast<ssize_t>(text.size()) ||
           ::fsync(marker.get()) != 0 || ::fsync(dir.get()) != 0) {
         return ErrnoStatus(errno, "checkpoint root: write marker");
@@ -362,6 +368,33 @@ absl::StatusOr<std::string> CheckpointRoot::ResolveForLoad(absl::string_view req
         absl::StrCat("directory: no checkpoint \"", name, "\" under the checkpoint root"));
   }
   return absl::StrCat(path_, "/", name);
+}
+
+absl::StatusOr<int64_t> CheckpointRoot::SavedOptimizerStep(absl::string_view request_name) const {
+  ASSIGN_OR_RETURN(std::string name, CheckName("directory", request_name));
+  std::string last;
+  ASSIGN_OR_RETURN(int parent_fd, OpenParent(name, /*create=*/false, &last));
+  Fd parent(parent_fd);
+  ASSIGN_OR_RETURN(Target target, InspectTarget(parent.get(), last, name));
+  if (target == Target::kAbsent) {
+    return absl::NotFoundError(
+        absl::StrCat("directory: no checkpoint \"", name, "\" under the checkpoint root"));
+  }
+  Fd dir(::openat(parent.get(), last.c_str(), kDirFlags));
+  if (dir.get() < 0) return ErrnoStatus(errno, absl::StrCat("directory: \"", name, "\""));
+  Fd marker(::openat(dir.get(), kCheckpointMarker, O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (marker.get() < 0) return ErrnoStatus(errno, absl::StrCat("directory: \"", name, "\" marker"));
+  char buffer[4096];
+  const ssize_t n = ::read(marker.get(), buffer, sizeof(buffer));
+  if (n < 0) return ErrnoStatus(errno, absl::StrCat("directory: \"", name, "\" marker"));
+  for (absl::string_view line : absl::StrSplit(absl::string_view(buffer, n), '\n')) {
+    int64_t step = 0;
+    if (absl::ConsumePrefix(&line, kOptimizerStepKey) && absl::SimpleAtoi(line, &step) &&
+        step >= 0) {
+      return step;
+    }
+  }
+  return -1;
 }
 
 }  // namespace moe

@@ -46,6 +46,9 @@ class CheckpointRoot {
     std::string name;  // the request's checkpoint name, normalised
     std::string id;    // entry under this instance's staging folder
     std::string path;  // absolute path of the staging directory
+    // The layer's optimizer_step (LayerInfo) as saved: written into the marker by CommitSave,
+    // read back by SavedOptimizerStep. -1: none recorded.
+    int64_t optimizer_step = -1;
   };
 
   // Creates `path` (and missing parents, 0700) if needed, checks that it is a directory
@@ -58,7 +61,8 @@ class CheckpointRoot {
   CheckpointRoot& operator=(const CheckpointRoot&) = delete;
 
   // INVALID_ARGUMENT unless `name` is a valid checkpoint name (see the file comment);
-  // `field` prefixes the message. Returns the name without trailing slashes.
+  // `field` prefixes the message (a trailing '/' is an empty last component: refused).
+  // Returns the name.
   static absl::StatusOr<std::string> CheckName(absl::string_view field, absl::string_view name);
 
   // Checks the name, creates missing parent folders inside the root (refusing symbolic
@@ -75,6 +79,9 @@ class CheckpointRoot {
   // FAILED_PRECONDITION when what is there is not a moed checkpoint, INVALID_ARGUMENT for
   // a bad name or a symbolic link on the way.
   absl::StatusOr<std::string> ResolveForLoad(absl::string_view name) const;
+  // The optimizer_step recorded in the marker of checkpoint `name` (Staging::optimizer_step),
+  // -1 when it records none (a checkpoint of an older moed); ResolveForLoad's errors.
+  absl::StatusOr<int64_t> SavedOptimizerStep(absl::string_view name) const;
 
   const std::string& path() const { return path_; }
 

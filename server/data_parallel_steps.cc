@@ -23,10 +23,12 @@ std::string OptimizerBytes(const v1::ApplyOptimizerRequest& request) {
 }  // namespace
 
 absl::Status ParseDataParallelCall(const v1::ApplyOptimizerRequest& request,
+                                   const std::string& owner, int max_ranks,
                                    DataParallelCall* call) {
-  if (request.num_ranks() < 2 || request.num_ranks() > kMaxDataParallelRanks) {
+  max_ranks = std::min(max_ranks, kMaxDataParallelRanks);
+  if (request.num_ranks() < 2 || request.num_ranks() > max_ranks) {
     return absl::InvalidArgumentError(absl::StrCat("num_ranks: a data-parallel step has 2 to ",
-                                                   kMaxDataParallelRanks, " ranks, got ",
+                                                   max_ranks, " ranks (moed --max_dp_ranks), got ",
                                                    request.num_ranks()));
   }
   if (request.rank() < 0 || request.rank() >= request.num_ranks()) {
@@ -40,6 +42,7 @@ absl::Status ParseDataParallelCall(const v1::ApplyOptimizerRequest& request,
     return absl::InvalidArgumentError(
         absl::StrCat("run_id: at most ", kMaxRunIdBytes, " bytes, got ", request.run_id().size()));
   }
+  call->owner = owner;
   call->run_id = request.run_id();
   call->step = request.step();
   call->num_ranks = request.num_ranks();
@@ -63,34 +66,43 @@ DataParallelSteps::Arrival DataParallelSteps::Arrive(const DataParallelCall& cal
     arrival.lead = true;
     return arrival;
   }
-  return Wait(pending, call, deadline, cancelled);
+  return Wait(runs_[call.owner], pending, call, deadline, cancelled);
 }
 
 absl::Status DataParallelSteps::Admit(const DataParallelCall& call, absl::Duration step_timeout,
                                       std::shared_ptr<Pending>* pending, Arrival* recorded) {
   const absl::Time now = absl::Now();
-  DropExpired(now);
-  if (call.run_id != run_id_) {
-    if (!pending_.empty()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "run_id: \"", call.run_id, "\" while step ", pending_.begin()->first, " of run \"",
-          run_id_, "\" is pending: a layer serves one data-parallel run at a time"));
+  for (auto& [owner, run] : runs_) {
+    DropExpired(run, now);
+    if (owner != call.owner && run.run_id == call.run_id) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "run_id: \"", call.run_id,
+          "\" is a data-parallel run another caller opened on this layer; a run answers only "
+          "the identity (bearer token) that opened it: draw a run_id of your own"));
     }
-    run_id_ = call.run_id;  // a new run: the old one's record goes
-    applied_.clear();
-    last_applied_ = -1;
   }
-  if (auto it = applied_.find(call.step); it != applied_.end()) {
+  Run& run = runs_[call.owner];
+  if (call.run_id != run.run_id) {
+    if (!run.pending.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("run_id: \"", call.run_id, "\" while step ", run.pending.begin()->first,
+                       " of your run \"", run.run_id,
+                       "\" is pending: a caller runs one data-parallel run at a time on a layer"));
+    }
+    run = Run();  // a new run: the old one's record goes
+    run.run_id = call.run_id;
+  }
+  if (auto it = run.applied.find(call.step); it != run.applied.end()) {
     recorded->answer = it->second;
     recorded->answer.set_already_applied(true);
     return absl::OkStatus();
   }
-  if (call.step <= last_applied_) {
+  if (call.step <= run.last_applied) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "step: ", call.step, " is older than step ", last_applied_, " of run \"", run_id_,
+        "step: ", call.step, " is older than step ", run.last_applied, " of run \"", run.run_id,
         "\", already applied, and no longer recorded (the last ", kAppliedStepsKept, " are)"));
   }
-  std::shared_ptr<Pending>& slot = pending_[call.step];
+  std::shared_ptr<Pending>& slot = run.pending[call.step];
   if (slot == nullptr) {
     slot = std::make_shared<Pending>();
     slot->num_ranks = call.num_ranks;
@@ -108,7 +120,8 @@ absl::Status DataParallelSteps::Admit(const DataParallelCall& call, absl::Durati
   return absl::OkStatus();
 }
 
-DataParallelSteps::Arrival DataParallelSteps::Wait(const std::shared_ptr<Pending>& pending,
+DataParallelSteps::Arrival DataParallelSteps::Wait(Run& run,
+                                                   const std::shared_ptr<Pending>& pending,
                                                    const DataParallelCall& call,
                                                    absl::Time deadline,
                                                    const std::function<bool()>& cancelled) {
@@ -116,7 +129,7 @@ DataParallelSteps::Arrival DataParallelSteps::Wait(const std::shared_ptr<Pending
   while (!pending->done) {
     const absl::Time now = absl::Now();
     if (!pending->leading && now >= pending->expires) {
-      End(call.step, pending, absl::AbortedError(Timeout(call.step, *pending)));
+      End(run, call.step, pending, absl::AbortedError(Timeout(run, call.step, *pending)));
       break;
     }
     if (cancelled()) {
@@ -141,52 +154,59 @@ DataParallelSteps::Arrival DataParallelSteps::Wait(const std::shared_ptr<Pending
 void DataParallelSteps::Finish(const DataParallelCall& call, const absl::Status& status,
                                const v1::ApplyOptimizerResponse& answer) {
   absl::MutexLock lock(&mu_);
-  auto it = pending_.find(call.step);
-  if (it == pending_.end()) return;  // aborted meanwhile (layer deleted)
+  auto found = runs_.find(call.owner);
+  if (found == runs_.end()) return;
+  Run& run = found->second;
+  auto it = run.pending.find(call.step);
+  if (it == run.pending.end()) return;  // aborted meanwhile (layer deleted)
   std::shared_ptr<Pending> pending = it->second;
   pending->answer = answer;
-  End(call.step, pending, status);
+  End(run, call.step, pending, status);
   if (!status.ok()) return;
-  applied_[call.step] = answer;
-  last_applied_ = std::max(last_applied_, call.step);
-  while (static_cast<int>(applied_.size()) > kAppliedStepsKept) applied_.erase(applied_.begin());
+  run.applied[call.step] = answer;
+  run.last_applied = std::max(run.last_applied, call.step);
+  while (static_cast<int>(run.applied.size()) > kAppliedStepsKept) {
+    run.applied.erase(run.applied.begin());
+  }
 }
 
 void DataParallelSteps::AbortAll(const absl::Status& why) {
   absl::MutexLock lock(&mu_);
-  while (!pending_.empty()) {
-    auto first = pending_.begin();
-    End(first->first, first->second, why);
+  for (auto& [owner, run] : runs_) {
+    while (!run.pending.empty()) {
+      auto first = run.pending.begin();
+      End(run, first->first, first->second, why);
+    }
   }
 }
 
-void DataParallelSteps::DropExpired(absl::Time now) {
+void DataParallelSteps::DropExpired(Run& run, absl::Time now) {
   std::vector<int64_t> expired;
-  for (const auto& [step, pending] : pending_) {
+  for (const auto& [step, pending] : run.pending) {
     if (!pending->leading && now >= pending->expires) expired.push_back(step);
   }
   for (int64_t step : expired) {
-    std::shared_ptr<Pending> pending = pending_[step];
-    End(step, pending, absl::AbortedError(Timeout(step, *pending)));
+    std::shared_ptr<Pending> pending = run.pending[step];
+    End(run, step, pending, absl::AbortedError(Timeout(run, step, *pending)));
   }
 }
 
-void DataParallelSteps::End(int64_t step, const std::shared_ptr<Pending>& pending,
+void DataParallelSteps::End(Run& run, int64_t step, const std::shared_ptr<Pending>& pending,
                             const absl::Status& status) {
   pending->done = true;
   pending->status = status;
-  auto it = pending_.find(step);
-  if (it != pending_.end() && it->second == pending) pending_.erase(it);
+  auto it = run.pending.find(step);
+  if (it != run.pending.end() && it->second == pending) run.pending.erase(it);
 }
 
-std::string DataParallelSteps::Timeout(int64_t step, const Pending& pending) const {
+std::string DataParallelSteps::Timeout(const Run& run, int64_t step, const Pending& pending) {
   std::vector<int> missing;
   for (int r = 0; r < pending.num_ranks && missing.size() < 16; ++r) {
     if (pending.ranks.count(r) == 0) missing.push_back(r);
   }
   const bool more_missing =
       pending.num_ranks - static_cast<int>(pending.ranks.size()) > static_cast<int>(missing.size());
-  return absl::StrCat("step ", step, " of run \"", run_id_, "\": only ", pending.ranks.size(),
+  return absl::StrCat("step ", step, " of run \"", run.run_id, "\": only ", pending.ranks.size(),
                       " of ", pending.num_ranks,
                       " ranks called ApplyOptimizer within --dp_step_timeout_ms (missing ranks: ",
                       absl::StrJoin(missing, ", "), more_missing ? ", ..." : "",

@@ -13,6 +13,12 @@
 //
 // Nothing here talks to workers; waiting is bounded by the caller's deadline and by the
 // step's timeout counted from its first call (then the step is dropped: ABORTED).
+//
+// A run belongs to the caller that opened it (DataParallelCall::owner: the bearer token's
+// identity, MoeServiceImpl::ClientOf): another caller naming its run_id is PERMISSION_DENIED
+// and counts for nothing. Each owner has its own run on the layer (one at a time: a second
+// run_id of the same owner waits until the first has nothing pending), so one caller's
+// pending step never holds up another caller's run.
 #ifndef MOED_SERVER_DATA_PARALLEL_STEPS_H_
 #define MOED_SERVER_DATA_PARALLEL_STEPS_H_
 
@@ -38,6 +44,7 @@ inline constexpr int kAppliedStepsKept = 16;
 
 // One rank's call for a data-parallel step.
 struct DataParallelCall {
+  std::string owner;  // the caller's identity; a run answers only its owner
   std::string run_id;
   int64_t step = 0;
   int num_ranks = 0;
@@ -46,11 +53,11 @@ struct DataParallelCall {
   std::string optimizer;
 };
 
-// The fields of `request` as a DataParallelCall; INVALID_ARGUMENT naming a field out of range
-// (num_ranks in [2, kMaxDataParallelRanks], rank in [0, num_ranks), step >= 0, run_id at
-// most kMaxRunIdBytes).
+// The fields of `request` as a DataParallelCall of `owner`; INVALID_ARGUMENT naming a field
+// out of range (num_ranks in [2, max_ranks], max_ranks at most kMaxDataParallelRanks
+// (moed --max_dp_ranks), rank in [0, num_ranks), step >= 0, run_id at most kMaxRunIdBytes).
 absl::Status ParseDataParallelCall(const v1::ApplyOptimizerRequest& request,
-                                   DataParallelCall* call);
+                                   const std::string& owner, int max_ranks, DataParallelCall* call);
 
 class DataParallelSteps {
  public:
@@ -67,9 +74,10 @@ class DataParallelSteps {
   // in this run answers at once with its recorded answer (already_applied). Waiting ends with
   // DEADLINE_EXCEEDED at `deadline`, CANCELLED when `cancelled()` says so (polled), or
   // ABORTED for every waiting call once `step_timeout` passed since the step's first call
-  // without all ranks (the step is dropped; a later call for it gathers anew). A call of
-  // another run while this run has a step pending is FAILED_PRECONDITION; a call whose
-  // num_ranks or optimizer differs from the step's first call is INVALID_ARGUMENT.
+  // without all ranks (the step is dropped; a later call for it gathers anew). A call naming
+  // the run of another owner is PERMISSION_DENIED; a call of another run of the same owner
+  // while its run has a step pending is FAILED_PRECONDITION; a call whose num_ranks or
+  // optimizer differs from the step's first call is INVALID_ARGUMENT.
   Arrival Arrive(const DataParallelCall& call, absl::Duration step_timeout, absl::Time deadline,
                  const std::function<bool()>& cancelled);
   // The lead's outcome of call.step: handed to every waiting call; recorded when OK (a failed
@@ -91,25 +99,32 @@ class DataParallelSteps {
     v1::ApplyOptimizerResponse answer;
   };
 
+  // One owner's run on the layer.
+  struct Run {
+    std::string run_id;
+    int64_t last_applied = -1;                              // -1: none yet
+    std::map<int64_t, v1::ApplyOptimizerResponse> applied;  // the last few
+    std::map<int64_t, std::shared_ptr<Pending>> pending;
+  };
+
   // The run, recorded answers and pending step `call` joins; a non-OK status refuses it.
   absl::Status Admit(const DataParallelCall& call, absl::Duration step_timeout,
                      std::shared_ptr<Pending>* pending, Arrival* recorded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Arrival Wait(const std::shared_ptr<Pending>& pending, const DataParallelCall& call,
+  Arrival Wait(Run& run, const std::shared_ptr<Pending>& pending, const DataParallelCall& call,
                absl::Time deadline, const std::function<bool()>& cancelled)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops the steps past their timeout that not every rank reached (ABORTED to their callers).
-  void DropExpired(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void End(int64_t step, const std::shared_ptr<Pending>& pending, const absl::Status& status)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::string Timeout(int64_t step, const Pending& pending) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the steps of `run` past their timeout that not every rank reached (ABORTED to their
+  // callers).
+  static void DropExpired(Run& run, absl::Time now);
+  static void End(Run& run, int64_t step, const std::shared_ptr<Pending>& pending,
+                  const absl::Status& status);
+  static std::string Timeout(const Run& run, int64_t step, const Pending& pending);
 
   absl::Mutex mu_;
-  std::string run_id_ ABSL_GUARDED_BY(mu_);
-  int64_t last_applied_ ABSL_GUARDED_BY(mu_) = -1;  // of run_id_; -1: none yet
-  std::map<int64_t, v1::ApplyOptimizerResponse> applied_ ABSL_GUARDED_BY(mu_);  // the last few
-  std::map<int64_t, std::shared_ptr<Pending>> pending_ ABSL_GUARDED_BY(mu_);
+  // By owner. An entry lives as long as the layer (one per caller identity that ran
+  // data-parallel steps on it: bounded by the tokens file, or the hosts on loopback).
+  std::map<std::string, Run> runs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace moe

@@ -129,6 +129,12 @@ void Metrics::RegisterLayerFamilies(prometheus::Registry& r) {
                                 "Saved steps (Forward with keep_for_backward) by event: "
                                 "created, used (by a Backward), released, expired.")
                             .Register(r);
+  skipped_steps_ = &prometheus::BuildCounter()
+                        .Name("moed_optimizer_steps_skipped_total")
+                        .Help(
+                            "ApplyOptimizer steps skipped because the gradients held a NaN or "
+                            "an Inf (skip_non_finite), by layer.")
+                        .Register(r);
   reformations_ = &prometheus::BuildCounter()
                        .Name("moed_reformations_total")
                        .Help("Times the worker cluster was formed (a new generation).")
@@ -253,6 +259,14 @@ void Metrics::CountSavedSteps(const std::string& event, int64_t n) {
   if (n > 0) saved_steps_total_->Add({{"event", event}}).Increment(static_cast<double>(n));
 }
 
+void Metrics::CountSkippedStep(const std::string& layer) {
+  absl::MutexLock lock(&mu_);
+  std::vector<prometheus::Counter*>& mine = layer_counters_[layer];
+  prometheus::Counter& c = skipped_steps_->Add({{"layer", layer}});
+  if (std::find(mine.begin(), mine.end(), &c) == mine.end()) mine.push_back(&c);
+  c.Increment();
+}
+
 void Metrics::CountReformation() { reformations_->Increment(); }
 
 void Metrics::DropLayer(const std::string& layer) {
@@ -262,6 +276,7 @@ void Metrics::DropLayer(const std::string& layer) {
     for (prometheus::Counter* c : counters->second) {
       tokens_->Remove(c);  // a no-op in the family that does not hold c
       expert_tokens_->Remove(c);
+      skipped_steps_->Remove(c);
     }
     layer_counters_.erase(counters);
   }

@@ -91,6 +91,9 @@ class Metrics {
   // Saved steps by what happened to them: moed_saved_steps_total{event=created|used|
   // released|expired}.
   void CountSavedSteps(const std::string& event, int64_t n);
+  // An ApplyOptimizer with skip_non_finite skipped its step (the gradients held a NaN or an
+  // Inf): moed_optimizer_steps_skipped_total{layer}.
+  void CountSkippedStep(const std::string& layer);
   // The cluster re-formed (a new generation): moed_reformations_total.
   void CountReformation();
   // Drops every series of `layer` (DeleteLayer): a name created again starts from zero.
@@ -130,6 +133,7 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* tokens_;
   prometheus::Family<prometheus::Counter>* expert_tokens_;
   prometheus::Family<prometheus::Counter>* saved_steps_total_;
+  prometheus::Family<prometheus::Counter>* skipped_steps_;
   prometheus::Counter* reformations_;
   prometheus::Counter* worker_deaths_;
   mutable int64_t worker_deaths_seen_ ABSL_GUARDED_BY(mu_) = 0;

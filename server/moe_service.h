@@ -127,6 +127,9 @@ struct ServiceOptions {
   // long after its first call is dropped; its waiting calls are ABORTED
   // (server/data_parallel_steps.h).
   absl::Duration dp_step_timeout = absl::Minutes(5);
+  // The largest num_ranks a data-parallel step may declare (2 to kMaxDataParallelRanks);
+  // more is INVALID_ARGUMENT.
+  int max_dp_ranks = 1024;
   // Durable layers (moed --state_dir; server/durable_store.h), owned by the caller. Null: no
   // durable state (a restart loses every layer). A layer's state is checkpointed into it after
   // every `durable_every_steps` optimizer steps, and once `durable_every` passed since its last
@@ -505,6 +508,16 @@ class MoeServiceImpl final : public MoeServiceBase {
   absl::Status ApplyOptimizerNow(grpc::ServerContextBase* context, std::shared_ptr<Layer> layer,
                                  const v1::ApplyOptimizerRequest& request, double grad_scale,
                                  v1::ApplyOptimizerResponse* response);
+  // Before a step: asks every worker of the turn whether its gradients are finite
+  // (CheckGradients; changes nothing). *non_finite: the first tensor one of them found
+  // non-finite (empty: all finite).
+  absl::Status FindNonFiniteGradient(Turn& turn, grpc::ServerContextBase* context,
+                                     std::string* non_finite);
+  // The step refused or skipped for a non-finite gradient `tensor`: FAILED_PRECONDITION
+  // changing nothing, or with skip_non_finite the gradients zeroed and an OK answer saying so.
+  absl::Status RefuseOrSkipStep(Turn& turn, grpc::ServerContextBase* context,
+                                const v1::ApplyOptimizerRequest& request, const std::string& tensor,
+                                v1::ApplyOptimizerResponse* response);
   // ApplyOptimizer with num_ranks > 1 (server/data_parallel_steps.h): the call that completes
   // its step applies it with the gradients times 1/num_ranks; the others wait for its answer,
   // within their deadline and options_.dp_step_timeout.

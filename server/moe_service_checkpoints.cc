@@ -31,6 +31,10 @@ grpc::Status MoeServiceImpl::DoSaveCheckpoint(grpc::ServerContextBase* context,
     RETURN_IF_ERROR(CheckpointRoot::CheckName("directory", request->directory()).status());
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     ASSIGN_OR_RETURN(CheckpointRoot::Staging staging, root->BeginSave(request->directory()));
+    {
+      absl::MutexLock lock(&turn->layer().mu);
+      staging.optimizer_step = turn->layer().optimizer_step;  // LoadCheckpoint restores it
+    }
     internal::WorkerCheckpointRequest call;
     call.set_generation(turn->set.generation);
     call.set_layer_id(turn->layer().id);
@@ -55,13 +59,14 @@ grpc::Status MoeServiceImpl::DoSaveCheckpoint(grpc::ServerContextBase* context,
 
 grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
                                               const v1::LoadCheckpointRequest* request,
-                                              v1::LoadCheckpointResponse*) {
+                                              v1::LoadCheckpointResponse* response) {
   const absl::Time start = absl::Now();
   const InflightRequest inflight(metrics_, "LoadCheckpoint");
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     ASSIGN_OR_RETURN(CheckpointRoot * root, Checkpoints());
     ASSIGN_OR_RETURN(const std::string directory, root->ResolveForLoad(request->directory()));
+    ASSIGN_OR_RETURN(const int64_t saved_step, root->SavedOptimizerStep(request->directory()));
     // The way back for a diverged layer: every worker loads the same state.
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn,
                      TakeTurn(found, context, /*require_serving=*/true, /*allow_diverged=*/true));
@@ -100,6 +105,11 @@ grpc::Status MoeServiceImpl::DoLoadCheckpoint(grpc::ServerContextBase* context,
       absl::MutexLock lock(&layer.mu);
       layer.weights_reset = false;
       layer.ClearDiverged();
+      layer.gradients_dropped = false;  // the commit zeroed them
+      // The step the checkpoint was saved at, with the optimizer state the workers loaded
+      // (a checkpoint of an older moed records none: the step keeps counting).
+      if (saved_step >= 0) layer.optimizer_step = saved_step;
+      response->set_optimizer_step(layer.optimizer_step);
     }
     AfterChange(*turn, /*optimizer_step=*/false, /*force=*/true);  // durable before the answer
     return absl::OkStatus();

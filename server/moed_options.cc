@@ -97,6 +97,9 @@ ABSL_FLAG(int64_t, step_timeout_ms, 30000,
 ABSL_FLAG(int64_t, dp_step_timeout_ms, 300000,
           "a data-parallel ApplyOptimizer step (num_ranks > 1) whose ranks did not all call "
           "within this long of its first call is dropped: the waiting calls are ABORTED");
+ABSL_FLAG(int64_t, max_dp_ranks, 1024,
+          "the largest num_ranks a data-parallel ApplyOptimizer step may declare (2 to 4096); "
+          "more is INVALID_ARGUMENT");
 ABSL_FLAG(int64_t, overdue_call_limit_s, 600,
           "a call still running on live workers this long after its deadline means a wedged "
           "worker: the workers re-form");
@@ -202,6 +205,8 @@ MoedOptions MoedOptionsFromFlags() {
   s.step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_step_timeout_ms));
   s.overdue_call_limit = absl::Seconds(absl::GetFlag(FLAGS_overdue_call_limit_s));
   s.dp_step_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_dp_step_timeout_ms));
+  s.max_dp_ranks =
+      static_cast<int>(std::clamp<int64_t>(absl::GetFlag(FLAGS_max_dp_ranks), INT_MIN, INT_MAX));
   s.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   s.max_stream_bytes = absl::GetFlag(FLAGS_max_stream_bytes);
   s.handler_threads =
@@ -260,6 +265,10 @@ absl::Status ValidateMoedOptions(const MoedOptions& o) {
     if (value <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, " must be > 0, got ", value));
     }
+  }
+  if (s.max_dp_ranks < 2 || s.max_dp_ranks > kMaxDataParallelRanks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_dp_ranks must be in [2, ", kMaxDataParallelRanks, "], got ", s.max_dp_ranks));
   }
   if (s.shm_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--shm_idle_timeout_s must be >= 0 (0: never)");

@@ -100,6 +100,16 @@ grpc::Status WorkerService::ApplyOptimizer(grpc::ServerContext*,
   });
 }
 
+grpc::Status WorkerService::CheckGradients(grpc::ServerContext*,
+                                           const internal::WorkerLayerRequest* request,
+                                           internal::WorkerGradientCheck* response) {
+  return OnLayer(request->generation(), request->layer_id(), [&](LayerSlot* s) -> absl::Status {
+    ASSIGN_OR_RETURN(std::string name, s->layer->NonFiniteGradient());
+    response->set_non_finite(name);
+    return absl::OkStatus();
+  });
+}
+
 grpc::Status WorkerService::UpdateExpertBias(grpc::ServerContext*,
                                              const internal::WorkerExpertBiasRequest* request,
                                              internal::WorkerExpertBiasResponse* response) {

@@ -1,6 +1,8 @@
 #include "engine/cpu/cpu_backend.h"
 
 #include <atomic>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -147,6 +149,16 @@ class CpuBackend : public Backend {
   absl::Status OptimizerStep(const OptimizerArgs& args, float* param, const float* grad,
                              float* state1, float* state2, int64_t count) override {
     return cpu::OptimizerStep(args, param, grad, state1, state2, count, threads_);
+  }
+  absl::Status AllFinite(const float* data, int64_t count, bool* all_finite) override {
+    std::atomic<bool> finite{true};
+    cpu::ParallelFor(threads_, count, /*grain=*/int64_t{1} << 18, [&](int64_t begin, int64_t end) {
+      bool bad = false;  // no early exit: the loop vectorises
+      for (int64_t i = begin; i < end; ++i) bad |= !(std::fabs(data[i]) <= FLT_MAX);
+      if (bad) finite.store(false, std::memory_order_relaxed);
+    });
+    *all_finite = finite.load();
+    return absl::OkStatus();
   }
 
  private:

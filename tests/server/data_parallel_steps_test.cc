@@ -2,6 +2,7 @@
 // the others get, repeats, timeouts with and without waiting calls, runs, a failed lead.
 #include "server/data_parallel_steps.h"
 
+#include <chrono>
 #include <future>
 #include <string>
 #include <thread>
@@ -17,8 +18,10 @@ using ::testing::HasSubstr;
 
 const absl::Duration kLong = absl::Seconds(30);
 
-DataParallelCall Call(int rank, int64_t step, int num_ranks = 2, std::string run = "run") {
+DataParallelCall Call(int rank, int64_t step, int num_ranks = 2, std::string run = "run",
+                      std::string owner = "token alice") {
   DataParallelCall call;
+  call.owner = std::move(owner);
   call.run_id = std::move(run);
   call.step = step;
   call.num_ranks = num_ranks;
@@ -162,13 +165,21 @@ TEST(DataParallelStepsTest, ParseRefusesFieldsOutOfRange) {
   request.set_rank(1);
   request.set_step(5);
   request.set_run_id("r");
-  ASSERT_TRUE(ParseDataParallelCall(request, &call).ok());
+  ASSERT_TRUE(ParseDataParallelCall(request, "token alice", kMaxDataParallelRanks, &call).ok());
   EXPECT_EQ(call.rank, 1);
   EXPECT_EQ(call.step, 5);
+  EXPECT_EQ(call.owner, "token alice");
+  // moed --max_dp_ranks bounds num_ranks below kMaxDataParallelRanks.
+  v1::ApplyOptimizerRequest wide = request;
+  wide.set_num_ranks(1025);
+  EXPECT_TRUE(ParseDataParallelCall(wide, "token alice", 1025, &call).ok());
+  absl::Status refused = ParseDataParallelCall(wide, "token alice", 1024, &call);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("--max_dp_ranks"));
   v1::ApplyOptimizerRequest other = request;
   other.mutable_sgd()->set_lr(0.2);
   DataParallelCall other_call;
-  ASSERT_TRUE(ParseDataParallelCall(other, &other_call).ok());
+  ASSERT_TRUE(ParseDataParallelCall(other, "token alice", kMaxDataParallelRanks, &other_call).ok());
   EXPECT_NE(call.optimizer, other_call.optimizer);
   struct Case {
     void (*change)(v1::ApplyOptimizerRequest*);
@@ -185,10 +196,66 @@ TEST(DataParallelStepsTest, ParseRefusesFieldsOutOfRange) {
             "run_id"}}) {
     v1::ApplyOptimizerRequest bad = request;
     c.change(&bad);
-    absl::Status status = ParseDataParallelCall(bad, &call);
+    absl::Status status = ParseDataParallelCall(bad, "token alice", kMaxDataParallelRanks, &call);
     EXPECT_TRUE(absl::IsInvalidArgument(status)) << c.field;
     EXPECT_THAT(status.message(), HasSubstr(c.field));
   }
+}
+
+TEST(DataParallelStepsTest, ARunAnswersOnlyItsOwner) {
+  DataParallelSteps steps;
+  auto rank0 = ArriveAsync(&steps, Call(0, 0, 2, "run", "token alice"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Another identity naming alice's run: refused at once, and its rank does not count.
+  DataParallelSteps::Arrival intruder =
+      steps.Arrive(Call(1, 0, 2, "run", "token mallory"), kLong, absl::Now() + kLong, Never);
+  EXPECT_FALSE(intruder.lead);
+  EXPECT_TRUE(absl::IsPermissionDenied(intruder.status)) << intruder.status;
+  EXPECT_EQ(rank0.wait_for(std::chrono::milliseconds(100)), std::future_status::timeout);
+  // Alice's own rank 1 completes the step.
+  DataParallelSteps::Arrival rank1 =
+      steps.Arrive(Call(1, 0, 2, "run", "token alice"), kLong, absl::Now() + kLong, Never);
+  ASSERT_TRUE(rank1.lead);
+  steps.Finish(Call(1, 0, 2, "run", "token alice"), absl::OkStatus(), Answer(1));
+  EXPECT_TRUE(rank0.get().status.ok());
+  // Still hers once nothing is pending: mallory cannot read or replace its record either.
+  EXPECT_TRUE(absl::IsPermissionDenied(
+      steps.Arrive(Call(0, 0, 2, "run", "token mallory"), kLong, absl::Now(), Never).status));
+}
+
+TEST(DataParallelStepsTest, OneCallersPendingRunNeverBlocksAnothersRun) {
+  DataParallelSteps steps;
+  // Alice declares 1024 ranks and sends one: her step stays pending.
+  auto alice = ArriveAsync(&steps, Call(0, 0, 1024, "alice-run", "token alice"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Bob's run on the same layer steps meanwhile, twice.
+  for (int64_t step = 0; step < 2; ++step) {
+    std::vector<std::future<DataParallelSteps::Arrival>> bob;
+    for (int r = 0; r < 2; ++r) {
+      bob.push_back(std::async(std::launch::async, [&steps, r, step] {
+        const DataParallelCall call = Call(r, step, 2, "bob-run", "token bob");
+        DataParallelSteps::Arrival arrival = steps.Arrive(call, kLong, absl::Now() + kLong, Never);
+        if (arrival.lead) steps.Finish(call, absl::OkStatus(), Answer(step + 1));
+        return arrival;
+      }));
+    }
+    int leads = 0;
+    for (auto& rank : bob) {
+      DataParallelSteps::Arrival arrival = rank.get();
+      ASSERT_TRUE(arrival.status.ok()) << arrival.status;
+      if (arrival.lead) {
+        ++leads;
+      } else {
+        EXPECT_EQ(arrival.answer.optimizer_step(), step + 1);
+      }
+    }
+    EXPECT_EQ(leads, 1);
+  }
+  // Alice's second run waits for her first, as before (one run per caller at a time).
+  EXPECT_TRUE(absl::IsFailedPrecondition(
+      steps.Arrive(Call(0, 0, 2, "alice-other", "token alice"), kLong, absl::Now(), Never).status));
+  steps.AbortAll(absl::NotFoundError("layer deleted"));
+  EXPECT_TRUE(absl::IsNotFound(alice.get().status));
 }
 
 }  // namespace
