@@ -119,13 +119,25 @@ absl::Status MoeServiceImpl::FindNonFiniteGradient(Turn& turn, grpc::ServerConte
   call.set_generation(turn.set.generation);
   call.set_layer_id(turn.layer().id);
   std::vector<internal::WorkerGradientCheck> answers(turn.set.size());
-  RETURN_IF_ERROR(FanOutOnLayer(
-      turn, InternalDeadline(context, true),
-      [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-        answers[r].Clear();
-        return FromGrpcStatus(stub->CheckGradients(ctx, call, &answers[r]));
-      },
-      /*collective=*/false));
+  const WorkerPool::WorkerFn check = [&](int r, internal::Worker::Stub* stub,
+                                         grpc::ClientContext* ctx) {
+    answers[r].Clear();
+    return FromGrpcStatus(stub->CheckGradients(ctx, call, &answers[r]));
+  };
+  bool partial = false;
+  absl::Status checked = FanOutOnLayer(turn, InternalDeadline(context, true), check,
+                                       /*collective=*/false, 0, &partial);
+  if (!checked.ok() && partial) {
+    // Some workers answered: asked again once within the same generation, as ChangeOnWorkers
+    // retries the step itself (a worker that was slow, not dead, then still steps). Read-only:
+    // a failure here changes nothing and diverges nothing.
+    absl::StatusOr<WorkerSet> set = pool_->Serving();
+    if (set.ok() && set->generation == turn.set.generation) {
+      checked = FanOutOnLayer(turn, absl::Now() + options_.step_timeout, check,
+                              /*collective=*/false);
+    }
+  }
+  RETURN_IF_ERROR(checked);
   non_finite->clear();
   for (const internal::WorkerGradientCheck& answer : answers) {
     if (!answer.non_finite().empty()) {

@@ -461,12 +461,17 @@ TEST_F(DurableTest, ConditionalStepRefusesAnotherStepAndDroppedGradients) {
   EXPECT_EQ(step, 3);
 }
 
-// A durable layer diverged by a worker lost in the middle of ApplyOptimizer, which then comes
-// back as the same process (SIGSTOP, SIGCONT), is repaired from its durable state at the
-// re-formation instead of keeping its workers' mixed weights.
+// A durable layer diverged by a worker lost in the middle of UpdateExpertBias, which then
+// comes back as the same process (SIGSTOP, SIGCONT), is repaired from its durable state at the
+// re-formation instead of keeping its workers' mixed weights. (An ApplyOptimizer no longer
+// diverges this way: its read-only gradient check on every worker fails first, so no worker
+// steps.)
 TEST_F(DurableTest, DivergedLayerIsRepairedFromItsDurableState) {
   Start();
-  ASSERT_TRUE(client_->CreateLayer("v", TinyConfig(13)).ok());
+  v1::LayerConfig config = TinyConfig(13);
+  config.set_score_function(v1::SCORE_FUNCTION_SIGMOID);
+  config.set_use_expert_bias(true);
+  ASSERT_TRUE(client_->CreateLayer("v", config).ok());
   Train("v", 1);
   ASSERT_EQ(Train("v", 2).durable_optimizer_step(), 2);
   const Weights durable = GetWeights("v");
@@ -475,10 +480,9 @@ TEST_F(DurableTest, DivergedLayerIsRepairedFromItsDurableState) {
   auto status = client_->GetStatus();
   ASSERT_TRUE(status.ok());
   ASSERT_TRUE(cluster_->KillWorker(1, SIGSTOP));
-  v1::SgdOptimizer sgd;
-  sgd.set_lr(0.05);
-  EXPECT_FALSE(client_->ApplySgd("v", sgd).ok());  // worker 0 applied it, worker 1 did not
-  EXPECT_THAT(Info("v").diverged(), HasSubstr("ApplyOptimizer"));
+  // Worker 0 applied it, worker 1 did not.
+  EXPECT_FALSE(client_->UpdateExpertBias("v", 0.01).ok());
+  EXPECT_THAT(Info("v").diverged(), HasSubstr("UpdateExpertBias"));
   ASSERT_TRUE(cluster_->KillWorker(1, SIGCONT));  // the same process rejoins
   ASSERT_TRUE(WaitNewGeneration(status->generation()));
   const v1::LayerInfo info = Info("v");
