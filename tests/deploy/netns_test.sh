@@ -1,0 +1,234 @@
+#!/usr/bin/env bash
+# Several "hosts" on one machine: network namespaces joined by veth pairs to a bridge in a
+# switch namespace, one namespace per host with its own 10.42.0.x address and nothing but the
+# bridge between them (no route through loopback). moed runs in one (public and internal plane
+# on its address, bearer tokens, the cluster secret, --state_dir), two external
+# `moe-worker --frontend=...` in two others (each on its own address; Gloo on the advertised
+# address, and on a named interface for the second), and moectl in a fourth:
+#   1. smoke across hosts (forward + backward against the local engine, max rel err <= 1e-6),
+#      then an optimizer step;
+#   2. no same-host fast path across hosts: the remote client asking for shared memory is
+#      PERMISSION_DENIED, and moed creates no relay objects in /dev/shm (which these
+#      namespaces share) for workers that are not on its host;
+#   3. a durable restart: moed killed (SIGKILL) and started again, the workers rejoin, the
+#      layer is back with its trained weights, bit for bit;
+#   4. a cut link: worker 2's veth set down during a forward, the caller gets an error within
+#      --step_timeout_ms + 1 s (the deadline, then a --ping_timeout_ms=500 ping finds the
+#      worker silent), moed stays up NOT_SERVING; once the link is back the worker rejoins,
+#      the pool re-forms with the same processes, smoke passes and the layer kept its weights.
+# Everything the test creates (namespaces, veths, bridge, processes) lives in its own
+# namespaces and is removed on exit, failed or not. No traffic leaves them.
+#
+# Needs root and `ip netns`; prints "SKIPPED: ..." and exits 0 without them.
+# Usage (from Bazel): netns_test.sh MOED MOE_WORKER MOECTL
+set -uo pipefail
+
+MOED="$(readlink -f "$1")"
+MOE_WORKER="$(readlink -f "$2")"
+MOECTL="$(readlink -f "$3")"
+
+skip() { echo "SKIPPED: $*"; exit 0; }
+[ "$(id -u)" -eq 0 ] || skip "needs root (network namespaces); running as uid $(id -u)"
+command -v ip > /dev/null || skip "needs iproute2's ip (ip netns)"
+PROBE="mhprobe$$"
+ip netns add "${PROBE}" 2> /dev/null || skip "ip netns add fails here (no CAP_SYS_ADMIN/NET_ADMIN?)"
+ip netns del "${PROBE}"
+
+TMP="${TEST_TMPDIR:-$(mktemp -d)}/netns"
+rm -rf "${TMP}" && mkdir -p "${TMP}/state" "${TMP}/ckpt"
+FAILURES=0
+START_S=${SECONDS}
+fail() { echo "FAIL: $*" >&2; FAILURES=$(( FAILURES + 1 )); }
+pass() { echo "ok: $*"; }
+die() { fail "$*"; exit 1; }
+
+# ---- the hosts ---------------------------------------------------------------------------------
+TAG="$$"
+SW="mhsw${TAG}"        # the switch: a bridge, one veth per host
+NS_MOED="mhmoed${TAG}"; IP_MOED=10.42.0.1
+NS_W1="mhw1${TAG}";     IP_W1=10.42.0.2
+NS_W2="mhw2${TAG}";     IP_W2=10.42.0.3
+NS_CL="mhcl${TAG}";     IP_CL=10.42.0.4
+HOSTS=("${NS_MOED}" "${NS_W1}" "${NS_W2}" "${NS_CL}")
+PIDS=()
+
+dump_logs() {
+  for f in "${TMP}"/*.log; do
+    [ -f "${f}" ] || continue
+    echo "---- ${f} (last 30 lines)" >&2
+    tail -n 30 "${f}" >&2
+  done
+}
+
+cleanup() {
+  local status=$?
+  for pid in "${PIDS[@]}"; do kill -KILL "${pid}" 2> /dev/null; done
+  for ns in "${HOSTS[@]}" "${SW}"; do
+    # Whatever still runs inside our namespaces was started by this test.
+    for pid in $(ip netns pids "${ns}" 2> /dev/null); do kill -KILL "${pid}" 2> /dev/null; done
+  done
+  for pid in "${PIDS[@]}"; do wait "${pid}" 2> /dev/null; done
+  for ns in "${HOSTS[@]}" "${SW}"; do ip netns del "${ns}" 2> /dev/null; done  # veths go too
+  [ "${status}" -eq 0 ] && [ "${FAILURES}" -eq 0 ] || dump_logs
+  local left
+  left="$(ip netns list | grep -c "${TAG}" || true)"
+  [ "${left}" -eq 0 ] || echo "FAIL: ${left} namespace(s) left behind" >&2
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+ip netns add "${SW}" || die "ip netns add ${SW}"
+ip -n "${SW}" link add br0 type bridge && ip -n "${SW}" link set br0 up || die "bridge"
+N=0
+for ns in "${HOSTS[@]}"; do
+  N=$(( N + 1 ))
+  ip netns add "${ns}" || die "ip netns add ${ns}"
+  # Each host sees one interface, eth0, as a pod or a machine would.
+  ip -n "${SW}" link add "p${N}" type veth peer name eth0 netns "${ns}" || die "veth p${N}"
+  ip -n "${SW}" link set "p${N}" master br0 up
+  ip -n "${ns}" link set lo up
+  ip -n "${ns}" addr add "10.42.0.${N}/24" dev eth0
+  ip -n "${ns}" link set eth0 up
+done
+pass "4 hosts: ${IP_MOED} (moed) ${IP_W1} ${IP_W2} (workers) ${IP_CL} (client)"
+
+# ---- secrets -----------------------------------------------------------------------------------
+openssl rand -hex 32 > "${TMP}/secret" && chmod 600 "${TMP}/secret"
+TOKEN="$(openssl rand -hex 16)"
+printf '%s\n' "${TOKEN}" > "${TMP}/token"
+printf '%s admin netns-test\n' "$(printf '%s' "${TOKEN}" | sha256sum | cut -d' ' -f1)" \
+  > "${TMP}/tokens"
+
+# ---- processes ---------------------------------------------------------------------------------
+STEP_TIMEOUT_MS=2000
+MOED_PID=""
+start_moed() {
+  ip netns exec "${NS_MOED}" "${MOED}" --listen="${IP_MOED}" --port=50051 \
+    --internal_listen="${IP_MOED}:50053" --expect_workers=2 \
+    --cluster_secret_file="${TMP}/secret" --tokens_file="${TMP}/tokens" \
+    --state_dir="${TMP}/state" --durable_every_steps=1 --checkpoint_root="${TMP}/ckpt" \
+    --metrics_listen=off --allow_client_shm --step_timeout_ms="${STEP_TIMEOUT_MS}" \
+    --ping_timeout_ms=500 \
+    >> "${TMP}/moed.log" 2>&1 &
+  MOED_PID=$!
+  PIDS+=("${MOED_PID}")
+}
+# start_worker NS IP RANK [ENV=VALUE...]
+start_worker() {
+  local ns="$1" addr="$2" rank="$3"
+  shift 3
+  ip netns exec "${ns}" env "$@" "${MOE_WORKER}" --frontend="${IP_MOED}:50053" \
+    --cluster_secret_file="${TMP}/secret" --device=cpu --listen="${addr}:50052" \
+    --advertise_host="${addr}" --rank="${rank}" --rejoin_after_s=1 \
+    >> "${TMP}/worker${rank}.log" 2>&1 &
+  PIDS+=($!)
+}
+# The client's namespace; every moectl call goes from there to moed's address.
+ctl() {
+  ip netns exec "${NS_CL}" "${MOECTL}" --server="${IP_MOED}:50051" --token_file="${TMP}/token" "$@"
+}
+
+start_moed
+start_worker "${NS_W1}" "${IP_W1}" 0                      # Gloo on the advertised address
+start_worker "${NS_W2}" "${IP_W2}" 1 MOED_GLOO_IFACE=eth0  # Gloo on a named interface
+ctl health --wait_ms=60000 > /dev/null || die "cluster not SERVING within 60 s"
+pass "cluster SERVING across namespaces after $(( SECONDS - START_S )) s"
+STATUS="$(ctl status)"
+grep -q "${IP_W1}:50052" <<< "${STATUS}" && grep -q "${IP_W2}:50052" <<< "${STATUS}" &&
+  pass "status lists the workers at their own addresses" || fail "status: ${STATUS}"
+
+# ---- 1. smoke across hosts ---------------------------------------------------------------------
+SMOKE="$(ctl smoke --tokens=48 --hidden=32 --ffn=64 --experts=8 --top_k=2 \
+  --aux_loss_coeff=0.01 --z_loss_coeff=0.001 --json)" && rc=0 || rc=$?
+WORST="$(grep -o '"max_rel_error": *[^,}]*' <<< "${SMOKE}" | tail -n 1 | sed 's/.*: *//')"
+if [ "${rc}" -eq 0 ] && grep -q '"verdict": *"PASS"' <<< "${SMOKE}" &&
+   awk -v e="${WORST}" 'BEGIN { exit !(e != "" && e <= 1e-6) }'; then
+  pass "smoke across hosts PASS (max rel error ${WORST})"
+else
+  fail "smoke across hosts (exit ${rc}): ${SMOKE}"
+fi
+
+json_field() { grep -o "\"$1\": *[^,}]*" <<< "$2" | head -n 1 | sed 's/^[^:]*: *//; s/"//g'; }
+ctl create-layer --layer=durable --hidden=32 --ffn=64 --experts=8 --top_k=2 --seed=5 \
+  > /dev/null || fail "create-layer durable"
+F="$(ctl forward --layer=durable --tokens=16 --input_seed=1 --keep_for_backward)"
+ctl backward --layer=durable --step_id="$(json_field step_id "${F}")" --tokens=16 \
+  --input_seed=1 > /dev/null || fail "backward"
+ctl apply-optimizer --layer=durable --optimizer=adamw --lr=0.01 > /dev/null &&
+  pass "forward + backward + AdamW step across hosts" || fail "apply-optimizer"
+ctl forward --layer=durable --tokens=16 --input_seed=9 --output="${TMP}/trained.npy" \
+  > /dev/null || fail "probe forward"
+
+# ---- 2. no same-host fast path across hosts ----------------------------------------------------
+ERR="$(ctl bench --shm --steps=1 --warmup=0 --tokens=8 --hidden=32 --ffn=32 --experts=2 \
+  --top_k=1 --progress=off 2>&1)" && rc=0 || rc=$?
+if [ "${rc}" -ne 0 ] && grep -q "PERMISSION_DENIED" <<< "${ERR}"; then
+  pass "shared memory from another host: PERMISSION_DENIED"
+else
+  fail "shared memory from another host: wanted PERMISSION_DENIED, exit ${rc}: ${ERR}"
+fi
+RELAY="$(ls /dev/shm 2> /dev/null | grep -c "^moed-relay-${MOED_PID}-" || true)"
+[ "${RELAY}" -eq 0 ] && pass "no relay objects in /dev/shm for workers on other hosts" ||
+  fail "moed ${MOED_PID} made ${RELAY} relay object(s) for workers on other hosts"
+
+# ---- 3. durable restart ------------------------------------------------------------------------
+kill -KILL "${MOED_PID}"; wait "${MOED_PID}" 2> /dev/null
+RESTART_S=${SECONDS}
+start_moed
+ctl health --wait_ms=60000 > /dev/null || die "restarted moed not SERVING within 60 s"
+pass "moed restarted, workers rejoined in $(( SECONDS - RESTART_S )) s"
+ctl forward --layer=durable --tokens=16 --input_seed=9 --output="${TMP}/restored.npy" \
+  > /dev/null && cmp -s "${TMP}/trained.npy" "${TMP}/restored.npy" &&
+  pass "durable layer back after the restart, output bit for bit" ||
+  fail "durable layer after the restart: $(ctl get-layer --layer=durable 2>&1)"
+
+# ---- 4. a cut link during a step ---------------------------------------------------------------
+BIG=(--layer=big --tokens=4096 --input_seed=3)
+ctl create-layer --layer=big --hidden=256 --ffn=512 --experts=8 --top_k=2 > /dev/null ||
+  fail "create-layer big"
+T0=$(date +%s%N)
+ctl forward "${BIG[@]}" > /dev/null || fail "forward big"
+FWD_MS=$(( ($(date +%s%N) - T0) / 1000000 ))
+ctl forward "${BIG[@]}" > "${TMP}/cut.out" 2> "${TMP}/cut.err" &
+CALL=$!
+PIDS+=("${CALL}")
+# Half an uncut forward in: the step is on the workers (its deadline began before the cut).
+sleep "$(awk -v ms="${FWD_MS}" 'BEGIN { printf "%.3f", (ms < 600 ? 600 : ms) / 2000 }')"
+kill -0 "${CALL}" 2> /dev/null || fail "the forward ended before the cut (it takes ${FWD_MS} ms)"
+CUT_NS=$(date +%s%N)
+ip -n "${SW}" link set p3 down   # worker 2's cable, in the middle of the forward
+wait "${CALL}"; rc=$?
+ERR_MS=$(( ($(date +%s%N) - CUT_NS) / 1000000 ))
+if [ "${rc}" -ne 0 ] && grep -Eq "DEADLINE_EXCEEDED|UNAVAILABLE" "${TMP}/cut.err" &&
+   [ "${ERR_MS}" -le $(( STEP_TIMEOUT_MS + 1000 )) ]; then
+  pass "cut link: the caller's error ${ERR_MS} ms after the cut (step timeout \
+${STEP_TIMEOUT_MS} ms; the forward takes ${FWD_MS} ms uncut): $(
+    grep -Eo "(DEADLINE_EXCEEDED|UNAVAILABLE).*" "${TMP}/cut.err" | head -n 1 | cut -c1-100)"
+else
+  fail "cut link: exit ${rc} ${ERR_MS} ms after the cut (uncut ${FWD_MS} ms): $(
+    tail -n 3 "${TMP}/cut.err")"
+fi
+sleep 2.5   # past --worker_dead_after_ms (3 s) since the worker was last heard
+# server/README.md's failure model: the unreachable worker is dead, moed stays up NOT_SERVING
+# and waits for it (a worker that rejoins takes its rank back).
+HEALTH="$(ctl health 2>&1)" && rc=0 || rc=$?
+[ "${rc}" -ne 0 ] && grep -q "NOT_SERVING" <<< "${HEALTH}" &&
+  pass "during the cut: moed up, health NOT_SERVING" || fail "health during the cut: ${HEALTH}"
+ip -n "${SW}" link set p3 up
+UP_S=${SECONDS}
+ctl health --wait_ms=60000 > /dev/null || fail "not SERVING within 60 s of the link coming back"
+SMOKE="$(ctl smoke --tokens=24 --hidden=32 --ffn=64 --experts=8 --top_k=2)" && rc=0 || rc=$?
+[ "${rc}" -eq 0 ] && grep -q "^verdict: PASS" <<< "${SMOKE}" &&
+  pass "link back: serving again after $(( SECONDS - UP_S )) s, smoke PASS" ||
+  fail "smoke after the link came back (exit ${rc}): ${SMOKE}"
+ctl forward --layer=durable --tokens=16 --input_seed=9 --output="${TMP}/after_cut.npy" \
+  > /dev/null && cmp -s "${TMP}/trained.npy" "${TMP}/after_cut.npy" &&
+  pass "the durable layer kept its weights through the cut" ||
+  fail "durable layer after the cut: $(ctl get-layer --layer=durable 2>&1)"
+
+echo "elapsed: $(( SECONDS - START_S )) s"
+if [ "${FAILURES}" -ne 0 ]; then
+  echo "${FAILURES} check(s) failed" >&2
+  exit 1
+fi
+echo "all checks passed"
