@@ -29,6 +29,18 @@ std::vector<int64_t> SplitRows(int64_t tokens, int ranks) {
   return offsets;
 }
 
+// A client's shared memory (or CUDA IPC handle) reaches the workers only where they share
+// moed's host: every worker joined with a loopback address (WorkerSet::local, as the relay
+// decides). A worker on another host would open its own /dev/shm, or, in network namespaces
+// that share one, silently depend on it; refused before the step touches the layer.
+absl::Status CheckShmReachesWorkers(const ShmStep& shm, const WorkerSet& set) {
+  if (set.local || (!shm.has_input() && !shm.has_output())) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "shared memory: the workers are not on moed's host (they joined with non-loopback "
+      "addresses, moectl status lists them); send the tensors in the request, or run the "
+      "workers on this host joined through 127.0.0.1");
+}
+
 // [T, H] activations: FP32 or BF16, rank 2, H = hidden, `bytes` (its raw_data's size)
 // consistent.
 absl::StatusOr<DType> CheckActivation(absl::string_view field, const v1::Tensor& t, size_t bytes,
@@ -308,6 +320,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();
+    RETURN_IF_ERROR(CheckShmReachesWorkers(shm, turn->set));
     if (keep) RETURN_IF_ERROR(check_budget(layer));
     RETURN_IF_ERROR(AdmitWorkerMemory("Forward", layer.name, tokens, need, &turn->memory));
     // Workers on this host read x from, and write out to, moed's relay buffers.
@@ -436,6 +449,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
     Layer& layer = turn->layer();
+    RETURN_IF_ERROR(CheckShmReachesWorkers(shm, turn->set));  // before the saved step is taken
     RETURN_IF_ERROR(AdmitWorkerMemory("Backward", layer.name, d_out.tokens, need, &turn->memory));
     // The saved step leaves the books here but stays on the workers until this Backward ends:
     // it joins the reservation first (moe_service_admission.cc). Under the turn nothing else

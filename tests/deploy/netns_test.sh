@@ -8,7 +8,8 @@
 #   1. smoke across hosts (forward + backward against the local engine, max rel err <= 1e-6),
 #      then an optimizer step;
 #   2. no same-host fast path across hosts: the remote client asking for shared memory is
-#      PERMISSION_DENIED, and moed creates no relay objects in /dev/shm (which these
+#      PERMISSION_DENIED, a client on moed's host naming shared memory for workers on other
+#      hosts FAILED_PRECONDITION, and moed creates no relay objects in /dev/shm (which these
 #      namespaces share) for workers that are not on its host;
 #   3. a durable restart: moed killed (SIGKILL) and started again, the workers rejoin, the
 #      layer is back with its trained weights, bit for bit;
@@ -103,7 +104,9 @@ printf '%s admin netns-test\n' "$(printf '%s' "${TOKEN}" | sha256sum | cut -d' '
 STEP_TIMEOUT_MS=2000
 MOED_PID=""
 start_moed() {
-  ip netns exec "${NS_MOED}" "${MOED}" --listen="${IP_MOED}" --port=50051 \
+  # --listen=0.0.0.0 as in deploy/k8s/common/frontend.yaml: remote clients on 10.42.0.1, and
+  # a client on moed's own host on 127.0.0.1 (allowed shared memory, as far as moed goes).
+  ip netns exec "${NS_MOED}" "${MOED}" --listen=0.0.0.0 --port=50051 \
     --internal_listen="${IP_MOED}:50053" --expect_workers=2 \
     --cluster_secret_file="${TMP}/secret" --tokens_file="${TMP}/tokens" \
     --state_dir="${TMP}/state" --durable_every_steps=1 --checkpoint_root="${TMP}/ckpt" \
@@ -167,6 +170,17 @@ if [ "${rc}" -ne 0 ] && grep -q "PERMISSION_DENIED" <<< "${ERR}"; then
 else
   fail "shared memory from another host: wanted PERMISSION_DENIED, exit ${rc}: ${ERR}"
 fi
+# A client on moed's host may use shared memory, but these workers are on other hosts: it
+# must not reach them (their /dev/shm is only the same one because namespaces share it here).
+ERR="$(ip netns exec "${NS_MOED}" "${MOECTL}" --server=127.0.0.1:50051 --token_file="${TMP}/token" \
+  bench --shm --steps=1 --warmup=0 --tokens=8 --hidden=32 --ffn=32 --experts=2 --top_k=1 \
+  --progress=off 2>&1)" && rc=0 || rc=$?
+if [ "${rc}" -ne 0 ] &&
+   grep -q "FAILED_PRECONDITION: shared memory: the workers are not on" <<< "${ERR}"; then
+  pass "shared memory from moed's host to workers on other hosts: FAILED_PRECONDITION"
+else
+  fail "shared memory to workers on other hosts: wanted FAILED_PRECONDITION, exit ${rc}: ${ERR}"
+fi
 RELAY="$(ls /dev/shm 2> /dev/null | grep -c "^moed-relay-${MOED_PID}-" || true)"
 [ "${RELAY}" -eq 0 ] && pass "no relay objects in /dev/shm for workers on other hosts" ||
   fail "moed ${MOED_PID} made ${RELAY} relay object(s) for workers on other hosts"
@@ -183,7 +197,7 @@ ctl forward --layer=durable --tokens=16 --input_seed=9 --output="${TMP}/restored
   fail "durable layer after the restart: $(ctl get-layer --layer=durable 2>&1)"
 
 # ---- 4. a cut link during a step ---------------------------------------------------------------
-BIG=(--layer=big --tokens=4096 --input_seed=3)
+BIG=(--layer=big --tokens=2048 --input_seed=3)
 ctl create-layer --layer=big --hidden=256 --ffn=512 --experts=8 --top_k=2 > /dev/null ||
   fail "create-layer big"
 T0=$(date +%s%N)
