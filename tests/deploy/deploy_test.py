@@ -31,6 +31,7 @@ COMPOSE_FILES = ["deploy/compose/compose.gpu.yaml", "deploy/compose/compose.cpu.
 K8S_LAYOUTS = ["deploy/k8s/single-node", "deploy/k8s/multi-node"]
 DOCKERFILE = "deploy/docker/Dockerfile"
 DEPLOY_DOC = "docs/DEPLOY.md"
+NETNS_TEST = "tests/deploy/netns_test.sh"
 # A pinned image: an exact x.y.z version in the tag, or a sha256 digest.
 PINNED = re.compile(r"^[\w./-]+(:[\w.-]*\d+\.\d+\.\d+[\w.-]*)?(@sha256:[0-9a-f]{64})?$")
 
@@ -270,6 +271,48 @@ class KubernetesTest(unittest.TestCase):
             self.assertTrue(svc["spec"].get("publishNotReadyAddresses"), layout)
             self.assertEqual(workers["spec"]["serviceName"], "moe-worker", layout)
             self.assertIn("moe-worker", services, layout)
+
+    def test_multi_node_runs_what_the_netns_test_runs(self):
+        """tests/deploy/netns_test.sh runs the several-hosts mode for real (network namespaces):
+        every flag it gives moed and the workers, but the ones that only tune the test, is in
+        the multi-node manifests, with the same value where the value is the mode's."""
+        with open(NETNS_TEST) as f:
+            script = f.read()
+
+        def test_flags(function):
+            body = re.search(r"^%s\(\) \{\n(.*?)^\}" % function, script, re.S | re.M).group(1)
+            return dict(re.findall(r"--([a-z_]+)=(\S+)", body))
+
+        # Test-only: shorter timeouts, no metrics port, a durable checkpoint every step, the
+        # shared-memory refusals it checks, its own folders and CPU workers.
+        test_only = {"metrics_listen", "allow_client_shm", "step_timeout_ms", "ping_timeout_ms",
+                     "durable_every_steps", "rejoin_after_s", "device"}
+        same_value = {"listen": "0.0.0.0", "port": "50051"}  # moed's public port
+        docs = k8s_docs("deploy/k8s/multi-node")
+        (front,) = [d for d in docs if d["kind"] == "Deployment"]
+        (workers,) = [d for d in docs if d["kind"] == "StatefulSet"]
+        for what, function, doc in (("moed", "start_moed", front),
+                                    ("moe-worker", "start_worker", workers)):
+            args = containers_of(doc)[0]["args"]
+            flags = test_flags(function)
+            self.assertTrue(flags, "no flags found in %s()" % function)
+            for name, value in sorted(flags.items()):
+                if name in test_only:
+                    continue
+                self.assertIn(name, flag_names(args),
+                              "%s: the netns test passes --%s, the manifests do not" % (what, name))
+                if what == "moed" and name in same_value:
+                    self.assertEqual(value, same_value[name], name)
+                    self.assertEqual(flag_value(args, name), value, name)
+        # Durable state: the workers write moed's --state_dir, so it is mounted in every pod at
+        # the same path from the same claim.
+        state_dir = flag_value(containers_of(front)[0]["args"], "state_dir")
+        for doc in (front, workers):
+            mounts = {m["mountPath"]: m for m in containers_of(doc)[0]["volumeMounts"]}
+            self.assertIn(state_dir, mounts, doc["kind"])
+            self.assertEqual(mounts[state_dir]["name"], "checkpoints", doc["kind"])
+            self.assertNotEqual(mounts[state_dir].get("subPath"),
+                                mounts["/checkpoints"].get("subPath"), doc["kind"])
 
 
 def dockerfile_instructions():
