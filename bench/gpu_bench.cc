@@ -88,6 +88,8 @@ ABSL_FLAG(std::string, json, "", "also append each JSON line to this file");
 ABSL_FLAG(int64_t, tokens, -1, "override T (per rank)");
 ABSL_FLAG(std::string, compute_dtypes, "bf16",
           "compute datatypes to run each preset in, in order (bf16, fp8, fp32), e.g. bf16,fp8");
+ABSL_FLAG(std::string, fp8_recipes, "DELAYED",
+          "FP8 scaling recipes to run each FP8 preset in, in order (DELAYED, CURRENT)");
 ABSL_FLAG(bool, zero_grads, true,
           "zero the layer's gradients before every timed fwd+bwd step (outside the timed "
           "window); false: accumulating steps, as before");
@@ -316,8 +318,12 @@ absl::Status AddExchangeFields(const Preset& p, int64_t T, Backend* cuda, Commun
   return absl::OkStatus();
 }
 
+// The FP8 recipe of the run in progress (Main sets it before each FP8 RunConfig).
+Fp8Recipe current_fp8_recipe = Fp8Recipe::kDelayed;
+
 LayerConfig PresetConfig(const Preset& p, DType compute_dtype) {
   LayerConfig c;
+  if (compute_dtype == DType::kFloat8E4M3) c.fp8_recipe = current_fp8_recipe;
   c.hidden = p.hidden, c.ffn = p.ffn, c.num_experts = p.experts, c.top_k = p.top_k;
   c.compute_dtype = compute_dtype;
   c.init_seed = 1;
@@ -390,6 +396,7 @@ absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
       {"tokens", Num(T)},
       {"dtype", Str("BF16")},  // x, out, d_out and d_x
       {"compute_dtype", Str(ComputeDTypeName(compute_dtype))},
+      {"fp8_recipe", Str(compute_dtype == DType::kFloat8E4M3 ? Fp8RecipeName(c.fp8_recipe) : "")},
       {"zero_grads", zero ? "true" : "false"},
       {"fingerprint", Str(fingerprint)},
       {"init_s", Num(init_s)},
@@ -452,7 +459,19 @@ absl::Status Main() {
       return absl::InvalidArgumentError(absl::StrCat("unknown config '", name, "'"));
     }
     // Each dtype right after the other for one preset: the same machine state for both.
+    std::vector<std::pair<DType, Fp8Recipe>> runs;
     for (DType dtype : dtypes) {
+      if (dtype != DType::kFloat8E4M3) {
+        runs.push_back({dtype, Fp8Recipe::kDelayed});
+        continue;
+      }
+      for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_fp8_recipes), ',')) {
+        ASSIGN_OR_RETURN(Fp8Recipe recipe, ParseFp8Recipe(absl::AsciiStrToUpper(r)));
+        runs.push_back({dtype, recipe});
+      }
+    }
+    for (const auto& [dtype, recipe] : runs) {
+      current_fp8_recipe = recipe;
       auto line = RunConfig(*preset, dtype);
       if (!line.ok()) {
         return absl::Status(line.status().code(),

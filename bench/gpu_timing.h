@@ -88,6 +88,9 @@ class TimingBackend : public Backend {
   absl::Status QuantizeFp8(const QuantizeArgs& q) override {
     return Timed(&ops_, "QuantizeFp8", [&] { return inner_->QuantizeFp8(q); });
   }
+  absl::Status Fp8HistoryAmax(const Fp8HistoryArgs& h) override {
+    return Timed(&ops_, "Fp8HistoryAmax", [&] { return inner_->Fp8HistoryAmax(h); });
+  }
   absl::Status Convert(const void* s, DType st, void* d, DType dt, int64_t n) override {
     return Timed(&ops_, "Convert", [&] { return inner_->Convert(s, st, d, dt, n); });
   }

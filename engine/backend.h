@@ -137,9 +137,32 @@ struct QuantizeArgs {
   int64_t scale_stride = 1;
   void* dst_grouped_t = nullptr;         // optional, see above (batch 1, transpose false)
   absl::Span<const int64_t> group_rows;  // host; sums to rows (with dst_grouped_t only)
-  // Optional (batch 1): max |src| already computed by the kernel that wrote src (backend
-  // memory, e.g. ActivationArgs::amax); the quantisation then skips its own amax pass.
+  // Optional (batch 1): the amax the scale comes from (backend memory), so the quantisation
+  // skips its own amax pass: max |src| already computed by the kernel that wrote src
+  // (ActivationArgs::amax, current scaling) or the delayed scaling's Fp8HistoryAmax.
   const float* amax = nullptr;
+  // Optional (batch 1, delayed scaling): *amax_out = max(*amax_out, max |src|) (NaN ignored),
+  // reduced by the kernel that writes the codes while it reads src: this step's amax for the
+  // history, without another pass.
+  float* amax_out = nullptr;
+};
+
+// Delayed FP8 scaling (docs/SPEC.md "FP8", "Delayed scaling"): one tensor's amax history
+// `history` [len] (backend memory), a ring of which slot i % len holds step i's amax and
+// min(steps, len) slots are filled. Fp8HistoryAmax writes to *amax the amax this step's
+// scale comes from,
+//   ldexp(A, margin), A = max of the filled slots (most_recent: slot (steps - 1) % len;
+//   either is 0 when steps == 0), in fp32 (an overflow gives +inf, hence scale 1),
+// and then zeroes slot steps % len, where this step's amax is reduced (amax_out,
+// ActivationArgs::amax). Every backend writes bitwise the same value (engine/fp8.h
+// Fp8DelayedAmax).
+struct Fp8HistoryArgs {
+  float* history = nullptr;
+  int64_t len = 0;    // >= 1
+  int64_t steps = 0;  // steps recorded so far, >= 0
+  int margin = 0;     // 0..kMaxFp8Margin
+  bool most_recent = false;
+  float* amax = nullptr;  // one float (backend memory)
 };
 
 // Floats between per-matrix FP8 scales that FP8 GEMMs read one by one (16 bytes).
@@ -178,8 +201,8 @@ inline absl::Status CheckQuantizeArgs(const QuantizeArgs& q) {
     return absl::InvalidArgumentError("QuantizeFp8: negative size");
   }
   if (q.scale_stride < 1) return absl::InvalidArgumentError("QuantizeFp8: scale_stride < 1");
-  if (q.amax != nullptr && q.batch != 1) {
-    return absl::InvalidArgumentError("QuantizeFp8: a given amax needs batch 1");
+  if ((q.amax != nullptr || q.amax_out != nullptr) && q.batch != 1) {
+    return absl::InvalidArgumentError("QuantizeFp8: a given amax or amax_out needs batch 1");
   }
   const bool grouped = q.dst_grouped_t != nullptr;
   if (q.batch > 0 &&
@@ -200,6 +223,23 @@ inline absl::Status CheckQuantizeArgs(const QuantizeArgs& q) {
   if (rows != q.rows) {
     return absl::InvalidArgumentError(
         absl::StrCat("QuantizeFp8: group_rows sum to ", rows, ", not rows = ", q.rows));
+  }
+  return absl::OkStatus();
+}
+
+// The preconditions of Fp8HistoryArgs every backend shares: INVALID_ARGUMENT naming the first
+// broken (a null pointer, len < 1, steps < 0, margin outside 0..kMaxFp8Margin).
+inline absl::Status CheckFp8HistoryArgs(const Fp8HistoryArgs& h) {
+  if (h.history == nullptr || h.amax == nullptr) {
+    return absl::InvalidArgumentError("Fp8HistoryAmax: null history or amax");
+  }
+  if (h.len < 1 || h.steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Fp8HistoryAmax: len ", h.len, " < 1 or steps ", h.steps, " < 0"));
+  }
+  if (h.margin < 0 || h.margin > kMaxFp8Margin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Fp8HistoryAmax: margin ", h.margin, " outside [0, ", kMaxFp8Margin, "]"));
   }
   return absl::OkStatus();
 }
@@ -336,6 +376,8 @@ class Backend {
   }
   // FP8 quantisation with a per-tensor scale (QuantizeArgs above).
   virtual absl::Status QuantizeFp8(const QuantizeArgs& args) = 0;
+  // Delayed scaling's amax from a history, and the history's next slot zeroed (above).
+  virtual absl::Status Fp8HistoryAmax(const Fp8HistoryArgs& args) = 0;
   // dst[i] = src[i] converted (FP32 <-> BF16, or a copy).
   virtual absl::Status Convert(const void* src, DType src_type, void* dst, DType dst_type,
                                int64_t count) = 0;

@@ -17,8 +17,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "engine/checkpoint_file.h"
-#include "engine/file_util.h"
 #include "engine/config.h"
+#include "engine/file_util.h"
 #include "engine/status_macros.h"
 
 namespace moe {
@@ -47,6 +47,14 @@ std::vector<std::string> ExpertParams(const LayerConfig& c) {
   if (c.use_bias) names.insert(names.end(), {"wi_bias", "wo_bias"});
   return names;
 }
+
+// This rank's delayed-scaling histories (engine/fp8_history.h): per rank, since each rank
+// scales the rows it holds; loaded only by the same rank of the same number of ranks.
+std::string Fp8HistoryFileName(int64_t rank, int64_t ranks) {
+  return absl::StrFormat("fp8_rank_%05d_of_%05d.bin", rank, ranks);
+}
+
+bool IsFp8HistoryTensor(const std::string& name) { return BaseName(name) == "fp8"; }
 
 // Shape of a parameter (or its state) for one expert, or of a whole router tensor.
 std::vector<int64_t> ParamShape(const LayerConfig& c, const std::string& base) {
@@ -93,7 +101,7 @@ absl::StatusOr<Tensor> Row(const Tensor& local, int64_t i) {
 absl::Status WriteRankFiles(const MoeLayer& layer, const std::string& dir) {
   const LayerConfig& config = layer.config();
   // Router tensors (rank 0) and this rank's expert tensors, by name.
-  std::vector<NamedTensor> router;
+  std::vector<NamedTensor> router, fp8_history;
   std::vector<std::pair<std::string, Tensor>> expert_tensors;
   for (const std::string& name : layer.ParameterNames()) {
     ASSIGN_OR_RETURN(Tensor t, layer.GetParameter(name));
@@ -108,6 +116,8 @@ absl::Status WriteRankFiles(const MoeLayer& layer, const std::string& dir) {
     ASSIGN_OR_RETURN(Tensor t, layer.GetState(name));
     if (IsExpertTensor(base)) {
       expert_tensors.emplace_back(name, std::move(t));
+    } else if (IsFp8HistoryTensor(name)) {
+      fp8_history.push_back({name, std::move(t)});
     } else if (name == kStep || base == "gate" || base == "expert_bias") {
       router.push_back({name, std::move(t)});
     } else {
@@ -119,6 +129,11 @@ absl::Status WriteRankFiles(const MoeLayer& layer, const std::string& dir) {
     const std::string text = ConfigToString(config) + "\n";
     RETURN_IF_ERROR(WriteFileAtomically(Join(dir, kConfigFile), {text}));
     RETURN_IF_ERROR(WriteTensorFile(Join(dir, kRouterFile), router));
+  }
+  if (!fp8_history.empty()) {
+    const Communicator& comm = *layer.communicator();
+    RETURN_IF_ERROR(
+        WriteTensorFile(Join(dir, Fp8HistoryFileName(comm.rank(), comm.size())), fp8_history));
   }
   for (int64_t i = 0; i < layer.local_experts(); ++i) {
     std::vector<NamedTensor> tensors;
@@ -190,6 +205,41 @@ absl::Status VerifyFileTensors(const std::string& path, const LayerConfig& confi
   return absl::OkStatus();
 }
 
+// The delayed-scaling histories of the rank that holds experts [first_expert, +local), when
+// the layer has them and the checkpoint has that rank's file (saved by the same rank of as
+// many ranks) with a history of the layer's length; else nothing (the history starts empty,
+// as for checkpoints written before FP8 had one). A file that is there must be sound.
+absl::Status ReadFp8History(const LayerConfig& config, const std::string& dir, int64_t first_expert,
+                            int64_t local, StagedCheckpoint& out) {
+  if (config.compute_dtype != DType::kFloat8E4M3 || config.fp8_recipe != Fp8Recipe::kDelayed ||
+      local <= 0) {
+    return absl::OkStatus();
+  }
+  const std::string path =
+      Join(dir, Fp8HistoryFileName(first_expert / local, config.num_experts / local));
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<NamedTensor> tensors, ReadTensorFile(path));
+  std::map<std::string, Tensor> history;
+  for (NamedTensor& nt : tensors) {
+    if (!IsFp8HistoryTensor(nt.name) || nt.tensor.dtype() != DType::kFloat32) {
+      return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": unexpected tensor '",
+                                              nt.name, "' ", DTypeName(nt.tensor.dtype())));
+    }
+    history[nt.name] = std::move(nt.tensor);
+  }
+  auto it = history.find("fp8.amax_history");
+  if (history.size() != 2 || it == history.end() || history.count("fp8.amax_steps") == 0) {
+    return absl::DataLossError(
+        absl::StrCat("checkpoint file ", path, ": want fp8.amax_history and fp8.amax_steps"));
+  }
+  if (it->second.shape() != std::vector<int64_t>{4, config.fp8_amax_history_len}) {
+    return absl::OkStatus();  // another fp8_amax_history_len: not this layer's history
+  }
+  for (auto& [name, tensor] : history) out.states[name] = std::move(tensor);
+  return absl::OkStatus();
+}
+
 // Reads and verifies the checkpoint in `dir` for `config`: COMPLETE, config, router and the
 // experts [first_expert, first_expert + local). With `keep`, returns the tensors (expert
 // tensors stacked [local, ...]); without, only verifies, holding one file at a time.
@@ -221,6 +271,11 @@ absl::StatusOr<StagedCheckpoint> ReadCheckpoint(const LayerConfig& config, const
   LayerConfig comparable = *saved;
   comparable.init_seed = config.init_seed;
   comparable.compute_dtype = config.compute_dtype;
+  // The FP8 knobs are how the layer computes, like compute_dtype: any of them loads.
+  comparable.fp8_recipe = config.fp8_recipe;
+  comparable.fp8_amax_history_len = config.fp8_amax_history_len;
+  comparable.fp8_margin = config.fp8_margin;
+  comparable.fp8_amax_compute_algo = config.fp8_amax_compute_algo;
   if (ConfigToString(comparable) != ConfigToString(config)) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint ", dir, " holds a layer with config {", ConfigToString(*saved),
@@ -268,6 +323,7 @@ absl::StatusOr<StagedCheckpoint> ReadCheckpoint(const LayerConfig& config, const
                   nt.tensor.raw(), nt.tensor.num_bytes());
     }
   }
+  if (keep) RETURN_IF_ERROR(ReadFp8History(config, dir, first_expert, local, out));
   return out;
 }
 

@@ -13,6 +13,11 @@
 //   expert_NNNNN.bin    expert e (5 digits): "wi" [H, up], "wo" [F, H], "wi_bias" [up],
 //                       "wo_bias" [H] (use_bias) and their state "<name>.m"/"<name>.v"
 //                       (the owning rank)
+//   fp8_rank_RRRRR_of_NNNNN.bin   FP8 with delayed scaling only: rank R of N's amax histories,
+//                       "fp8.amax_history" [4, len] and "fp8.amax_steps" [4] (each rank;
+//                       loaded by rank R of N only, with the same fp8_amax_history_len;
+//                       otherwise, and from checkpoints without the file, the history
+//                       starts empty)
 //   COMPLETE            written by rank 0 last, once every rank has written its files
 // Every file is a tensor file of engine/checkpoint_file.h (checksummed, written atomically).
 // All tensors are fp32 masters. The accumulated expert counts of UpdateExpertBias are not
@@ -25,7 +30,7 @@
 //   - truncated or corrupted file, or a tensor whose name, dtype or shape does not fit the
 //     config: DATA_LOSS naming the file;
 //   - checkpoint config differs from the layer's: FAILED_PRECONDITION. init_seed and
-//     compute_dtype may differ (they do not change what the masters mean).
+//     compute_dtype and the fp8_ knobs may differ (they do not change what the masters mean).
 // Optimizer state the layer holds but the checkpoint lacks is reset to zero (a fresh state).
 #ifndef MOED_ENGINE_CHECKPOINT_H_
 #define MOED_ENGINE_CHECKPOINT_H_

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <set>
 #include <tuple>
@@ -55,6 +55,38 @@ absl::StatusOr<double> ParseDouble(absl::string_view key, absl::string_view v) {
     return absl::InvalidArgumentError(absl::StrCat("config.", key, ": '", v, "' is not a number"));
   }
   return out;
+}
+
+// The FP8 scaling knobs: in range, and left at their defaults unless compute_dtype is FP8 (a
+// knob that would be ignored is an error).
+absl::Status ValidateFp8Config(const LayerConfig& c) {
+  if (c.fp8_recipe != Fp8Recipe::kDelayed && c.fp8_recipe != Fp8Recipe::kCurrent) {
+    return Invalid("fp8_recipe", "must be DELAYED or CURRENT");
+  }
+  if (c.fp8_amax_compute_algo != Fp8AmaxAlgo::kMax &&
+      c.fp8_amax_compute_algo != Fp8AmaxAlgo::kMostRecent) {
+    return Invalid("fp8_amax_compute_algo", "must be max or most_recent");
+  }
+  if (c.fp8_amax_history_len < 1 || c.fp8_amax_history_len > kMaxFp8AmaxHistoryLen) {
+    return Invalid("fp8_amax_history_len", absl::StrCat("must be in [1, ", kMaxFp8AmaxHistoryLen,
+                                                        "], got ", c.fp8_amax_history_len));
+  }
+  if (c.fp8_margin < 0 || c.fp8_margin > kMaxFp8Margin) {
+    return Invalid("fp8_margin",
+                   absl::StrCat("must be in [0, ", kMaxFp8Margin, "], got ", c.fp8_margin));
+  }
+  if (c.compute_dtype == DType::kFloat8E4M3) return absl::OkStatus();
+  const LayerConfig defaults;
+  for (const auto& [field, is_default] :
+       {std::make_pair("fp8_recipe", c.fp8_recipe == defaults.fp8_recipe),
+        std::make_pair("fp8_amax_history_len",
+                       c.fp8_amax_history_len == defaults.fp8_amax_history_len),
+        std::make_pair("fp8_margin", c.fp8_margin == defaults.fp8_margin),
+        std::make_pair("fp8_amax_compute_algo",
+                       c.fp8_amax_compute_algo == defaults.fp8_amax_compute_algo)}) {
+    if (!is_default) return Invalid(field, "only applies to compute_dtype=FP8");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -155,7 +187,7 @@ absl::Status ValidateConfig(const LayerConfig& c, int ep_ranks) {
     return Invalid("compute_dtype",
                    absl::StrCat("must be FP32, BF16 or FP8, got ", DTypeName(c.compute_dtype)));
   }
-  return absl::OkStatus();
+  return ValidateFp8Config(c);
 }
 
 const char* ComputeDTypeName(DType compute_dtype) {
@@ -168,6 +200,28 @@ absl::StatusOr<DType> ParseComputeDType(absl::string_view name) {
   if (name == "FP8") return DType::kFloat8E4M3;
   return absl::InvalidArgumentError(
       absl::StrCat("compute_dtype: '", name, "' is not FP32, BF16 or FP8"));
+}
+
+const char* Fp8RecipeName(Fp8Recipe r) { return r == Fp8Recipe::kCurrent ? "CURRENT" : "DELAYED"; }
+
+const char* Fp8AmaxAlgoName(Fp8AmaxAlgo a) {
+  return a == Fp8AmaxAlgo::kMostRecent ? "most_recent" : "max";
+}
+
+absl::StatusOr<Fp8Recipe> ParseFp8Recipe(absl::string_view name) {
+  for (Fp8Recipe r : {Fp8Recipe::kDelayed, Fp8Recipe::kCurrent}) {
+    if (name == Fp8RecipeName(r)) return r;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("fp8_recipe: '", name, "' is not DELAYED or CURRENT"));
+}
+
+absl::StatusOr<Fp8AmaxAlgo> ParseFp8AmaxAlgo(absl::string_view name) {
+  for (Fp8AmaxAlgo a : {Fp8AmaxAlgo::kMax, Fp8AmaxAlgo::kMostRecent}) {
+    if (name == Fp8AmaxAlgoName(a)) return a;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("fp8_amax_compute_algo: '", name, "' is not max or most_recent"));
 }
 
 const char* ScoreFunctionName(ScoreFunction f) {
@@ -223,7 +277,9 @@ std::string ConfigToString(const LayerConfig& c) {
       " capacity_factor=", DoubleToString(c.capacity_factor), " align_size=", c.align_size,
       " activation=", ActivationName(c.activation), " gated=", BoolName(c.gated),
       " use_bias=", BoolName(c.use_bias), " compute_dtype=", ComputeDTypeName(c.compute_dtype),
-      " init_seed=", c.init_seed);
+      " init_seed=", c.init_seed, " fp8_recipe=", Fp8RecipeName(c.fp8_recipe),
+      " fp8_amax_history_len=", c.fp8_amax_history_len, " fp8_margin=", c.fp8_margin,
+      " fp8_amax_compute_algo=", Fp8AmaxAlgoName(c.fp8_amax_compute_algo));
 }
 
 // Every key must be known and appear at most once; keys left out keep their defaults.
@@ -284,6 +340,14 @@ absl::StatusOr<LayerConfig> ConfigFromString(absl::string_view text) {
             absl::StrCat("config.init_seed: '", v, "' is not an unsigned integer"));
       }
       c.init_seed = seed;
+    } else if (key == "fp8_recipe") {  // absent before issue 40: the defaults apply
+      ASSIGN_OR_RETURN(c.fp8_recipe, ParseFp8Recipe(v));
+    } else if (key == "fp8_amax_history_len") {
+      ASSIGN_OR_RETURN(c.fp8_amax_history_len, ParseInt(key, v));
+    } else if (key == "fp8_margin") {
+      ASSIGN_OR_RETURN(c.fp8_margin, ParseInt(key, v));
+    } else if (key == "fp8_amax_compute_algo") {
+      ASSIGN_OR_RETURN(c.fp8_amax_compute_algo, ParseFp8AmaxAlgo(v));
     } else {
       return absl::InvalidArgumentError(absl::StrCat("config: unknown key '", key, "'"));
     }
@@ -305,12 +369,10 @@ absl::StatusOr<double> DeferredWgradFractionFromEnv() {
 
 int64_t DeferredWgradBudgetBytes(const LayerConfig& config, int ep_ranks, double fraction) {
   if (config.compute_dtype == DType::kFloat8E4M3 || !(fraction > 0)) return 0;
-  const long double experts =
-      static_cast<long double>(config.num_experts) / std::max(ep_ranks, 1);
-  const long double gradient_bytes =
-      experts * sizeof(float) *
-      (static_cast<long double>(config.hidden) * UpWidth(config) +
-       static_cast<long double>(config.ffn) * config.hidden);
+  const long double experts = static_cast<long double>(config.num_experts) / std::max(ep_ranks, 1);
+  const long double gradient_bytes = experts * sizeof(float) *
+                                     (static_cast<long double>(config.hidden) * UpWidth(config) +
+                                      static_cast<long double>(config.ffn) * config.hidden);
   const long double budget = static_cast<long double>(fraction) * gradient_bytes;
   return budget >= static_cast<long double>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(budget);
 }

@@ -19,6 +19,17 @@ namespace moe {
 
 enum class ScoreFunction { kSoftmax, kSigmoid };
 enum class Activation { kSilu, kGelu, kRelu, kLinear };
+// How compute_dtype = FP8 scales its activation and gradient tensors (docs/SPEC.md "FP8"):
+// kDelayed from an amax history of earlier steps (TransformerEngine's DelayedScaling),
+// kCurrent from this step's own amax (an extra pass over X and d_y).
+enum class Fp8Recipe { kDelayed, kCurrent };
+// Which amax of the history a delayed scale comes from (TE's amax_compute_algo).
+enum class Fp8AmaxAlgo { kMax, kMostRecent };
+
+// TransformerEngine's DelayedScaling defaults.
+inline constexpr int64_t kDefaultFp8AmaxHistoryLen = 1024;
+inline constexpr int64_t kMaxFp8AmaxHistoryLen = 65536;
+inline constexpr int64_t kMaxFp8Margin = 32;
 
 struct LayerConfig {
   int64_t hidden = 0;       // H
@@ -45,6 +56,12 @@ struct LayerConfig {
   // kFloat32, kBFloat16, or kFloat8E4M3 for "FP8" (fp8 expert GEMMs, docs/SPEC.md "FP8").
   DType compute_dtype = DType::kFloat32;
   uint64_t init_seed = 0;
+
+  // FP8 only (docs/SPEC.md "FP8"); with another compute_dtype they must keep these defaults.
+  Fp8Recipe fp8_recipe = Fp8Recipe::kDelayed;
+  int64_t fp8_amax_history_len = kDefaultFp8AmaxHistoryLen;  // 1..65536 steps
+  int64_t fp8_margin = 0;                                      // 0..32: scale x 2^margin
+  Fp8AmaxAlgo fp8_amax_compute_algo = Fp8AmaxAlgo::kMax;
 };
 
 // Largest align_size ValidateConfig accepts.
@@ -65,6 +82,10 @@ const char* ScoreFunctionName(ScoreFunction f);  // "softmax", "sigmoid"
 const char* ActivationName(Activation a);        // "silu", "gelu", "relu", "linear"
 absl::StatusOr<ScoreFunction> ParseScoreFunction(absl::string_view name);
 absl::StatusOr<Activation> ParseActivation(absl::string_view name);
+const char* Fp8RecipeName(Fp8Recipe r);      // "DELAYED", "CURRENT"
+const char* Fp8AmaxAlgoName(Fp8AmaxAlgo a);  // "max", "most_recent"
+absl::StatusOr<Fp8Recipe> ParseFp8Recipe(absl::string_view name);
+absl::StatusOr<Fp8AmaxAlgo> ParseFp8AmaxAlgo(absl::string_view name);
 
 // Names of the compute datatypes: "FP32", "BF16", "FP8" (kFloat8E4M3; case-sensitive).
 const char* ComputeDTypeName(DType compute_dtype);

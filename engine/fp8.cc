@@ -86,4 +86,16 @@ float Fp8Scale(float amax, DType fp8) {
   return std::isfinite(scale) && scale >= FLT_MIN ? scale : 1.0f;
 }
 
+float Fp8DelayedAmax(const float* history, int64_t len, int64_t steps, int margin,
+                     bool most_recent) {
+  float amax = 0.0f;
+  if (steps > 0 && most_recent) {
+    amax = history[(steps - 1) % len];
+  } else {
+    // max is exact and order-free (NaN ignored, as fmaxf): the ring's order does not matter.
+    for (int64_t i = 0; i < std::min(steps, len); ++i) amax = std::fmax(amax, history[i]);
+  }
+  return std::ldexp(amax, margin);
+}
+
 }  // namespace moe

@@ -39,6 +39,12 @@ uint8_t FloatToFp8(float value, DType fp8);
 // infinities). Quantising is q = FloatToFp8(x / scale); the GEMM multiplies by the scales.
 float Fp8Scale(float amax, DType fp8);
 
+// Delayed scaling (engine/backend.h Fp8HistoryArgs, docs/SPEC.md "FP8"): from the ring
+// `history` [len] with `steps` recorded, ldexp(A, margin) in fp32, A the largest of the
+// min(steps, len) filled slots (most_recent: slot (steps - 1) % len; 0 when steps == 0).
+float Fp8DelayedAmax(const float* history, int64_t len, int64_t steps, int margin,
+                     bool most_recent);
+
 }  // namespace moe
 
 #endif  // MOED_ENGINE_FP8_H_

@@ -128,13 +128,15 @@ class MoeLayer {
   // none of the shards step; docs/SPEC.md "Updates").
   virtual absl::StatusOr<std::string> NonFiniteGradient() = 0;
   // Optimizer state by parameter: "<param>.m", "<param>.v" (AdamW) or "<param>.m" (SGD
-  // momentum), plus "step" ([1] fp32 holding the AdamW step count). Empty before the first
-  // step. For checkpoints.
+  // momentum), plus "step" ([1] fp32 holding the AdamW step count); empty before the first
+  // step. Under FP8 with delayed scaling also this rank's amax histories, "fp8.amax_history"
+  // [4, len] and "fp8.amax_steps" [4] (engine/fp8_history.h; emptied by SetParameter). For
+  // checkpoints.
   virtual std::vector<std::string> StateNames() const = 0;
   virtual absl::StatusOr<Tensor> GetState(const std::string& name) const = 0;
   virtual absl::Status SetState(const std::string& name, const Tensor& value) = 0;
-  // Drops every optimizer state (StateNames() empty again, as on a new layer: the next step
-  // starts momentum and AdamW's moments and step count from zero) and frees its memory.
+  // Drops every optimizer state (as on a new layer: the next step starts momentum and AdamW's
+  // moments and step count from zero) and frees its memory. The FP8 histories stay.
   virtual absl::Status ResetOptimizerState() = 0;
 
   // Aux-loss-free balancing (docs/SPEC.md Updates): b_e += rate * sign(mean(f) - f_e) over the

@@ -55,12 +55,13 @@ absl::Status BackwardPhaseGemms(Backend* backend, const std::vector<GemmArgs>& d
 
 }  // namespace
 
-absl::Status MoeLayerImpl::PrepareFp8Amax(Fp8Rows& q) {
+absl::Status MoeLayerImpl::PrepareFp8(Fp8Tensor t, bool producer_amax, int64_t rows, Fp8Rows& q) {
   if (config_.compute_dtype != DType::kFloat8E4M3) return absl::OkStatus();
   ASSIGN_OR_RETURN(q.scale, backend_->Allocate(kFp8ScaleStride * sizeof(float)));
   RETURN_IF_ERROR(backend_->Memset(q.scale.data(), 0, kFp8ScaleStride * sizeof(float)));
-  q.amax_from_producer = true;
-  return absl::OkStatus();
+  q.amax_from_producer = producer_amax;
+  if (rows == 0) return absl::OkStatus();
+  return fp8_history_.BeginStep(t, q.scale.as<float>() + 2, &q.history);
 }
 
 absl::Status MoeLayerImpl::QuantizeExpertRows(const std::vector<int64_t>& group_rows,
@@ -68,14 +69,13 @@ absl::Status MoeLayerImpl::QuantizeExpertRows(const std::vector<int64_t>& group_
   if (config_.compute_dtype != DType::kFloat8E4M3) return absl::OkStatus();
   int64_t rows = 0;
   for (int64_t r : group_rows) rows += r;
-  if (!q.amax_from_producer) {
-    ASSIGN_OR_RETURN(q.scale, backend_->Allocate(kFp8ScaleStride * sizeof(float)));
-  }
   ASSIGN_OR_RETURN(q.rows, backend_->Allocate(rows * cols));
   ASSIGN_OR_RETURN(q.columns, backend_->Allocate(cols * Fp8GroupedColumns(group_rows)));
   QuantizeArgs a;
   a.src = in, a.src_type = ExpertRowDType(config_), a.rows = rows, a.cols = cols, a.fp8 = q.fp8;
-  a.dst = q.rows.data(), a.scale = q.scale.as<float>(), a.amax = q.amax();
+  a.dst = q.rows.data(), a.scale = q.scale.as<float>(), a.amax = q.scale_amax();
+  // Delayed: this step's amax for the history, unless the producer recorded it already.
+  a.amax_out = q.amax_from_producer ? nullptr : q.history.amax;
   a.dst_grouped_t = q.columns.data(), a.group_rows = group_rows;
   return backend_->QuantizeFp8(a);
 }
@@ -179,6 +179,7 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   void* h = s.h.data();
   void* y = w.y_expert.data();
   // h = X_e . wi_e   ([rows, H] x [H, up])
+  RETURN_IF_ERROR(PrepareFp8(Fp8Tensor::kX, /*producer_amax=*/false, plan.expert_rows, s.x_fp8));
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, s.x_expert.data(), H, s.x_fp8));
   RETURN_IF_ERROR(backend_->GroupedGemm(ExpertDataGemms(
       plan.group_rows, s.x_expert.data(), s.x_fp8, H, *Find("wi"), /*transposed=*/false, up, h)));
@@ -191,7 +192,8 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   aa.dtype = cd, aa.h = h, aa.a = act.data();
   aa.up_bias = c.use_bias ? Find("wi_bias")->master.as<float>() : nullptr;
   aa.group_rows = plan.group_rows;
-  RETURN_IF_ERROR(PrepareFp8Amax(s.act_fp8));  // FP8: the activation kernel finds a's amax
+  // FP8: the activation kernel finds a's amax
+  RETURN_IF_ERROR(PrepareFp8(Fp8Tensor::kAct, /*producer_amax=*/true, plan.expert_rows, s.act_fp8));
   aa.amax = s.act_fp8.amax();
   RETURN_IF_ERROR(backend_->ActivationForward(aa));
   // y = a . wo_e   ([rows, F] x [F, H])
@@ -235,6 +237,7 @@ absl::Status MoeLayerImpl::ExpertsBackward(SavedStep& s, Buffer& d_y_buffer, voi
   ASSIGN_OR_RETURN(Buffer d_act, backend_->Allocate(plan.expert_rows * F * cs));
   Fp8Rows d_y_fp8;
   d_y_fp8.fp8 = kGradientFp8;
+  RETURN_IF_ERROR(PrepareFp8(Fp8Tensor::kDy, /*producer_amax=*/false, plan.expert_rows, d_y_fp8));
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_y, H, d_y_fp8));
   // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]), beside
   // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]) unless deferred (then, when flushing, beside
@@ -243,12 +246,11 @@ absl::Status MoeLayerImpl::ExpertsBackward(SavedStep& s, Buffer& d_y_buffer, voi
       ExpertDataGemms(plan.group_rows, d_y, d_y_fp8, H, wo, /*transposed=*/true, F, d_act.data());
   if (!defer || flush) {
     Buffer gathered[2];
-    ASSIGN_OR_RETURN(
-        const std::vector<GemmArgs> d_wo_gemms,
-        defer ? DeferredWeightGradGemms(wo, &DeferredWeightGrads::act, F, &DeferredWeightGrads::d_y,
-                                        H, gathered)
-              : ExpertWeightGradGemms(plan.group_rows, s.act.data(), s.act_fp8, F, d_y, d_y_fp8,
-                                      H, wo));
+    ASSIGN_OR_RETURN(const std::vector<GemmArgs> d_wo_gemms,
+                     defer ? DeferredWeightGradGemms(wo, &DeferredWeightGrads::act, F,
+                                                     &DeferredWeightGrads::d_y, H, gathered)
+                           : ExpertWeightGradGemms(plan.group_rows, s.act.data(), s.act_fp8, F, d_y,
+                                                   d_y_fp8, H, wo));
     RETURN_IF_ERROR(BackwardPhaseGemms(backend_, d_a_gemms, d_wo_gemms,
                                        /*accumulating=*/!wo.grad_zero));
     wo.grad_zero = false;
@@ -271,7 +273,8 @@ absl::Status MoeLayerImpl::ExpertsBackward(SavedStep& s, Buffer& d_y_buffer, voi
   aa.group_rows = plan.group_rows;
   Fp8Rows d_h_fp8;
   d_h_fp8.fp8 = kGradientFp8;
-  RETURN_IF_ERROR(PrepareFp8Amax(d_h_fp8));  // FP8: the activation kernel finds d_h's amax
+  // FP8: the activation kernel finds d_h's amax
+  RETURN_IF_ERROR(PrepareFp8(Fp8Tensor::kDh, /*producer_amax=*/true, plan.expert_rows, d_h_fp8));
   aa.amax = d_h_fp8.amax();
   RETURN_IF_ERROR(backend_->ActivationBackward(aa));
   d_act.Reset();
@@ -284,14 +287,14 @@ absl::Status MoeLayerImpl::ExpertsBackward(SavedStep& s, Buffer& d_y_buffer, voi
   // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]), beside
   // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up]) unless deferred (as d_wo above).
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_h.data(), up, d_h_fp8));
-  const std::vector<GemmArgs> d_x_gemms = ExpertDataGemms(
-      plan.group_rows, d_h.data(), d_h_fp8, up, wi, /*transposed=*/true, H, d_x_expert);
+  const std::vector<GemmArgs> d_x_gemms = ExpertDataGemms(plan.group_rows, d_h.data(), d_h_fp8, up,
+                                                          wi, /*transposed=*/true, H, d_x_expert);
   if (!defer) {
-    RETURN_IF_ERROR(BackwardPhaseGemms(backend_, d_x_gemms,
-                                       ExpertWeightGradGemms(plan.group_rows, s.x_expert.data(),
-                                                             s.x_fp8, H, d_h.data(), d_h_fp8, up,
-                                                             wi),
-                                       /*accumulating=*/!wi.grad_zero));
+    RETURN_IF_ERROR(
+        BackwardPhaseGemms(backend_, d_x_gemms,
+                           ExpertWeightGradGemms(plan.group_rows, s.x_expert.data(), s.x_fp8, H,
+                                                 d_h.data(), d_h_fp8, up, wi),
+                           /*accumulating=*/!wi.grad_zero));
     wi.grad_zero = false;
     return absl::OkStatus();
   }
@@ -376,10 +379,10 @@ absl::StatusOr<std::vector<GemmArgs>> MoeLayerImpl::DeferredWeightGradGemms(
       src += d.group_rows[el];
       dst[el] += d.group_rows[el];
     }
-    RETURN_IF_ERROR(backend_->CopyRowBlocks((d.*in).data(), gathered[0].data(), in_cols * cs,
-                                            blocks));
-    RETURN_IF_ERROR(backend_->CopyRowBlocks((d.*d_out).data(), gathered[1].data(),
-                                            out_cols * cs, blocks));
+    RETURN_IF_ERROR(
+        backend_->CopyRowBlocks((d.*in).data(), gathered[0].data(), in_cols * cs, blocks));
+    RETURN_IF_ERROR(
+        backend_->CopyRowBlocks((d.*d_out).data(), gathered[1].data(), out_cols * cs, blocks));
   }
   return ExpertWeightGradGemms(group_rows, gathered[0].data(), none, in_cols, gathered[1].data(),
                                none, out_cols, w);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine/dispatch.h"
+#include "engine/fp8_history.h"
 #include "engine/moe_layer.h"
 
 namespace moe {
@@ -50,13 +51,26 @@ struct LayerParam {
 // compute_dtype = FP8; `rows` is freed as soon as its GEMM is enqueued.
 struct Fp8Rows {
   DType fp8 = DType::kFloat8E4M3;
-  Buffer scale;    // float [kFp8ScaleStride]: [0] the scale, [1] the amax slot (see amax())
+  // float [kFp8ScaleStride]: [0] the scale, [1] the producer's amax slot under current scaling
+  // (see amax()), [2] the delayed amax from the history (from_history).
+  Buffer scale;
   Buffer rows;     // [rows, cols] codes
   Buffer columns;  // [cols, Fp8GroupedColumns(group_rows)] codes, zero pads
-  // Set by PrepareFp8Amax: the tensor's producer reduces its amax into amax() (e.g.
+  // Set by PrepareFp8: the tensor's producer reduces its amax into amax() (e.g.
   // ActivationArgs::amax), and QuantizeExpertRows skips its own amax pass.
   bool amax_from_producer = false;
-  float* amax() const { return amax_from_producer ? scale.as<float>() + 1 : nullptr; }
+  // Delayed scaling (PrepareFp8, Fp8History::Slot): where this step's amax is recorded, and
+  // whether the scale comes from the history's amax in scale[2] instead.
+  Fp8History::Slot history;
+  // Where the producer reduces the amax: the history slot under delayed scaling, else [1].
+  float* amax() const {
+    if (!amax_from_producer) return nullptr;
+    return history.amax != nullptr ? history.amax : scale.as<float>() + 1;
+  }
+  // The amax QuantizeArgs::amax gets: the history's, the producer's, or none (computed).
+  const float* scale_amax() const {
+    return history.from_history ? scale.as<float>() + 2 : amax();
+  }
   size_t bytes() const { return scale.size() + rows.size() + columns.size(); }
 };
 
@@ -257,9 +271,12 @@ class MoeLayerImpl : public MoeLayer {
   // (allocated here; the amax from q.amax() when PrepareFp8Amax ran). Otherwise nothing.
   absl::Status QuantizeExpertRows(const std::vector<int64_t>& group_rows, const void* in,
                                   int64_t cols, Fp8Rows& q);
-  // Under FP8: allocates q.scale with a zeroed amax slot and sets q.amax_from_producer, before
-  // the kernel that writes the tensor (which then fills q.amax()). Otherwise nothing.
-  absl::Status PrepareFp8Amax(Fp8Rows& q);
+  // Under FP8, before the tensor t of `rows` rows is written (the producer's kernel, or the
+  // quantisation's): allocates q.scale (zeroed), sets q.amax_from_producer to
+  // `producer_amax` (the producer then fills q.amax()), and under delayed scaling claims the
+  // tensor's history slot (q.history; none for an empty tensor, which records nothing).
+  // Otherwise nothing.
+  absl::Status PrepareFp8(Fp8Tensor t, bool producer_amax, int64_t rows, Fp8Rows& q);
   // FP8 expert GEMMs (moe_layer_experts.cc), one per local expert, of
   // out = in . weights^T, `in` the codes as stored of a [rows, k] input, weights [El, n, k]
   // e4m3 codes with [El] scales. None when there are no rows.
@@ -326,6 +343,9 @@ class MoeLayerImpl : public MoeLayer {
   std::vector<DeferredWeightGrads> deferred_;
   size_t deferred_bytes_ = 0;
   size_t deferred_budget_bytes_ = 0;
+  // Delayed FP8 scaling's amax histories (empty unless FP8 with the delayed recipe); emptied
+  // by SetParameter (SetWeights, a checkpoint's weights before its state).
+  Fp8History fp8_history_;
 };
 
 }  // namespace moe

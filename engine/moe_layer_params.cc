@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "engine/init.h"
@@ -109,6 +110,7 @@ absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled) {
   ASSIGN_OR_RETURN(const double fraction, DeferredWgradFractionFromEnv());
   deferred_budget_bytes_ =
       static_cast<size_t>(DeferredWgradBudgetBytes(c, comm_->size(), fraction));
+  ASSIGN_OR_RETURN(fp8_history_, Fp8History::Create(c, backend_));
   return backend_->Synchronize();
 }
 
@@ -220,6 +222,8 @@ absl::Status MoeLayerImpl::SetParameter(const std::string& name, const Tensor& v
   const Tensor f32 = value.ConvertTo(DType::kFloat32);
   RETURN_IF_ERROR(backend_->CopyFromHost(p->master.data(), f32.raw(), f32.num_bytes()));
   RETURN_IF_ERROR(RefreshComputeCopy(*p));
+  // New weights, new activations: delayed FP8 scales start again from the next step's amax.
+  RETURN_IF_ERROR(fp8_history_.Reset());
   return backend_->Synchronize();
 }
 
@@ -314,10 +318,12 @@ std::vector<std::string> MoeLayerImpl::StateNames() const {
     if (p.v.data() != nullptr) names.push_back(p.name + ".v");
   }
   if (optimizer_step_ > 0) names.push_back("step");
+  for (const std::string& name : fp8_history_.StateNames()) names.push_back(name);
   return names;
 }
 
 absl::StatusOr<Tensor> MoeLayerImpl::GetState(const std::string& name) const {
+  if (absl::StartsWith(name, "fp8.")) return fp8_history_.GetState(name);
   if (name == "step" && optimizer_step_ > 0) {
     return Tensor::FromFloats({1}, {static_cast<float>(optimizer_step_)});
   }
@@ -332,6 +338,7 @@ absl::StatusOr<Tensor> MoeLayerImpl::GetState(const std::string& name) const {
 }
 
 absl::Status MoeLayerImpl::SetState(const std::string& name, const Tensor& value) {
+  if (absl::StartsWith(name, "fp8.")) return fp8_history_.SetState(name, value);
   if (value.dtype() != DType::kFloat32 && value.dtype() != DType::kBFloat16 &&
       value.dtype() != DType::kFloat64) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -69,6 +69,24 @@ absl::StatusOr<LayerConfig> ConfigFromProto(const v1::LayerConfig& p) {
     c.compute_dtype = *dtype;
   }
   c.init_seed = p.init_seed();
+  if (!p.fp8_recipe().empty()) {
+    absl::StatusOr<Fp8Recipe> recipe = ParseFp8Recipe(p.fp8_recipe());
+    if (!recipe.ok()) {
+      return Invalid("config.fp8_recipe",
+                     absl::StrCat("\"", p.fp8_recipe(), "\" is not DELAYED or CURRENT"));
+    }
+    c.fp8_recipe = *recipe;
+  }
+  if (p.has_fp8_amax_history_len()) c.fp8_amax_history_len = p.fp8_amax_history_len();
+  c.fp8_margin = p.fp8_margin();
+  if (!p.fp8_amax_compute_algo().empty()) {
+    absl::StatusOr<Fp8AmaxAlgo> algo = ParseFp8AmaxAlgo(p.fp8_amax_compute_algo());
+    if (!algo.ok()) {
+      return Invalid("config.fp8_amax_compute_algo",
+                     absl::StrCat("\"", p.fp8_amax_compute_algo(), "\" is not max or most_recent"));
+    }
+    c.fp8_amax_compute_algo = *algo;
+  }
   return c;
 }
 
@@ -107,6 +125,10 @@ v1::LayerConfig ConfigToProto(const LayerConfig& c) {
   p.set_use_bias(c.use_bias);
   p.set_compute_dtype(ComputeDTypeName(c.compute_dtype));
   p.set_init_seed(c.init_seed);
+  p.set_fp8_recipe(Fp8RecipeName(c.fp8_recipe));
+  p.set_fp8_amax_history_len(c.fp8_amax_history_len);
+  p.set_fp8_margin(c.fp8_margin);
+  p.set_fp8_amax_compute_algo(Fp8AmaxAlgoName(c.fp8_amax_compute_algo));
   return p;
 }
 

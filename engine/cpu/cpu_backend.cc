@@ -73,6 +73,9 @@ class CpuBackend : public Backend {
   absl::Status QuantizeFp8(const QuantizeArgs& args) override {
     return cpu::QuantizeFp8(args, threads_);
   }
+  absl::Status Fp8HistoryAmax(const Fp8HistoryArgs& args) override {
+    return cpu::Fp8HistoryAmax(args);
+  }
 
   absl::Status Convert(const void* src, DType src_type, void* dst, DType dst_type,
                        int64_t count) override {

@@ -79,7 +79,20 @@ absl::Status QuantizeFp8(const QuantizeArgs& q, int threads) {
     const float scale = Fp8Scale(amax, q.fp8);
     q.scale[b * q.scale_stride] = scale;
     WriteCodes(q, base, scale, threads);
+    if (q.amax_out != nullptr) {  // batch 1 (CheckQuantizeArgs): this step's amax
+      float out = *q.amax_out;
+      for (int64_t i = 0; i < n; ++i)
+        out = std::fmax(out, std::fabs(LoadFloat(q.src, q.src_type, i)));
+      *q.amax_out = out;
+    }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Fp8HistoryAmax(const Fp8HistoryArgs& h) {
+  if (absl::Status s = CheckFp8HistoryArgs(h); !s.ok()) return s;  // engine/backend.h
+  *h.amax = Fp8DelayedAmax(h.history, h.len, h.steps, h.margin, h.most_recent);
+  h.history[h.steps % h.len] = 0.0f;
   return absl::OkStatus();
 }
 

@@ -33,6 +33,7 @@ absl::Status Gemm(const GemmArgs& args, int threads);
 
 // cpu_fp8.cc (Gemm hands FP8 operands to Fp8Gemm)
 absl::Status QuantizeFp8(const QuantizeArgs& args, int threads);
+absl::Status Fp8HistoryAmax(const Fp8HistoryArgs& args);
 absl::Status Fp8Gemm(const GemmArgs& args, int threads);
 
 // cpu_router.cc

@@ -43,7 +43,7 @@ absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {
   const int err = LaunchQuantizeFp8(
       q.src, ToKType(q.src_type), q.batch, q.rows, q.cols, q.transpose,
       q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2, static_cast<uint8_t*>(q.dst),
-      q.scale, q.scale_stride, q.amax, scratch, stream_);
+      q.scale, q.scale_stride, q.amax, q.amax_out, scratch, stream_);
   RETURN_IF_ERROR(ScratchFree(scratch));
   CUDA_RETURN_IF_ERROR(err);
   return absl::OkStatus();
@@ -60,9 +60,18 @@ absl::Status CudaBackend::QuantizeFp8Grouped(const QuantizeArgs& q) {
                                static_cast<int64_t>(q.group_rows.size()),
                                q.fp8 == DType::kFloat8E4M3 ? Fp8Kind::kE4M3 : Fp8Kind::kE5M2,
                                static_cast<uint8_t*>(q.dst), static_cast<uint8_t*>(q.dst_grouped_t),
-                               Fp8GroupedColumns(q.group_rows), q.scale, q.amax, scratch, stream_);
+                               Fp8GroupedColumns(q.group_rows), q.scale, q.amax, q.amax_out,
+                               scratch, stream_);
   RETURN_IF_ERROR(ScratchFree(scratch));
   CUDA_RETURN_IF_ERROR(err);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Fp8HistoryAmax(const Fp8HistoryArgs& h) {
+  RETURN_IF_ERROR(CheckFp8HistoryArgs(h));  // engine/backend.h
+  RETURN_IF_ERROR(Activate());
+  CUDA_RETURN_IF_ERROR(LaunchFp8HistoryAmax(h.history, h.len, h.steps, h.margin, h.most_recent,
+                                            h.amax, stream_));
   return absl::OkStatus();
 }
 

@@ -47,6 +47,7 @@ class CudaBackend : public Backend {
   // FP8 (cuda_backend_fp8.cc): compute capability >= 8.9, H and F multiples of 16.
   absl::Status CheckComputeDType(const LayerConfig& config) const override;
   absl::Status QuantizeFp8(const QuantizeArgs& args) override;
+  absl::Status Fp8HistoryAmax(const Fp8HistoryArgs& args) override;
 
   absl::Status Gemm(const GemmArgs& args) override;
   bool GemmReadsBf16A() const override { return split_fp32_gemm_; }

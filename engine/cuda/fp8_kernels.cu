@@ -44,6 +44,52 @@ __device__ __forceinline__ uint8_t Cast(float v, float scale, Fp8Kind fp8) {
                                                     fp8 == Fp8Kind::kE4M3 ? __NV_E4M3 : __NV_E5M2));
 }
 
+// Every thread of the block calls it: *amax_out = max(*amax_out, the block's largest `local`)
+// (delayed scaling's amax of this step, reduced while the codes are written; amax_out may be
+// null). Blocks of at most kThreads threads.
+__device__ __forceinline__ void ReduceAmaxOut(float local, uint32_t* amax_out) {
+  if (amax_out == nullptr) return;  // uniform over the block
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, offset));
+  }
+  __shared__ float warp_max[kThreads / 32];
+  const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+  const int warps = (blockDim.x * blockDim.y + 31) / 32;
+  if (tid % 32 == 0) warp_max[tid / 32] = local;
+  __syncthreads();
+  if (tid == 0) {
+    float block = 0.0f;
+    for (int w = 0; w < warps; ++w) block = fmaxf(block, warp_max[w]);
+    atomicMax(amax_out, __float_as_uint(block));
+  }
+}
+
+// One block of kThreads: engine/backend.h Fp8HistoryArgs (engine/fp8.h Fp8DelayedAmax).
+__global__ void HistoryAmaxKernel(float* __restrict__ history, int64_t len, int64_t steps,
+                                  int margin, bool most_recent, float* __restrict__ amax) {
+  float local = 0.0f;
+  if (steps > 0 && most_recent) {
+    if (threadIdx.x == 0) local = history[(steps - 1) % len];
+  } else {
+    const int64_t filled = steps < len ? steps : len;
+    for (int64_t i = threadIdx.x; i < filled; i += blockDim.x) local = fmaxf(local, history[i]);
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    local = fmaxf(local, __shfl_xor_sync(0xffffffffu, local, offset));
+  }
+  __shared__ float warp_max[kThreads / 32];
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = local;
+  __syncthreads();  // every read of the history is done before its slot is zeroed
+  if (threadIdx.x == 0) {
+    float block = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) block = fmaxf(block, warp_max[w]);
+    *amax = ldexpf(block, margin);
+    history[steps % len] = 0.0f;
+  }
+}
+
 // grid (blocks per matrix, batch): amax[b] = max |x| over matrix b (fmaxf drops NaN).
 template <int VEC, typename T>
 __global__ void AmaxKernel(const T* __restrict__ src, int64_t per_matrix,
@@ -164,7 +210,7 @@ __global__ void CastGroupedKernel(const T* __restrict__ src, int64_t cols,
                                   const uint32_t* __restrict__ amax, Fp8Kind fp8,
                                   uint8_t* __restrict__ dst, uint8_t* __restrict__ dst_t,
                                   int64_t ld_t, float* __restrict__ scale_out,
-                                  GroupedColumns table) {
+                                  GroupedColumns table, uint32_t* __restrict__ amax_out) {
   __shared__ uint8_t tile[kTile][kTile + 4];  // [j][c]; +4: conflict-free column reads
   __shared__ int64_t source_row[kTile];
   const float scale = ScaleFromAmax(amax[0], fp8);
@@ -179,15 +225,19 @@ __global__ void CastGroupedKernel(const T* __restrict__ src, int64_t cols,
     source_row[threadIdx.x] = j < j_end ? SourceRowOfColumn(table, j) : -1;
   }
   __syncthreads();
+  float local = 0.0f;
   for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
     const int64_t r = source_row[i], c = c0 + threadIdx.x;
     uint8_t code = 0;
     if (r >= 0 && c < cols) {
-      code = Cast(ToFloat(src[r * cols + c]), scale, fp8);
+      const float v = ToFloat(src[r * cols + c]);
+      local = fmaxf(local, fabsf(v));
+      code = Cast(v, scale, fp8);
       if (dst != nullptr) dst[r * cols + c] = code;
     }
     tile[i][threadIdx.x] = code;
   }
+  ReduceAmaxOut(local, amax_out);
   __syncthreads();
   for (int i = threadIdx.y; i < kTile; i += blockDim.y) {
     const int64_t c = c0 + i, j = j0 + threadIdx.x;
@@ -206,7 +256,8 @@ __global__ void __launch_bounds__(kThreads)
     CastGroupedWideKernel(const T* __restrict__ src, int64_t cols,
                           const uint32_t* __restrict__ amax, Fp8Kind fp8,
                           uint8_t* __restrict__ dst, uint8_t* __restrict__ dst_t, int64_t ld_t,
-                          float* __restrict__ scale_out, GroupedColumns table) {
+                          float* __restrict__ scale_out, GroupedColumns table,
+                          uint32_t* __restrict__ amax_out) {
   __shared__ __align__(8) uint8_t tile[kWideJ][kWideC + 8];  // [j][c], rows 8-byte aligned
   __shared__ int64_t source_row[kWideJ];
   const float scale = ScaleFromAmax(amax[0], fp8);
@@ -220,6 +271,7 @@ __global__ void __launch_bounds__(kThreads)
   }
   __syncthreads();
   constexpr int kVecs = kWideC / 8;  // 8-element vectors per tile row
+  float local = 0.0f;
   for (int i = threadIdx.x; i < kWideJ * kVecs; i += blockDim.x) {
     const int jl = i / kVecs, v = i % kVecs;
     const int64_t r = source_row[jl], c = c0 + v * 8;
@@ -227,6 +279,8 @@ __global__ void __launch_bounds__(kThreads)
     if (r >= 0 && c < cols) {
       float f[8];
       Load8(src + r * cols + c, f);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) local = fmaxf(local, fabsf(f[e]));
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         codes.x |= static_cast<uint32_t>(Cast(f[e], scale, fp8)) << (8 * e);
@@ -236,6 +290,7 @@ __global__ void __launch_bounds__(kThreads)
     }
     *reinterpret_cast<uint2*>(&tile[jl][v * 8]) = codes;
   }
+  ReduceAmaxOut(local, amax_out);
   __syncthreads();
   constexpr int kRuns = kWideJ / 8;  // 8-byte runs of destination columns per tile row
   for (int i = threadIdx.x; i < kWideC * kRuns; i += blockDim.x) {
@@ -289,9 +344,10 @@ int LaunchScaleOnly(const uint32_t* amax, Fp8Kind fp8, float* scale, cudaStream_
 int LaunchQuantizeFp8Grouped(const void* src, KType src_type, int64_t rows, int64_t cols,
                              const int64_t* group_rows, int64_t groups, Fp8Kind fp8,
                              uint8_t* dst, uint8_t* dst_grouped_t, int64_t ld_grouped,
-                             float* scale, const float* known_amax, void* scratch,
-                             void* stream) {
+                             float* scale, const float* known_amax, float* amax_out,
+                             void* scratch, void* stream) {
   if ((cols + kTile - 1) / kTile > 65535) return static_cast<int>(cudaErrorInvalidValue);
+  uint32_t* amax_out_bits = reinterpret_cast<uint32_t*>(amax_out);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const uint32_t* amax = reinterpret_cast<const uint32_t*>(known_amax);
   if (known_amax == nullptr) {
@@ -325,13 +381,14 @@ int LaunchQuantizeFp8Grouped(const void* src, KType src_type, int64_t rows, int6
                         static_cast<unsigned>((cols + kWideC - 1) / kWideC));
         CastGroupedWideKernel<T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(src), cols,
                                                            amax, fp8, dst, dst_grouped_t,
-                                                           ld_grouped, scale, table);
+                                                           ld_grouped, scale, table,
+                                                           amax_out_bits);
       } else {
         const dim3 grid(static_cast<unsigned>((columns + kTile - 1) / kTile),
                         static_cast<unsigned>((cols + kTile - 1) / kTile));
         CastGroupedKernel<T><<<grid, dim3(kTile, 8), 0, s>>>(
             static_cast<const T*>(src), cols, amax, fp8, dst, dst_grouped_t, ld_grouped, scale,
-            table);
+            table, amax_out_bits);
       }
       const int e = static_cast<int>(cudaGetLastError());
       if (e != 0) return e;
@@ -341,14 +398,23 @@ int LaunchQuantizeFp8Grouped(const void* src, KType src_type, int64_t rows, int6
   });
 }
 
+int LaunchFp8HistoryAmax(float* history, int64_t len, int64_t steps, int margin,
+                         bool most_recent, float* amax, void* stream) {
+  HistoryAmaxKernel<<<1, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      history, len, steps, margin, most_recent, amax);
+  return static_cast<int>(cudaGetLastError());
+}
+
 size_t QuantizeScratchBytes(int64_t batch) { return static_cast<size_t>(batch) * sizeof(uint32_t); }
 
 int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t rows, int64_t cols,
                       bool transpose, Fp8Kind fp8, uint8_t* dst, float* scale,
-                      int64_t scale_stride, const float* known_amax, void* scratch,
-                      void* stream) {
+                      int64_t scale_stride, const float* known_amax, float* amax_out,
+                      void* scratch, void* stream) {
   if (batch <= 0) return 0;
-  if (known_amax != nullptr && batch != 1) return static_cast<int>(cudaErrorInvalidValue);
+  if ((known_amax != nullptr || amax_out != nullptr) && batch != 1) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   uint32_t* reduced = static_cast<uint32_t*>(scratch);
   const uint32_t* amax =
@@ -379,6 +445,11 @@ int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t ro
       constexpr int V = decltype(vtag)::value;
       if (known_amax == nullptr) {
         AmaxKernel<V, T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(src), per_matrix, reduced);
+      }
+      // Not fused here (the layer quantises through the grouped path): an amax pass of its own.
+      if (amax_out != nullptr) {
+        AmaxKernel<V, T><<<grid, kThreads, 0, s>>>(static_cast<const T*>(src), per_matrix,
+                                                   reinterpret_cast<uint32_t*>(amax_out));
       }
       if (transpose) {
         const dim3 tgrid(static_cast<unsigned>((cols + kTile - 1) / kTile),

@@ -143,22 +143,28 @@ enum class Fp8Kind : int { kE4M3 = 0, kE5M2 = 1 };
 // float), dst = the codes of src / that scale (as stored, or each matrix transposed). `scratch` holds
 // QuantizeScratchBytes(batch) bytes (the amax words; zeroed here). known_amax (nullable,
 // batch 1): the source's amax, already computed (QuantizeArgs::amax); no amax pass then.
+// amax_out (nullable, batch 1): *amax_out = max(*amax_out, max |src|) (QuantizeArgs::amax_out;
+// here by an amax pass of its own, fused into the cast in the grouped launch below).
 size_t QuantizeScratchBytes(int64_t batch);
 int LaunchQuantizeFp8(const void* src, KType src_type, int64_t batch, int64_t rows, int64_t cols,
                       bool transpose, Fp8Kind fp8, uint8_t* dst, float* scale,
-                      int64_t scale_stride, const float* known_amax, void* scratch,
-                      void* stream);
+                      int64_t scale_stride, const float* known_amax, float* amax_out,
+                      void* scratch, void* stream);
 // The same for one matrix [rows, cols] whose rows form `groups` groups (host list group_rows,
 // summing to rows): the codes go to dst (as stored; nullptr: not written) and to
 // dst_grouped_t [cols, ld_grouped], each group's rows transposed into its own run of columns
 // rounded up to 16 with zero codes in the pads (engine/backend.h QuantizeArgs::dst_grouped_t;
 // ld_grouped = the sum of the rounded group sizes). cols <= 65535 * 32. `scratch` holds
-// QuantizeScratchBytes(1) bytes; known_amax as above.
+// QuantizeScratchBytes(1) bytes; known_amax as above; amax_out reduced by the cast kernels
+// themselves, from the values they read anyway.
 int LaunchQuantizeFp8Grouped(const void* src, KType src_type, int64_t rows, int64_t cols,
                              const int64_t* group_rows, int64_t groups, Fp8Kind fp8,
                              uint8_t* dst, uint8_t* dst_grouped_t, int64_t ld_grouped,
-                             float* scale, const float* known_amax, void* scratch,
-                             void* stream);
+                             float* scale, const float* known_amax, float* amax_out,
+                             void* scratch, void* stream);
+// engine/backend.h Fp8HistoryArgs, one small kernel (checked by the caller).
+int LaunchFp8HistoryAmax(float* history, int64_t len, int64_t steps, int margin,
+                         bool most_recent, float* amax, void* stream);
 
 }  // namespace cuda
 }  // namespace moe

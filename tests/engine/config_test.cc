@@ -188,6 +188,64 @@ TEST(ConfigTest, StringRoundTripIsExact) {
   EXPECT_FALSE(back->gated);
 }
 
+TEST(ConfigTest, Fp8KnobsHaveTransformerEngineDefaultsAndRanges) {
+  LayerConfig c = Tiny();
+  EXPECT_EQ(c.fp8_recipe, Fp8Recipe::kDelayed);
+  EXPECT_EQ(c.fp8_amax_history_len, 1024);
+  EXPECT_EQ(c.fp8_margin, 0);
+  EXPECT_EQ(c.fp8_amax_compute_algo, Fp8AmaxAlgo::kMax);
+  c.compute_dtype = DType::kFloat8E4M3;
+  c.fp8_recipe = Fp8Recipe::kCurrent;
+  c.fp8_amax_history_len = 1;
+  c.fp8_margin = 32;
+  c.fp8_amax_compute_algo = Fp8AmaxAlgo::kMostRecent;
+  EXPECT_TRUE(ValidateConfig(c, 1).ok());
+  c.fp8_amax_history_len = 0;
+  ExpectInvalid(c, 1, "fp8_amax_history_len", "[1, 65536]");
+  c.fp8_amax_history_len = 65537;
+  ExpectInvalid(c, 1, "fp8_amax_history_len", "[1, 65536]");
+  c.fp8_amax_history_len = 16;
+  c.fp8_margin = -1;
+  ExpectInvalid(c, 1, "fp8_margin", "[0, 32]");
+  c.fp8_margin = 33;
+  ExpectInvalid(c, 1, "fp8_margin", "[0, 32]");
+  // Ignored knobs are errors: away from their defaults they need compute_dtype FP8.
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    LayerConfig other = Tiny();
+    other.compute_dtype = dtype;
+    other.fp8_recipe = Fp8Recipe::kCurrent;
+    ExpectInvalid(other, 1, "fp8_recipe", "only applies to compute_dtype=FP8");
+    other = Tiny();
+    other.compute_dtype = dtype;
+    other.fp8_margin = 1;
+    ExpectInvalid(other, 1, "fp8_margin", "only applies to compute_dtype=FP8");
+  }
+}
+
+TEST(ConfigTest, Fp8KnobsRoundTripAndOldTextKeepsTheDefaults) {
+  LayerConfig c = Tiny();
+  c.compute_dtype = DType::kFloat8E4M3;
+  c.fp8_recipe = Fp8Recipe::kCurrent;
+  c.fp8_amax_history_len = 7;
+  c.fp8_margin = 3;
+  c.fp8_amax_compute_algo = Fp8AmaxAlgo::kMostRecent;
+  absl::StatusOr<LayerConfig> back = ConfigFromString(ConfigToString(c));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->fp8_recipe, Fp8Recipe::kCurrent);
+  EXPECT_EQ(back->fp8_amax_history_len, 7);
+  EXPECT_EQ(back->fp8_margin, 3);
+  EXPECT_EQ(back->fp8_amax_compute_algo, Fp8AmaxAlgo::kMostRecent);
+  // A config written before the FP8 knobs existed (an old checkpoint's config.txt).
+  absl::StatusOr<LayerConfig> old = ConfigFromString("hidden=32 ffn=64 compute_dtype=FP8");
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->fp8_recipe, Fp8Recipe::kDelayed);
+  EXPECT_EQ(old->fp8_amax_history_len, kDefaultFp8AmaxHistoryLen);
+  EXPECT_EQ(ConfigFromString("fp8_recipe=LATE").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ConfigFromString("fp8_amax_compute_algo=mean").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ConfigTest, FromStringRejectsBadInput) {
   EXPECT_EQ(ConfigFromString("hidden=32 bogus=1").status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -698,6 +698,59 @@ TEST(CudaOps, QuantizeFp8GroupedIsBitwiseTheEmulation) {
   }
 }
 
+// Delayed scaling (docs/SPEC.md "FP8"): Fp8HistoryAmax's amax and zeroed slot, then the grouped
+// quantisation with that amax (saturating where the tensor outgrew it) reducing this step's
+// amax into the slot inside its cast kernels: scale, codes and recorded amax bitwise the CPU's.
+TEST(CudaOps, Fp8DelayedScalingIsBitwiseTheEmulation) {
+  BackendPair bp;
+  REQUIRE_GPU(bp);
+  const std::vector<int64_t> group_rows = {5, 0, 300, 17};
+  const int64_t rows = 322, ld = Fp8GroupedColumns(group_rows);
+  for (int64_t cols : {64, 53}) {
+    for (bool most_recent : {false, true}) {
+      std::vector<float> v = RandomFloats(rows * cols, 960 + cols, 3.0f);
+      v[3] = NAN;
+      const std::vector<float> ring = {0.5f, 2.0f, 3.0f, 1.25f, 7.0f};
+      Mirrored history = bp.Upload(ring);
+      Mirrored src = bp.Upload(FloatsToBf16(v));
+      Mirrored dst = bp.Output(rows * cols), grouped = bp.Output(cols * ld);
+      Mirrored scale = bp.Output(4 * sizeof(float));
+      Both(bp, [&](Backend* be, bool g) {
+        Fp8HistoryArgs h;
+        h.history = P<float>(history, g), h.len = 5, h.steps = 7, h.margin = 1;
+        h.most_recent = most_recent, h.amax = P<float>(scale, g) + 2;
+        absl::Status s = be->Fp8HistoryAmax(h);
+        if (!s.ok()) return s;
+        QuantizeArgs q;
+        q.src = P(src, g), q.src_type = DType::kBFloat16, q.rows = rows, q.cols = cols;
+        q.dst = P(dst, g), q.scale = P<float>(scale, g), q.amax = P<float>(scale, g) + 2;
+        q.amax_out = P<float>(history, g) + 7 % 5;
+        q.dst_grouped_t = P(grouped, g), q.group_rows = group_rows;
+        return be->QuantizeFp8(q);
+      });
+      SCOPED_TRACE(testing::Message() << cols << " cols, most_recent " << most_recent);
+      Results<float> scales = bp.Download<float>(scale, 4);
+      EXPECT_EQ(std::memcmp(&scales.cpu[0], &scales.gpu[0], sizeof(float)), 0) << "scale";
+      EXPECT_EQ(std::memcmp(&scales.cpu[2], &scales.gpu[2], sizeof(float)), 0) << "amax";
+      EXPECT_EQ(scales.cpu[2], most_recent ? 4.0f : 14.0f);  // 2^1 x (slot 6 % 5 | the max)
+      Results<float> after = bp.Download<float>(history, 5);
+      EXPECT_EQ(std::memcmp(after.cpu.data(), after.gpu.data(), 5 * sizeof(float)), 0);
+      EXPECT_GT(after.cpu[2], 0.0f) << "this step's amax in slot 7 % 5";
+      for (bool layout_rows : {true, false}) {
+        Results<uint8_t> codes = bp.Download<uint8_t>(layout_rows ? dst : grouped,
+                                                      layout_rows ? rows * cols : cols * ld);
+        int value_mismatches = 0;
+        for (size_t i = 0; i < codes.cpu.size(); ++i) {
+          const float a = Fp8ToFloat(codes.cpu[i], DType::kFloat8E4M3);
+          const float b = Fp8ToFloat(codes.gpu[i], DType::kFloat8E4M3);
+          if (!(a == b || (std::isnan(a) && std::isnan(b)))) ++value_mismatches;
+        }
+        EXPECT_EQ(value_mismatches, 0) << (layout_rows ? "as stored" : "grouped transposed");
+      }
+    }
+  }
+}
+
 // The FP8 weight-gradient GEMMs as the layer runs them (moe_layer_experts.cc,
 // ExpertWeightGradGemms): per expert C_e (+)= A_e . B_e^T on the grouped codes (k = the group's
 // padded rows, zero pads), fp32 C written with beta 0 over stale NaNs (empty experts: zeros)

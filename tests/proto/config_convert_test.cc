@@ -76,6 +76,36 @@ TEST(ConfigConvertTest, Fp8ComputeDTypeRoundTrips) {
   EXPECT_THAT(ConfigFromProto(proto).status().message(), HasSubstr("config.compute_dtype"));
 }
 
+TEST(ConfigConvertTest, Fp8RecipeFieldsDefaultAndRoundTrip) {
+  v1::LayerConfig proto = Shape();
+  proto.set_compute_dtype("FP8");
+  absl::StatusOr<LayerConfig> config = ConfigFromProto(proto);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->fp8_recipe, Fp8Recipe::kDelayed);  // proto/moe.proto: empty = DELAYED
+  EXPECT_EQ(config->fp8_amax_history_len, 1024);
+  EXPECT_EQ(config->fp8_margin, 0);
+  EXPECT_EQ(config->fp8_amax_compute_algo, Fp8AmaxAlgo::kMax);
+  proto.set_fp8_recipe("CURRENT");
+  proto.set_fp8_amax_history_len(16);
+  proto.set_fp8_margin(2);
+  proto.set_fp8_amax_compute_algo("most_recent");
+  config = ConfigFromProto(proto);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->fp8_recipe, Fp8Recipe::kCurrent);
+  EXPECT_EQ(config->fp8_amax_history_len, 16);
+  EXPECT_EQ(config->fp8_margin, 2);
+  EXPECT_EQ(config->fp8_amax_compute_algo, Fp8AmaxAlgo::kMostRecent);
+  const v1::LayerConfig again = ConfigToProto(*config);
+  EXPECT_EQ(again.fp8_recipe(), "CURRENT");
+  EXPECT_EQ(again.fp8_amax_compute_algo(), "most_recent");
+  EXPECT_EQ(ConfigToString(*ConfigFromProto(again)), ConfigToString(*config));
+  proto.set_fp8_recipe("delayed");  // case-sensitive, as compute_dtype
+  EXPECT_THAT(ConfigFromProto(proto).status().message(), HasSubstr("config.fp8_recipe"));
+  proto.set_fp8_recipe("");
+  proto.set_fp8_amax_compute_algo("mean");
+  EXPECT_THAT(ConfigFromProto(proto).status().message(), HasSubstr("config.fp8_amax_compute_algo"));
+}
+
 TEST(ConfigConvertTest, EveryActivationRoundTrips) {
   for (v1::Activation activation :
        {v1::ACTIVATION_SILU, v1::ACTIVATION_GELU, v1::ACTIVATION_RELU, v1::ACTIVATION_LINEAR}) {
