@@ -645,6 +645,17 @@ std::vector<int64_t> GroupRowsFor(int64_t groups, uint64_t seed) {
 
 // The grouped transposed FP8 layout (QuantizeArgs::dst_grouped_t, the weight-gradient GEMMs'
 // operands): the GPU's codes (both layouts, pads included) and scale are the emulation's.
+// The e4m3 codes whose values differ between the two backends (every NaN code is one value).
+int E4M3ValueMismatches(const Results<uint8_t>& codes) {
+  int mismatches = 0;
+  for (size_t i = 0; i < codes.cpu.size(); ++i) {
+    const float a = Fp8ToFloat(codes.cpu[i], DType::kFloat8E4M3);
+    const float b = Fp8ToFloat(codes.gpu[i], DType::kFloat8E4M3);
+    if (!(a == b || (std::isnan(a) && std::isnan(b)))) ++mismatches;
+  }
+  return mismatches;
+}
+
 TEST(CudaOps, QuantizeFp8GroupedIsBitwiseTheEmulation) {
   BackendPair bp;
   REQUIRE_GPU(bp);
@@ -686,13 +697,8 @@ TEST(CudaOps, QuantizeFp8GroupedIsBitwiseTheEmulation) {
         if (layout_rows && !qc.with_rows) continue;
         Results<uint8_t> codes =
             bp.Download<uint8_t>(layout_rows ? dst : grouped, layout_rows ? n : qc.cols * ld);
-        int value_mismatches = 0;
-        for (size_t i = 0; i < codes.cpu.size(); ++i) {
-          const float a = Fp8ToFloat(codes.cpu[i], DType::kFloat8E4M3);
-          const float b = Fp8ToFloat(codes.gpu[i], DType::kFloat8E4M3);
-          if (!(a == b || (std::isnan(a) && std::isnan(b)))) ++value_mismatches;
-        }
-        EXPECT_EQ(value_mismatches, 0) << (layout_rows ? "as stored" : "grouped transposed");
+        EXPECT_EQ(E4M3ValueMismatches(codes), 0)
+            << (layout_rows ? "as stored" : "grouped transposed");
       }
     }
   }
@@ -739,13 +745,8 @@ TEST(CudaOps, Fp8DelayedScalingIsBitwiseTheEmulation) {
       for (bool layout_rows : {true, false}) {
         Results<uint8_t> codes = bp.Download<uint8_t>(layout_rows ? dst : grouped,
                                                       layout_rows ? rows * cols : cols * ld);
-        int value_mismatches = 0;
-        for (size_t i = 0; i < codes.cpu.size(); ++i) {
-          const float a = Fp8ToFloat(codes.cpu[i], DType::kFloat8E4M3);
-          const float b = Fp8ToFloat(codes.gpu[i], DType::kFloat8E4M3);
-          if (!(a == b || (std::isnan(a) && std::isnan(b)))) ++value_mismatches;
-        }
-        EXPECT_EQ(value_mismatches, 0) << (layout_rows ? "as stored" : "grouped transposed");
+        EXPECT_EQ(E4M3ValueMismatches(codes), 0)
+            << (layout_rows ? "as stored" : "grouped transposed");
       }
     }
   }
