@@ -58,10 +58,11 @@ absl::Status BackwardPhaseGemms(Backend* backend, const std::vector<GemmArgs>& d
 absl::Status MoeLayerImpl::PrepareFp8(Fp8Tensor t, bool producer_amax, int64_t rows, Fp8Rows& q) {
   if (config_.compute_dtype != DType::kFloat8E4M3) return absl::OkStatus();
   ASSIGN_OR_RETURN(q.scale, backend_->Allocate(kFp8ScaleStride * sizeof(float)));
-  RETURN_IF_ERROR(backend_->Memset(q.scale.data(), 0, kFp8ScaleStride * sizeof(float)));
   q.amax_from_producer = producer_amax;
-  if (rows == 0) return absl::OkStatus();
-  return fp8_history_.BeginStep(t, q.scale.as<float>() + 2, &q.history);
+  if (rows > 0) RETURN_IF_ERROR(fp8_history_.BeginStep(t, q.scale.as<float>() + 2, &q.history));
+  // The producer reduces into a zeroed slot: the history's (zeroed by BeginStep) or scale[1].
+  if (!producer_amax || q.history.amax != nullptr) return absl::OkStatus();
+  return backend_->Memset(q.scale.data(), 0, kFp8ScaleStride * sizeof(float));
 }
 
 absl::Status MoeLayerImpl::QuantizeExpertRows(const std::vector<int64_t>& group_rows,

@@ -272,7 +272,8 @@ class MoeLayerImpl : public MoeLayer {
   absl::Status QuantizeExpertRows(const std::vector<int64_t>& group_rows, const void* in,
                                   int64_t cols, Fp8Rows& q);
   // Under FP8, before the tensor t of `rows` rows is written (the producer's kernel, or the
-  // quantisation's): allocates q.scale (zeroed), sets q.amax_from_producer to
+  // quantisation's): allocates q.scale (its amax slot zeroed where a producer fills it), sets
+  // q.amax_from_producer to
   // `producer_amax` (the producer then fills q.amax()), and under delayed scaling claims the
   // tensor's history slot (q.history; none for an empty tensor, which records nothing).
   // Otherwise nothing.
