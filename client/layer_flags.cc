@@ -28,6 +28,9 @@ ABSL_FLAG(bool, gated, true, "Layer: gated FFN (SwiGLU-style wi = [wi_0 | wi_1])
 ABSL_FLAG(bool, use_bias, false, "Layer: bias terms wi_bias and wo_bias.");
 ABSL_FLAG(std::string, compute_dtype, "fp32",
           "Layer: expert GEMM datatype, fp32|bf16|fp8 (fp8: e4m3 GEMMs, docs/SPEC.md).");
+ABSL_FLAG(std::string, fp8_recipe, "",
+          "Layer, fp8 only: delayed|current scaling of the activations and gradients "
+          "(docs/SPEC.md \"FP8\"); empty = the server's default (delayed).");
 ABSL_FLAG(uint64_t, seed, 0, "Layer: seed of the deterministic weight initialisation.");
 
 namespace moe {
@@ -81,6 +84,12 @@ absl::StatusOr<v1::LayerConfig> LayerConfigFromFlags() {
         "--compute_dtype: '", absl::GetFlag(FLAGS_compute_dtype), "' is not fp32, bf16 or fp8"));
   }
   config.set_compute_dtype(dtype);
+  const std::string recipe = absl::AsciiStrToUpper(absl::GetFlag(FLAGS_fp8_recipe));
+  if (!recipe.empty() && recipe != "DELAYED" && recipe != "CURRENT") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--fp8_recipe: '", absl::GetFlag(FLAGS_fp8_recipe), "' is not delayed or current"));
+  }
+  config.set_fp8_recipe(recipe);
   config.set_init_seed(absl::GetFlag(FLAGS_seed));
   return config;
 }
@@ -110,6 +119,9 @@ std::string DescribeLayerConfig(const v1::LayerConfig& c) {
       (c.has_gated() ? c.gated() : kDefaultGated) ? " gated" : " plain", " compute=",
       c.compute_dtype().empty() ? ComputeDTypeName(kDefaultComputeDType) : c.compute_dtype(),
       " seed=", c.init_seed());
+  if (c.compute_dtype() == "FP8") {
+    absl::StrAppend(&out, " fp8_recipe=", c.fp8_recipe().empty() ? "DELAYED" : c.fp8_recipe());
+  }
   if (c.pre_softmax()) absl::StrAppend(&out, " pre_softmax");
   if (c.num_groups() > 0) {
     absl::StrAppend(&out, " groups=", c.num_groups(), "/top", c.group_topk());

@@ -93,6 +93,23 @@ TEST_F(LayerFlagsTest, Fp8ComputeDType) {
   auto engine = ConfigFromProto(*config);
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ(engine->compute_dtype, DType::kFloat8E4M3);
+  EXPECT_EQ(engine->fp8_recipe, Fp8Recipe::kDelayed);  // unset: the server's default
+  EXPECT_NE(DescribeLayerConfig(*config).find("fp8_recipe=DELAYED"), std::string::npos);
+}
+
+TEST_F(LayerFlagsTest, Fp8Recipe) {
+  absl::FlagSaver saver;
+  Parse({"--compute_dtype=fp8", "--fp8_recipe=current"});
+  auto config = LayerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->fp8_recipe(), "CURRENT");
+  auto engine = ConfigFromProto(*config);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ(engine->fp8_recipe, Fp8Recipe::kCurrent);
+  EXPECT_NE(DescribeLayerConfig(*config).find("fp8_recipe=CURRENT"), std::string::npos);
+  Parse({"--fp8_recipe=late"});
+  EXPECT_NE(LayerConfigFromFlags().status().message().find("--fp8_recipe"),
+            absl::string_view::npos);
 }
 
 TEST_F(LayerFlagsTest, UnknownNamesAreInvalidArgumentNamingTheFlag) {
