@@ -2,7 +2,6 @@
 // set at once, and what its failures say about the workers.
 #include <grpcpp/grpcpp.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <memory>
@@ -208,16 +207,6 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
       },
       options.cancelled, contexts, &fan_out_threads_);
   EndCalls(contexts);
-  {
-    // A rank whose call was answered (OK or the worker's own error, not a transport failure)
-    // is alive: its answer counts as a ping's, so a worker too busy to answer the heartbeat in
-    // time (overload: every core on steps) while it answers its steps is not declared dead.
-    absl::MutexLock lock(&mu_);
-    for (int r = 0; r < n; ++r) {
-      if (IsTransport(results[r].code()) || slots_[r].stub != set.stubs[r]) continue;
-      slots_[r].last_seen = std::max(slots_[r].last_seen, ended[r]);
-    }
-  }
 
   const FanOutFailures failures = CountFailures(set, results, ended, deadline);
   if (failures.failed == 0) return absl::OkStatus();

@@ -46,14 +46,6 @@ double CpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
 }
 
-// Resident memory of `pid` in bytes.
-int64_t ResidentBytes(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/statm"));
-  int64_t size = 0, resident = 0;
-  in >> size >> resident;
-  return resident * sysconf(_SC_PAGESIZE);
-}
-
 class IsolationTest : public OwnClusterTest {
  protected:
   grpc::Status Forward(const std::string& layer, const v1::Tensor& x, bool keep,

@@ -7,7 +7,10 @@
 // callers released their steps the service serves again.
 //
 // Scaled for a loaded 2-core machine: the admission flag is tuned down to the test's small
-// layers instead of sending huge tensors.
+// layers instead of sending huge tensors. It pins today's behaviour (it passes on the main it
+// was written against). At full scale (64 callers of 4000-token steps, H 256) on a 2-core
+// machine at load ~80 the workers missed pings for over --worker_dead_after_ms and the pool
+// re-formed (UNAVAILABLE): liveness timeouts, not admission control, are what gives there.
 #include <signal.h>
 #include <unistd.h>
 
@@ -46,14 +49,6 @@ v1::LayerConfig OverloadConfig(int layer) {
   c.set_top_k(2);
   c.set_init_seed(100 + layer);
   return c;
-}
-
-// Resident memory of `pid` in bytes.
-int64_t ResidentBytes(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/statm"));
-  int64_t size = 0, resident = 0;
-  in >> size >> resident;
-  return resident * sysconf(_SC_PAGESIZE);
 }
 
 class OverloadTest : public OwnClusterTest {
