@@ -132,14 +132,15 @@ absl::Status MoeServiceImpl::ChangeOnWorkers(Turn& turn, const char* method, abs
   bool partial = false;
   absl::Status status = FanOutOnLayer(turn, deadline, fn, collective, 0, &partial);
   if (status.ok() || !partial) return status;
-  if (idempotent) {
+  // The retry has what is left of the call's deadline, not a deadline of its own: the caller
+  // hears within --step_timeout_ms (a call that ran to its deadline is not retried).
+  if (idempotent && absl::Now() < deadline) {
     absl::StatusOr<WorkerSet> set = pool_->Serving();
     if (set.ok() && set->generation == turn.set.generation) {
       std::fprintf(stderr, "moed: layer %s: %s failed on some workers (%s); retrying it\n",
                    turn.layer().name.c_str(), method, std::string(status.message()).c_str());
       bool retry_partial = false;
-      absl::Status retried = FanOutOnLayer(turn, absl::Now() + options_.step_timeout, fn,
-                                           collective, 0, &retry_partial);
+      absl::Status retried = FanOutOnLayer(turn, deadline, fn, collective, 0, &retry_partial);
       if (retried.ok()) return retried;
       status = retried;
     }

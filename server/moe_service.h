@@ -481,10 +481,12 @@ class MoeServiceImpl final : public MoeServiceBase {
   // may have taken effect on some workers only marks the layer diverged, naming `method`
   // and the error (gradients_only: the call changes nothing but gradients).
   // With `idempotent` (fn sends an op_id the workers apply at most once: ApplyOptimizer,
-  // UpdateExpertBias), such a failure is first retried once on every worker with a fresh
-  // deadline: the workers that applied it answer without applying it again, the others
-  // apply it now (nothing else ran on the layer meanwhile: the turn is held), so the call
-  // happens on every worker or, if the retry fails too, the layer is diverged.
+  // UpdateExpertBias), such a failure is first retried once on every worker within what is
+  // left of `deadline` (none after a call that ran to it: the caller hears by the deadline):
+  // the workers that applied it answer without applying it again, the others apply it now
+  // (nothing else ran on the layer meanwhile: the turn is held), so the call happens on every
+  // worker or, if the retry fails too or there was no time left for one, the layer is
+  // diverged.
   absl::Status ChangeOnWorkers(Turn& turn, const char* method, absl::Time deadline,
                                const WorkerPool::WorkerFn& fn, bool collective,
                                bool gradients_only = false, bool idempotent = false);
@@ -509,13 +511,13 @@ class MoeServiceImpl final : public MoeServiceBase {
                                  const v1::ApplyOptimizerRequest& request, double grad_scale,
                                  v1::ApplyOptimizerResponse* response);
   // Before a step: asks every worker of the turn whether its gradients are finite
-  // (CheckGradients; changes nothing). *non_finite: the first tensor one of them found
-  // non-finite (empty: all finite).
-  absl::Status FindNonFiniteGradient(Turn& turn, grpc::ServerContextBase* context,
-                                     std::string* non_finite);
+  // (CheckGradients; changes nothing), by `deadline` (the step's: check and step share one).
+  // *non_finite: the first tensor one of them found non-finite (empty: all finite).
+  absl::Status FindNonFiniteGradient(Turn& turn, absl::Time deadline, std::string* non_finite);
   // The step refused or skipped for a non-finite gradient `tensor`: FAILED_PRECONDITION
-  // changing nothing, or with skip_non_finite the gradients zeroed and an OK answer saying so.
-  absl::Status RefuseOrSkipStep(Turn& turn, grpc::ServerContextBase* context,
+  // changing nothing, or with skip_non_finite the gradients zeroed (by `deadline`) and an OK
+  // answer saying so.
+  absl::Status RefuseOrSkipStep(Turn& turn, absl::Time deadline,
                                 const v1::ApplyOptimizerRequest& request, const std::string& tensor,
                                 v1::ApplyOptimizerResponse* response);
   // ApplyOptimizer with num_ranks > 1 (server/data_parallel_steps.h): the call that completes

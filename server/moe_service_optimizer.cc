@@ -83,9 +83,12 @@ absl::Status MoeServiceImpl::ApplyOptimizerNow(grpc::ServerContextBase* context,
   if (request.has_expected_optimizer_step()) {
     RETURN_IF_ERROR(CheckExpectedStep(turn->layer(), request.expected_optimizer_step()));
   }
+  // One deadline for the check, the step and their retries: the caller hears within
+  // --step_timeout_ms whichever of them a stopped worker holds up.
+  const absl::Time deadline = InternalDeadline(context, true);
   std::string non_finite;
-  RETURN_IF_ERROR(FindNonFiniteGradient(*turn, context, &non_finite));
-  if (!non_finite.empty()) return RefuseOrSkipStep(*turn, context, request, non_finite, response);
+  RETURN_IF_ERROR(FindNonFiniteGradient(*turn, deadline, &non_finite));
+  if (!non_finite.empty()) return RefuseOrSkipStep(*turn, deadline, request, non_finite, response);
   internal::WorkerOptimizerRequest call;
   call.set_generation(turn->set.generation);
   call.set_layer_id(turn->layer().id);
@@ -94,7 +97,7 @@ absl::Status MoeServiceImpl::ApplyOptimizerNow(grpc::ServerContextBase* context,
   if (grad_scale != 1.0) call.set_grad_scale(grad_scale);
   call.set_op_id(next_step_id_++);  // applied at most once per worker: retried if partial
   RETURN_IF_ERROR(ChangeOnWorkers(
-      *turn, "ApplyOptimizer", InternalDeadline(context, true),
+      *turn, "ApplyOptimizer", deadline,
       [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
         internal::WorkerEmpty empty;
         return FromGrpcStatus(stub->ApplyOptimizer(ctx, call, &empty));
@@ -113,7 +116,7 @@ absl::Status MoeServiceImpl::ApplyOptimizerNow(grpc::ServerContextBase* context,
   return absl::OkStatus();
 }
 
-absl::Status MoeServiceImpl::FindNonFiniteGradient(Turn& turn, grpc::ServerContextBase* context,
+absl::Status MoeServiceImpl::FindNonFiniteGradient(Turn& turn, absl::Time deadline,
                                                    std::string* non_finite) {
   internal::WorkerLayerRequest call;
   call.set_generation(turn.set.generation);
@@ -125,16 +128,15 @@ absl::Status MoeServiceImpl::FindNonFiniteGradient(Turn& turn, grpc::ServerConte
     return FromGrpcStatus(stub->CheckGradients(ctx, call, &answers[r]));
   };
   bool partial = false;
-  absl::Status checked = FanOutOnLayer(turn, InternalDeadline(context, true), check,
-                                       /*collective=*/false, 0, &partial);
-  if (!checked.ok() && partial) {
-    // Some workers answered: asked again once within the same generation, as ChangeOnWorkers
-    // retries the step itself (a worker that was slow, not dead, then still steps). Read-only:
-    // a failure here changes nothing and diverges nothing.
+  absl::Status checked = FanOutOnLayer(turn, deadline, check, /*collective=*/false, 0, &partial);
+  if (!checked.ok() && partial && absl::Now() < deadline) {
+    // Some workers answered: asked again once within the same generation and what is left of
+    // the deadline, as ChangeOnWorkers retries the step itself. Read-only: a failure here
+    // (a worker stopped past the deadline: DEADLINE_EXCEEDED) changes nothing and diverges
+    // nothing.
     absl::StatusOr<WorkerSet> set = pool_->Serving();
     if (set.ok() && set->generation == turn.set.generation) {
-      checked = FanOutOnLayer(turn, absl::Now() + options_.step_timeout, check,
-                              /*collective=*/false);
+      checked = FanOutOnLayer(turn, deadline, check, /*collective=*/false);
     }
   }
   RETURN_IF_ERROR(checked);
@@ -148,7 +150,7 @@ absl::Status MoeServiceImpl::FindNonFiniteGradient(Turn& turn, grpc::ServerConte
   return absl::OkStatus();
 }
 
-absl::Status MoeServiceImpl::RefuseOrSkipStep(Turn& turn, grpc::ServerContextBase* context,
+absl::Status MoeServiceImpl::RefuseOrSkipStep(Turn& turn, absl::Time deadline,
                                               const v1::ApplyOptimizerRequest& request,
                                               const std::string& tensor,
                                               v1::ApplyOptimizerResponse* response) {
@@ -164,7 +166,7 @@ absl::Status MoeServiceImpl::RefuseOrSkipStep(Turn& turn, grpc::ServerContextBas
   call.set_generation(turn.set.generation);
   call.set_layer_id(layer.id);
   RETURN_IF_ERROR(ChangeOnWorkers(
-      turn, "ApplyOptimizer", InternalDeadline(context, true),
+      turn, "ApplyOptimizer", deadline,
       [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
         internal::WorkerEmpty empty;
         return FromGrpcStatus(stub->ZeroGradients(ctx, call, &empty));

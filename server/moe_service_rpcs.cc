@@ -106,8 +106,12 @@ grpc::ServerUnaryReactor* MoeServiceImpl::RunRawStep(grpc::CallbackServerContext
         Response response;
         std::vector<grpc::Slice> output;
         grpc::Status status = (this->*step)(context, *request, *input, &response, &output);
-        ForgetRetiredShm();  // a region unregistered while this step used it
+        // A region unregistered while this step used it. Not after a failed step: its
+        // buffers were discarded because a worker may not answer (stopped, cut off), and the
+        // caller's error must not wait for that worker; the housekeeping thread forgets them
+        // within a second.
         if (status.ok()) {
+          ForgetRetiredShm();
           // The answer's tensor (datatype and shape) goes last, around the workers' bytes.
           std::unique_ptr<v1::Tensor> head((response.*release_answer)());
           *answer = EncodeWithTensor(response, answer_field, head ? *head : v1::Tensor(),

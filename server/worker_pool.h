@@ -188,8 +188,11 @@ class WorkerPool {
   void EndCalls(const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts);
   // How long since the heartbeat last heard from `rank`.
   absl::Duration SilentFor(int rank) const ABSL_LOCKS_EXCLUDED(mu_);
-  // Counts the failures; a rank whose call failed in transport is marked dead when a quick ping
-  // cannot reach it, or times out and the heartbeat heard nothing from it for dead_after.
+  // Counts the failures. A rank whose call ran to `deadline` is overdue, or dead when the
+  // heartbeat heard nothing from it for dead_after (no ping: the caller's error comes at the
+  // deadline). A rank whose call failed otherwise in transport is marked dead when a quick ping
+  // cannot reach it, or times out and the heartbeat heard nothing from it for dead_after (the
+  // pings of all such ranks at once, none once `set` is no longer served).
   FanOutFailures CountFailures(const WorkerSet& set, const std::vector<absl::Status>& results,
                                const std::vector<absl::Time>& ended, absl::Time deadline);
   // UNAVAILABLE naming a dead worker of `set`, or when `set` is no longer served.

@@ -126,23 +126,48 @@ WorkerPool::FanOutFailures WorkerPool::CountFailures(const WorkerSet& set,
                                                      const std::vector<absl::Time>& ended,
                                                      absl::Time deadline) {
   FanOutFailures failures;
+  std::vector<int> to_ping;
   for (int r = 0; r < set.size(); ++r) {
     if (results[r].ok()) continue;
     ++failures.failed;
-    if (IsTransport(results[r].code())) {
-      ++failures.transport;
-      // Connection-level failure: is the worker itself gone? Refused or reset: yes. A ping that
-      // timed out means a worker that does not answer now (stopped, swapping, overloaded): dead
-      // only once it answered nothing for --worker_dead_after_ms, as the heartbeat decides;
-      // until then it is a slow worker, like one that answers.
-      const absl::Status ping = QuickPing(set.stubs[r].get(), options_.ping_timeout);
-      if (!ping.ok() && (ping.code() != absl::StatusCode::kDeadlineExceeded ||
-                         SilentFor(r) >= options_.dead_after)) {
+    if (!IsTransport(results[r].code())) continue;
+    ++failures.transport;
+    if (results[r].code() == absl::StatusCode::kDeadlineExceeded && ended[r] >= deadline) {
+      // The call ran to its deadline: a quick ping would only time out as well on a worker
+      // that is stopped, swapping or cut off (and delay the caller's error by the ping), and a
+      // worker that died answers calls with UNAVAILABLE, not silence. So the heartbeat alone
+      // decides: dead once it heard nothing for --worker_dead_after_ms, else a slow worker,
+      // like one that answers, still busy with the call (or just finished it).
+      const absl::Duration silent = SilentFor(r);
+      if (silent >= options_.dead_after) {
         MarkDead(r, absl::StrCat("call failed (", results[r].message(),
-                                 ") and the worker does not answer pings"));
-      } else if (results[r].code() == absl::StatusCode::kDeadlineExceeded && ended[r] >= deadline) {
-        ++failures.overdue;  // alive, and still busy with the call (or just finished it)
+                                 ") and no answer to pings for ", absl::FormatDuration(silent)));
+      } else {
+        ++failures.overdue;
       }
+      continue;
+    }
+    to_ping.push_back(r);
+  }
+  // Other connection-level failures: is the worker itself gone? Refused or reset: yes. A ping
+  // that times out means a worker that does not answer now: dead only once the heartbeat heard
+  // nothing from it for --worker_dead_after_ms. No ping once `set` is no longer served (a
+  // death or re-formation cancelled the calls: the caller's error is UNAVAILABLE anyway); the
+  // pings run at once, so the caller waits for one --ping_timeout_ms at most.
+  if (to_ping.empty() || !CheckWorkersOf(set).ok()) return failures;
+  std::vector<absl::Status> pings(to_ping.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < to_ping.size(); ++i) {
+    threads.emplace_back(
+        [&, i] { pings[i] = QuickPing(set.stubs[to_ping[i]].get(), options_.ping_timeout); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t i = 0; i < to_ping.size(); ++i) {
+    const int r = to_ping[i];
+    if (!pings[i].ok() && (pings[i].code() != absl::StatusCode::kDeadlineExceeded ||
+                           SilentFor(r) >= options_.dead_after)) {
+      MarkDead(r, absl::StrCat("call failed (", results[r].message(),
+                               ") and the worker does not answer pings"));
     }
   }
   return failures;

@@ -14,10 +14,10 @@
 #   3. a durable restart: moed killed (SIGKILL) and started again, the workers rejoin, the
 #      layer is back with its trained weights, bit for bit;
 #   4. (NETNS_CUT_LINK=1 only) a cut link: worker 2's veth set down during a forward, the
-#      caller gets an error within
-#      --step_timeout_ms + 1 s (the deadline, then a --ping_timeout_ms=500 ping finds the
-#      worker silent), moed stays up NOT_SERVING; once the link is back the worker rejoins,
-#      the pool re-forms with the same processes, smoke passes and the layer kept its weights.
+#      caller gets an error within --step_timeout_ms + 1 s (the deadline; no ping of the
+#      silent worker on the caller's path), moed stays up NOT_SERVING; once the link is back
+#      the worker rejoins, the pool re-forms with the same processes, smoke passes and the
+#      layer kept its weights.
 # Everything the test creates (namespaces, veths, bridge, processes) lives in its own
 # namespaces and is removed on exit, failed or not. No traffic leaves them.
 #
@@ -199,8 +199,9 @@ ctl forward --layer=durable --tokens=16 --input_seed=9 --output="${TMP}/restored
 
 # ---- 4. a cut link during a step ---------------------------------------------------------------
 # Only with NETNS_CUT_LINK=1 (//tests/deploy:netns_cut_link_test, tagged manual): under load
-# the cut step has twice not ended at its deadline but at the client's 60 s (issue 41 item 6's
-# family, not yet fixed), which would make CI flaky; the rest runs in CI every time.
+# the cut step has twice not ended at its deadline but at the client's 60 s in an earlier
+# version (not reproduced since; the pings on the caller's path are gone, issue 41 item 6),
+# so it stays out of CI until it has passed reliably under load; the rest runs in CI.
 if [ "${NETNS_CUT_LINK:-0}" != 1 ]; then
   echo "part 4 (cut link) not run: NETNS_CUT_LINK=1 runs it"
   echo "elapsed: $(( SECONDS - START_S )) s"
@@ -208,29 +209,51 @@ if [ "${NETNS_CUT_LINK:-0}" != 1 ]; then
   echo "all checks passed"
   exit 0
 fi
-BIG=(--layer=big --tokens=2048 --input_seed=3)
 ctl create-layer --layer=big --hidden=256 --ffn=512 --experts=8 --top_k=2 > /dev/null ||
   fail "create-layer big"
+# The cut must fall inside the step, well before its deadline: a forward of at most half the
+# step timeout uncut (2048 tokens; fewer on a machine so loaded that it takes longer).
+TOKENS=4096
+FWD_MS=${STEP_TIMEOUT_MS}
+while [ "${FWD_MS}" -ge $(( STEP_TIMEOUT_MS / 2 )) ] && [ "${TOKENS}" -gt 128 ]; do
+  TOKENS=$(( TOKENS / 2 ))
+  T0=$(date +%s%N)
+  # Too slow for the step timeout (DEADLINE_EXCEEDED) is not a failure here: fewer tokens.
+  ctl forward --layer=big --tokens="${TOKENS}" --input_seed=3 > /dev/null 2>&1 &&
+    FWD_MS=$(( ($(date +%s%N) - T0) / 1000000 )) || FWD_MS=${STEP_TIMEOUT_MS}
+done
+ctl forward --layer=big --tokens=16 > /dev/null || fail "forward big"
+BIG=(--layer=big --tokens="${TOKENS}" --input_seed=3)
+# What a call costs before it reaches moed (moectl's start and connection in a namespace; on a
+# loaded machine most of an uncut small forward): the step's deadline cannot begin earlier.
 T0=$(date +%s%N)
-ctl forward "${BIG[@]}" > /dev/null || fail "forward big"
-FWD_MS=$(( ($(date +%s%N) - T0) / 1000000 ))
+ctl list-layers > /dev/null || fail "list-layers"
+START_MS=$(( ($(date +%s%N) - T0) / 1000000 ))
+CALL_NS=$(date +%s%N)
 ctl forward "${BIG[@]}" > "${TMP}/cut.out" 2> "${TMP}/cut.err" &
 CALL=$!
 PIDS+=("${CALL}")
-# Half an uncut forward in: the step is on the workers (its deadline began before the cut).
-sleep "$(awk -v ms="${FWD_MS}" 'BEGIN { printf "%.3f", (ms < 600 ? 600 : ms) / 2000 }')"
+# Half an uncut forward in (past the call's start): the step is on the workers.
+sleep "$(awk -v ms="${FWD_MS}" -v s="${START_MS}" \
+  'BEGIN { w = (ms > s ? s + (ms - s) / 2 : ms / 2); printf "%.3f", (w < 200 ? 200 : w) / 1000 }')"
 kill -0 "${CALL}" 2> /dev/null || fail "the forward ended before the cut (it takes ${FWD_MS} ms)"
 CUT_NS=$(date +%s%N)
 ip -n "${SW}" link set p3 down   # worker 2's cable, in the middle of the forward
 wait "${CALL}"; rc=$?
-ERR_MS=$(( ($(date +%s%N) - CUT_NS) / 1000000 ))
+END_NS=$(date +%s%N)
+# From the cut, or from when the call could first reach moed if that was later (a machine so
+# loaded that moectl took longer to start than the sleep).
+FROM_NS=$(( CALL_NS + START_MS * 1000000 > CUT_NS ? CALL_NS + START_MS * 1000000 : CUT_NS ))
+ERR_MS=$(( (END_NS - FROM_NS) / 1000000 ))
 if [ "${rc}" -ne 0 ] && grep -Eq "DEADLINE_EXCEEDED|UNAVAILABLE" "${TMP}/cut.err" &&
    [ "${ERR_MS}" -le $(( STEP_TIMEOUT_MS + 1000 )) ]; then
   pass "cut link: the caller's error ${ERR_MS} ms after the cut (step timeout \
-${STEP_TIMEOUT_MS} ms; the forward takes ${FWD_MS} ms uncut): $(
+${STEP_TIMEOUT_MS} ms; the forward of ${TOKENS} tokens takes ${FWD_MS} ms uncut, a call's \
+start ${START_MS} ms): $(
     grep -Eo "(DEADLINE_EXCEEDED|UNAVAILABLE).*" "${TMP}/cut.err" | head -n 1 | cut -c1-100)"
 else
-  fail "cut link: exit ${rc} ${ERR_MS} ms after the cut (uncut ${FWD_MS} ms): $(
+  fail "cut link: exit ${rc} ${ERR_MS} ms after the cut (${TOKENS} tokens, uncut ${FWD_MS} ms, \
+start ${START_MS} ms): $(
     tail -n 3 "${TMP}/cut.err")"
 fi
 sleep 2.5   # past --worker_dead_after_ms (3 s) since the worker was last heard

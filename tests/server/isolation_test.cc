@@ -46,17 +46,8 @@ double CpuSeconds(pid_t pid) {
   return static_cast<double>(utime + stime) / sysconf(_SC_CLK_TCK);
 }
 
-// Resident memory of `pid` in bytes.
-int64_t ResidentBytes(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/statm"));
-  int64_t size = 0, resident = 0;
-  in >> size >> resident;
-  return resident * sysconf(_SC_PAGESIZE);
-}
-
 class IsolationTest : public OwnClusterTest {
  protected:
-
   grpc::Status Forward(const std::string& layer, const v1::Tensor& x, bool keep,
                        v1::ForwardResponse* response, absl::Duration deadline = absl::Seconds(60)) {
     grpc::ClientContext ctx;
@@ -103,7 +94,6 @@ class IsolationTest : public OwnClusterTest {
     ASSERT_TRUE(health.ok()) << health.status();
     EXPECT_EQ(*health, "SERVING");
   }
-
 };
 
 // Finding 1: a valid step that runs past --step_timeout_ms fails alone with DEADLINE_EXCEEDED;
@@ -130,8 +120,7 @@ TEST_F(IsolationTest, OverdueStepFailsAlone) {
   // a 2-core machine; the same work on a layer 1024 wide (10240 tokens, 50 M parameters) was
   // not created within the deadline on a loaded one.
   constexpr int64_t kTokens = 40960;
-  const v1::Tensor x =
-      FloatsToProto({kTokens, kBigHidden}, RandomFloats(kTokens * kBigHidden, 7));
+  const v1::Tensor x = FloatsToProto({kTokens, kBigHidden}, RandomFloats(kTokens * kBigHidden, 7));
   const absl::Time start = absl::Now();
   v1::ForwardResponse fwd;
   grpc::Status s = Forward("big", x, /*keep=*/true, &fwd);
@@ -334,12 +323,14 @@ TEST_F(IsolationTest, FailedSetWeightsLeavesTheLayerAlone) {
   EXPECT_EQ(after.out().raw_data(), before.out().raw_data()) << "some workers applied it";
 }
 
-// Finding 4 (ApplyOptimizer): the optimizer step carries an op id each worker applies at
-// most once, so a step that failed on one worker only is retried: here worker 1 is stopped
-// past --step_timeout_ms (but not long enough to count as dead: --worker_dead_after_ms; the
-// quick ping after the failed call times out while it is stopped, which alone must not declare
-// it dead), worker 0 applied the step, and the retry completes it on worker 1. The layer is not diverged and its weights equal
-// those of a twin layer that took the same step without a fault, bit for bit.
+// Finding 4 (ApplyOptimizer): the optimizer step changes every worker or none. Here worker 1
+// is stopped past --step_timeout_ms (but not long enough to count as dead:
+// --worker_dead_after_ms) during the step's gradient check: the caller gets DEADLINE_EXCEEDED
+// by the deadline (issue 41 item 6: the check is not retried with a deadline of its own), the
+// check changed nothing, so the layer is not diverged; once the worker resumed, the caller's
+// retry steps, and the weights equal those of a twin layer that took the same step without a
+// fault, bit for bit. (A step that failed on one worker only within the deadline is retried
+// once, within what is left of it: the op id makes each worker apply it at most once.)
 TEST_F(IsolationTest, OptimizerStepThatFailedOnOneWorkerIsCompleted) {
   StartCluster({"--step_timeout_ms=1500", "--ping_timeout_ms=1000", "--worker_dead_after_ms=8000"});
   const v1::Tensor x = FloatsToProto({16, kHidden}, RandomFloats(16 * kHidden, 14));
@@ -353,19 +344,25 @@ TEST_F(IsolationTest, OptimizerStepThatFailedOnOneWorkerIsCompleted) {
     if (stop_worker) {
       EXPECT_TRUE(cluster_->KillWorker(1, SIGSTOP));
       resume = std::thread([&] {
-        // Past the step deadline (1.5 s) and the quick ping that follows it (1 s).
+        // Past the step deadline (1.5 s): the caller has its error by then.
         absl::SleepFor(absl::Milliseconds(3500));
         kill(cluster_->worker_pid(1), SIGCONT);
       });
     }
-    grpc::ClientContext ctx;
-    v1::ApplyOptimizerRequest request;
-    request.set_layer(layer);
-    request.mutable_sgd()->set_lr(0.5);
-    v1::ApplyOptimizerResponse response;
-    s = cluster_->stub()->ApplyOptimizer(&ctx, request, &response);
-    if (resume.joinable()) resume.join();
-    return s;
+    auto apply = [&] {
+      grpc::ClientContext ctx;
+      v1::ApplyOptimizerRequest request;
+      request.set_layer(layer);
+      request.mutable_sgd()->set_lr(0.5);
+      v1::ApplyOptimizerResponse response;
+      return cluster_->stub()->ApplyOptimizer(&ctx, request, &response);
+    };
+    s = apply();
+    if (!stop_worker) return s;
+    resume.join();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+    EXPECT_EQ(Diverged(layer), "");
+    return apply();  // the caller's retry, the worker back
   };
   for (const char* layer : {"twin", "faulty"}) {
     ASSERT_TRUE(Create(layer, TinyConfig(15)).ok());

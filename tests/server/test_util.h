@@ -3,7 +3,11 @@
 #ifndef MOED_TESTS_SERVER_TEST_UTIL_H_
 #define MOED_TESTS_SERVER_TEST_UTIL_H_
 
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <cstdint>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -19,6 +23,14 @@
 #include "proto/tensor_convert.h"
 
 namespace moe {
+
+// Resident memory of process `pid` in bytes (0 if it is gone).
+inline int64_t ResidentBytes(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/statm");
+  int64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
 
 inline std::vector<float> RandomFloats(int64_t n, uint32_t seed) {
   std::mt19937 gen(seed);
