@@ -467,8 +467,7 @@ class ChaosTest : public ::testing::Test {
         "durable step: %lld; steps replayed locally for the check: %lld\n",
         seed_, kClients, layers_.size(), kinds.c_str(), figures_.FailedText().c_str(),
         percentile(0.5), percentile(0.99), static_cast<long long>(figures_.lost()),
-        static_cast<long long>(figures_.retrained()),
-        static_cast<long long>(replayed));
+        static_cast<long long>(figures_.retrained()), static_cast<long long>(replayed));
   }
 
   uint32_t seed_ = 0;
