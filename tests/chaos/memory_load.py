@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from moe_client import Client, MoeError
+from moe_client import Client, DeadlineExceeded, MoeError, Unavailable
 
 HIDDEN = 1024
 CONFIG = dict(hidden=HIDDEN, ffn=32, num_experts=8, top_k=2, aux_loss_coeff=1e-2)
@@ -206,10 +206,19 @@ class MemoryLoad:
     def drain(self, timeout=300):
         """Returns once the workers finished every step, also those whose callers' deadlines
         passed (the workers finish them; a layer's next call waits for that): one small
-        forward on each layer."""
-        client = Client(self.cluster.address, timeout=timeout, lanes=1)
+        forward on each layer (again while the pool re-forms: under a heavy load the workers
+        may miss pings and rejoin)."""
+        client = Client(self.cluster.address, timeout=60, lanes=1)
+        give_up = time.time() + timeout
         for layer in self.layers:
-            client.forward(layer, self.small)
+            while True:
+                try:
+                    client.forward(layer, self.small)
+                    break
+                except (Unavailable, DeadlineExceeded):  # re-forming, or still busy
+                    if time.time() > give_up:
+                        raise
+                    time.sleep(0.5)
         client.close()
 
     def start(self):

@@ -55,6 +55,7 @@ class MemorySoakTest(unittest.TestCase):
         round_s = env_int("SOAK_ROUND_S", 15)
         callers = env_int("SOAK_CALLERS", 16)
         retain = env_int("SOAK_HEAP_RETAIN_BYTES", 16 * MIB)
+        self.started = time.time()
         cluster = LocalCluster(MOED, WORKER, workers=2, extra_flags=[
             "--allow_client_shm", "--metrics_listen=off", "--heap_retain_bytes=%d" % retain,
             "--shm_relay_max_bytes=%d" % RELAY_MAX]).start()
@@ -90,9 +91,13 @@ class MemorySoakTest(unittest.TestCase):
             load.start()
             time.sleep(round_s)
             load.stop()
+            stopped = time.time()
             load.drain()  # the steps whose callers gave up, which the workers finish
+            drained = time.time()
             after = self.settled(sampler, before, retain)
             figures["rounds"].append({"after": after, "calls": load.calls,
+                                      "drain_s": round(drained - stopped, 1),
+                                      "settle_s": round(time.time() - drained, 1),
                                       "errors": dict(load.errors),
                                       "shm_kills": load.shm_kills})
             for key in before:
@@ -118,6 +123,7 @@ class MemorySoakTest(unittest.TestCase):
             first = first or after
         sampler.stop()
         load.close()
+        figures["seconds"] = round(time.time() - self.started, 1)
         print(json.dumps({"memory_soak": figures, "calls": load.calls}))
 
 
