@@ -36,10 +36,18 @@ HeapTrimmer::HeapTrimmer(int64_t retain_bytes, absl::Duration period)
     : retain_bytes_(retain_bytes), period_(period) {
   if (retain_bytes_ < 0) return;
   thread_ = std::thread([this] {
+    // A trim leaves the chunks free (only their pages go), so the free bytes stay over the
+    // bound: trim again only once they changed, not every period of an idle process.
+    int64_t free_at_last_trim = -1;
     absl::MutexLock lock(&mu_);
     while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period_)) {
       mu_.Unlock();
-      if (TrimIfOver(retain_bytes_)) trims_.fetch_add(1);
+      const int64_t free = FreeHeapBytes();
+      if (free > retain_bytes_ && free != free_at_last_trim) {
+        malloc_trim(0);
+        free_at_last_trim = free;
+        trims_.fetch_add(1);
+      }
       mu_.Lock();
     }
   });

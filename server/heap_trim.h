@@ -8,8 +8,8 @@
 // instead of its 100 MB, all of it free heap that malloc_trim(0) returned (to 102 MB). Nothing
 // leaked; the cache had no bound, and on a host with more cores it has more arenas. A
 // HeapTrimmer gives that bound: every `period` it reads how much free memory the arenas hold
-// (mallinfo2) and, above `retain_bytes`, returns it with malloc_trim(0) (whole free pages of
-// every arena). Memory in use is never touched; a call after a trim faults its pages in
+// (mallinfo2) and, above `retain_bytes` and changed since its last trim, returns it with
+// malloc_trim(0) (whole free pages of every arena). Memory in use is never touched; a call after a trim faults its pages in
 // again, which is the price of the bound. moe-worker runs one too (its gRPC threads serve
 // steps the same way).
 //
