@@ -11,7 +11,10 @@
 // (mallinfo2) and, above `retain_bytes` and changed since its last trim, returns it with
 // malloc_trim(0) (whole free pages of every arena). Memory in use is never touched; a call after a trim faults its pages in
 // again, which is the price of the bound. moe-worker runs one too (its gRPC threads serve
-// steps the same way).
+// steps the same way). Not covered: free memory at the top of a non-main arena's heap, which
+// malloc_trim leaves (glibc trims it on free only, past a threshold its dynamic mmap threshold
+// raises up to 64 MiB): the workers' RSS still creeps up over rounds of load while malloc's
+// in-use bytes stay flat (docs/RELIABILITY.md, "Memory under load").
 //
 //   HeapTrimmer trimmer(HeapRetainBytes(/*cuda_worker=*/false));   // until destroyed
 //   HeapTrimmer::TrimIfOver(64 << 20);                               // or one check now
