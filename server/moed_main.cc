@@ -45,6 +45,7 @@
 #include "server/durable_store.h"
 #include "server/graceful_stop.h"
 #include "server/health.h"
+#include "server/heap_trim.h"
 #include "server/internal_tls.h"
 #include "server/metrics.h"
 #include "server/moe_service.h"
@@ -224,9 +225,11 @@ absl::StatusOr<std::unique_ptr<WorkerLauncher>> StartWorkers(const MoedOptions& 
                                                              int internal_port, WorkerPool* pool) {
   absl::StatusOr<int> secret_fd = loaded.secret->ToMemfd();
   if (!secret_fd.ok()) return Prefixed("cluster secret: ", secret_fd.status());
+  std::vector<std::string> child_flags = InternalTlsFlagsForChild();
+  for (std::string& flag : HeapRetainFlagsForChild()) child_flags.push_back(std::move(flag));
   auto launcher = std::make_unique<WorkerLauncher>(
       loaded.worker_binary, absl::StrCat("127.0.0.1:", internal_port), options.device,
-      options.world, options.respawn_workers, InternalTlsFlagsForChild(), pool, *secret_fd,
+      options.world, options.respawn_workers, std::move(child_flags), pool, *secret_fd,
       options.worker_log_dir);
   RETURN_IF_ERROR(launcher->Start());
   return launcher;
@@ -369,6 +372,8 @@ int Main() {
     return 2;
   }
 
+  // Free heap memory above --heap_retain_bytes goes back to the system (server/heap_trim.h).
+  HeapTrimmer heap_trimmer(HeapRetainBytes(/*cuda_worker=*/false));
   WorkerPool pool(options.pool, *loaded->secret);
   Metrics metrics;
   MoeServiceImpl service(ServiceOptionsFor(options, *loaded), &pool, &metrics);

@@ -2,9 +2,11 @@
 # Several "hosts" on one machine: network namespaces joined by veth pairs to a bridge in a
 # switch namespace, one namespace per host with its own 10.42.0.x address and nothing but the
 # bridge between them (no route through loopback). moed runs in one (public and internal plane
-# on its address, bearer tokens, the cluster secret, --state_dir), two external
+# on its address, bearer tokens, the internal plane over mutual TLS with the cluster secret,
+# --state_dir), two external
 # `moe-worker --frontend=...` in two others (each on its own address; Gloo on the advertised
 # address, and on a named interface for the second), and moectl in a fourth:
+#   0. the internal plane speaks TLS only: a plaintext call to moed's internal port fails;
 #   1. smoke across hosts (forward + backward against the local engine, max rel err <= 1e-6),
 #      then an optimizer step;
 #   2. no same-host fast path across hosts: the remote client asking for shared memory is
@@ -100,6 +102,15 @@ TOKEN="$(openssl rand -hex 16)"
 printf '%s\n' "${TOKEN}" > "${TMP}/token"
 printf '%s admin netns-test\n' "$(printf '%s' "${TOKEN}" | sha256sum | cut -d' ' -f1)" \
   > "${TMP}/tokens"
+# The internal plane's certificates as docs/SECURITY.md makes them: a CA and one member
+# certificate for the name moe-internal, presented by moed and every worker (workers are
+# dialled by address, so every member checks peers against that name).
+( cd "${TMP}" && ec='-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes' &&
+  openssl req -x509 ${ec} -keyout ca.key -out ca.pem -days 1 -subj /CN=moe-internal-ca &&
+  openssl req ${ec} -keyout member.key -out member.csr -subj /CN=moe-internal &&
+  printf 'subjectAltName=DNS:moe-internal' > san.ext &&
+  openssl x509 -req -in member.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 1 \
+    -extfile san.ext -out member.pem ) > "${TMP}/openssl.log" 2>&1 || die "openssl: $(cat "${TMP}/openssl.log")"
 
 # ---- processes ---------------------------------------------------------------------------------
 STEP_TIMEOUT_MS=2000
@@ -110,6 +121,8 @@ start_moed() {
   ip netns exec "${NS_MOED}" "${MOED}" --listen=0.0.0.0 --port=50051 \
     --internal_listen="${IP_MOED}:50053" --expect_workers=2 \
     --cluster_secret_file="${TMP}/secret" --tokens_file="${TMP}/tokens" \
+    --internal_tls_cert_file="${TMP}/member.pem" --internal_tls_key_file="${TMP}/member.key" \
+    --internal_tls_ca_file="${TMP}/ca.pem" --internal_tls_server_name=moe-internal \
     --state_dir="${TMP}/state" --durable_every_steps=1 --checkpoint_root="${TMP}/ckpt" \
     --metrics_listen=off --allow_client_shm --step_timeout_ms="${STEP_TIMEOUT_MS}" \
     --ping_timeout_ms=500 \
@@ -123,6 +136,8 @@ start_worker() {
   shift 3
   ip netns exec "${ns}" env "$@" "${MOE_WORKER}" --frontend="${IP_MOED}:50053" \
     --cluster_secret_file="${TMP}/secret" --device=cpu --listen="${addr}:50052" \
+    --internal_tls_cert_file="${TMP}/member.pem" --internal_tls_key_file="${TMP}/member.key" \
+    --internal_tls_ca_file="${TMP}/ca.pem" --internal_tls_server_name=moe-internal \
     --advertise_host="${addr}" --rank="${rank}" --rejoin_after_s=1 \
     >> "${TMP}/worker${rank}.log" 2>&1 &
   PIDS+=($!)
@@ -140,6 +155,24 @@ pass "cluster SERVING across namespaces after $(( SECONDS - START_S )) s"
 STATUS="$(ctl status)"
 grep -q "${IP_W1}:50052" <<< "${STATUS}" && grep -q "${IP_W2}:50052" <<< "${STATUS}" &&
   pass "status lists the workers at their own addresses" || fail "status: ${STATUS}"
+
+# ---- 0. the internal plane is TLS ------------------------------------------------------------------
+# The workers joined over mutual TLS (they are SERVING above); plaintext to moed's internal
+# port, from another host, gets no answer (grpc.health.v1 is served there too, so a plaintext
+# port would answer it).
+internal_health() {
+  ip netns exec "${NS_CL}" "${MOECTL}" --server="${IP_MOED}:50053" --deadline_ms=3000 "$@" health 2>&1
+}
+ERR="$(internal_health)" && rc=0 || rc=$?
+[ "${rc}" -ne 0 ] && grep -q "UNAVAILABLE" <<< "${ERR}" &&
+  pass "internal plane: plaintext gets no answer" ||
+  fail "internal plane answered plaintext (exit ${rc}): ${ERR}"
+# With the members' certificate the handshake succeeds (whatever health then says).
+ERR="$(internal_health --tls_ca_file="${TMP}/ca.pem" --tls_cert_file="${TMP}/member.pem" \
+  --tls_key_file="${TMP}/member.key" --tls_server_name=moe-internal)" && rc=0 || rc=$?
+[ "${rc}" -eq 0 ] || ! grep -q "UNAVAILABLE" <<< "${ERR}" &&
+  pass "internal plane: mutual TLS with the members' certificate answers" ||
+  fail "internal plane: no answer over mutual TLS (exit ${rc}): ${ERR}"
 
 # ---- 1. smoke across hosts ---------------------------------------------------------------------
 SMOKE="$(ctl smoke --tokens=48 --hidden=32 --ffn=64 --experts=8 --top_k=2 \

@@ -414,7 +414,7 @@ TEST_F(DurableTest, ChaosKilledWorkersLoseNothingDurable) {
 
 // ApplyOptimizer's expected_optimizer_step: a trainer that retries never has a step applied
 // on another step than the one it computed for, nor from gradients a re-formation or a moed
-// restart dropped (tests/server/chaos_test.cc relies on it).
+// restart dropped (tests/chaos/chaos_test.cc relies on it).
 TEST_F(DurableTest, ConditionalStepRefusesAnotherStepAndDroppedGradients) {
   Start();
   ASSERT_TRUE(client_->CreateLayer("g", TinyConfig(12)).ok());

@@ -1,4 +1,4 @@
-#include "tests/server/chaos_replay.h"
+#include "tests/chaos/chaos_replay.h"
 
 #include <memory>
 #include <thread>

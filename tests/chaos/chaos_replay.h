@@ -9,8 +9,8 @@
 // one Gloo group (loopback), each with the rows moed gives its worker (T/R, plus one for
 // r < T%R), Backward with d_aux = d_z_loss = 1 (moed's defaults), then ApplyOptimizer. So its
 // weights are bit for bit those of a cluster of that many workers that took the same steps.
-#ifndef MOED_TESTS_SERVER_CHAOS_REPLAY_H_
-#define MOED_TESTS_SERVER_CHAOS_REPLAY_H_
+#ifndef MOED_TESTS_CHAOS_CHAOS_REPLAY_H_
+#define MOED_TESTS_CHAOS_CHAOS_REPLAY_H_
 
 #include <cstdint>
 #include <cstring>
@@ -53,4 +53,4 @@ inline bool BitEqual(float a, float b) { return std::memcmp(&a, &b, sizeof(float
 
 }  // namespace moe
 
-#endif  // MOED_TESTS_SERVER_CHAOS_REPLAY_H_
+#endif  // MOED_TESTS_CHAOS_CHAOS_REPLAY_H_
