@@ -188,7 +188,12 @@ int Main(const WorkerOptions& options) {
   // Join and the rendezvous store's calls carry the secret.
   std::shared_ptr<grpc::Channel> channel = secret->Channel(options.frontend, args);
   auto store = std::make_shared<GrpcKeyValueStore>(channel);
-  WorkerService service(options.device, store, options.cpu_threads);
+  // Gloo listens where peers can reach this worker: the advertised host, unless the operator
+  // chose an interface or name for Gloo explicitly (--gloo_iface, --gloo_hostname).
+  const std::string host = AdvertiseHost(options);
+  EngineOptions engine = options.engine;
+  if (engine.gloo.iface.empty() && engine.gloo.hostname.empty()) engine.gloo.hostname = host;
+  WorkerService service(options.device, store, engine);
   AuthenticatedWorkerService authenticated(&service, *secret);
   Readiness readiness(&service, options.rejoin_after > absl::ZeroDuration() ? options.rejoin_after
                                                                             : absl::Seconds(5));
@@ -201,13 +206,7 @@ int Main(const WorkerOptions& options) {
     return 1;
   }
   readiness.Attach(server->GetHealthCheckService());
-  const std::string host = AdvertiseHost(options);
   const std::string address = absl::StrCat(host, ":", port);
-  // Gloo listens where peers can reach this worker: the advertised host, unless the operator
-  // chose an interface or name for Gloo explicitly.
-  if (std::getenv("MOED_GLOO_IFACE") == nullptr && std::getenv("MOED_GLOO_HOSTNAME") == nullptr) {
-    setenv("MOED_GLOO_HOSTNAME", host.c_str(), /*overwrite=*/0);
-  }
 
   Joiner joiner(options, channel, address);
   internal::JoinResponse joined;
