@@ -251,13 +251,14 @@ int main(int argc, char** argv) {
   // GPU devices: keep freed heap memory in the process. Every step allocates and frees the same
   // large host buffers (request/response bytes, x/out/d_out/d_x tensors). glibc serves blocks
   // over its mmap threshold with mmap and unmaps them on free, so each step page-faults (and the
-  // kernel zeroes) them again: milliseconds per step at these sizes (docs/PERFORMANCE.md, GPU
-  // "API vs device"). M_MMAP_THRESHOLD cannot be raised past 32 MiB on 64-bit glibc, below a
-  // step's tensors, hence M_MMAP_MAX = 0 (no mmap'd blocks; glibc still maps requests no heap
-  // can hold) and no trimming of the heap top. The price: RSS stays at the worker's high-water
-  // mark, which every step reaches again anyway. Not on the CPU device: there the layer's
-  // scratch lives on the same heap, and engine_bench ran its qwen3 step 8% slower with these
-  // settings (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=-1) than with glibc's defaults.
+  // kernel zeroes) them again: milliseconds per step at these sizes
+  // (history/PERFORMANCE-2026-11-29_12-03.md, GPU "API vs device"). M_MMAP_THRESHOLD cannot be
+  // raised past 32 MiB on 64-bit glibc, below a step's tensors, hence M_MMAP_MAX = 0 (no mmap'd
+  // blocks; glibc still maps requests no heap can hold) and no trimming of the heap top. The price:
+  // RSS stays at the worker's high-water mark, which every step reaches again anyway. Not on the
+  // CPU device: there the layer's scratch lives on the same heap, and engine_bench ran its qwen3
+  // step 8% slower with these settings (MALLOC_MMAP_MAX_=0 MALLOC_TRIM_THRESHOLD_=-1) than with
+  // glibc's defaults.
   const moe::WorkerOptions options = moe::WorkerOptionsFromFlags();
   if (options.device != "cpu") {
     mallopt(M_MMAP_MAX, 0);
