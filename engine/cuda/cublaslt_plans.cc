@@ -31,9 +31,10 @@ struct Entry {
 // by `--enumerate=custom --routed_rows` (every heuristic candidate with each custom option,
 // cluster and swizzle: history/PERFORMANCE-2026-11-29_12-03.md "Every custom option, and more
 // entries"; all of mixtral's and most of dsv3's and te_seed's); the others have 0 (from
-// `--enumerate=all`). A configuration of another algorithm than the heuristic's (21, for
-// dsv3's accumulated d_wo) gave other bits at other row counts. Every entry is algorithm 66,
-// the heuristic's own, with its stages (35, 64xAUTO). Tiles 20 128x128, 21 256x64, 23 128x256, 24 256x128, 29 128x160,
+// `--enumerate=all`). A
+// configuration of another algorithm than the heuristic's (21, for dsv3's accumulated d_wo)
+// gave other bits at other row counts. Every entry is algorithm 66, the heuristic's own, with
+// its stages (35, 64xAUTO). Tiles 20 128x128, 21 256x64, 23 128x256, 24 256x128, 29 128x160,
 // 30 160x128, 31 192x128, 32 128x192, 108 56x320, 137 80x256, 166 112x192, 201 176x128,
 // 248 320x128, 458 192x96;
 // clusters 2 1x1x1, 3 2x1x1, 5 1x2x1 (the heuristic's choices here used 2 to 8 SMs: 2x1x1,
