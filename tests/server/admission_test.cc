@@ -360,8 +360,14 @@ TEST_F(AdmissionTest, TheWorkersDeferralBudgetCountsAgainstTheLimit) {
   const int64_t step = ForwardStepBytes(config, kTokens, kRanks, DType::kFloat32);
   const int64_t budget = LayerBytesPerWorker(config, kRanks, kFraction) + step;
   ASSERT_GT(LayerBytesPerWorker(config, kRanks, kWorkers) + step, budget);
-  // moed passes the engine flag on to the workers it starts (server/engine_flags.h).
-  StartCluster({absl::StrCat("--worker_memory_bytes=", budget), "--deferred_wgrad_fraction=0.5"});
+  // Embedded workers: moed passes the engine flag on to the workers it starts
+  // (server/engine_flags.h).
+  ClusterOptions options;
+  options.embedded = true;
+  options.workers = kRanks;
+  options.moed_flags = {absl::StrCat("--worker_memory_bytes=", budget),
+                        "--deferred_wgrad_fraction=0.5"};
+  StartClusterWith(options);
   bool reported = false;
   const absl::Time until = absl::Now() + absl::Seconds(10);
   while (!reported && absl::Now() < until) {
