@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What "every acknowledged step durable" costs (moed --durable_every_steps=1), and what a
-# graceful stop (SIGTERM) costs with one changed layer. docs/PERFORMANCE.md, "Durable every
+# graceful stop (SIGTERM) costs with one changed layer. docs/PERFORMANCE.md, "Durability" ("Every
 # step"; server/README.md, "Durability contract".
 #
 #   bazel build //server:moed //server:moe-worker //client:moectl

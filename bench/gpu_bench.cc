@@ -76,6 +76,7 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/moe_layer.h"
 #include "engine/status_macros.h"
+#include "server/engine_flags.h"
 
 ABSL_FLAG(std::string, configs, "te_seed,qwen3,mixtral,dsv3", "presets to run, in order");
 ABSL_FLAG(int, iters, 10, "timed steps of each kind");
@@ -340,7 +341,11 @@ absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
   const int64_t T = absl::GetFlag(FLAGS_tokens) > 0 ? absl::GetFlag(FLAGS_tokens) : p.tokens;
 
   Progress(absl::StrCat(p.name, " ", ComputeDTypeName(compute_dtype), ": start"));
-  ASSIGN_OR_RETURN(std::unique_ptr<Backend> cuda, MakeCudaBackend(device));
+  // The engine flags (server/engine_flags.h: --gemm_streams, --cublaslt_tuned, ...), as a
+  // moe-worker takes them.
+  const EngineOptions engine = EngineOptionsFromFlags();
+  RETURN_IF_ERROR(CheckEngineOptions(engine));
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> cuda, MakeCudaBackend(device, engine.cuda));
   std::shared_ptr<KeyValueStore> store;
   if (size > 1) {
     ASSIGN_OR_RETURN(store, FileKeyValueStore::Create(absl::GetFlag(FLAGS_store_dir)));
@@ -356,7 +361,8 @@ absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
   bench::TimingBackend tb(cuda.get());
   bench::TimingCommunicator tc(nccl.get(), cuda->stream());
   const double t_init = NowMs();
-  ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer, MoeLayer::Create(c, &tb, &tc));
+  ASSIGN_OR_RETURN(std::unique_ptr<MoeLayer> layer,
+                   MoeLayer::Create(c, &tb, &tc, /*cancelled=*/nullptr, engine.layer));
   RETURN_IF_ERROR(cuda->Synchronize());
   const double init_s = (NowMs() - t_init) / 1000;
   const size_t weights_bytes = cuda->allocated_bytes();

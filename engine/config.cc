@@ -355,16 +355,12 @@ absl::StatusOr<LayerConfig> ConfigFromString(absl::string_view text) {
   return c;
 }
 
-absl::StatusOr<double> DeferredWgradFractionFromEnv() {
-  const char* text = std::getenv("MOED_DEFERRED_WGRAD_FRACTION");
-  if (text == nullptr || *text == '\0') return kDefaultDeferredWgradFraction;
-  double fraction = 0;
-  if (!absl::SimpleAtod(text, &fraction) || !std::isfinite(fraction) || fraction < 0) {
+absl::Status CheckDeferredWgradFraction(double fraction) {
+  if (!std::isfinite(fraction) || fraction < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "MOED_DEFERRED_WGRAD_FRACTION must be a number >= 0 (0 turns deferral off), got '", text,
-        "'"));
+        "deferred_wgrad_fraction must be a number >= 0 (0 turns deferral off), got ", fraction));
   }
-  return fraction;
+  return absl::OkStatus();
 }
 
 int64_t DeferredWgradBudgetBytes(const LayerConfig& config, int ep_ranks, double fraction) {

@@ -101,12 +101,12 @@ inline DType ExpertRowDType(const LayerConfig& c) {
 inline int64_t UpWidth(const LayerConfig& c) { return c.gated ? 2 * c.ffn : c.ffn; }
 
 // The deferral budget of the expert weight gradients (docs/SPEC.md "Weight gradients of several
-// backwards"), as a fraction of a rank's wi and wo gradient bytes: MOED_DEFERRED_WGRAD_FRACTION
-// when set (a number >= 0; 0 turns deferral off), else kDefaultDeferredWgradFraction;
-// INVALID_ARGUMENT naming the variable for anything else. Layers read it when created; moed's
-// admission control reads the workers' answers (PingResponse.deferred_wgrad_fraction).
+// backwards"), as a fraction of a rank's wi and wo gradient bytes: MoeLayerOptions (a worker's
+// --deferred_wgrad_fraction), by default kDefaultDeferredWgradFraction; a finite number >= 0,
+// 0 turns deferral off. INVALID_ARGUMENT naming the flag for anything else. moed's admission
+// control reads the workers' values (PingResponse.deferred_wgrad_fraction).
 inline constexpr double kDefaultDeferredWgradFraction = 0.125;
-absl::StatusOr<double> DeferredWgradFractionFromEnv();
+absl::Status CheckDeferredWgradFraction(double fraction);
 // The budget in bytes on one of `ep_ranks` ranks: `fraction` x its experts' wi and wo fp32
 // gradients (0 under FP8, which never defers). A layer holds less than this between calls
 // (the backward that reaches it runs every deferred GEMM); a backward that does so allocates,

@@ -61,6 +61,15 @@ class StepContext {
   virtual size_t bytes() const = 0;  // backend memory held
 };
 
+// How a process runs its layers, beside their config (which is the same on every rank and in
+// checkpoints): set by the worker's flags (server/engine_flags.h).
+struct MoeLayerOptions {
+  // The deferral budget of the expert weight gradients (docs/SPEC.md "Weight gradients of
+  // several backwards") as a fraction of a rank's wi and wo gradient bytes; >= 0, 0 turns
+  // deferral off (DeferredWgradBudgetBytes, CheckDeferredWgradFraction in engine/config.h).
+  double deferred_wgrad_fraction = kDefaultDeferredWgradFraction;
+};
+
 class MoeLayer {
  public:
   // Validates `config` for comm->size() ranks and initialises the parameters from
@@ -68,10 +77,10 @@ class MoeLayer {
   // must outlive the layer; comm->memory_space() must equal backend->memory_space().
   // `cancelled` (optional) is polled between groups of experts of about 4 MiB each while the
   // parameters are initialised (no collective runs there): when it returns true, Create frees
-  // what it allocated and returns CANCELLED.
+  // what it allocated and returns CANCELLED. `options` out of range: INVALID_ARGUMENT.
   static absl::StatusOr<std::unique_ptr<MoeLayer>> Create(
       const LayerConfig& config, Backend* backend, Communicator* comm,
-      const std::function<bool()>& cancelled = nullptr);
+      const std::function<bool()>& cancelled = nullptr, const MoeLayerOptions& options = {});
   virtual ~MoeLayer() = default;
 
   virtual const LayerConfig& config() const = 0;

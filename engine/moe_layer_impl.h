@@ -6,7 +6,7 @@
 // ForwardWork / BackwardWork fields it reads and writes.
 //
 //   auto layer = std::make_unique<MoeLayerImpl>(config, backend, comm);
-//   RETURN_IF_ERROR(layer->Init(/*cancelled=*/nullptr));
+//   RETURN_IF_ERROR(layer->Init(/*cancelled=*/nullptr, MoeLayerOptions{}));
 #ifndef MOED_ENGINE_MOE_LAYER_IMPL_H_
 #define MOED_ENGINE_MOE_LAYER_IMPL_H_
 
@@ -166,8 +166,9 @@ absl::Status CheckOutputDestination(absl::string_view field, const Tensor* into,
 class MoeLayerImpl : public MoeLayer {
  public:
   MoeLayerImpl(const LayerConfig& config, Backend* backend, Communicator* comm);
-  // Allocates and initialises every parameter; `cancelled` as in MoeLayer::Create.
-  absl::Status Init(const std::function<bool()>& cancelled);
+  // Allocates and initialises every parameter; `cancelled` and `options` (checked) as in
+  // MoeLayer::Create.
+  absl::Status Init(const std::function<bool()>& cancelled, const MoeLayerOptions& options);
 
   const LayerConfig& config() const override { return config_; }
   int64_t first_expert() const override { return first_expert_; }

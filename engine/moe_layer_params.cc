@@ -12,20 +12,22 @@
 
 namespace moe {
 
-absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(
-    const LayerConfig& config, Backend* backend, Communicator* comm,
-    const std::function<bool()>& cancelled) {
+absl::StatusOr<std::unique_ptr<MoeLayer>> MoeLayer::Create(const LayerConfig& config,
+                                                           Backend* backend, Communicator* comm,
+                                                           const std::function<bool()>& cancelled,
+                                                           const MoeLayerOptions& options) {
   if (backend == nullptr || comm == nullptr) {
     return absl::InvalidArgumentError("MoeLayer::Create: backend and communicator are required");
   }
   RETURN_IF_ERROR(ValidateConfig(config, comm->size()));
+  RETURN_IF_ERROR(CheckDeferredWgradFraction(options.deferred_wgrad_fraction));
   if (comm->memory_space() != backend->memory_space()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MoeLayer::Create: communicator '", comm->name(), "' and backend '", backend->name(),
         "' use different memory spaces"));
   }
   auto layer = std::make_unique<MoeLayerImpl>(config, backend, comm);
-  RETURN_IF_ERROR(layer->Init(cancelled));
+  RETURN_IF_ERROR(layer->Init(cancelled, options));
   return std::unique_ptr<MoeLayer>(std::move(layer));
 }
 
@@ -39,7 +41,8 @@ MoeLayerImpl::MoeLayerImpl(const LayerConfig& config, Backend* backend, Communic
       first_expert_(comm->rank() * (config.num_experts / comm->size())),
       accumulated_counts_(config.num_experts, 0) {}
 
-absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled) {
+absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled,
+                                const MoeLayerOptions& options) {
   const LayerConfig& c = config_;
   RETURN_IF_ERROR(backend_->CheckComputeDType(c));
   const int64_t H = c.hidden, E = c.num_experts, F = c.ffn, up = UpWidth(c), El = local_experts_;
@@ -107,9 +110,8 @@ absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled) {
     RETURN_IF_ERROR(add("wi_bias", {El, up}, true, false, nullptr, nullptr));
     RETURN_IF_ERROR(add("wo_bias", {El, H}, true, false, nullptr, nullptr));
   }
-  ASSIGN_OR_RETURN(const double fraction, DeferredWgradFractionFromEnv());
-  deferred_budget_bytes_ =
-      static_cast<size_t>(DeferredWgradBudgetBytes(c, comm_->size(), fraction));
+  deferred_budget_bytes_ = static_cast<size_t>(
+      DeferredWgradBudgetBytes(c, comm_->size(), options.deferred_wgrad_fraction));
   ASSIGN_OR_RETURN(fp8_history_, Fp8History::Create(c, backend_));
   return backend_->Synchronize();
 }

@@ -75,18 +75,20 @@ int64_t DeviceMemoryCapacity(const std::string& device_flag, int rank) {
 absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,
                                               std::shared_ptr<KeyValueStore> store,
                                               const std::string& prefix, int rank, int size,
-                                              const CommOptions& options, int cpu_threads) {
+                                              const CommOptions& options,
+                                              const EngineOptions& engine) {
   RETURN_IF_ERROR(CheckDeviceFlag(device_flag));
   WorkerDevice device;
   ASSIGN_OR_RETURN(const int cuda, CudaIndex(device_flag, rank));
   std::unique_ptr<Communicator> comm;
   if (cuda >= 0) {  // CUDA backend + NCCL; the unique id travels through `store`.
-    ASSIGN_OR_RETURN(device.backend, MakeOptionalCudaBackend(cuda));
+    ASSIGN_OR_RETURN(device.backend, MakeOptionalCudaBackend(cuda, engine.cuda));
     ASSIGN_OR_RETURN(comm, MakeOptionalNcclCommunicator(std::move(store), prefix, rank, size, cuda,
                                                         device.backend->stream(), options));
   } else {
-    device.backend = MakeCpuBackend(cpu_threads);
-    ASSIGN_OR_RETURN(comm, MakeGlooCommunicator(std::move(store), prefix, rank, size, options));
+    device.backend = MakeCpuBackend(engine.cpu_threads);
+    ASSIGN_OR_RETURN(
+        comm, MakeGlooCommunicator(std::move(store), prefix, rank, size, options, engine.gloo));
   }
   device.comm = std::make_unique<MeteredCommunicator>(std::move(comm));
   return device;

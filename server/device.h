@@ -24,10 +24,23 @@
 #include "absl/status/statusor.h"
 #include "engine/backend.h"
 #include "engine/comm/communicator.h"
+#include "engine/comm/gloo_communicator.h"
 #include "engine/comm/kv_store.h"
 #include "engine/comm/metered_communicator.h"
+#include "engine/cuda/cuda_backend_options.h"
+#include "engine/moe_layer.h"
 
 namespace moe {
+
+// Everything a worker's flags set in the engine (server/engine_flags.h; moe-worker's
+// --cpu_threads): its backends and communicators (MakeWorkerDevice) and its layers
+// (MoeLayer::Create).
+struct EngineOptions {
+  int cpu_threads = 0;  // the CPU backend's element-wise kernels (0: one per hardware thread)
+  GlooTransportOptions gloo;
+  CudaBackendOptions cuda;
+  MoeLayerOptions layer;
+};
 
 struct WorkerDevice {
   std::unique_ptr<Backend> backend;
@@ -53,12 +66,13 @@ int CudaOrdinal(const std::string& device_flag, int rank);
 // physical memory for the CPU device; 0 when unknown (PingResponse.memory_capacity_bytes).
 int64_t DeviceMemoryCapacity(const std::string& device_flag, int rank);
 
-// Collective: every rank of the group calls it with the same prefix and size.
-// cpu_threads: threads of the CPU backend's element-wise kernels (0: one per hardware thread).
+// Collective: every rank of the group calls it with the same prefix and size. The backend and
+// the communicator are made as `engine` says (its cpu_threads, gloo or cuda).
 absl::StatusOr<WorkerDevice> MakeWorkerDevice(const std::string& device_flag,
                                               std::shared_ptr<KeyValueStore> store,
                                               const std::string& prefix, int rank, int size,
-                                              const CommOptions& options, int cpu_threads = 0);
+                                              const CommOptions& options,
+                                              const EngineOptions& engine = {});
 
 }  // namespace moe
 

@@ -43,6 +43,7 @@
 #include "server/coordinator_service.h"
 #include "server/device.h"
 #include "server/durable_store.h"
+#include "server/engine_flags.h"
 #include "server/graceful_stop.h"
 #include "server/health.h"
 #include "server/heap_trim.h"
@@ -219,14 +220,16 @@ absl::StatusOr<std::unique_ptr<MetricsExposer>> StartMetrics(const MoedOptions& 
 }
 
 // Embedded mode: the workers, handed the cluster secret through an inherited memfd that stays
-// open until moed exits.
+// open until moed exits, and moed's internal TLS and engine flags (server/engine_flags.h).
 absl::StatusOr<std::unique_ptr<WorkerLauncher>> StartWorkers(const MoedOptions& options,
                                                              const Loaded& loaded,
                                                              int internal_port, WorkerPool* pool) {
+  RETURN_IF_ERROR(CheckEngineOptions(EngineOptionsFromFlags()));
   absl::StatusOr<int> secret_fd = loaded.secret->ToMemfd();
   if (!secret_fd.ok()) return Prefixed("cluster secret: ", secret_fd.status());
   std::vector<std::string> child_flags = InternalTlsFlagsForChild();
   for (std::string& flag : HeapRetainFlagsForChild()) child_flags.push_back(std::move(flag));
+  for (std::string& flag : EngineFlagsForChild()) child_flags.push_back(std::move(flag));
   auto launcher = std::make_unique<WorkerLauncher>(
       loaded.worker_binary, absl::StrCat("127.0.0.1:", internal_port), options.device,
       options.world, options.respawn_workers, std::move(child_flags), pool, *secret_fd,

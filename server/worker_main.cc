@@ -191,7 +191,12 @@ int Main(const WorkerOptions& options) {
   auto store = std::make_shared<GrpcKeyValueStore>(channel);
   // Free heap memory above --heap_retain_bytes goes back to the system (server/heap_trim.h).
   HeapTrimmer heap_trimmer(HeapRetainBytes(/*cuda_worker=*/options.device != "cpu"));
-  WorkerService service(options.device, store, options.cpu_threads);
+  // Gloo listens where peers can reach this worker: the advertised host, unless the operator
+  // chose an interface or name for Gloo explicitly (--gloo_iface, --gloo_hostname).
+  const std::string host = AdvertiseHost(options);
+  EngineOptions engine = options.engine;
+  if (engine.gloo.iface.empty() && engine.gloo.hostname.empty()) engine.gloo.hostname = host;
+  WorkerService service(options.device, store, engine);
   AuthenticatedWorkerService authenticated(&service, *secret);
   Readiness readiness(&service, options.rejoin_after > absl::ZeroDuration() ? options.rejoin_after
                                                                             : absl::Seconds(5));
@@ -204,13 +209,7 @@ int Main(const WorkerOptions& options) {
     return 1;
   }
   readiness.Attach(server->GetHealthCheckService());
-  const std::string host = AdvertiseHost(options);
   const std::string address = absl::StrCat(host, ":", port);
-  // Gloo listens where peers can reach this worker: the advertised host, unless the operator
-  // chose an interface or name for Gloo explicitly.
-  if (std::getenv("MOED_GLOO_IFACE") == nullptr && std::getenv("MOED_GLOO_HOSTNAME") == nullptr) {
-    setenv("MOED_GLOO_HOSTNAME", host.c_str(), /*overwrite=*/0);
-  }
 
   Joiner joiner(options, channel, address);
   internal::JoinResponse joined;
@@ -255,8 +254,8 @@ int main(int argc, char** argv) {
   // GPU devices: keep freed heap memory in the process. Every step allocates and frees the same
   // large host buffers (request/response bytes, x/out/d_out/d_x tensors). glibc serves blocks
   // over its mmap threshold with mmap and unmaps them on free, so each step page-faults (and the
-  // kernel zeroes) them again: milliseconds per step at these sizes (docs/PERFORMANCE.md, GPU
-  // "API vs device"). M_MMAP_THRESHOLD cannot be raised past 32 MiB on 64-bit glibc, below a
+  // kernel zeroes) them again: milliseconds per step at these sizes (history/PERFORMANCE-2026-11-29_12-03.md,
+  // GPU "API vs device"). M_MMAP_THRESHOLD cannot be raised past 32 MiB on 64-bit glibc, below a
   // step's tensors, hence M_MMAP_MAX = 0 (no mmap'd blocks; glibc still maps requests no heap
   // can hold) and no trimming of the heap top. The price: RSS stays at the worker's high-water
   // mark (of each of glibc's arenas: bounded by --heap_retain_bytes, 4 GiB by default here,

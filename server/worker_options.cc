@@ -3,6 +3,7 @@
 
 #include "absl/flags/flag.h"
 #include "server/device.h"
+#include "server/engine_flags.h"
 
 ABSL_FLAG(std::string, frontend, "",
           "host:port of moed's internal plane (moed --internal_listen; required)");
@@ -41,7 +42,8 @@ WorkerOptions WorkerOptionsFromFlags() {
   o.rank = absl::GetFlag(FLAGS_rank);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
-  o.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  o.engine = EngineOptionsFromFlags();
+  o.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   o.join_timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
   o.rejoin_after = absl::Seconds(absl::GetFlag(FLAGS_rejoin_after_s));
   o.orphan_timeout = absl::Seconds(absl::GetFlag(FLAGS_orphan_timeout_s));
@@ -57,7 +59,7 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
         "give the cluster secret with --cluster_secret_file=PATH (the file moed was given with "
         "its own --cluster_secret_file)");
   }
-  return absl::OkStatus();
+  return CheckEngineOptions(o.engine);
 }
 
 }  // namespace moe

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "server/device.h"
 
 namespace moe {
 
@@ -23,20 +24,22 @@ struct WorkerOptions {
   int rank = -1;  // requested rank; -1: any free one
   std::string listen = "127.0.0.1:0";
   std::string advertise_host;  // empty: see AdvertiseHost in worker_main.cc
-  int cpu_threads = 0;         // 0: one per hardware thread
   absl::Duration join_timeout = absl::Seconds(60);
   // Join again when the front end has not pinged for this long (zero: never; readiness then
   // uses 5 s).
   absl::Duration rejoin_after = absl::Seconds(5);
   // Exit when the front end has been silent this long (zero: never).
   absl::Duration orphan_timeout = absl::Seconds(60);
+  // The engine flags (server/engine_flags.h) and --cpu_threads (0: one per hardware thread).
+  // gloo empty: worker_main.cc has Gloo listen on the advertised host.
+  EngineOptions engine;
 };
 
 // The flags' values, unchecked.
 WorkerOptions WorkerOptionsFromFlags();
 
 // INVALID_ARGUMENT naming the flag at fault: no --frontend, an unknown --device, not exactly one
-// of --cluster_secret_file and --cluster_secret_fd.
+// of --cluster_secret_file and --cluster_secret_fd, an engine flag out of range.
 absl::Status ValidateWorkerOptions(const WorkerOptions& options);
 
 }  // namespace moe

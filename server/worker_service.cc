@@ -52,10 +52,10 @@ WorkerService::LayerSlot::~LayerSlot() {
 }
 
 WorkerService::WorkerService(std::string device, std::shared_ptr<KeyValueStore> store,
-                             int cpu_threads)
+                             EngineOptions engine)
     : device_(std::move(device)),
       store_(std::move(store)),
-      cpu_threads_(cpu_threads),
+      engine_(std::move(engine)),
       shm_(/*pin_for_cuda=*/absl::StartsWith(device_, "cuda")) {}
 
 WorkerService::~WorkerService() = default;
@@ -136,7 +136,7 @@ grpc::Status WorkerService::Setup(grpc::ServerContext*, const internal::SetupReq
 
   absl::StatusOr<WorkerDevice> world =
       MakeWorkerDevice(device_, store_, absl::StrCat(request->store_prefix(), "world"),
-                       request->rank(), request->world_size(), options, cpu_threads_);
+                       request->rank(), request->world_size(), options, engine_);
   if (!world.ok()) return Grpc(world.status());
   absl::Status barrier = world->comm->Barrier();
   if (!barrier.ok()) return Grpc(barrier);
@@ -186,15 +186,15 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext* context,
   dropped.reset();
   absl::MutexLock slot_lock(&slot->mu);
   absl::StatusOr<WorkerDevice> device =
-      MakeWorkerDevice(device_, store_, prefix, rank, size, options, cpu_threads_);
+      MakeWorkerDevice(device_, store_, prefix, rank, size, options, engine_);
   if (!device.ok()) return Grpc(device.status());
   slot->device = std::move(*device);
   // Before any collective whose sizes follow from the config: all ranks must agree on it.
   absl::Status agree =
       CheckConfigAgreement(*config, slot->device.backend.get(), slot->device.comm.get());
   if (!agree.ok()) return Grpc(agree);
-  absl::StatusOr<std::unique_ptr<MoeLayer>> layer =
-      MoeLayer::Create(*config, slot->device.backend.get(), slot->device.comm.get(), cancelled);
+  absl::StatusOr<std::unique_ptr<MoeLayer>> layer = MoeLayer::Create(
+      *config, slot->device.backend.get(), slot->device.comm.get(), cancelled, engine_.layer);
   if (!layer.ok()) return Grpc(layer.status());
   slot->layer = std::move(*layer);
   if (request->restore()) {
@@ -423,8 +423,7 @@ grpc::Status WorkerService::Ping(grpc::ServerContext*, const internal::PingReque
   for (const auto& kv : retired_) response->add_restorable_layers(kv.first);
   response->set_pid(getpid());
   response->set_memory_capacity_bytes(DeviceMemoryCapacity(device_, rank_));
-  const absl::StatusOr<double> fraction = DeferredWgradFractionFromEnv();
-  if (fraction.ok()) response->set_deferred_wgrad_fraction(*fraction);
+  response->set_deferred_wgrad_fraction(engine_.layer.deferred_wgrad_fraction);
   return grpc::Status::OK;
 }
 

@@ -45,8 +45,10 @@ namespace moe {
 
 class WorkerService final : public internal::Worker::Service {
  public:
-  // cpu_threads: see MakeWorkerDevice.
-  WorkerService(std::string device, std::shared_ptr<KeyValueStore> store, int cpu_threads = 0);
+  // engine: how its backends, communicators and layers are made (MakeWorkerDevice,
+  // MoeLayer::Create); checked by the caller (CheckEngineOptions, server/engine_flags.h).
+  WorkerService(std::string device, std::shared_ptr<KeyValueStore> store,
+                EngineOptions engine = {});
   ~WorkerService() override;
 
   // Blocks until a Shutdown call arrived.
@@ -162,7 +164,7 @@ class WorkerService final : public internal::Worker::Service {
 
   const std::string device_;
   const std::shared_ptr<KeyValueStore> store_;
-  const int cpu_threads_;
+  const EngineOptions engine_;
   absl::Notification shutdown_;
   WorkerShmMappings shm_;  // client shared-memory regions (thread-safe)
   std::function<void()> on_ready_changed_;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The summary of the GPU data-plane checks (gpu_dataplane_check.sh, gpu_outputs_check.sh).
+"""The summary of `tools/gpu_checks.sh service` (bench/service_bench.sh runs, one per label).
 
     python3 tools/service_bench_summary.py OUT [--output_buffers] LABEL...
 
@@ -8,7 +8,9 @@ present, then one line per shape of each OUT/service_bench_LABEL.jsonl (bench/se
 gRPC p50 fwd / fwd+bwd, the engine phase, the payload rate, the client's phases, and the
 shared-memory and CUDA IPC p50s with their bitwise verdicts. --output_buffers adds the
 moectl bench `output_buffers` column; labels starting with "tiny" also print each path's
-forward breakdown (the fixed cost of a call).
+forward breakdown (the fixed cost of a call); runs with moectl bench --concurrency=N also
+print the N callers' tokens/s and p50s and whether each caller's answers were bitwise the one
+caller's.
 """
 import json
 import os
@@ -46,6 +48,14 @@ def main(argv):
                             path_d["forward_backward"]["latency_ms"]["p50"], "ident",
                             path_d.get("identical_to_grpc")]
             print(*row)
+            conc = d.get("concurrent")
+            if conc:
+                print("   ", conc["concurrency"], "callers: tok/s", conc["forward"]["tokens_per_s"],
+                      conc["forward_backward"]["tokens_per_s"], "(one caller",
+                      d["forward"]["tokens_per_s"], d["forward_backward"]["tokens_per_s"],
+                      ") p50", conc["forward"]["latency_ms"]["p50"],
+                      conc["forward_backward"]["latency_ms"]["p50"], "ident",
+                      conc.get("identical_to_one_caller"))
             if label.startswith("tiny"):
                 for name, path_d in (("grpc", d), ("shm", s), ("ipc", c)):
                     if path_d:

@@ -291,17 +291,11 @@ class GlooCommunicator : public Communicator {
   absl::Status broken_ ABSL_GUARDED_BY(mu_);
 };
 
-// Where this rank listens: explicit options, then the environment, then the host's name.
+// Where this rank listens: the options, else (both empty) Gloo's default, the host's name.
 gloo::transport::tcp::attr DeviceAttr(const GlooTransportOptions& transport) {
   gloo::transport::tcp::attr attr;
-  std::string iface = transport.iface;
-  std::string hostname = transport.hostname;
-  if (iface.empty() && hostname.empty()) {
-    if (const char* env = std::getenv("MOED_GLOO_IFACE")) iface = env;
-    if (const char* env = std::getenv("MOED_GLOO_HOSTNAME")) hostname = env;
-  }
-  attr.iface = iface;
-  attr.hostname = hostname;
+  attr.iface = transport.iface;
+  attr.hostname = transport.hostname;
   return attr;
 }
 

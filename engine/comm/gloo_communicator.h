@@ -40,9 +40,9 @@
 
 namespace moe {
 
-// Where this rank listens. Empty fields: read MOED_GLOO_IFACE (a network interface, e.g.
-// "eth0") and MOED_GLOO_HOSTNAME (a name or address of this host) from the environment; with
-// neither set, the address this host's name resolves to (as PyTorch's Gloo does).
+// Where this rank listens (moe-worker: --gloo_iface, --gloo_hostname): on the address of
+// network interface `iface` (e.g. "eth0"), or of `hostname` (a name or address of this host);
+// with both empty, the address this host's name resolves to (as PyTorch's Gloo does).
 struct GlooTransportOptions {
   std::string iface;
   std::string hostname;

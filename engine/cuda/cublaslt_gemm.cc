@@ -270,7 +270,7 @@ absl::Status CublasLtGemm::Run(const GemmArgs& g, void* stream, void* workspace,
   if (st == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
   if (plan->tuned) {
     // The tuned configuration does not fit this exact shape: the heuristic's choice for the
-    // bucket, as with MOED_CUBLASLT_TUNED=0.
+    // bucket, as with CudaBackendOptions::cublaslt_tuned false.
     NoteTunedGemmPlanRefused();
     st = cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), &plan->desc, &g.alpha, g.b,
                         &layouts.a, g.a, &layouts.b, &g.beta, g.c, &layouts.c, g.c, &layouts.c,

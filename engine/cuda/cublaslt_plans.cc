@@ -13,10 +13,11 @@ struct Entry {
 };
 
 // Found on one H200 (cuBLASLt 13.1) by bench/gemm_probe, then kept only where the layer's step
-// confirmed it: gpu_bench with and without the table in one call (docs/PERFORMANCE.md "Expert
-// GEMM configurations by measurement"; each entry's probe time ratio to the engine's choice
-// beside it). qwen3's (H 2048, F 768, 128 experts, k 8; 2026-12-01, `--enumerate=all
-// [--rows_scale=0.875|1.25]`, JSON in bench/results/gpu_2026-12-01/gemm_probe) made its step
+// confirmed it: gpu_bench with and without the table in one call
+// (history/PERFORMANCE-2026-11-29_12-03.md "Expert GEMM configurations by measurement"; each
+// entry's probe time ratio to the engine's choice beside it). qwen3's (H 2048, F 768, 128
+// experts, k 8; 2026-12-01, `--enumerate=all [--rows_scale=0.875|1.25]`, JSON in git:
+// `git show 7b91344:bench/results/gpu_2026-12-01/gemm_probe/probe.jsonl`) made its step
 // 8-10 % faster. dsv3's and te_seed's are from `--enumerate=all --routed_rows` (2026-12-02:
 // every expert's rows as random routing spreads them over the row buckets, each running what
 // FindPlan would give it). Probed with equal rows for every expert instead, dsv3's entries
@@ -28,8 +29,9 @@ struct Entry {
 // none), so entries now carry it (TunedGemmConfig::custom) and the probe times every
 // candidate as an entry rebuilds it. Entries with a sixth field carry a custom option, found
 // by `--enumerate=custom --routed_rows` (every heuristic candidate with each custom option,
-// cluster and swizzle: docs/PERFORMANCE.md "Every custom option, and more entries"; all of
-// mixtral's and most of dsv3's and te_seed's); the others have 0 (from `--enumerate=all`). A
+// cluster and swizzle: history/PERFORMANCE-2026-11-29_12-03.md "Every custom option, and more
+// entries"; all of mixtral's and most of dsv3's and te_seed's); the others have 0 (from
+// `--enumerate=all`). A
 // configuration of another algorithm than the heuristic's (21, for dsv3's accumulated d_wo)
 // gave other bits at other row counts. Every entry is algorithm 66, the heuristic's own, with
 // its stages (35, 64xAUTO). Tiles 20 128x128, 21 256x64, 23 128x256, 24 256x128, 29 128x160,

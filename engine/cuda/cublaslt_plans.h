@@ -1,7 +1,7 @@
 // GEMM configurations measured faster than cuBLASLt's heuristic choice for the expert FFN's
 // bf16 GEMMs, and bit-identical to it, on one GPU kind (bench/gemm_probe on the H200, then the
-// layer's step with and without them: docs/PERFORMANCE.md "Expert GEMM configurations by
-// measurement").
+// layer's step with and without them: history/PERFORMANCE-2026-11-29_12-03.md "Expert GEMM
+// configurations by measurement").
 //
 // Why a table: cuBLASLt's heuristic ranks a configuration by the GEMM alone, but the engine
 // runs an expert layer's GEMMs side by side on GroupedGemm's streams, where other tiles and

@@ -151,26 +151,15 @@ absl::Status CopyMemory(void* dst, const void* src, size_t bytes) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
-  ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> backend, cuda::CudaBackend::Create(device));
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device,
+                                                         const CudaBackendOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<cuda::CudaBackend> backend,
+                   cuda::CudaBackend::Create(device, options));
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
 namespace cuda {
 namespace {
-
-// A non-negative integer environment variable, `fallback` when unset or empty.
-absl::StatusOr<int64_t> EnvInt(const char* name, int64_t fallback, int64_t max) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return fallback;
-  char* end = nullptr;
-  const long long v = std::strtoll(text, &end, 10);
-  if (*end != '\0' || v < 0 || v > max) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(name, "='", text, "': expected an integer in [0, ", max, "]"));
-  }
-  return static_cast<int64_t>(v);
-}
 
 // A kernel launcher's result (0 or a cudaError_t) as a status, for code that must free its
 // scratch on every way out (no early return).
@@ -180,74 +169,43 @@ absl::Status Launched(int err, const char* what) {
 
 }  // namespace
 
-// The GEMM knobs, for comparing cuBLASLt configurations on the GPU machine (defaults: today's
-// behaviour): MOED_CUBLASLT_WORKSPACE_MB (each of the 1 + MOED_GEMM_STREAMS workspaces,
-// default 32),
-// MOED_CUBLASLT_WGRAD_ALGO (CublasLtTuning::wgrad_algo_index, default 0),
-// MOED_CUBLASLT_WGRAD_ACCUM_ALGO (CublasLtTuning::wgrad_accumulate_algo_index, default
-// MOED_CUBLASLT_WGRAD_ALGO's value),
-// MOED_CUBLASLT_LOG=1 (log the weight-gradient and tuned plans), MOED_CUBLASLT_TUNED (1, the
-// default: the expert GEMMs of shapes engine/cuda/cublaslt_plans.h lists take its measured
-// configuration where the device and cuBLASLt are those it was measured on; 0: the heuristic's
-// first everywhere, for comparisons). The CUDA backend also reads
-// MOED_GEMM_SERIAL_GFLOPS (GroupedGemm runs its GEMMs one at a time on the main stream when
-// their mean size exceeds this many GFLOP; 0, the default: never) and MOED_GEMM_STREAMS (how
-// many side streams GroupedGemm spreads its GEMMs over, 1 to 16, default 4) and
-// MOED_FP32_GEMM_BF16X3 (1, the default: fp32 Gemms with GemmArgs::a_bf16 or a short k run on
-// bf16 tensor cores, SplitFp32Gemm / ShortKFp32Gemm; 0: cuBLASLt's fp32 GEMM, for comparisons).
-absl::StatusOr<CublasLtGemm::Tuning> GemmTuningFromEnv(size_t* workspace_bytes) {
-  constexpr int64_t kMaxAlgoIndex = 15;
-  ASSIGN_OR_RETURN(const int64_t mb, EnvInt("MOED_CUBLASLT_WORKSPACE_MB",
-                                            static_cast<int64_t>(*workspace_bytes >> 20), 1024));
-  *workspace_bytes = static_cast<size_t>(mb) << 20;
+CublasLtGemm::Tuning GemmTuningOf(const CudaBackendOptions& options) {
   CublasLtGemm::Tuning tuning;
-  ASSIGN_OR_RETURN(const int64_t index, EnvInt("MOED_CUBLASLT_WGRAD_ALGO", 0, kMaxAlgoIndex));
-  tuning.wgrad_algo_index = static_cast<int>(index);
-  ASSIGN_OR_RETURN(const int64_t accumulate,
-                   EnvInt("MOED_CUBLASLT_WGRAD_ACCUM_ALGO", index, kMaxAlgoIndex));
-  tuning.wgrad_accumulate_algo_index = static_cast<int>(accumulate);
-  ASSIGN_OR_RETURN(const int64_t log, EnvInt("MOED_CUBLASLT_LOG", 0, 1));
-  tuning.log_plans = log == 1;
-  ASSIGN_OR_RETURN(const int64_t tuned, EnvInt("MOED_CUBLASLT_TUNED", 1, 1));
-  tuning.tuned_plans = tuned == 1;
+  tuning.wgrad_algo_index = options.cublaslt_wgrad_algo;
+  tuning.wgrad_accumulate_algo_index = options.cublaslt_wgrad_accum_algo >= 0
+                                           ? options.cublaslt_wgrad_accum_algo
+                                           : options.cublaslt_wgrad_algo;
+  tuning.log_plans = options.cublaslt_log;
+  tuning.tuned_plans = options.cublaslt_tuned;
   return tuning;
 }
 
-absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device) {
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    int device, const CudaBackendOptions& options) {
+  RETURN_IF_ERROR(CheckCudaBackendOptions(options));
   const int count = CudaDeviceCount();
   if (device < 0 || device >= count) {
     return absl::FailedPreconditionError(
         absl::StrCat("CUDA device ", device, " requested but ", count, " visible"));
   }
   std::unique_ptr<CudaBackend> backend(new CudaBackend(device));
-  RETURN_IF_ERROR(backend->Init());
+  RETURN_IF_ERROR(backend->Init(options));
   return backend;
 }
 
-absl::Status CudaBackend::Init() {
+absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
   RETURN_IF_ERROR(Activate());
-  // Pinned, pipelined staging of large pageable host copies is opt-in: it made the layer's
-  // output copies ~1.5x faster on the H200 machine (docs/PERFORMANCE.md). It was switched off
-  // after an EP=2 benchmark process died of heap corruption; that was later traced to the NCCL
-  // communicator's watchdog racing ncclCommGetAsyncError (fixed), and a staged EP=2 run then
-  // passed, but no full run has been made since with it on by default.
-  const char* staging = std::getenv("MOED_CUDA_HOST_STAGING");
-  use_staging_ = staging != nullptr && std::string(staging) == "1";
-  ASSIGN_OR_RETURN(CublasLtGemm::Tuning tuning, GemmTuningFromEnv(&workspace_bytes_));
+  use_staging_ = options.host_staging;
+  workspace_bytes_ = static_cast<size_t>(options.cublaslt_workspace_mb) << 20;
+  CublasLtGemm::Tuning tuning = GemmTuningOf(options);
   cudaDeviceProp prop;
   CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device_));
   tuning.tuned_plans =
       tuning.tuned_plans &&
       TunedGemmsApply(prop.major, prop.minor, prop.multiProcessorCount, cublasLtGetVersion());
-  ASSIGN_OR_RETURN(const int64_t serial_gflops,
-                   EnvInt("MOED_GEMM_SERIAL_GFLOPS", kDefaultSerialGemmGflops, int64_t{1} << 30));
-  serial_gemm_flops_ = static_cast<double>(serial_gflops) * 1e9;
-  ASSIGN_OR_RETURN(const int64_t streams,
-                   EnvInt("MOED_GEMM_STREAMS", kDefaultSideStreams, kMaxSideStreams));
-  if (streams < 1) return absl::InvalidArgumentError("MOED_GEMM_STREAMS='0': expected 1 to 16");
-  side_stream_count_ = static_cast<int>(streams);
-  ASSIGN_OR_RETURN(const int64_t split, EnvInt("MOED_FP32_GEMM_BF16X3", 1, 1));
-  split_fp32_gemm_ = split == 1;
+  serial_gemm_flops_ = static_cast<double>(options.gemm_serial_gflops) * 1e9;
+  side_stream_count_ = options.gemm_streams;
+  split_fp32_gemm_ = options.fp32_gemm_bf16x3;
   // Keep freed pool memory for reuse: steps allocate and free the same sizes every time.
   cudaMemPool_t pool;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device_));

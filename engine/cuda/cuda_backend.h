@@ -15,17 +15,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/backend.h"
+#include "engine/cuda/cuda_backend_options.h"
 
 namespace moe {
 
-// A backend on CUDA device `device` (0-based). FAILED_PRECONDITION when no such device.
-absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device);
+// A backend on CUDA device `device` (0-based). FAILED_PRECONDITION when no such device,
+// INVALID_ARGUMENT for options out of range (CheckCudaBackendOptions).
+absl::StatusOr<std::unique_ptr<Backend>> MakeCudaBackend(int device,
+                                                         const CudaBackendOptions& options = {});
 
 // Number of visible CUDA devices (0 when none or no driver).
 int CudaDeviceCount();

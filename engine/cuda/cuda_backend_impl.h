@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/backend.h"
 #include "engine/cuda/cublaslt_gemm.h"
+#include "engine/cuda/cuda_backend_options.h"
 #include "engine/cuda/host_staging.h"
 #include "engine/cuda/kernels.cuh"
 
@@ -28,7 +29,8 @@ inline KType ToKType(DType t) { return t == DType::kBFloat16 ? KType::kBF16 : KT
 
 class CudaBackend : public Backend {
  public:
-  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device);
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device,
+                                                             const CudaBackendOptions& options);
   ~CudaBackend() override;
 
   std::string name() const override { return "cuda:" + std::to_string(device_); }
@@ -84,17 +86,18 @@ class CudaBackend : public Backend {
                              float* state1, float* state2, int64_t count) override;
 
  private:
-  // GroupedGemm's side streams: MOED_GEMM_STREAMS of them (read once in Init), at most
+  // GroupedGemm's side streams: CudaBackendOptions::gemm_streams of them, at most
   // kMaxSideStreams.
-  static constexpr int kMaxSideStreams = 16;
-  static constexpr int kDefaultSideStreams = 4;
-  static constexpr size_t kDefaultWorkspaceBytes = size_t{32} << 20;
+  static constexpr int kMaxSideStreams = CudaBackendOptions::kMaxGemmStreams;
+  static constexpr int kDefaultSideStreams = CudaBackendOptions().gemm_streams;
+  static constexpr size_t kDefaultWorkspaceBytes =
+      static_cast<size_t>(CudaBackendOptions().cublaslt_workspace_mb) << 20;
   // GroupedGemm overlaps GEMMs on the side streams unless their mean size is above this
   // (0: no limit).
-  static constexpr int64_t kDefaultSerialGemmGflops = 0;
+  static constexpr int64_t kDefaultSerialGemmGflops = CudaBackendOptions().gemm_serial_gflops;
 
   explicit CudaBackend(int device) : device_(device) {}
-  absl::Status Init();
+  absl::Status Init(const CudaBackendOptions& options);
   absl::Status Activate() const;  // cudaSetDevice(device_)
   // Stream-ordered scratch for one call (freed on the stream after its kernels).
   absl::StatusOr<void*> ScratchAlloc(size_t bytes);
@@ -117,19 +120,18 @@ class CudaBackend : public Backend {
 
   int device_;
   void* stream_ = nullptr;                       // cudaStream_t
-  int side_stream_count_ = kDefaultSideStreams;  // MOED_GEMM_STREAMS
+  int side_stream_count_ = kDefaultSideStreams;  // options.gemm_streams
   void* side_streams_[kMaxSideStreams] = {};     // cudaStream_t; the first side_stream_count_
   void* side_events_[kMaxSideStreams + 1] = {};  // cudaEvent_t; [kMaxSideStreams] is the fork
   void* workspace_[kMaxSideStreams + 1] = {};    // cuBLASLt workspaces; [0] main stream
   std::unique_ptr<CublasLtGemm> gemm_;
   HostStaging staging_;       // large copies to/from pageable host memory
-  bool use_staging_ = false;  // MOED_CUDA_HOST_STAGING=1 (read once in Init)
-  // Each cuBLASLt workspace's size: MOED_CUBLASLT_WORKSPACE_MB (read once in Init).
+  bool use_staging_ = false;  // options.host_staging
+  // Each cuBLASLt workspace's size: options.cublaslt_workspace_mb.
   size_t workspace_bytes_ = kDefaultWorkspaceBytes;
-  // GroupedGemm's threshold in FLOP, 0 for none: MOED_GEMM_SERIAL_GFLOPS (read once in Init).
+  // GroupedGemm's threshold in FLOP, 0 for none: options.gemm_serial_gflops.
   double serial_gemm_flops_ = kDefaultSerialGemmGflops * 1e9;
-  // fp32 Gemms on bf16 tensor cores (SplitFp32Gemm, ShortKFp32Gemm): MOED_FP32_GEMM_BF16X3
-  // (read once in Init).
+  // fp32 Gemms on bf16 tensor cores (SplitFp32Gemm, ShortKFp32Gemm): options.fp32_gemm_bf16x3.
   bool split_fp32_gemm_ = true;
 
   mutable absl::Mutex mu_;
@@ -138,9 +140,8 @@ class CudaBackend : public Backend {
   size_t peak_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// The cuBLASLt knobs from the environment (cuda_backend.cc documents them); sets
-// *workspace_bytes (in: the default). INVALID_ARGUMENT for a malformed value.
-absl::StatusOr<CublasLtGemm::Tuning> GemmTuningFromEnv(size_t* workspace_bytes);
+// The cuBLASLt knobs of `options` (tuned_plans before the device check of TunedGemmsApply).
+CublasLtGemm::Tuning GemmTuningOf(const CudaBackendOptions& options);
 
 // Splits host row counts into kernel tables of at most kMaxTableGroups groups each.
 std::vector<GroupTable> MakeGroupTables(GroupRows group_rows);

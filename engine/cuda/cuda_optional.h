@@ -19,6 +19,7 @@
 #include "engine/backend.h"
 #include "engine/comm/communicator.h"
 #include "engine/comm/kv_store.h"
+#include "engine/cuda/cuda_backend_options.h"
 
 namespace moe {
 
@@ -28,7 +29,8 @@ bool CudaBuilt();
 int VisibleCudaDevices();
 // Total memory of CUDA device `device` in bytes; 0 without CUDA or when unknown.
 int64_t OptionalCudaDeviceMemoryBytes(int device);
-absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int device);
+absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(
+    int device, const CudaBackendOptions& options = {});
 // See PinHostMemory / UnpinHostMemory in cuda_backend.h (UNIMPLEMENTED without CUDA).
 absl::Status OptionalPinHostMemory(void* host, size_t bytes);
 absl::Status OptionalUnpinHostMemory(void* host);

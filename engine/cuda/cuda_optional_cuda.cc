@@ -11,8 +11,9 @@ int VisibleCudaDevices() { return CudaDeviceCount(); }
 
 int64_t OptionalCudaDeviceMemoryBytes(int device) { return CudaDeviceMemoryBytes(device); }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int device) {
-  return MakeCudaBackend(device);
+absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(
+    int device, const CudaBackendOptions& options) {
+  return MakeCudaBackend(device, options);
 }
 
 absl::Status OptionalPinHostMemory(void* host, size_t bytes) { return PinHostMemory(host, bytes); }

@@ -9,7 +9,7 @@ int VisibleCudaDevices() { return 0; }
 
 int64_t OptionalCudaDeviceMemoryBytes(int) { return 0; }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeOptionalCudaBackend(int, const CudaBackendOptions&) {
   return absl::UnimplementedError("this binary was built without CUDA");
 }
 

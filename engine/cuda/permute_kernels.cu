@@ -202,7 +202,8 @@ __global__ void CopyRowBlocksKernel(const V* __restrict__ src, V* __restrict__ d
 // One block per token, each thread its columns, the slots one after the other. Loading a
 // token's slots' rows together instead (as CombineBackwardKernel does) was measured twice on
 // the H200 and doubled this kernel's time for k = 8 (qwen3 0.31 -> 0.62 ms, dsv3 0.55 -> 1.08;
-// docs/PERFORMANCE.md, "Tried and reverted: the combine's slots loaded together").
+// history/PERFORMANCE-2026-11-29_12-03.md, "Tried and reverted: the combine's slots loaded
+// together").
 template <int VEC, typename Y, typename O>
 __global__ void CombineKernel(const Y* __restrict__ y, const int32_t* __restrict__ pair_row,
                               const float* __restrict__ weight, int top_k, int64_t width,

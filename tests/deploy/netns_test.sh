@@ -130,15 +130,15 @@ start_moed() {
   MOED_PID=$!
   PIDS+=("${MOED_PID}")
 }
-# start_worker NS IP RANK [ENV=VALUE...]
+# start_worker NS IP RANK [FLAG...]
 start_worker() {
   local ns="$1" addr="$2" rank="$3"
   shift 3
-  ip netns exec "${ns}" env "$@" "${MOE_WORKER}" --frontend="${IP_MOED}:50053" \
+  ip netns exec "${ns}" "${MOE_WORKER}" --frontend="${IP_MOED}:50053" \
     --cluster_secret_file="${TMP}/secret" --device=cpu --listen="${addr}:50052" \
     --internal_tls_cert_file="${TMP}/member.pem" --internal_tls_key_file="${TMP}/member.key" \
     --internal_tls_ca_file="${TMP}/ca.pem" --internal_tls_server_name=moe-internal \
-    --advertise_host="${addr}" --rank="${rank}" --rejoin_after_s=1 \
+    --advertise_host="${addr}" --rank="${rank}" --rejoin_after_s=1 "$@" \
     >> "${TMP}/worker${rank}.log" 2>&1 &
   PIDS+=($!)
 }
@@ -149,7 +149,7 @@ ctl() {
 
 start_moed
 start_worker "${NS_W1}" "${IP_W1}" 0                      # Gloo on the advertised address
-start_worker "${NS_W2}" "${IP_W2}" 1 MOED_GLOO_IFACE=eth0  # Gloo on a named interface
+start_worker "${NS_W2}" "${IP_W2}" 1 --gloo_iface=eth0      # Gloo on a named interface
 ctl health --wait_ms=60000 > /dev/null || die "cluster not SERVING within 60 s"
 pass "cluster SERVING across namespaces after $(( SECONDS - START_S )) s"
 STATUS="$(ctl status)"

@@ -8,6 +8,7 @@
 //    follows the counts accumulated over forwards.
 #include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -216,14 +217,13 @@ TEST(AccumulationTest, AContextServesOneBackwardOnly) {
 }
 
 // Deferred expert weight gradients (docs/SPEC.md "Weight gradients of several backwards"):
-// MOED_DEFERRED_WGRAD_FRACTION, read when a layer is created, sets the budget as a fraction of
-// wi and wo's gradient bytes. The tests compare layers with a large budget (every backward
-// defers), a zero one (none does) and budgets set from a step's measured operand bytes.
-absl::StatusOr<CpuLayer> MakeCpuLayerDeferring(const LayerConfig& c, const std::string& fraction) {
-  setenv("MOED_DEFERRED_WGRAD_FRACTION", fraction.c_str(), 1);
-  absl::StatusOr<CpuLayer> cpu = MakeCpuLayer(c);
-  unsetenv("MOED_DEFERRED_WGRAD_FRACTION");
-  return cpu;
+// MoeLayerOptions::deferred_wgrad_fraction, given when a layer is created, sets the budget as a
+// fraction of wi and wo's gradient bytes. The tests compare layers with a large budget (every
+// backward defers), a zero one (none does) and budgets set from a step's measured operand bytes.
+absl::StatusOr<CpuLayer> MakeCpuLayerDeferring(const LayerConfig& c, double fraction) {
+  moe::MoeLayerOptions options;
+  options.deferred_wgrad_fraction = fraction;
+  return MakeCpuLayer(c, options);
 }
 
 LayerConfig DeferralConfig(DType dtype) {
@@ -257,8 +257,8 @@ TEST_P(DeferredWeightGradTest, OneDeferredBackwardIsBitwiseTheImmediateOne) {
   const LayerConfig c = DeferralConfig(GetParam());
   Tensor x = RandomTensor(60, c.hidden, 51, GetParam());
   Tensor d = RandomTensor(60, c.hidden, 52, GetParam());
-  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, "100");
-  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, "0");
+  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, 100);
+  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, 0);
   ASSERT_TRUE(deferring.ok() && immediate.ok());
   EXPECT_EQ(Backward(deferring->layer.get(), x, d), Backward(immediate->layer.get(), x, d));
   EXPECT_GT(deferring->backend->allocated_bytes(), immediate->backend->allocated_bytes())
@@ -284,9 +284,9 @@ TEST_P(DeferredWeightGradTest, SeveralBackwardsRunAsOneGemmOverTheirRows) {
     xs.push_back(RandomTensor(rows[i], c.hidden, 61 + i, GetParam()));
     ds.push_back(RandomTensor(rows[i], c.hidden, 71 + i, GetParam()));
   }
-  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, "100");
-  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, "0");
-  absl::StatusOr<CpuLayer> whole = MakeCpuLayerDeferring(c, "0");
+  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, 100);
+  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, 0);
+  absl::StatusOr<CpuLayer> whole = MakeCpuLayerDeferring(c, 0);
   ASSERT_TRUE(deferring.ok() && immediate.ok() && whole.ok());
   size_t held = deferring->backend->allocated_bytes();
   for (int i = 0; i < 3; ++i) {
@@ -315,16 +315,16 @@ TEST_P(DeferredWeightGradTest, TheBudgetBoundsTheDeferredBytes) {
   const LayerConfig c = DeferralConfig(GetParam());
   Tensor x = RandomTensor(64, c.hidden, 81, GetParam());
   Tensor d = RandomTensor(64, c.hidden, 82, GetParam());
-  absl::StatusOr<CpuLayer> probe = MakeCpuLayerDeferring(c, "100");
-  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, "0");
+  absl::StatusOr<CpuLayer> probe = MakeCpuLayerDeferring(c, 100);
+  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, 0);
   ASSERT_TRUE(probe.ok() && immediate.ok());
   const size_t base = immediate->backend->allocated_bytes();
   Backward(probe->layer.get(), x, d);
   const size_t step_bytes = probe->backend->allocated_bytes() - base;  // one step's operands
   ASSERT_GT(step_bytes, 0u);
   auto fraction = [&](double budget_steps) {
-    return absl::StrCat(budget_steps * static_cast<double>(step_bytes) /
-                        static_cast<double>(ExpertGradientBytes(c)));
+    return budget_steps * static_cast<double>(step_bytes) /
+           static_cast<double>(ExpertGradientBytes(c));
   };
 
   absl::StatusOr<CpuLayer> small = MakeCpuLayerDeferring(c, fraction(0.9));
@@ -355,8 +355,8 @@ TEST_P(DeferredWeightGradTest, ZeroingDropsAndTheOptimizerFlushes) {
   Tensor d1 = RandomTensor(40, c.hidden, 92, GetParam());
   Tensor x2 = RandomTensor(33, c.hidden, 93, GetParam());
   Tensor d2 = RandomTensor(33, c.hidden, 94, GetParam());
-  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, "100");
-  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, "0");
+  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, 100);
+  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, 0);
   ASSERT_TRUE(deferring.ok() && immediate.ok());
   const size_t base = immediate->backend->allocated_bytes();
   Backward(deferring->layer.get(), x1, d1);
@@ -385,8 +385,8 @@ TEST(DeferredWeightGradTest, FP8NeverDefers) {
   LayerConfig c = DeferralConfig(DType::kFloat8E4M3);
   Tensor x = RandomTensor(48, c.hidden, 95, DType::kBFloat16);
   Tensor d = RandomTensor(48, c.hidden, 96, DType::kBFloat16);
-  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, "100");
-  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, "0");
+  absl::StatusOr<CpuLayer> deferring = MakeCpuLayerDeferring(c, 100);
+  absl::StatusOr<CpuLayer> immediate = MakeCpuLayerDeferring(c, 0);
   ASSERT_TRUE(deferring.ok() && immediate.ok()) << deferring.status();
   Backward(deferring->layer.get(), x, d);
   Backward(immediate->layer.get(), x, d);
@@ -394,12 +394,12 @@ TEST(DeferredWeightGradTest, FP8NeverDefers) {
 }
 
 TEST(DeferredWeightGradTest, ABadFractionIsRefused) {
-  for (const char* bad : {"abc", "-1", "nan", "1e400"}) {
+  for (double bad : {-1.0, -1e-300, std::nan(""), std::numeric_limits<double>::infinity()}) {
     absl::StatusOr<CpuLayer> cpu = MakeCpuLayerDeferring(MediumConfig(DType::kFloat32), bad);
     EXPECT_EQ(cpu.status().code(), absl::StatusCode::kInvalidArgument) << bad;
     if (!cpu.ok()) {
       EXPECT_THAT(std::string(cpu.status().message()),
-                  ::testing::HasSubstr("MOED_DEFERRED_WGRAD_FRACTION"));
+                  ::testing::HasSubstr("deferred_wgrad_fraction"));
     }
   }
 }

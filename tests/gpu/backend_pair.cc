@@ -9,9 +9,9 @@
 namespace moe {
 namespace gpu_test {
 
-BackendPair::BackendPair() {
+BackendPair::BackendPair(const CudaBackendOptions& cuda_options) {
   cpu_ = MakeCpuBackend();
-  auto gpu = MakeCudaBackend(0);
+  auto gpu = MakeCudaBackend(0, cuda_options);
   if (!gpu.ok()) {
     error_ = gpu.status().ToString();
     return;

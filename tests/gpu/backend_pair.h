@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine/backend.h"
+#include "engine/cuda/cuda_backend_options.h"
 #include "engine/dtype.h"
 
 namespace moe {
@@ -71,7 +72,7 @@ inline std::vector<float> RandomFloats(size_t n, uint64_t seed, float scale = 1.
 class BackendPair {
  public:
   // Fails (ok() false) when either backend cannot be made; the message says why.
-  BackendPair();
+  explicit BackendPair(const CudaBackendOptions& cuda_options = {});
   bool ok() const { return cpu_ != nullptr && gpu_ != nullptr; }
   const std::string& error() const { return error_; }
   Backend* cpu() const { return cpu_.get(); }

@@ -154,10 +154,10 @@ double ErrorVsFp64(const std::vector<float>& got, const std::vector<double>& wan
 // An fp32 GEMM whose A is given as bf16 too (GemmArgs::a_bf16: the router's logits and d_gate
 // when x came as BF16) runs on bf16 tensor cores (CudaBackend::SplitFp32Gemm): within the
 // SPEC's fp32 tolerance (1e-5) of an fp64 reference, bitwise repeatable, refused for non-fp32
-// operands, and MOED_FP32_GEMM_BF16X3=0 gives back the fp32 GEMM bit for bit. Every product is
-// exact; what remains is the tensor cores' fp32 accumulation, which on the H200 measured
-// 2.5-8x the fp32 FMA GEMM's error (0.5-1.8e-6 against 2.1-5.3e-7 of the largest output for
-// k = 300..32768, 2026-12-01), hence the bound is the tolerance, not the fp32 GEMM's error.
+// operands, and CudaBackendOptions::fp32_gemm_bf16x3 false gives back the fp32 GEMM bit for bit.
+// Every product is exact; what remains is the tensor cores' fp32 accumulation, which on the H200
+// measured 2.5-8x the fp32 FMA GEMM's error (0.5-1.8e-6 against 2.1-5.3e-7 of the largest output
+// for k = 300..32768, 2026-12-01), hence the bound is the tolerance, not the fp32 GEMM's error.
 TEST(CudaOps, Fp32GemmWithBf16AIsWithinFp32Tolerance) {
   REQUIRE_CUDA_DEVICE();
   const Fp32GemmCase cases[] = {
@@ -168,18 +168,12 @@ TEST(CudaOps, Fp32GemmWithBf16AIsWithinFp32Tolerance) {
       {true, true, 96, 8, 4096, 1.f, 0.f},       // E = 8, long k
       {true, false, 256, 8, 32768, 1.f, 0.f},    // te_seed's d_gate: k = T = 32768
   };
-  auto make = [](const char* knob) -> absl::StatusOr<std::unique_ptr<Backend>> {
-    if (knob != nullptr) setenv("MOED_FP32_GEMM_BF16X3", knob, 1);
-    absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackend(0);
-    unsetenv("MOED_FP32_GEMM_BF16X3");
-    return made;
-  };
-  absl::StatusOr<std::unique_ptr<Backend>> split = make(nullptr), plain = make("0");
+  CudaBackendOptions fp32_gemm;
+  fp32_gemm.fp32_gemm_bf16x3 = false;
+  absl::StatusOr<std::unique_ptr<Backend>> split = MakeCudaBackend(0),
+                                           plain = MakeCudaBackend(0, fp32_gemm);
   ASSERT_TRUE(split.ok()) << split.status();
   ASSERT_TRUE(plain.ok()) << plain.status();
-  for (const char* bad : {"2", "-1", "yes"}) {
-    EXPECT_TRUE(absl::IsInvalidArgument(make(bad).status())) << "MOED_FP32_GEMM_BF16X3=" << bad;
-  }
   uint64_t seed = 40;
   for (const Fp32GemmCase& c : cases) {
     SCOPED_TRACE(::testing::Message() << "m=" << c.m << " n=" << c.n << " k=" << c.k
@@ -224,7 +218,7 @@ TEST(CudaOps, Fp32GemmWithBf16AIsWithinFp32Tolerance) {
                 static_cast<long long>(c.k), fast_err, fp32_err);
     EXPECT_LE(fast_err, 1e-5);
     EXPECT_TRUE(*fast == *again) << "two runs differ";
-    EXPECT_TRUE(*knob_off == *fp32) << "MOED_FP32_GEMM_BF16X3=0 is not the fp32 GEMM";
+    EXPECT_TRUE(*knob_off == *fp32) << "fp32_gemm_bf16x3 = false is not the fp32 GEMM";
     ASSERT_TRUE((*split)->GemmReadsBf16A());
     ASSERT_FALSE((*plain)->GemmReadsBf16A());
     absl::StatusOr<std::vector<float>> no_a = run(split->get(), true, /*without_a=*/true);
@@ -275,7 +269,7 @@ TEST(CudaOps, Fp32GemmWithBf16AIsWithinFp32Tolerance) {
 // runs on bf16 tensor cores from k = 128 (CudaBackend::ShortKFp32Gemm: six part products along
 // k): within the SPEC's fp32 tolerance of an fp64 reference in every layout, bitwise
 // repeatable, and not the fp32 GEMM's bits (the path ran); below k = 128, and with
-// MOED_FP32_GEMM_BF16X3=0, the fp32 GEMM runs (its bits).
+// CudaBackendOptions::fp32_gemm_bf16x3 false, the fp32 GEMM runs (its bits).
 TEST(CudaOps, ShortKFp32GemmIsWithinFp32Tolerance) {
   REQUIRE_CUDA_DEVICE();
   const Fp32GemmCase cases[] = {
@@ -285,9 +279,9 @@ TEST(CudaOps, ShortKFp32GemmIsWithinFp32Tolerance) {
       {true, false, 1500, 1200, 128, 0.5f, 0.25f, true},
       {true, true, 4096, 1024, 256, 1.f, 0.f, true},
   };
-  setenv("MOED_FP32_GEMM_BF16X3", "0", 1);
-  absl::StatusOr<std::unique_ptr<Backend>> plain = MakeCudaBackend(0);
-  unsetenv("MOED_FP32_GEMM_BF16X3");
+  CudaBackendOptions fp32_gemm;
+  fp32_gemm.fp32_gemm_bf16x3 = false;
+  absl::StatusOr<std::unique_ptr<Backend>> plain = MakeCudaBackend(0, fp32_gemm);
   absl::StatusOr<std::unique_ptr<Backend>> split = MakeCudaBackend(0);
   ASSERT_TRUE(split.ok()) << split.status();
   ASSERT_TRUE(plain.ok()) << plain.status();
@@ -372,12 +366,13 @@ TEST(CudaOps, GroupedGemmStreamKnobsKeepResultsAndRefuseBadValues) {
   const int64_t total = std::accumulate(rows.begin(), rows.end(), int64_t{0});
   const std::vector<uint16_t> x = FloatsToBf16(RandomFloats(total * H, 5));
   const std::vector<uint16_t> w = FloatsToBf16(RandomFloats(experts * H * N, 6));
-  // One GroupedGemm on a backend made under `env` (name=value pairs); the output's bytes.
-  auto run = [&](std::vector<std::pair<const char*, const char*>> env)
-      -> absl::StatusOr<std::vector<uint16_t>> {
-    for (const auto& [name, value] : env) setenv(name, value, 1);
-    absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackend(0);
-    for (const auto& [name, value] : env) unsetenv(name);
+  // One GroupedGemm on a backend made with `streams` side streams and the serial rule above
+  // `serial_gflops`; the output's bytes.
+  auto run = [&](int streams, int64_t serial_gflops) -> absl::StatusOr<std::vector<uint16_t>> {
+    CudaBackendOptions options;
+    options.gemm_streams = streams;
+    options.gemm_serial_gflops = serial_gflops;
+    absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackend(0, options);
     if (!made.ok()) return made.status();
     Backend* gpu = made->get();
     ASSIGN_OR_RETURN(Buffer dx, UploadTo(gpu, x));
@@ -400,41 +395,40 @@ TEST(CudaOps, GroupedGemmStreamKnobsKeepResultsAndRefuseBadValues) {
     RETURN_IF_ERROR(gpu->CopyToHost(y.data(), dy.data(), y.size() * 2));
     return y;
   };
-  absl::StatusOr<std::vector<uint16_t>> base = run({});
+  const CudaBackendOptions defaults;
+  absl::StatusOr<std::vector<uint16_t>> base =
+      run(defaults.gemm_streams, defaults.gemm_serial_gflops);
   ASSERT_TRUE(base.ok()) << base.status();
-  const std::vector<std::pair<const char*, const char*>> same[] = {
-      {{"MOED_GEMM_STREAMS", "1"}},
-      {{"MOED_GEMM_STREAMS", "7"}},
-      {{"MOED_GEMM_STREAMS", "16"}},
-      {{"MOED_GEMM_SERIAL_GFLOPS", "1"}},  // every GEMM here is far smaller: side streams
-      {{"MOED_GEMM_STREAMS", "2"}, {"MOED_GEMM_SERIAL_GFLOPS", "0"}},
+  const std::pair<int, int64_t> same[] = {
+      {1, 0},  {7, 0},
+      {16, 0}, {defaults.gemm_streams, 1},  // every GEMM here is far smaller: side streams
+      {2, 0},
   };
-  for (const auto& env : same) {
-    absl::StatusOr<std::vector<uint16_t>> y = run(env);
-    ASSERT_TRUE(y.ok()) << env[0].first << "=" << env[0].second << ": " << y.status();
-    EXPECT_TRUE(*y == *base) << env[0].first << "=" << env[0].second << " changed the result";
+  for (const auto& [streams, serial] : same) {
+    absl::StatusOr<std::vector<uint16_t>> y = run(streams, serial);
+    ASSERT_TRUE(y.ok()) << streams << " streams, serial " << serial << ": " << y.status();
+    EXPECT_TRUE(*y == *base) << streams << " streams, serial " << serial << " changed the result";
   }
-  for (const char* bad : {"0", "17", "-1", "x", "4x"}) {
-    absl::StatusOr<std::vector<uint16_t>> y = run({{"MOED_GEMM_STREAMS", bad}});
+  for (int bad : {0, 17, -1}) {
+    absl::StatusOr<std::vector<uint16_t>> y = run(bad, 0);
     EXPECT_TRUE(absl::IsInvalidArgument(y.status()))
-        << "MOED_GEMM_STREAMS=" << bad << ": " << y.status();
+        << "gemm_streams=" << bad << ": " << y.status();
   }
-  for (const char* bad : {"-1", "1.5", "lots"}) {
-    absl::StatusOr<std::vector<uint16_t>> y = run({{"MOED_GEMM_SERIAL_GFLOPS", bad}});
+  for (int64_t bad : {int64_t{-1}, (int64_t{1} << 30) + 1}) {
+    absl::StatusOr<std::vector<uint16_t>> y = run(defaults.gemm_streams, bad);
     EXPECT_TRUE(absl::IsInvalidArgument(y.status()))
-        << "MOED_GEMM_SERIAL_GFLOPS=" << bad << ": " << y.status();
+        << "gemm_serial_gflops=" << bad << ": " << y.status();
   }
 }
 
 // The tuned configurations of engine/cuda/cublaslt_plans.h: GroupedGemms of shapes the table
 // lists (qwen3's, at rows around and between its probed counts, data and weight gradients
-// written and accumulated) give bitwise the heuristic's result (MOED_CUBLASLT_TUNED=0), and on
-// a device the table was measured on they are taken. (This test refused dsv3's probed d_wo
-// configuration of another algorithm: other bits at other row counts.)
-// Uniform values in [-1, 1) from a hashed counter (splitmix64): the tuned-plan cases' operands,
-// up to 587 M values each (mixtral's d_wi and d_X), in about a second, where RandomFloats'
-// normal distribution takes ~20 ns a value. The test compares two GPU runs bitwise, so any
-// spread of values serves.
+// written and accumulated) give bitwise the heuristic's result (CudaBackendOptions::cublaslt_tuned
+// false), and on a device the table was measured on they are taken. (This test refused dsv3's
+// probed d_wo configuration of another algorithm: other bits at other row counts.) Uniform values
+// in [-1, 1) from a hashed counter (splitmix64): the tuned-plan cases' operands, up to 587 M values
+// each (mixtral's d_wi and d_X), in about a second, where RandomFloats' normal distribution takes
+// ~20 ns a value. The test compares two GPU runs bitwise, so any spread of values serves.
 std::vector<float> FastRandomFloats(size_t n, uint64_t seed) {
   std::vector<float> v(n);
   for (size_t i = 0; i < n; ++i) {
@@ -523,10 +517,10 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
     }
     const int64_t before = cuda::TunedGemmPlansAdopted();
     const int64_t refused_before = cuda::TunedGemmPlansRefused();
-    auto run = [&](const char* tuned) -> absl::StatusOr<std::vector<uint8_t>> {
-      if (tuned != nullptr) setenv("MOED_CUBLASLT_TUNED", tuned, 1);
-      absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackend(0);
-      unsetenv("MOED_CUBLASLT_TUNED");
+    auto run = [&](bool tuned) -> absl::StatusOr<std::vector<uint8_t>> {
+      CudaBackendOptions options;
+      options.cublaslt_tuned = tuned;
+      absl::StatusOr<std::unique_ptr<Backend>> made = MakeCudaBackend(0, options);
       if (!made.ok()) return made.status();
       Backend* gpu = made->get();
       ASSIGN_OR_RETURN(Buffer da, UploadTo(gpu, a));
@@ -559,11 +553,11 @@ TEST(CudaOps, TunedGemmPlansKeepResults) {
       RETURN_IF_ERROR(gpu->CopyToHost(out.data(), dc.data(), out.size()));
       return out;
     };
-    absl::StatusOr<std::vector<uint8_t>> heuristic = run("0");
+    absl::StatusOr<std::vector<uint8_t>> heuristic = run(false);
     ASSERT_TRUE(heuristic.ok()) << c.name << ": " << heuristic.status();
     EXPECT_EQ(cuda::TunedGemmPlansAdopted(), before)
-        << c.name << ": MOED_CUBLASLT_TUNED=0 took one";
-    absl::StatusOr<std::vector<uint8_t>> tuned = run(nullptr);
+        << c.name << ": cublaslt_tuned = false took one";
+    absl::StatusOr<std::vector<uint8_t>> tuned = run(true);
     ASSERT_TRUE(tuned.ok()) << c.name << ": " << tuned.status();
     EXPECT_TRUE(*tuned == *heuristic) << c.name << ": the tuned plan changed the result";
     cudaDeviceProp prop;
@@ -1200,9 +1194,10 @@ TEST(CudaOps, Fp8ActivationAmaxIsTheQuantiseAmax) {
 
 TEST(CudaOps, LargeHostCopiesRoundTrip) {
   // Both the driver's pageable copies and the backend's opt-in pinned staging.
-  for (const char* staging : {"0", "1"}) {
-    setenv("MOED_CUDA_HOST_STAGING", staging, 1);
-    BackendPair bp;
+  for (bool staging : {false, true}) {
+    CudaBackendOptions options;
+    options.host_staging = staging;
+    BackendPair bp(options);
     REQUIRE_GPU(bp);
     Backend* gpu = bp.gpu();
     // Sizes around the staging chunk (32 MiB) and the staged-copy threshold (4 MiB).
@@ -1229,7 +1224,6 @@ TEST(CudaOps, LargeHostCopiesRoundTrip) {
       EXPECT_TRUE(out_c == expect_a) << "first upload (then device copy) differs";
     }
   }
-  unsetenv("MOED_CUDA_HOST_STAGING");
 }
 
 // CUDA IPC (moe.v1 RegisterCudaSharedMemory): a handle exported by another process opens, and

@@ -313,17 +313,16 @@ TEST_P(CudaLayer, MatchesCpuAndIsDeterministic) {
 
 // Deferred expert weight gradients on the GPU (docs/SPEC.md "Weight gradients of several
 // backwards"): a layer deferring every backward's weight-gradient GEMMs
-// (MOED_DEFERRED_WGRAD_FRACTION=100) against one running them at once (=0) and the CPU backend
-// (immediate), over three backwards of different batches: d_x bit-identical to the immediate
-// GPU layer's; one deferred backward's gradients bit-identical (the same GEMMs, flushed); three
-// deferred ones (one GEMM per expert over their rows) within fp32 summation-order distance of
+// (MoeLayerOptions::deferred_wgrad_fraction 100) against one running them at once (0) and the
+// CPU backend (immediate), over three backwards of different batches: d_x bit-identical to the
+// immediate GPU layer's; one deferred backward's gradients bit-identical (the same GEMMs, flushed);
+// three deferred ones (one GEMM per expert over their rows) within fp32 summation-order distance of
 // the immediate layer and within the usual tolerance of the CPU; a rerun bit-identical.
 absl::StatusOr<std::unique_ptr<MoeLayer>> CreateDeferring(const LayerConfig& c, Backend* backend,
-                                                          Communicator* comm, const char* fraction) {
-  setenv("MOED_DEFERRED_WGRAD_FRACTION", fraction, 1);
-  auto layer = MoeLayer::Create(c, backend, comm);
-  unsetenv("MOED_DEFERRED_WGRAD_FRACTION");
-  return layer;
+                                                          Communicator* comm, double fraction) {
+  MoeLayerOptions options;
+  options.deferred_wgrad_fraction = fraction;
+  return MoeLayer::Create(c, backend, comm, /*cancelled=*/nullptr, options);
 }
 
 class CudaDeferred : public ::testing::TestWithParam<DType> {};
@@ -344,9 +343,9 @@ TEST_P(CudaDeferred, MatchesImmediateAndCpu) {
                                       0, gpu->stream(), CommOptions{});
   ASSERT_TRUE(nccl_or.ok()) << nccl_or.status();
   std::unique_ptr<Communicator> nccl = std::move(nccl_or).value();
-  auto deferring = CreateDeferring(c, gpu.get(), nccl.get(), "100");
-  auto immediate = CreateDeferring(c, gpu.get(), nccl.get(), "0");
-  auto reference = CreateDeferring(c, cpu.get(), local.get(), "0");
+  auto deferring = CreateDeferring(c, gpu.get(), nccl.get(), 100);
+  auto immediate = CreateDeferring(c, gpu.get(), nccl.get(), 0);
+  auto reference = CreateDeferring(c, cpu.get(), local.get(), 0);
   ASSERT_TRUE(deferring.ok() && immediate.ok() && reference.ok()) << deferring.status();
   MoeLayer* layers[3] = {deferring->get(), immediate->get(), reference->get()};
 

@@ -21,7 +21,7 @@ THRESHOLD = 0.5  # mean cross-entropy of the last 20 steps
 # FP8 against BF16 after the same steps: the mean loss over the run (the area under the curve,
 # which every step's rounding moves) within 5 %, and the last 20 steps' mean within 5 % or
 # 0.02 (near zero loss a relative bound measures noise). Measured: see docs/PERFORMANCE.md
-# "FP8 training".
+# "The engine on one H200" (FP8 training).
 FP8_REL = 0.05
 FP8_ABS_FINAL = 0.02
 

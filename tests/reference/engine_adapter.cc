@@ -130,11 +130,13 @@ absl::StatusOr<RefGradients> ReadGradients(moe::MoeLayer& layer) {
   return g;
 }
 
-absl::StatusOr<CpuLayer> MakeCpuLayer(const moe::LayerConfig& config) {
+absl::StatusOr<CpuLayer> MakeCpuLayer(const moe::LayerConfig& config,
+                                      const moe::MoeLayerOptions& options) {
   CpuLayer out;
   out.backend = moe::MakeCpuBackend();
   out.comm = moe::MakeLocalCommunicator(moe::MemorySpace::kHost);
-  ASSIGN_OR_RETURN(out.layer, moe::MoeLayer::Create(config, out.backend.get(), out.comm.get()));
+  ASSIGN_OR_RETURN(out.layer, moe::MoeLayer::Create(config, out.backend.get(), out.comm.get(),
+                                                    /*cancelled=*/nullptr, options));
   return out;
 }
 

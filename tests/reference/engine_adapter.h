@@ -49,7 +49,8 @@ struct CpuLayer {
   std::unique_ptr<moe::Communicator> comm;
   std::unique_ptr<moe::MoeLayer> layer;
 };
-absl::StatusOr<CpuLayer> MakeCpuLayer(const moe::LayerConfig& config);
+absl::StatusOr<CpuLayer> MakeCpuLayer(const moe::LayerConfig& config,
+                                      const moe::MoeLayerOptions& options = {});
 
 // One engine step: forward, and backward when d_out is given (gradients accumulate).
 struct EngineStep {

@@ -26,7 +26,7 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kHidden = 32;  // TinyConfig's
 constexpr int kRanks = 2;
-// The workers' deferral budget (their MOED_DEFERRED_WGRAD_FRACTION is unset), which moed's
+// The workers' deferral budget (their --deferred_wgrad_fraction is not given), which moed's
 // estimates count.
 constexpr double kFraction = kDefaultDeferredWgradFraction;
 
@@ -360,9 +360,14 @@ TEST_F(AdmissionTest, TheWorkersDeferralBudgetCountsAgainstTheLimit) {
   const int64_t step = ForwardStepBytes(config, kTokens, kRanks, DType::kFloat32);
   const int64_t budget = LayerBytesPerWorker(config, kRanks, kFraction) + step;
   ASSERT_GT(LayerBytesPerWorker(config, kRanks, kWorkers) + step, budget);
-  setenv("MOED_DEFERRED_WGRAD_FRACTION", "0.5", 1);  // inherited by moed's workers
-  StartCluster({absl::StrCat("--worker_memory_bytes=", budget)});
-  unsetenv("MOED_DEFERRED_WGRAD_FRACTION");
+  // Embedded workers: moed passes the engine flag on to the workers it starts
+  // (server/engine_flags.h).
+  ClusterOptions options;
+  options.embedded = true;
+  options.workers = kRanks;
+  options.moed_flags = {absl::StrCat("--worker_memory_bytes=", budget),
+                        "--deferred_wgrad_fraction=0.5"};
+  StartClusterWith(options);
   bool reported = false;
   const absl::Time until = absl::Now() + absl::Seconds(10);
   while (!reported && absl::Now() < until) {

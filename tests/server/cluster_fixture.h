@@ -114,6 +114,9 @@ class OwnClusterTest : public ::testing::Test {
   void StartCluster(std::vector<std::string> flags) {
     ClusterOptions options;
     options.moed_flags = std::move(flags);
+    StartClusterWith(options);
+  }
+  void StartClusterWith(const ClusterOptions& options) {
     auto cluster = TestCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = std::move(*cluster);

@@ -81,17 +81,6 @@ TEST(StepMemoryTest, StepsStayWithinTheirEstimates) {
   }
 }
 
-// Sets an environment variable for a scope (the layer reads MOED_DEFERRED_WGRAD_FRACTION when
-// it is created).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 // Backwards small enough to defer their weight gradients (a budget of the whole gradient's
 // bytes: several steps' operands): what a deferring layer holds beyond an immediate one on the
 // same steps stays below the budget LayerBytesPerWorker counts, and each backward's peak,
@@ -102,15 +91,11 @@ TEST(StepMemoryTest, DeferredWeightGradientsStayWithinTheirEstimates) {
   constexpr double kFraction = 1.0;
   const v1::LayerConfig proto = TinyConfig(11);
   const LayerConfig config = *ConfigFromProto(proto);
-  std::unique_ptr<LocalLayer> deferring, immediate;
-  {
-    ScopedEnv env("MOED_DEFERRED_WGRAD_FRACTION", "1");
-    deferring = MakeLocalLayer(proto);
-  }
-  {
-    ScopedEnv env("MOED_DEFERRED_WGRAD_FRACTION", "0");
-    immediate = MakeLocalLayer(proto);
-  }
+  MoeLayerOptions deferral, none;
+  deferral.deferred_wgrad_fraction = kFraction;
+  none.deferred_wgrad_fraction = 0;
+  std::unique_ptr<LocalLayer> deferring = MakeLocalLayer(proto, deferral);
+  std::unique_ptr<LocalLayer> immediate = MakeLocalLayer(proto, none);
   ASSERT_NE(deferring, nullptr);
   ASSERT_NE(immediate, nullptr);
   const int64_t budget = DeferredWgradBudgetBytes(config, 1, kFraction);

@@ -78,11 +78,13 @@ struct LocalLayer {
   std::unique_ptr<Communicator> comm = MakeLocalCommunicator();
   std::unique_ptr<MoeLayer> layer;
 };
-inline std::unique_ptr<LocalLayer> MakeLocalLayer(const v1::LayerConfig& proto) {
+inline std::unique_ptr<LocalLayer> MakeLocalLayer(const v1::LayerConfig& proto,
+                                                  const MoeLayerOptions& options = {}) {
   auto local = std::make_unique<LocalLayer>();
   absl::StatusOr<LayerConfig> config = ConfigFromProto(proto);
   if (!config.ok()) return nullptr;
-  auto layer = MoeLayer::Create(*config, local->backend.get(), local->comm.get());
+  auto layer = MoeLayer::Create(*config, local->backend.get(), local->comm.get(),
+                                /*cancelled=*/nullptr, options);
   if (!layer.ok()) return nullptr;
   local->layer = std::move(*layer);
   return local;

@@ -28,10 +28,12 @@ constexpr int kRanks = 2;
 class WorkerConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    setenv("MOED_GLOO_HOSTNAME", "127.0.0.1", /*overwrite=*/1);
     auto store = std::make_shared<MemoryKeyValueStore>();
+    EngineOptions engine;
+    engine.cpu_threads = 1;
+    engine.gloo.hostname = "127.0.0.1";
     for (int r = 0; r < kRanks; ++r) {
-      workers_.push_back(std::make_unique<WorkerService>("cpu", store, /*cpu_threads=*/1));
+      workers_.push_back(std::make_unique<WorkerService>("cpu", store, engine));
     }
     std::vector<grpc::Status> status = OnAllRanks([&](int r) {
       internal::SetupRequest request;

@@ -8,10 +8,15 @@
 #include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
+#include "server/engine_flags.h"
 
 ABSL_DECLARE_FLAG(std::string, frontend);
 ABSL_DECLARE_FLAG(int, rejoin_after_s);
 ABSL_DECLARE_FLAG(int, cluster_secret_fd);
+ABSL_DECLARE_FLAG(double, deferred_wgrad_fraction);
+ABSL_DECLARE_FLAG(std::string, gloo_iface);
+ABSL_DECLARE_FLAG(int, gemm_streams);
+ABSL_DECLARE_FLAG(bool, cublaslt_tuned);
 
 namespace moe {
 namespace {
@@ -64,6 +69,35 @@ TEST(WorkerOptionsTest, NeedsExactlyOneClusterSecret) {
   WorkerOptions both = Valid();
   both.cluster_secret_fd = 3;
   EXPECT_THAT(ValidateWorkerOptions(both).message(), HasSubstr("--cluster_secret_file"));
+}
+
+// The engine flags (server/engine_flags.h) reach the engine's option structs, a value out of
+// range refuses the start naming the flag, and moed hands a child worker exactly the engine
+// flags given a value other than the default.
+TEST(WorkerOptionsTest, EngineFlagsReachTheEngineAndTheWorkersMoedStarts) {
+  absl::FlagSaver saver;
+  EXPECT_TRUE(EngineFlagsForChild().empty());
+  absl::SetFlag(&FLAGS_deferred_wgrad_fraction, 0.5);
+  absl::SetFlag(&FLAGS_gloo_iface, "eth0");
+  absl::SetFlag(&FLAGS_gemm_streams, 8);
+  absl::SetFlag(&FLAGS_cublaslt_tuned, false);
+  WorkerOptions o = WorkerOptionsFromFlags();
+  EXPECT_EQ(o.engine.layer.deferred_wgrad_fraction, 0.5);
+  EXPECT_EQ(o.engine.gloo.iface, "eth0");
+  EXPECT_EQ(o.engine.cuda.gemm_streams, 8);
+  EXPECT_FALSE(o.engine.cuda.cublaslt_tuned);
+  EXPECT_THAT(EngineFlagsForChild(),
+              ::testing::UnorderedElementsAre("--deferred_wgrad_fraction=0.5", "--gloo_iface=eth0",
+                                              "--gemm_streams=8", "--cublaslt_tuned=false"));
+
+  WorkerOptions bad = Valid();
+  bad.engine.layer.deferred_wgrad_fraction = -1;
+  EXPECT_THAT(std::string(ValidateWorkerOptions(bad).message()),
+              HasSubstr("--deferred_wgrad_fraction"));
+  bad = Valid();
+  bad.engine.cuda.gemm_streams = 0;
+  EXPECT_EQ(ValidateWorkerOptions(bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(ValidateWorkerOptions(bad).message()), HasSubstr("--gemm_streams=0"));
 }
 
 }  // namespace
