@@ -4,7 +4,7 @@
 # is printed last. Each step has its own time limit, so one hang does not cost the others.
 # WORKERS (default 2): the server smoke's moe-workers, one per GPU (1 on a one-GPU machine).
 #
-#   source .gpu/env.sh && tools/gpu_checks.sh [tests|server|python|bench|all]
+#   source .gpu/env.sh && tools/gpu_checks.sh [tests|server|python|bench|worker_ring|all]
 set -uo pipefail
 out=${OUT:-gpu_out}
 what=${1:-all}
@@ -94,6 +94,12 @@ if [ "$what" = all ] || [ "$what" = python ]; then
   step trainer_bench 450 trainer_bench
   [ -n "${SKIP_SERVICE_BENCH:-}" ] || OUT=$out step service_bench 300 bench/service_bench.sh \
     --device=cuda --workers=1 --dtype=bf16 1024,4096,8,2,16 1024,4096,8,2,4096 1024,4096,8,2,16384
+fi
+if [ "$what" = all ] || [ "$what" = server ] || [ "$what" = worker_ring ]; then
+  # The moed -> worker hop on step rings against gRPC, side by side (two moeds one after the
+  # other): 16 and 1024 tokens, the client over gRPC, shared memory and CUDA IPC.
+  OUT=$out SHM=1 step worker_ring_bench 400 bench/worker_ring_bench.sh \
+    --device=cuda --workers=1 --dtype=bf16 1024,4096,8,2,16 1024,4096,8,2,1024
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   [ -n "${SKIP_1GPU:-}" ] || step bench_1gpu 250 gpu_bench --configs="${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3}" \
