@@ -7,7 +7,8 @@
 // one pid namespace; the OpenStepChannels call itself carries the cluster secret (checked by
 // AuthenticatedWorkerService), so a process without it cannot make the worker attach, and
 // one that forged a region cannot pass the pid check. A channel's thread ends when moed closes
-// it or dies (within 20 ms), when a newer generation's channels open, or on destruction.
+// it, within 250 ms of moed's death, when a newer generation's channels open, or on
+// destruction.
 //
 //   WorkerRingServer rings([&](uint8_t kind, absl::Time deadline, absl::string_view body) {
 //     return Serve(kind, deadline, body);
@@ -36,7 +37,9 @@ namespace moe {
 
 class WorkerRingServer {
  public:
-  // The answer's bytes to a record of `kind` with `body`, or the status to answer.
+  // The answer's bytes to a record of `kind` with `body`, or the status to answer. `deadline`
+  // is the call's (the worker's step bodies ignore it, as their gRPC handlers ignore their
+  // context's: a collective cannot be abandoned by one rank; moed gives up at it).
   using Handler = std::function<absl::StatusOr<std::string>(uint8_t kind, absl::Time deadline,
                                                             absl::string_view body)>;
   explicit WorkerRingServer(Handler handler) : handler_(std::move(handler)) {}

@@ -1,5 +1,6 @@
 #include "server/worker_step_bytes.h"
 
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,36 +32,48 @@ grpc::ByteBuffer EncodeAnswer(const google::protobuf::MessageLite& head, bool ha
   return EncodeWithTensor(head, tensor_field, tensor_head, TakeTensorBytes(std::move(tensor)));
 }
 
+// A step call's body: `run` on the split request, its answer encoded around the output.
+template <typename Request, typename Response>
+grpc::Status StepOnBytes(
+    const grpc::ByteBuffer& wire, int input_field, int output_field,
+    bool (Response::*has_output)() const,
+    const std::function<grpc::Status(const Request&, const TensorBytes&, Response*, Tensor*)>& run,
+    grpc::ByteBuffer* answer) {
+  Request request;
+  TensorBytes input;
+  grpc::Status status = ReadRequest(wire, input_field, &request, &input);
+  Response response;
+  Tensor output;
+  if (status.ok()) status = run(request, input, &response, &output);
+  if (!status.ok()) return status;
+  *answer = EncodeAnswer(response, (response.*has_output)(), output_field, std::move(output));
+  return grpc::Status::OK;
+}
+
 }  // namespace
 
 grpc::Status ForwardOnBytes(WorkerService* service, const grpc::ByteBuffer& wire,
                             grpc::ByteBuffer* answer) {
-  internal::WorkerForwardRequest request;
-  TensorBytes x_bytes;
-  grpc::Status status =
-      ReadRequest(wire, internal::WorkerForwardRequest::kXFieldNumber, &request, &x_bytes);
-  internal::WorkerForwardResponse response;
-  Tensor out;
-  if (status.ok()) status = service->Forward(nullptr, &request, x_bytes, &response, &out);
-  if (!status.ok()) return status;
-  *answer = EncodeAnswer(response, response.has_out(),
-                         internal::WorkerForwardResponse::kOutFieldNumber, std::move(out));
-  return grpc::Status::OK;
+  using Request = internal::WorkerForwardRequest;
+  using Response = internal::WorkerForwardResponse;
+  return StepOnBytes<Request, Response>(
+      wire, Request::kXFieldNumber, Response::kOutFieldNumber, &Response::has_out,
+      [&](const Request& request, const TensorBytes& x, Response* response, Tensor* out) {
+        return service->Forward(nullptr, &request, x, response, out);
+      },
+      answer);
 }
 
 grpc::Status BackwardOnBytes(WorkerService* service, const grpc::ByteBuffer& wire,
                              grpc::ByteBuffer* answer) {
-  internal::WorkerBackwardRequest request;
-  TensorBytes d_out_bytes;
-  grpc::Status status =
-      ReadRequest(wire, internal::WorkerBackwardRequest::kDOutFieldNumber, &request, &d_out_bytes);
-  internal::WorkerBackwardResponse response;
-  Tensor d_x;
-  if (status.ok()) status = service->Backward(nullptr, &request, d_out_bytes, &response, &d_x);
-  if (!status.ok()) return status;
-  *answer = EncodeAnswer(response, response.has_d_x(),
-                         internal::WorkerBackwardResponse::kDXFieldNumber, std::move(d_x));
-  return grpc::Status::OK;
+  using Request = internal::WorkerBackwardRequest;
+  using Response = internal::WorkerBackwardResponse;
+  return StepOnBytes<Request, Response>(
+      wire, Request::kDOutFieldNumber, Response::kDXFieldNumber, &Response::has_d_x,
+      [&](const Request& request, const TensorBytes& d_out, Response* response, Tensor* d_x) {
+        return service->Backward(nullptr, &request, d_out, response, d_x);
+      },
+      answer);
 }
 
 grpc::Status ReleaseStepOnBytes(WorkerService* service, const grpc::ByteBuffer& wire,

@@ -31,12 +31,14 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
+// moed with `flags` and 2 workers; null (with the test failed) when it did not start.
 std::unique_ptr<TestCluster> StartCluster(std::vector<std::string> flags) {
   ClusterOptions options;
   options.moed_flags = std::move(flags);
-  auto cluster = TestCluster::Start(options);
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
-  return cluster.ok() ? std::move(*cluster) : nullptr;
+  absl::StatusOr<std::unique_ptr<TestCluster>> started = TestCluster::Start(options);
+  if (started.ok()) return *std::move(started);
+  ADD_FAILURE() << "the cluster did not start: " << started.status();
+  return nullptr;
 }
 
 grpc::Status Create(TestCluster* cluster, const std::string& name, uint64_t seed) {
