@@ -3,7 +3,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/worker_call.h"
+#include "proto/status_convert.h"
+#include "server/worker_rings.h"
+#include "server/worker_step_bytes.h"
 
 namespace moe {
 namespace {
@@ -17,35 +19,15 @@ int MethodIndex(const char* method) {
       ->index();
 }
 
-// Reads the one request of a unary call served as a stream and splits it: every field into
-// *request but the raw_data of its tensor field `tensor_field`, left in the received buffer
-// (*tensor_bytes) for the one copy into the engine's input.
-grpc::Status ReadRequest(grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
-                         int tensor_field, google::protobuf::MessageLite* request,
-                         TensorBytes* tensor_bytes) {
-  grpc::ByteBuffer wire;
-  if (!stream->Read(&wire)) return grpc::Status(grpc::StatusCode::CANCELLED, "no request");
-  const absl::Status decoded = DecodeWithTensor(wire, tensor_field, request, tensor_bytes);
-  if (!decoded.ok()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("request does not parse: ", decoded.message()));
-  }
+// Reads the one request of a unary call served as a stream.
+grpc::Status ReadWire(grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
+                      grpc::ByteBuffer* wire) {
+  if (!stream->Read(wire)) return grpc::Status(grpc::StatusCode::CANCELLED, "no request");
   return grpc::Status::OK;
 }
 
-// Sends `head` (the response without its tensor field) with field `tensor_field` = `tensor`,
-// whose bytes are handed to gRPC, not copied; or `head` as it is when `has_tensor` (the
-// output went to shared memory).
-grpc::Status WriteAnswer(grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
-                         const google::protobuf::MessageLite& head, bool has_tensor,
-                         int tensor_field, Tensor tensor) {
-  grpc::ByteBuffer answer;
-  if (has_tensor) {
-    answer = EncodeMessage(head);
-  } else {
-    const v1::Tensor tensor_head = TensorHead(tensor);
-    answer = EncodeWithTensor(head, tensor_field, tensor_head, TakeTensorBytes(std::move(tensor)));
-  }
+grpc::Status WriteWire(grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>* stream,
+                       const grpc::ByteBuffer& answer) {
   if (!stream->Write(answer)) {
     return grpc::Status(grpc::StatusCode::CANCELLED, "the front end left");
   }
@@ -55,7 +37,11 @@ grpc::Status WriteAnswer(grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteB
 }  // namespace
 
 AuthenticatedWorkerService::AuthenticatedWorkerService(WorkerService* inner, ClusterSecret secret)
-    : inner_(inner), secret_(std::move(secret)) {
+    : inner_(inner),
+      secret_(std::move(secret)),
+      rings_([this](uint8_t kind, absl::Time, absl::string_view request) {
+        return AnswerRingRecord(kind, request);
+      }) {
   MarkMethodStreamed(MethodIndex("Forward"),
                      new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
                          [this](grpc::ServerContext* context, BytesStream* stream) {
@@ -71,34 +57,52 @@ AuthenticatedWorkerService::AuthenticatedWorkerService(WorkerService* inner, Clu
 grpc::Status AuthenticatedWorkerService::ForwardBytes(grpc::ServerContext* context,
                                                       BytesStream* stream) {
   grpc::Status status = secret_.Check(*context);
-  internal::WorkerForwardRequest request;
-  TensorBytes x_bytes;
-  if (status.ok()) {
-    status = ReadRequest(stream, internal::WorkerForwardRequest::kXFieldNumber, &request, &x_bytes);
-  }
-  internal::WorkerForwardResponse response;
-  Tensor out;
-  if (status.ok()) status = inner_->Forward(context, &request, x_bytes, &response, &out);
-  if (!status.ok()) return status;
-  return WriteAnswer(stream, response, response.has_out(),
-                     internal::WorkerForwardResponse::kOutFieldNumber, std::move(out));
+  grpc::ByteBuffer wire, answer;
+  if (status.ok()) status = ReadWire(stream, &wire);
+  if (status.ok()) status = ForwardOnBytes(inner_, wire, &answer);
+  return status.ok() ? WriteWire(stream, answer) : status;
 }
 
 grpc::Status AuthenticatedWorkerService::BackwardBytes(grpc::ServerContext* context,
                                                        BytesStream* stream) {
   grpc::Status status = secret_.Check(*context);
-  internal::WorkerBackwardRequest request;
-  TensorBytes d_out_bytes;
-  if (status.ok()) {
-    status = ReadRequest(stream, internal::WorkerBackwardRequest::kDOutFieldNumber, &request,
-                         &d_out_bytes);
+  grpc::ByteBuffer wire, answer;
+  if (status.ok()) status = ReadWire(stream, &wire);
+  if (status.ok()) status = BackwardOnBytes(inner_, wire, &answer);
+  return status.ok() ? WriteWire(stream, answer) : status;
+}
+
+absl::StatusOr<std::string> AuthenticatedWorkerService::AnswerRingRecord(
+    uint8_t kind, absl::string_view request) const {
+  // The record's private copy outlives the call: the buffer only points at it.
+  grpc::Slice slice(request.data(), request.size(), grpc::Slice::STATIC_SLICE);
+  const grpc::ByteBuffer wire(&slice, 1);
+  grpc::ByteBuffer answer;
+  grpc::Status status;
+  switch (static_cast<WorkerRingKind>(kind)) {
+    case WorkerRingKind::kForward:
+      status = ForwardOnBytes(inner_, wire, &answer);
+      break;
+    case WorkerRingKind::kBackward:
+      status = BackwardOnBytes(inner_, wire, &answer);
+      break;
+    case WorkerRingKind::kReleaseStep:
+      status = ReleaseStepOnBytes(inner_, wire, &answer);
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("step ring record of unknown kind ", kind));
   }
-  internal::WorkerBackwardResponse response;
-  Tensor d_x;
-  if (status.ok()) status = inner_->Backward(context, &request, d_out_bytes, &response, &d_x);
-  if (!status.ok()) return status;
-  return WriteAnswer(stream, response, response.has_d_x(),
-                     internal::WorkerBackwardResponse::kDXFieldNumber, std::move(d_x));
+  if (!status.ok()) return FromGrpcStatus(status);
+  return BufferBytes(answer);
+}
+
+grpc::Status AuthenticatedWorkerService::OpenStepChannels(
+    grpc::ServerContext* context, const internal::OpenStepChannelsRequest* request,
+    internal::OpenStepChannelsResponse* response) {
+  grpc::Status denied = secret_.Check(*context);
+  if (!denied.ok()) return denied;
+  rings_.Open(*request, response);
+  return grpc::Status::OK;
 }
 
 grpc::Status AuthenticatedWorkerService::Setup(grpc::ServerContext* context,

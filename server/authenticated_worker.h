@@ -10,8 +10,14 @@
 #ifndef MOED_SERVER_AUTHENTICATED_WORKER_H_
 #define MOED_SERVER_AUTHENTICATED_WORKER_H_
 
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/cluster_secret.h"
+#include "server/worker_ring_server.h"
 #include "server/worker_service.h"
 
 namespace moe {
@@ -60,6 +66,10 @@ class AuthenticatedWorkerService final : public internal::Worker::Service {
                         internal::WorkerEmpty*) override;
   grpc::Status ForgetSharedMemory(grpc::ServerContext*, const internal::ForgetSharedMemoryRequest*,
                                   internal::WorkerEmpty*) override;
+  // Attaches to moed's step rings (server/worker_ring_server.h); their records run the same
+  // bodies as Forward, Backward and ReleaseStep (server/worker_step_bytes.h).
+  grpc::Status OpenStepChannels(grpc::ServerContext*, const internal::OpenStepChannelsRequest*,
+                                internal::OpenStepChannelsResponse*) override;
 
  private:
   using BytesStream = grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuffer>;
@@ -68,9 +78,12 @@ class AuthenticatedWorkerService final : public internal::Worker::Service {
   // and the output tensor's own bytes (proto/tensor_wire.h).
   grpc::Status ForwardBytes(grpc::ServerContext* context, BytesStream* stream);
   grpc::Status BackwardBytes(grpc::ServerContext* context, BytesStream* stream);
+  // A step ring record's answer (server/worker_rings.h: WorkerRingKind).
+  absl::StatusOr<std::string> AnswerRingRecord(uint8_t kind, absl::string_view request) const;
 
   WorkerService* const inner_;
   const ClusterSecret secret_;
+  WorkerRingServer rings_;  // destroyed first: its threads call inner_
 };
 
 }  // namespace moe

@@ -174,7 +174,7 @@ absl::Status CallStepWorker(const StepFields<Call>& fields, const Call& head, co
       &call, fields.tensor, fields.input_shm, fields.output_shm, fields.tensor_field, in.shm,
       in.whole, in.bytes, in.offsets[r], in.offsets[r + 1], in.row_bytes, &calls->borrowed);
   absl::Status status =
-      CallWorkerWithTensor(set.channels[r], ctx, fields.method, wire, fields.answer_field,
+      CallWorkerWithTensor(set.Route(r), ctx, fields.method, wire, fields.answer_field,
                            &calls->answers[r], &calls->bytes[r]);
   calls->call_ms[r] = call_clock.Total();
   return status;
@@ -546,9 +546,8 @@ void MoeServiceImpl::ReleaseOnWorkers(const WorkerSet& set, const Layer& layer,
     pool_
         ->ForEachWorker(
             set, absl::Now() + options_.step_timeout,
-            [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
-              internal::WorkerEmpty empty;
-              return FromGrpcStatus(stub->ReleaseStep(ctx, call, &empty));
+            [&](int r, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+              return CallWorkerReleaseStep(set.Route(r), stub, ctx, call);
             },
             /*collective=*/false)
         .IgnoreError();

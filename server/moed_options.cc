@@ -156,6 +156,19 @@ ABSL_FLAG(int64_t, shm_relay_max_bytes, int64_t{2} << 30,
 ABSL_FLAG(int64_t, staged_ttl_s, 60,
           "drop a staged tensor (StageTensor, out_staged / d_x_staged) unused for this many "
           "seconds (a client that died mid-step)");
+// ---- same-host step rings, moed -> worker (server/worker_rings.h) ----
+ABSL_FLAG(bool, worker_ring, true,
+          "send the per-step calls (Forward, Backward, ReleaseStep) to workers on this host "
+          "(loopback addresses) as records on shared-memory rings instead of gRPC calls; off, "
+          "or for workers on other hosts: gRPC");
+ABSL_FLAG(int64_t, worker_ring_channels, 4,
+          "with --worker_ring: ring channels per worker, i.e. steps (of different layers) in "
+          "flight on rings to one worker at once; a step finding all busy goes over gRPC");
+ABSL_FLAG(int64_t, worker_ring_bytes, int64_t{1} << 20,
+          "with --worker_ring: bytes of each direction's ring (a power of two in [64 KiB, "
+          "1 GiB]); a step whose request (or twice it, for its answer) does not fit a record "
+          "goes over gRPC");
+// ---- end of the step rings ----
 
 namespace moe {
 
@@ -198,6 +211,11 @@ MoedOptions MoedOptionsFromFlags() {
   o.pool.dead_after = absl::Milliseconds(absl::GetFlag(FLAGS_worker_dead_after_ms));
   o.pool.setup_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_setup_timeout_ms));
   o.pool.collective_timeout = absl::Milliseconds(absl::GetFlag(FLAGS_collective_timeout_ms));
+  o.pool.rings.enabled = absl::GetFlag(FLAGS_worker_ring);
+  o.pool.rings.channels_per_worker =
+      static_cast<int>(std::clamp<int64_t>(absl::GetFlag(FLAGS_worker_ring_channels), 0, 1024));
+  o.pool.rings.ring_bytes = static_cast<uint64_t>(
+      std::max<int64_t>(0, absl::GetFlag(FLAGS_worker_ring_bytes)));
 
   ServiceOptions& s = o.service;
   s.max_saved_steps = absl::GetFlag(FLAGS_max_saved_steps);
@@ -269,6 +287,14 @@ absl::Status ValidateMoedOptions(const MoedOptions& o) {
   if (s.max_dp_ranks < 2 || s.max_dp_ranks > kMaxDataParallelRanks) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max_dp_ranks must be in [2, ", kMaxDataParallelRanks, "], got ", s.max_dp_ranks));
+  }
+  const uint64_t ring_bytes = o.pool.rings.ring_bytes;
+  if (o.pool.rings.enabled &&
+      (o.pool.rings.channels_per_worker < 1 || ring_bytes < (uint64_t{1} << 16) ||
+       ring_bytes > (uint64_t{1} << 30) || (ring_bytes & (ring_bytes - 1)) != 0)) {
+    return absl::InvalidArgumentError(
+        "--worker_ring_channels must be in [1, 1024] and --worker_ring_bytes a power of two in "
+        "[65536, 2^30]");
   }
   if (s.shm_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--shm_idle_timeout_s must be >= 0 (0: never)");

@@ -23,6 +23,11 @@ bool IsLoopbackAddress(absl::string_view address) {
 }  // namespace
 
 void WorkerPool::AddSlotsLocked(WorkerSet* set) const {
+  set->rings = rings_;
+  set->rings.resize(slots_.size());
+  set->call_cancelled = [this](const grpc::ClientContext* context) {
+    return CallCancelled(context);
+  };
   set->local = !slots_.empty();
   for (const Slot& slot : slots_) {
     set->stubs.push_back(slot.stub);
@@ -196,7 +201,41 @@ void WorkerPool::SetServingLocked(bool serving, const std::string& message) {
 }
 
 void WorkerPool::CancelInFlightLocked() {
-  for (grpc::ClientContext* context : in_flight_) context->TryCancel();
+  for (grpc::ClientContext* context : in_flight_) {
+    context->TryCancel();
+    cancelled_.insert(context);
+  }
+}
+
+bool WorkerPool::CallCancelled(const grpc::ClientContext* context) const {
+  absl::MutexLock lock(&mu_);
+  return cancelled_.count(context) > 0;
+}
+
+void WorkerPool::CancelCalls(const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts) {
+  absl::MutexLock lock(&mu_);
+  for (auto& context : contexts) {
+    context->TryCancel();
+    cancelled_.insert(context.get());
+  }
+}
+
+void WorkerPool::OpenRings(int64_t generation, const WorkerSet& set) {
+  if (!options_.rings.enabled) return;
+  std::vector<std::shared_ptr<WorkerRings>> rings(set.size());
+  for (int r = 0; r < set.size(); ++r) {
+    int64_t pid = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (generation_ != generation || stopping_) return;
+      // On this host as the relay decides it (a loopback address), else gRPC only.
+      if (!IsLoopbackAddress(slots_[r].address)) continue;
+      pid = slots_[r].pid;
+    }
+    rings[r] = WorkerRings::Open(r, generation, pid, set.stubs[r].get(), options_.rings);
+  }
+  absl::MutexLock lock(&mu_);
+  if (generation_ == generation) rings_ = std::move(rings);
 }
 
 void WorkerPool::MarkDead(int rank, const std::string& why) {
@@ -285,6 +324,7 @@ void WorkerPool::SetupLoop() {
       mu_.Await(absl::Condition(&ready));
       if (stopping_) return;
       need_setup_ = false;
+      rings_.clear();  // the old generation's close once its last WorkerSet is gone
       generation = ++generation_;
       set.generation = generation;
       AddSlotsLocked(&set);
@@ -332,6 +372,7 @@ absl::Status WorkerPool::RunSetup(int64_t generation, const WorkerSet& set) {
       results[r] = FromGrpcStatus(set.stubs[r]->Setup(&context, request, &response));
       absl::MutexLock lock(&mu_);
       in_flight_.erase(&context);
+      cancelled_.erase(&context);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -341,6 +382,7 @@ absl::Status WorkerPool::RunSetup(int64_t generation, const WorkerSet& set) {
                           absl::StrCat("worker ", r, " Setup: ", results[r].message()));
     }
   }
+  OpenRings(generation, set);
   // Layers are re-created while still not serving (in_setup_): steps cannot slip in.
   if (on_setup_) {
     absl::Status status = on_setup_(set);

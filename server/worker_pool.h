@@ -40,6 +40,8 @@
 #include "proto/worker.grpc.pb.h"
 #include "server/cluster_secret.h"
 #include "server/kept_threads.h"
+#include "server/worker_call.h"
+#include "server/worker_rings.h"
 
 namespace moe {
 
@@ -50,6 +52,9 @@ struct WorkerPoolOptions {
   absl::Duration dead_after = absl::Seconds(3);  // no answer for this long = dead
   absl::Duration setup_timeout = absl::Seconds(60);
   absl::Duration collective_timeout = absl::Seconds(30);  // passed to the workers
+  // Step rings to the workers on this host (server/worker_rings.h), opened after each
+  // generation's Setup.
+  WorkerRingOptions rings;
 };
 
 // How ForEachWorker treats a fan-out.
@@ -85,7 +90,17 @@ struct WorkerSet {
   // host and share its /dev/shm, so moed relays step tensors to them through shared memory
   // (server/relay_pool.h).
   bool local = false;
+  // Per rank, the generation's step rings to that worker (null: gRPC only: another host,
+  // --worker_ring=false, or refused).
+  std::vector<std::shared_ptr<WorkerRings>> rings;
+  // Whether the pool cancelled an in-flight call's context (valid while the pool lives).
+  std::function<bool(const grpc::ClientContext*)> call_cancelled;
   int size() const { return static_cast<int>(stubs.size()); }
+  // How a step call reaches rank r (server/worker_call.h).
+  WorkerRoute Route(int r) const {
+    return WorkerRoute{channels[r], r < static_cast<int>(rings.size()) ? rings[r].get() : nullptr,
+                       call_cancelled};
+  }
 };
 
 class WorkerPool {
@@ -209,6 +224,12 @@ class WorkerPool {
   // True when the worker behind `stub` answers a quick ping as process `pid` (0: any).
   bool AnswersAs(internal::Worker::Stub* stub, int64_t pid) const;
   std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) const;
+  // The step rings of `generation` to every worker of `set` on this host (after Setup).
+  void OpenRings(int64_t generation, const WorkerSet& set);
+  // Whether `context` (of a call in flight) was cancelled by the pool.
+  bool CallCancelled(const grpc::ClientContext* context) const;
+  // TryCancel of `contexts`, remembered for CallCancelled.
+  void CancelCalls(const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts);
 
   // ForEachWorker's calls to ranks 1.. (rank 0's runs on the calling thread).
   KeptThreads fan_out_threads_;
@@ -228,6 +249,10 @@ class WorkerPool {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string message_ ABSL_GUARDED_BY(mu_);
   std::set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+  // Those of in_flight_ that were cancelled (ring calls poll it: CallCancelled).
+  std::set<const grpc::ClientContext*> cancelled_ ABSL_GUARDED_BY(mu_);
+  // The current generation's step rings, by rank (AddSlotsLocked hands them out).
+  std::vector<std::shared_ptr<WorkerRings>> rings_ ABSL_GUARDED_BY(mu_);
   std::thread heartbeat_thread_;
   std::thread setup_thread_;
 };

@@ -30,8 +30,7 @@ constexpr absl::Duration kCancelPoll = absl::Milliseconds(20);
 // with `cancelled` (rare: drains), every rank on its own new thread while this one polls the
 // predicate and cancels every context once it holds.
 void CallEveryRank(int n, const std::function<void(int)>& call,
-                   const std::function<bool()>& cancelled,
-                   const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts,
+                   const std::function<bool()>& cancelled, const std::function<void()>& cancel_all,
                    KeptThreads* kept) {
   if (cancelled == nullptr) {
     kept->Run(n, [&](size_t r) { call(static_cast<int>(r)); });
@@ -55,7 +54,7 @@ void CallEveryRank(int n, const std::function<void(int)>& call,
     while (!done_mu.AwaitWithTimeout(absl::Condition(&all_done), kCancelPoll)) {
       if (!cancelled_once && cancelled()) {
         cancelled_once = true;
-        for (auto& context : contexts) context->TryCancel();
+        cancel_all();
       }
     }
   }
@@ -118,7 +117,10 @@ absl::Status WorkerPool::StartCalls(const WorkerSet& set, absl::Time deadline,
 
 void WorkerPool::EndCalls(const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts) {
   absl::MutexLock lock(&mu_);
-  for (auto& context : contexts) in_flight_.erase(context.get());
+  for (auto& context : contexts) {
+    in_flight_.erase(context.get());
+    cancelled_.erase(context.get());
+  }
 }
 
 WorkerPool::FanOutFailures WorkerPool::CountFailures(const WorkerSet& set,
@@ -205,7 +207,7 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
         results[r] = fn(r, set.stubs[r].get(), contexts[r].get());
         ended[r] = absl::Now();
       },
-      options.cancelled, contexts, &fan_out_threads_);
+      options.cancelled, [&] { CancelCalls(contexts); }, &fan_out_threads_);
   EndCalls(contexts);
 
   const FanOutFailures failures = CountFailures(set, results, ended, deadline);

@@ -11,7 +11,8 @@
 #   server   moed with WORKERS (default 2) CUDA workers, moectl smoke and a short bench
 #   python   the Python client's tests, the trainer benchmark, the C++ service bench
 #   bench    gpu_bench on one GPU and EP=2 (BENCH_CONFIGS), engine_bench's cross-check
-#   all      tests, server, python, bench
+#   worker_ring  moed's step rings to the workers on and off (bench/worker_ring_bench.sh)
+#   all      tests, server, python, worker_ring, bench
 #   fp8      the FP8 tests, then gpu_bench bf16 and FP8 back to back, with the speed-up table
 #   compare  gpu_bench VARIANTS side by side, alternating ROUNDS times, fingerprints compared
 #   probe    bench/gemm_probe for each PROBE entry (expert GEMM configurations, issue 15)
@@ -121,6 +122,12 @@ if [ "$what" = all ] || [ "$what" = python ]; then
   step trainer_bench 450 trainer_bench
   [ -n "${SKIP_SERVICE_BENCH:-}" ] || OUT=$out step service_bench 300 bench/service_bench.sh \
     --device=cuda --workers=1 --dtype=bf16 1024,4096,8,2,16 1024,4096,8,2,4096 1024,4096,8,2,16384
+fi
+if [ "$what" = all ] || [ "$what" = server ] || [ "$what" = worker_ring ]; then
+  # The moed -> worker hop on step rings against gRPC, side by side (two moeds one after the
+  # other): 16 and 1024 tokens, the client over gRPC, shared memory and CUDA IPC.
+  OUT=$out SHM=1 step worker_ring_bench 400 bench/worker_ring_bench.sh \
+    --device=cuda --workers=1 --dtype=bf16 1024,4096,8,2,16 1024,4096,8,2,1024
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   [ -n "${SKIP_1GPU:-}" ] || step bench_1gpu 250 gpu_bench --configs="${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3}" \

@@ -168,24 +168,38 @@ absl::Status RingChannel::CheckPeer(bool timed_out) {
   return absl::OkStatus();
 }
 
-RingWait RingChannel::MakeWait(absl::Time deadline) {
+RingWait RingChannel::MakeWait(absl::Time deadline, const std::function<bool()>* cancelled) {
   RingWait wait;
   wait.deadline = deadline;
   wait.check_interval = options_.peer_check_interval;
-  wait.check = [this](bool timed_out) { return CheckPeer(timed_out); };
+  wait.check = [this, cancelled](bool timed_out) {
+    if (cancelled != nullptr && *cancelled && (*cancelled)()) {
+      return absl::CancelledError("ring channel: the call was cancelled");
+    }
+    return CheckPeer(timed_out);
+  };
   return wait;
 }
 
+uint32_t RingChannel::peer_pid() const {
+  return (role_ == Role::kCaller ? header()->server_pid : header()->caller_pid)
+      .load(std::memory_order_acquire);
+}
+
 absl::StatusOr<std::string> RingChannel::Call(absl::string_view request, absl::Time deadline) {
+  return Call(request, deadline, nullptr);
+}
+
+absl::StatusOr<std::string> RingChannel::Call(absl::string_view request, absl::Time deadline,
+                                              const std::function<bool()>& cancelled) {
   if (role_ != Role::kCaller) return absl::FailedPreconditionError("Call on the server side");
   absl::MutexLock lock(&call_mu_);
   if (absl::Status s = CheckPeer(/*timed_out=*/false); !s.ok()) return s;
   const uint64_t sequence = next_sequence_++;
-  if (absl::Status s = outgoing_->Push(sequence, 0, request, MakeWait(deadline)); !s.ok()) {
-    return s;
-  }
+  const RingWait wait = MakeWait(deadline, &cancelled);
+  if (absl::Status s = outgoing_->Push(sequence, 0, request, wait); !s.ok()) return s;
   for (;;) {
-    absl::StatusOr<StepRing::Record> response = incoming_->Pop(MakeWait(deadline));
+    absl::StatusOr<StepRing::Record> response = incoming_->Pop(wait);
     if (absl::IsDeadlineExceeded(response.status())) {
       return absl::DeadlineExceededError(
           absl::StrCat("ring channel: no response to call ", sequence, " before the deadline"));

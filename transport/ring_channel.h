@@ -79,6 +79,16 @@ class RingChannel {
   // UNAVAILABLE when the server closed or died, DATA_LOSS when the channel is corrupt.
   // Thread-safe (calls are serialized: one in flight per channel).
   absl::StatusOr<std::string> Call(absl::string_view request, absl::Time deadline);
+  // The same, also ended with CANCELLED once `cancelled()` returns true (polled every
+  // options.peer_check_interval while the call waits; e.g. moed giving up on a generation's
+  // calls). As after a DEADLINE_EXCEEDED, the next call skips the late answer.
+  absl::StatusOr<std::string> Call(absl::string_view request, absl::Time deadline,
+                                   const std::function<bool()>& cancelled);
+
+  // The largest request (caller) or response (server) one record can carry.
+  uint64_t max_payload() const { return outgoing_->max_payload(); }
+  // The peer's pid once it attached (0 before).
+  uint32_t peer_pid() const;
 
   // Server: answers requests with `handler` until the caller closes the channel or Stop() is
   // called (OK), the caller dies or does not attach within options.attach_timeout (UNAVAILABLE), or
@@ -104,7 +114,7 @@ class RingChannel {
                                                            const RingChannelOptions& options);
   // OK while the peer is attached and open (or not yet attached); else why not.
   absl::Status CheckPeer(bool timed_out);
-  RingWait MakeWait(absl::Time deadline);
+  RingWait MakeWait(absl::Time deadline, const std::function<bool()>* cancelled = nullptr);
 
   ShmObject object_;
   ShmMapping mapping_;
