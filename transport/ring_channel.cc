@@ -176,7 +176,9 @@ RingWait RingChannel::MakeWait(absl::Time deadline) {
   return wait;
 }
 
-absl::StatusOr<std::string> RingChannel::Call(absl::string_view request, absl::Time deadline) {
+absl::StatusOr<std::string> RingChannel::Call(absl::string_view request, absl::Time deadline,
+                                              bool* answered) {
+  if (answered != nullptr) *answered = false;
   if (role_ != Role::kCaller) return absl::FailedPreconditionError("Call on the server side");
   absl::MutexLock lock(&call_mu_);
   if (absl::Status s = CheckPeer(/*timed_out=*/false); !s.ok()) return s;
@@ -200,6 +202,7 @@ absl::StatusOr<std::string> RingChannel::Call(absl::string_view request, absl::T
       return absl::DataLossError(
           absl::StrCat("ring channel corrupt: status code ", response->status_code));
     }
+    if (answered != nullptr) *answered = true;
     if (response->status_code != 0) {
       return absl::Status(static_cast<absl::StatusCode>(response->status_code), response->payload);
     }
@@ -257,5 +260,17 @@ absl::Status RingChannel::WaitForPeer(absl::Time deadline) {
 }
 
 void RingChannel::Stop() { stop_.store(true, std::memory_order_release); }
+
+uint32_t RingChannel::PeerPid() const {
+  const RegionHeader* h = header();
+  return (role_ == Role::kCaller ? h->server_pid : h->caller_pid).load(std::memory_order_acquire);
+}
+
+bool RingChannel::PeerAlive() const {
+  const RegionHeader* h = header();
+  const std::atomic<uint32_t>& closed = role_ == Role::kCaller ? h->server_closed : h->caller_closed;
+  if (closed.load(std::memory_order_acquire) != 0) return false;
+  return ProcessAlive(PeerPid(), /*thorough=*/true);
+}
 
 }  // namespace moe
