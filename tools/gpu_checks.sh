@@ -62,7 +62,7 @@ if [ "$what" = all ] || [ "$what" = python ]; then
   # against torch._grouped_mm on the same GPU) and the C++ client on the same shapes.
   export PYTHONPATH="$PWD/.gpu/py:$PWD/tests/python"
   bins=(--moed="$(command -v moed)" --worker="$(command -v moe-worker)")
-  for t in ${PY_TESTS:-codec_test cuda_ipc_test remote_moe_test shm_test errors_test client_test}; do
+  for t in ${PY_TESTS:-codec_test cuda_ipc_test remote_moe_test shm_test step_channel_test errors_test client_test}; do
     if [ "$t" = codec_test ]; then step "py_$t" 60 python3 tests/python/$t.py; continue; fi
     step "py_$t" 150 python3 tests/python/$t.py "${bins[@]}"
   done
