@@ -75,6 +75,14 @@ absl::Status Step(RingChannel& ring, uint8_t kind, const google::protobuf::Messa
   return absl::OkStatus();
 }
 
+// A ReleaseStep of `step_id` on the test's layer.
+v1::ReleaseStepRequest ReleaseOf(uint64_t step_id) {
+  v1::ReleaseStepRequest release;
+  release.set_layer("ring");
+  release.set_step_id(step_id);
+  return release;
+}
+
 // Threads of moed named "moed-ring" (one per open channel), its mappings of a ring, and
 // the ring objects in /dev/shm.
 int RingThreads(pid_t pid) {
@@ -251,9 +259,7 @@ TEST_F(StepChannelTest, ForwardBackwardReleaseBitIdenticalToGrpc) {
     // ReleaseStep: a kept step is released once.
     v1::ForwardResponse kept;
     ASSERT_TRUE(Step(*opened->ring, kForward, forward, &kept).ok());
-    v1::ReleaseStepRequest release;
-    release.set_layer("ring");
-    release.set_step_id(kept.step_id());
+    const v1::ReleaseStepRequest release = ReleaseOf(kept.step_id());
     v1::ReleaseStepResponse released;
     ASSERT_TRUE(Step(*opened->ring, kReleaseStep, release, &released).ok());
     EXPECT_TRUE(released.released());
@@ -299,9 +305,7 @@ TEST_F(StepChannelTest, EveryRecordIsAuthorizedAgainstTheOpeningToken) {
   v1::BackwardResponse back;
   EXPECT_EQ(Step(*opened->ring, kBackward, backward, &back).code(),
             absl::StatusCode::kPermissionDenied);
-  v1::ReleaseStepRequest release;
-  release.set_layer("ring");
-  release.set_step_id(1);
+  const v1::ReleaseStepRequest release = ReleaseOf(1);
   v1::ReleaseStepResponse released;
   EXPECT_EQ(Step(*opened->ring, kReleaseStep, release, &released).code(),
             absl::StatusCode::kPermissionDenied);
@@ -337,9 +341,7 @@ TEST_F(StepChannelTest, OpenChannelsAreBoundedAndCloseFreesThem) {
   v1::CloseStepChannelResponse closed;
   ASSERT_TRUE(stub()->CloseStepChannel(&ctx, close, &closed).ok());
   EXPECT_TRUE(Eventually([&] { return !open[0].ring->PeerAlive(); }));  // moed's side closed
-  v1::ReleaseStepRequest release;
-  release.set_layer("ring");
-  release.set_step_id(12345);
+  const v1::ReleaseStepRequest release = ReleaseOf(12345);
   v1::ReleaseStepResponse released;
   absl::Status s = Step(*open[0].ring, kReleaseStep, release, &released);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
@@ -354,9 +356,7 @@ TEST_F(StepChannelTest, AttachedByAnotherPidIsRefused) {
   absl::StatusOr<Opened> opened =
       Open(stub(), "admin-token", static_cast<uint32_t>(getpid()) + 100000);
   ASSERT_TRUE(opened.ok()) << opened.status();
-  v1::ReleaseStepRequest release;
-  release.set_layer("ring");
-  release.set_step_id(1);
+  const v1::ReleaseStepRequest release = ReleaseOf(1);
   v1::ReleaseStepResponse released;
   absl::Status s = Step(*opened->ring, kReleaseStep, release, &released);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
@@ -457,9 +457,7 @@ TEST_F(StepChannelTest, TokenReloadClosesTheChannelsOfARevokedToken) {
   WriteTokens(/*with_gone=*/false);
   cluster_->NotifyMoed(SIGHUP);
   EXPECT_TRUE(Eventually([&] { return RingThreads(moed) == 1; })) << RingThreads(moed);
-  v1::ReleaseStepRequest release;
-  release.set_layer("ring");
-  release.set_step_id(777);
+  const v1::ReleaseStepRequest release = ReleaseOf(777);
   v1::ReleaseStepResponse released;
   EXPECT_EQ(Step(*revoked->ring, kReleaseStep, release, &released).code(),
             absl::StatusCode::kUnavailable);
