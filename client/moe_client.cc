@@ -358,7 +358,8 @@ absl::Status MoeClient::CallStep(const char* method, const google::protobuf::Mes
   // On moed's host: one record on the step channel (its answer at most twice the tensor: a
   // BF16 d_out may answer an FP32 d_x), else the gRPC call.
   std::optional<absl::StatusOr<std::string>> ring;
-  if (step_channel_ != nullptr && step_channel_->Fits(request.Length(), 2 * tensor.num_bytes())) {
+  if (step_channel_ != nullptr && tensor.num_bytes() <= options_.step_channel_max_inline_bytes &&
+      step_channel_->Fits(request.Length(), 2 * tensor.num_bytes())) {
     const StepKind kind =
         std::strcmp(method, kForwardMethod) == 0 ? StepKind::kForward : StepKind::kBackward;
     ring = step_channel_->Call(kind, FlattenByteBuffer(request), 2 * tensor.num_bytes(),

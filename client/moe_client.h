@@ -83,9 +83,13 @@ struct ClientOptions {
   // target names this host (loopback, unix:) and moed allows it (--allow_client_shm); moed
   // refusing it, or the channel failing, sends the steps over gRPC from then on (one line on
   // stderr). A step whose request or answer may not fit half a ring goes over gRPC.
-  // false: always gRPC. step_channel_bytes: each ring's bytes (a power of two).
+  // false: always gRPC. step_channel_bytes: each ring's bytes (a power of two). A step whose
+  // tensor travels in the request (not in shared memory) uses the channel only up to
+  // step_channel_max_inline_bytes: measured on the 2-core build machine, larger inline
+  // tensors were slower through the ring than over gRPC (docs/DECISIONS.md).
   bool step_channel = true;
   uint64_t step_channel_bytes = uint64_t{8} << 20;
+  size_t step_channel_max_inline_bytes = size_t{64} << 10;
 };
 
 // A step's per-phase times (CallOptions::timing): the client's own phases around the server's

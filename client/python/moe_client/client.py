@@ -137,7 +137,8 @@ class Client:
                  chunk_bytes=1 << 20, channel=None, token=None, tls_ca_file=None,
                  tls_cert_file=None, tls_key_file=None, tls_server_name=None, lanes=0,
                  lane_min_bytes=4 << 20, step_channel="auto",
-                 step_channel_bytes=step_channel_module.DEFAULT_RING_BYTES):
+                 step_channel_bytes=step_channel_module.DEFAULT_RING_BYTES,
+                 step_channel_max_inline=64 << 10):
         """address: host:port (default $MOED_SERVER, else localhost:50051). timeout: default
         deadline of every call, s. token: bearer token for moed --tokens_file (default
         $MOED_TOKEN). tls_ca_file: PEM roots that signed moed's certificate (default
@@ -156,7 +157,10 @@ class Client:
         host, else gRPC; True: try it whatever the address; False: always gRPC. A moed that
         refuses it (no --allow_client_shm, another host) or a channel that fails sends the
         steps over gRPC from then on, with one log line. step_channel_bytes: each of its two
-        rings' bytes (a power of two; requests and answers larger than half go over gRPC)."""
+        rings' bytes (a power of two; requests and answers larger than half go over gRPC).
+        step_channel_max_inline: a step whose tensor travels in the request (not in shared
+        memory) uses the channel only up to this many bytes (larger ones were slower through
+        the ring than over gRPC on the 2-core build machine; docs/DECISIONS.md)."""
         self.address = address or os.environ.get("MOED_SERVER") or DEFAULT_ADDRESS
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
@@ -208,6 +212,7 @@ class Client:
         self.steps_over_lanes = 0  # steps whose tensors went over the lanes
         use_ring = (step_channel is True or
                     (step_channel == "auto" and step_channel_module.is_local_address(self.address)))
+        self.step_channel_max_inline = step_channel_max_inline
         self._step_channel = (step_channel_module.StepChannel(
             self._stub, self._metadata, step_channel_bytes) if use_ring else None)
         self._health = self._channel.unary_unary(
@@ -293,7 +298,8 @@ class Client:
         # a BF16 d_out may answer an FP32 d_x).
         data = None
         ring = self._step_channel
-        if ring is not None and ring.fits(size + 4096, 2 * size):
+        if (ring is not None and size <= self.step_channel_max_inline
+                and ring.fits(size + 4096, 2 * size)):
             data = ring.call(rpc, wire.encode_with_tensor(request, field, tensor),
                              timeout or self.timeout)
         if data is None and (self._lanes and not self._lanes_refused and size > 0
