@@ -30,6 +30,7 @@
 #include "engine/tensor.h"
 #include "proto/chunking.h"
 #include "proto/moe.grpc.pb.h"
+#include "client/step_channel.h"
 #include "server/kept_threads.h"
 
 namespace grpc {
@@ -77,6 +78,18 @@ struct ClientOptions {
   // connection; 0: DefaultLanes() (docs/PERFORMANCE.md has the measurements).
   int lanes = 0;
   int64_t lane_min_bytes = int64_t{4} << 20;
+  // Forward / Backward / ReleaseStep (and their shared-memory forms) go through a step
+  // channel (client/step_channel.h: a shared-memory ring, no gRPC call per step) when the
+  // target names this host (loopback, unix:) and moed allows it (--allow_client_shm); moed
+  // refusing it, or the channel failing, sends the steps over gRPC from then on (one line on
+  // stderr). A step whose request or answer may not fit half a ring goes over gRPC.
+  // false: always gRPC. step_channel_bytes: each ring's bytes (a power of two). A step whose
+  // tensor travels in the request (not in shared memory) uses the channel only up to
+  // step_channel_max_inline_bytes: measured on the 2-core build machine, larger inline
+  // tensors were slower through the ring than over gRPC (docs/DECISIONS.md).
+  bool step_channel = true;
+  uint64_t step_channel_bytes = uint64_t{8} << 20;
+  size_t step_channel_max_inline_bytes = size_t{64} << 10;
 };
 
 // A step's per-phase times (CallOptions::timing): the client's own phases around the server's
@@ -240,6 +253,9 @@ class MoeClient {
                                        const CallOptions& call = {});
 
   v1::MoeService::Stub* stub() { return stub_.get(); }
+  // Steps answered through the step channel so far, and whether it is (still) in use.
+  uint64_t steps_over_channel() const { return step_channel_ ? step_channel_->steps() : 0; }
+  bool step_channel_on() const { return step_channel_ != nullptr && step_channel_->on(); }
 
  private:
   // How errors about CallOptions::output name it.
@@ -263,6 +279,12 @@ class MoeClient {
                         google::protobuf::MessageLite* answer, TensorBytes* answer_bytes);
   // Everything of a ForwardResponse but `out` (the gRPC and shared-memory paths share it).
   static void TakeForwardResults(v1::ForwardResponse* response, ForwardOutput* output);
+  // A whole-message step (ForwardShm, BackwardShm, ReleaseStep) on the step channel: its
+  // status, *response parsed; nullopt when it is to go over gRPC.
+  std::optional<absl::Status> MessageOnChannel(StepKind kind,
+                                               const google::protobuf::MessageLite& request,
+                                               const CallOptions& call,
+                                               google::protobuf::MessageLite* response);
 
   // ---- over several connections (moe_client_lanes.cc) ----
   // Whether `tensor` goes over the lanes.
@@ -313,6 +335,7 @@ class MoeClient {
   KeptThreads lane_threads_;                // run the lanes' calls; kept between steps
   const std::string staged_prefix_;         // random per client
   std::atomic<uint64_t> next_staged_{0};
+  std::unique_ptr<ClientStepChannel> step_channel_;  // null: steps over gRPC only
 };
 
 }  // namespace client

@@ -91,7 +91,12 @@ absl::StatusOr<ForwardOutput> MoeClient::ForwardShm(const std::string& layer, co
   PhaseClock clock(call.timing != nullptr);  // no encode or decode: the bytes are in the region
   request.set_timing(clock.enabled());
   v1::ForwardResponse response;
-  MOED_SHM_CALL(Forward, request, response, call);
+  if (std::optional<absl::Status> done =
+          MessageOnChannel(StepKind::kForward, request, call, &response)) {
+    RETURN_IF_ERROR(*done);
+  } else {
+    MOED_SHM_CALL(Forward, request, response, call);
+  }
   if (call.timing != nullptr) {
     *call.timing = StepTimes{0.0, clock.Lap(), 0.0, std::move(*response.mutable_timing())};
   }
@@ -114,7 +119,12 @@ absl::Status MoeClient::BackwardShm(const std::string& layer, uint64_t step_id,
   PhaseClock clock(call.timing != nullptr);
   request.set_timing(clock.enabled());
   v1::BackwardResponse response;
-  MOED_SHM_CALL(Backward, request, response, call);
+  if (std::optional<absl::Status> done =
+          MessageOnChannel(StepKind::kBackward, request, call, &response)) {
+    RETURN_IF_ERROR(*done);
+  } else {
+    MOED_SHM_CALL(Backward, request, response, call);
+  }
   if (call.timing != nullptr) {
     *call.timing = StepTimes{0.0, clock.Lap(), 0.0, std::move(*response.mutable_timing())};
   }

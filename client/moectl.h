@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,8 +32,10 @@ namespace cli {
 
 using Args = std::vector<std::string>;
 
-// A client for --server with --deadline_ms as its default deadline.
-absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags();
+// A client for --server with --deadline_ms as its default deadline; step_channel overrides
+// --step_channel when set.
+absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags(
+    std::optional<bool> step_channel = std::nullopt);
 // Prints "moectl <command>: CODE: message" to stderr; returns 1.
 int ReportError(absl::string_view command, const absl::Status& status);
 // Prints "moectl <command>: <message>" and a hint to stderr; returns 2.

@@ -41,6 +41,9 @@ ABSL_FLAG(bool, cuda_shm, false,
           "--allow_client_shm; moectl built with CUDA) and check its results are bit-identical "
           "to the gRPC path's");
 ABSL_FLAG(int, cuda_shm_device, 0, "bench --cuda_shm: the GPU that holds the region.");
+ABSL_FLAG(bool, compare_transports, false,
+          "bench: when the steps went through the step channel (\"transport\": \"ring\"), "
+          "also time them over gRPC calls in the same run (\"grpc\": the same series)");
 ABSL_FLAG(bool, reuse_outputs, true,
           "bench: the gRPC path writes every step's out and d_x into one buffer each, kept across "
           "steps (MoeClient CallOptions::output), as a trainer with preallocated outputs does; "
@@ -433,6 +436,15 @@ int RunBench(const Args& args) {
   MoeClient& c = **client;
 
   absl::StatusOr<Json> grpc_json = BenchGrpc(c, name, x, d_out, warmup, steps, show_progress);
+  // How those steps travelled; with --compare_transports the same over gRPC calls.
+  const char* transport = c.steps_over_channel() > 0 && c.step_channel_on() ? "ring" : "grpc";
+  absl::StatusOr<Json> over_grpc = Json();
+  if (absl::GetFlag(FLAGS_compare_transports) && grpc_json.ok() &&
+      std::string(transport) == "ring") {
+    absl::StatusOr<std::unique_ptr<MoeClient>> plain = ConnectFromFlags(/*step_channel=*/false);
+    over_grpc = plain.ok() ? BenchGrpc(**plain, name, x, d_out, warmup, steps, show_progress)
+                           : plain.status();
+  }
   absl::StatusOr<Json> concurrent_json = Json();
   if (concurrency > 1 && grpc_json.ok()) {
     absl::StatusOr<ForwardOutput> want = c.Forward(name, x);
@@ -456,6 +468,7 @@ int RunBench(const Args& args) {
     c.ZeroGradients(name).IgnoreError();
   }
   if (!grpc_json.ok()) return ReportError("bench", grpc_json.status());
+  if (!over_grpc.ok()) return ReportError("bench", over_grpc.status());
   if (!concurrent_json.ok()) return ReportError("bench", concurrent_json.status());
   if (!shm_json.ok()) return ReportError("bench", shm_json.status());
   if (!cuda_shm_json.ok()) return ReportError("bench", cuda_shm_json.status());
@@ -468,7 +481,9 @@ int RunBench(const Args& args) {
   out["tokens"] = tokens;
   out["datatype"] = DTypeName(*dtype);
   out["warmup"] = warmup;
+  out["transport"] = transport;
   for (const auto& [key, value] : grpc_json->items()) out[key] = value;
+  if (!over_grpc->is_null()) out["grpc"] = *std::move(over_grpc);
   if (!concurrent_json->is_null()) out["concurrent"] = *std::move(concurrent_json);
   if (!shm_json->is_null()) out["shm"] = *std::move(shm_json);
   if (!cuda_shm_json->is_null()) out["cuda_shm"] = *std::move(cuda_shm_json);

@@ -43,6 +43,11 @@ ABSL_FLAG(int32_t, lanes, 0,
           "host's cores, at most 16 (1 with 2 cores or fewer)");
 ABSL_FLAG(int64_t, lane_min_bytes, int64_t{4} << 20,
           "smallest tensor (bytes) sent over --lanes connections");
+ABSL_FLAG(bool, step_channel, true,
+          "steps (forward, backward, bench, ...) go through a step channel (a shared-memory "
+          "ring instead of a gRPC call each) when --server is on this host and moed runs with "
+          "--allow_client_shm; else, or when it fails, over gRPC (one line on stderr). "
+          "--nostep_channel: always gRPC");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
           "Largest message sent, as moed's flag of the same name (keep it at or below moed's); "
           "larger x / d_out go in pieces through ForwardStream / BackwardStream.");
@@ -105,7 +110,7 @@ namespace moe {
 namespace client {
 namespace cli {
 
-absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags() {
+absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags(std::optional<bool> step_channel) {
   std::string target = absl::GetFlag(FLAGS_server);
   if (target.empty()) {
     const char* env = std::getenv("MOED_SERVER");
@@ -140,6 +145,7 @@ absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags() {
       std::clamp<int64_t>(absl::GetFlag(FLAGS_max_message_bytes), int64_t{1} << 16, INT32_MAX));
   options.lanes = std::clamp(absl::GetFlag(FLAGS_lanes), 0, 64);
   options.lane_min_bytes = absl::GetFlag(FLAGS_lane_min_bytes);
+  options.step_channel = step_channel.value_or(absl::GetFlag(FLAGS_step_channel));
   return MoeClient::Connect(target, options);
 }
 

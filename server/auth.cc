@@ -102,6 +102,12 @@ int TokenAuthenticator::size() const {
 
 absl::Status TokenAuthenticator::Authorize(const grpc::ServerContextBase& context,
                                            Role needed) const {
+  absl::StatusOr<std::string> hash = TokenHash(context);
+  if (!hash.ok()) return hash.status();
+  return AuthorizeHash(*hash, needed);
+}
+
+absl::StatusOr<std::string> TokenAuthenticator::TokenHash(const grpc::ServerContextBase& context) {
   const auto& metadata = context.client_metadata();
   auto it = metadata.find("authorization");
   if (it == metadata.end()) {
@@ -113,7 +119,10 @@ absl::Status TokenAuthenticator::Authorize(const grpc::ServerContextBase& contex
   if (!absl::ConsumePrefix(&value, "Bearer ")) {
     return absl::UnauthenticatedError("authorization metadata is not \"Bearer <token>\"");
   }
-  const std::string hash = Sha256Hex(absl::StripAsciiWhitespace(value));
+  return Sha256Hex(absl::StripAsciiWhitespace(value));
+}
+
+absl::Status TokenAuthenticator::AuthorizeHash(const std::string& hash, Role needed) const {
   absl::MutexLock lock(&mu_);
   auto found = by_hash_.find(hash);
   if (found == by_hash_.end()) return absl::UnauthenticatedError("unknown bearer token");

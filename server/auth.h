@@ -59,6 +59,13 @@ class TokenAuthenticator {
   absl::Status Authorize(const grpc::ServerContextBase& context, Role needed) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The SHA-256 (hex) of the call's bearer token, as the tokens file lists it;
+  // UNAUTHENTICATED as Authorize when the call has none.
+  static absl::StatusOr<std::string> TokenHash(const grpc::ServerContextBase& context);
+  // Authorize for a token known by its hash (a step channel's identity, captured when the
+  // channel opened): UNAUTHENTICATED once the token is no longer in the file.
+  absl::Status AuthorizeHash(const std::string& hash, Role needed) const ABSL_LOCKS_EXCLUDED(mu_);
+
   int size() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

@@ -25,6 +25,14 @@ MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics
     shm_ = std::make_unique<SharedMemoryRegistry>(options_.shm_idle_timeout);
   }
   if (options_.shm_relay) relay_ = std::make_unique<RelayPool>(options_.shm_relay_max_bytes);
+  if (options_.allow_client_shm) {
+    StepChannelOptions channels;
+    channels.max_channels = options_.max_step_channels;
+    channels.max_per_owner = options_.max_step_channels_per_client;
+    channels.max_ring_bytes = options_.max_step_channel_bytes;
+    channels.default_ring_bytes = std::min(channels.default_ring_bytes, channels.max_ring_bytes);
+    step_channels_ = std::make_unique<StepChannels>(channels);
+  }
   staging_ = std::make_unique<StagingTable>(relay_.get(), options_.shm_relay_max_bytes,
                                             options_.staged_ttl);
   const bool expire_steps = options_.saved_step_ttl > absl::ZeroDuration();
@@ -46,6 +54,7 @@ MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics
 }
 
 MoeServiceImpl::~MoeServiceImpl() {
+  step_channels_.reset();   // first: their threads wait on handlers_
   stopping_drains_ = true;  // drains end; handlers_ (destroyed last) joins them
   {
     absl::MutexLock lock(&housekeeping_mu_);
@@ -87,6 +96,14 @@ absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
   return TakeTurnUntil(
       std::move(layer), absl::FromChrono(context->deadline()),
       [context] { return context->IsCancelled(); }, require_serving, allow_diverged);
+}
+
+absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
+    std::shared_ptr<Layer> layer, const StepCaller& caller, bool require_serving,
+    bool allow_diverged) {
+  return TakeTurnUntil(
+      std::move(layer), caller.deadline(), [&caller] { return caller.cancelled(); },
+      require_serving, allow_diverged);
 }
 
 absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurnUntil(
@@ -160,8 +177,12 @@ absl::Status MoeServiceImpl::ChangeOnWorkers(Turn& turn, const char* method, abs
 
 absl::Time MoeServiceImpl::InternalDeadline(grpc::ServerContextBase* context,
                                             bool collective) const {
+  return InternalDeadline(absl::FromChrono(context->deadline()), collective);
+}
+
+absl::Time MoeServiceImpl::InternalDeadline(absl::Time caller_deadline, bool collective) const {
   absl::Time deadline = absl::Now() + options_.step_timeout;
-  if (!collective) deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+  if (!collective) deadline = std::min(deadline, caller_deadline);
   return deadline;
 }
 

@@ -53,6 +53,8 @@
 #include "server/shared_memory.h"
 #include "server/shm_step.h"
 #include "server/staging.h"
+#include "server/step_caller.h"
+#include "server/step_channels.h"
 #include "server/worker_memory_reservations.h"
 #include "server/worker_pool.h"
 
@@ -138,6 +140,11 @@ struct ServiceOptions {
   DurableStore* durable_store = nullptr;
   int64_t durable_every_steps = 100;
   absl::Duration durable_every = absl::Minutes(5);
+  // Step channels (OpenStepChannel; server/step_channels.h), with allow_client_shm only:
+  // open at once (all clients; per client, 0: no per-client bound) and the largest ring.
+  int max_step_channels = 64;
+  int max_step_channels_per_client = 8;
+  uint64_t max_step_channel_bytes = uint64_t{64} << 20;
 };
 
 // Forward and Backward are registered raw (grpc::ByteBuffer in and out): moed splits the
@@ -248,8 +255,41 @@ class MoeServiceImpl final : public MoeServiceBase {
   grpc::ServerUnaryReactor* RegisterCudaSharedMemory(
       grpc::CallbackServerContext*, const v1::RegisterCudaSharedMemoryRequest*,
       v1::RegisterCudaSharedMemoryResponse*) override;
+  // Step channels (moe_service_channels.cc; proto/moe.proto "Step channels").
+  grpc::ServerUnaryReactor* OpenStepChannel(grpc::CallbackServerContext*,
+                                            const v1::OpenStepChannelRequest*,
+                                            v1::OpenStepChannelResponse*) override;
+  grpc::ServerUnaryReactor* CloseStepChannel(grpc::CallbackServerContext*,
+                                             const v1::CloseStepChannelRequest*,
+                                             v1::CloseStepChannelResponse*) override;
+  // After the tokens file was reloaded: closes the step channels whose token is no longer
+  // in it (their later records would be UNAUTHENTICATED anyway). Returns how many.
+  int CloseRevokedStepChannels();
+  // Step channels open now (tests, GetStatus).
+  int OpenStepChannels() const { return step_channels_ ? step_channels_->open_count() : 0; }
 
  private:
+  // Step channels (moe_service_channels.cc). Who opened a channel, captured at open: every
+  // record is authorized against it (AllowChannel) and runs as its StepCaller.
+  struct ChannelIdentity {
+    std::string client;      // ClientOf at open: the books' owner, the per-client key
+    std::string token_hash;  // TokenAuthenticator::TokenHash (with a tokens file)
+    std::string peer;        // the open's peer (checked local)
+  };
+  grpc::Status DoOpenStepChannel(grpc::ServerContextBase*, const v1::OpenStepChannelRequest*,
+                                 v1::OpenStepChannelResponse*);
+  grpc::Status DoCloseStepChannel(grpc::ServerContextBase*, const v1::CloseStepChannelRequest*,
+                                  v1::CloseStepChannelResponse*);
+  // Allow (metrics included) for a channel's identity.
+  absl::Status AllowChannel(const ChannelIdentity& who, Role role) const;
+  // One record of a channel (moe_service_rpcs.cc, beside RunRawStep): the envelope decoded,
+  // the record's role checked, the step run on a handlers_ thread as the gRPC call's body
+  // (same code, same bytes), its answer's bytes or its status.
+  absl::StatusOr<std::string> AnswerStepRecord(const ChannelIdentity& who,
+                                               absl::string_view record,
+                                               const StepChannels::Cancelled& cancelled);
+  // `body` on a handlers_ thread under `client`'s per-client limit, waited for.
+  grpc::Status RunOnHandler(const std::string& client, std::function<grpc::Status()> body);
   grpc::Status DoCreateLayer(grpc::ServerContextBase*, const v1::CreateLayerRequest*,
                              v1::CreateLayerResponse*);
   grpc::Status DoDeleteLayer(grpc::ServerContextBase*, const v1::DeleteLayerRequest*,
@@ -261,13 +301,14 @@ class MoeServiceImpl final : public MoeServiceBase {
   // A step: `request`'s tensor field (x / d_out) carries datatype and shape, its bytes are
   // `input` (raw_data is not read). The answer's tensor (out / d_x) gets datatype and shape;
   // its bytes are *output, references to the workers' answers in rank order (no copy).
-  grpc::Status DoForward(grpc::ServerContextBase*, const v1::ForwardRequest& request,
+  // `caller`: the gRPC call's (GrpcStepCaller) or a step channel's record's.
+  grpc::Status DoForward(const StepCaller& caller, const v1::ForwardRequest& request,
                          const TensorBytes& input, v1::ForwardResponse* response,
                          std::vector<grpc::Slice>* output);
-  grpc::Status DoBackward(grpc::ServerContextBase*, const v1::BackwardRequest& request,
+  grpc::Status DoBackward(const StepCaller& caller, const v1::BackwardRequest& request,
                           const TensorBytes& input, v1::BackwardResponse* response,
                           std::vector<grpc::Slice>* output);
-  grpc::Status DoReleaseStep(grpc::ServerContextBase*, const v1::ReleaseStepRequest*,
+  grpc::Status DoReleaseStep(const StepCaller& caller, const v1::ReleaseStepRequest*,
                              v1::ReleaseStepResponse*);
   // moe_service_streams.cc: assemble the request's tensor, DoForward / DoBackward, answer in
   // pieces.
@@ -298,14 +339,16 @@ class MoeServiceImpl final : public MoeServiceBase {
   // Shared memory (moe_service_shm.cc). UNIMPLEMENTED without allow_client_shm,
   // PERMISSION_DENIED for a caller not on this host.
   absl::Status CheckShmAllowed(grpc::ServerContextBase* context) const;
+  absl::Status CheckShmAllowed(const std::string& peer) const;
   // Whose shared-memory regions a call names: the token's identity with tokens, else one
   // identity ("") for every caller.
   std::string ShmOwnerOf(const grpc::ServerContextBase& context) const;
+  std::string ShmOwnerOfClient(const std::string& client) const;  // the same from ClientOf
   // The regions a step names, leased until the ShmStep is destroyed (empty if none).
-  absl::StatusOr<ShmStep> PrepareShm(grpc::ServerContextBase* context,
-                                     const v1::ForwardRequest& request, int64_t hidden);
-  absl::StatusOr<ShmStep> PrepareShm(grpc::ServerContextBase* context,
-                                     const v1::BackwardRequest& request, int64_t hidden);
+  absl::StatusOr<ShmStep> PrepareShm(const StepCaller& caller, const v1::ForwardRequest& request,
+                                     int64_t hidden);
+  absl::StatusOr<ShmStep> PrepareShm(const StepCaller& caller, const v1::BackwardRequest& request,
+                                     int64_t hidden);
   // A gRPC step's tensors through the relay buffers (server/relay_pool.h) when `set` runs on
   // this host: the input [tokens, hidden] of in_dtype, unless *shm already reads it from a
   // client region, is copied into one and *shm set to read it there; the output [tokens,
@@ -325,8 +368,8 @@ class MoeServiceImpl final : public MoeServiceBase {
                                         grpc::ByteBuffer*) override;
   // The step's staged input `name` (x_staged, d_out_staged) of the caller, taken out of the
   // table: a [T, hidden] head and a view of its bytes.
-  absl::StatusOr<StagedStepInput> TakeStaged(const grpc::ServerContextBase& context,
-                                             const std::string& name, int64_t hidden);
+  absl::StatusOr<StagedStepInput> TakeStaged(const std::string& client, const std::string& name,
+                                             int64_t hidden);
   // A step's input tensor `field` ("x", "d_out") as the step reads it: staged (staged_name
   // non-null: taken out of the caller's book into *staged), in a client region (shm), or in the
   // message (message_head, message_bytes; in_message). head and bytes point at *staged's or
@@ -338,16 +381,16 @@ class MoeServiceImpl final : public MoeServiceBase {
     DType dtype = DType::kFloat32;
     int64_t tokens = 0;
   };
-  absl::StatusOr<StepTensor> ResolveStepInput(const grpc::ServerContextBase& context,
+  absl::StatusOr<StepTensor> ResolveStepInput(const std::string& client,
                                               const char* field, const std::string* staged_name,
                                               bool in_message, const v1::Tensor& message_head,
                                               const TensorBytes& message_bytes, const ShmStep& shm,
                                               int64_t hidden, StagedStepInput* staged);
   // Checks out_staged / d_x_staged before a step runs (name free, no region output too).
-  absl::Status CheckStagedOutput(const grpc::ServerContextBase& context, absl::string_view field,
+  absl::Status CheckStagedOutput(const std::string& client, absl::string_view field,
                                  const std::string& name, bool has_shm_output);
   // Keeps the step's output (its answer slices, *output, emptied) under `name`.
-  absl::Status KeepStagedOutput(const grpc::ServerContextBase& context, const std::string& name,
+  absl::Status KeepStagedOutput(const std::string& client, const std::string& name,
                                 DType dtype, int64_t tokens, int64_t hidden,
                                 std::vector<grpc::Slice>* output);
   grpc::Status DoRegisterSystemSharedMemory(grpc::ServerContextBase*,
@@ -467,6 +510,10 @@ class MoeServiceImpl final : public MoeServiceBase {
                                                  grpc::ServerContextBase* context,
                                                  bool require_serving = true,
                                                  bool allow_diverged = false);
+  absl::StatusOr<std::unique_ptr<Turn>> TakeTurn(std::shared_ptr<Layer> layer,
+                                                 const StepCaller& caller,
+                                                 bool require_serving = true,
+                                                 bool allow_diverged = false);
   // TakeTurn's body: waits for the turn until `deadline` or `cancelled()` (may be null). A
   // layer closed by the graceful stop is UNAVAILABLE (kShuttingDownMessage).
   absl::StatusOr<std::unique_ptr<Turn>> TakeTurnUntil(std::shared_ptr<Layer> layer,
@@ -582,6 +629,7 @@ class MoeServiceImpl final : public MoeServiceBase {
   // The saved-step budget and ttl of every layer (options_).
   SavedStepLimits SavedLimits() const;
   absl::Time InternalDeadline(grpc::ServerContextBase* context, bool collective) const;
+  absl::Time InternalDeadline(absl::Time caller_deadline, bool collective) const;
   // DeleteLayer of `layer_id` on every worker of `set` (best effort: a worker that misses it
   // drops the layer at its next generation).
   void DropOnWorkers(const WorkerSet& set, uint64_t layer_id);
@@ -595,7 +643,7 @@ class MoeServiceImpl final : public MoeServiceBase {
   // Forward with keep_for_backward, after the workers saved `step_id`: OK keeps it booked;
   // CANCELLED (the client left) or RESOURCE_EXHAUSTED (over --max_saved_bytes) drops it from
   // the books and releases it on the workers.
-  absl::Status KeepStepOrRefuse(Turn& turn, grpc::ServerContextBase* context, uint64_t step_id,
+  absl::Status KeepStepOrRefuse(Turn& turn, const StepCaller& caller, uint64_t step_id,
                                 int64_t saved_bytes);
   // After a Forward's workers answered: its per-expert counts added to the layer's load and,
   // with `keep`, the step booked as saved.
@@ -646,14 +694,21 @@ class MoeServiceImpl final : public MoeServiceBase {
   template <typename Body>
   grpc::ServerUnaryReactor* RunAuthorized(grpc::CallbackServerContext* context, Role role,
                                           Body body);
-  // Forward / Backward from their raw bytes (moe_service_rpcs.cc): role check, split around
-  // the tensor field, `step` on a handler thread, the answer encoded around its tensor.
-  template <typename Request, typename Response, typename Step>
+  // Forward / Backward from their raw bytes (moe_service_rpcs.cc): AdmitRawStep, then
+  // AnswerRawStep on a handler thread.
+  template <typename Request>
   grpc::ServerUnaryReactor* RunRawStep(grpc::CallbackServerContext* context,
-                                       const grpc::ByteBuffer* wire, grpc::ByteBuffer* answer,
-                                       Role role, int tensor_field, int shm_field, int staged_field,
-                                       int answer_field, v1::Tensor* (Response::*release_answer)(),
-                                       Step step);
+                                       const grpc::ByteBuffer* wire, grpc::ByteBuffer* answer);
+  // The halves of a raw step, shared by the gRPC call and a step channel's record: the role
+  // checks (`allow`: kInfer / kTrain by the request, kTrain also for a step to keep) and the
+  // split around the tensor field (a request that does not parse is INVALID_ARGUMENT); then
+  // DoForward / DoBackward and the answer encoded around its tensor.
+  template <typename Request>
+  absl::Status AdmitRawStep(const std::function<absl::Status(Role)>& allow,
+                            const grpc::ByteBuffer& wire, Request* request, TensorBytes* input);
+  template <typename Request>
+  grpc::Status AnswerRawStep(const StepCaller& caller, const Request& request,
+                             const TensorBytes& input, grpc::ByteBuffer* answer);
   // max_inflight_bytes: reserves `bytes` for a streamed step's tensor (*held = bytes, for
   // ReleaseInflightBytes), or RESOURCE_EXHAUSTED naming the flag when the steps being
   // assembled already hold too much.
@@ -696,6 +751,12 @@ class MoeServiceImpl final : public MoeServiceBase {
   absl::Mutex housekeeping_mu_;
   bool stopping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;
   std::thread housekeeping_;
+  // Set when options_.allow_client_shm; closed first by the destructor (its threads submit
+  // to handlers_).
+  std::unique_ptr<StepChannels> step_channels_;
+  // With tokens: each channel owner's (ClientOf's) token hash, for CloseRevokedStepChannels.
+  absl::Mutex channel_tokens_mu_;
+  std::map<std::string, std::string> channel_tokens_ ABSL_GUARDED_BY(channel_tokens_mu_);
   // Last: destroyed first, so its threads are joined before anything their bodies use.
   HandlerPool handlers_;
 };

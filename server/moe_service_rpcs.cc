@@ -8,13 +8,63 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "engine/status_macros.h"
+#include "proto/byte_buffer.h"
 #include "proto/status_convert.h"
 #include "server/auth.h"
 #include "server/moe_service.h"
+#include "transport/step_envelope.h"
 
 namespace moe {
 
 namespace {
+
+// The fields of a raw step: its role, tensor, shared-memory and staged input fields, and its
+// answer's tensor field.
+template <typename Request>
+struct RawStepFields;
+template <>
+struct RawStepFields<v1::ForwardRequest> {
+  using Response = v1::ForwardResponse;
+  static constexpr Role kRole = Role::kInfer;
+  static constexpr int kTensor = v1::ForwardRequest::kXFieldNumber;
+  static constexpr int kShm = v1::ForwardRequest::kXShmFieldNumber;
+  static constexpr int kStaged = v1::ForwardRequest::kXStagedFieldNumber;
+  static constexpr int kAnswer = v1::ForwardResponse::kOutFieldNumber;
+  static v1::Tensor* ReleaseAnswer(Response* response) { return response->release_out(); }
+};
+template <>
+struct RawStepFields<v1::BackwardRequest> {
+  using Response = v1::BackwardResponse;
+  static constexpr Role kRole = Role::kTrain;
+  static constexpr int kTensor = v1::BackwardRequest::kDOutFieldNumber;
+  static constexpr int kShm = v1::BackwardRequest::kDOutShmFieldNumber;
+  static constexpr int kStaged = v1::BackwardRequest::kDOutStagedFieldNumber;
+  static constexpr int kAnswer = v1::BackwardResponse::kDXFieldNumber;
+  static v1::Tensor* ReleaseAnswer(Response* response) { return response->release_d_x(); }
+};
+
+// A step channel record's caller (server/step_caller.h): the identity captured at open, the
+// envelope's deadline, cancelled once the channel closes or its caller exits.
+class ChannelStepCaller final : public StepCaller {
+ public:
+  ChannelStepCaller(std::string peer, std::string client, absl::Time deadline,
+                    const StepChannels::Cancelled& cancelled)
+      : peer_(std::move(peer)), client_(std::move(client)), deadline_(deadline),
+        cancelled_(cancelled) {}
+  std::string peer() const override { return peer_; }
+  const std::string& client() const override { return client_; }
+  absl::Time deadline() const override { return deadline_; }
+  bool cancelled() const override { return cancelled_(); }
+
+ private:
+  const std::string peer_;
+  const std::string client_;
+  const absl::Time deadline_;
+  const StepChannels::Cancelled& cancelled_;
+};
 
 // Finishes a call on the callback thread that received it.
 grpc::ServerUnaryReactor* FinishInline(grpc::CallbackServerContext* context,
@@ -79,74 +129,137 @@ grpc::ServerUnaryReactor* MoeServiceImpl::DeleteLayer(grpc::CallbackServerContex
 // Forward and Backward arrive raw (server/moe_service.h): the role check runs before the
 // request is split (kInfer, then kTrain for a step to keep), the split before a handler
 // thread is taken; a request that does not parse is INVALID_ARGUMENT, as protobuf would say.
-template <typename Request, typename Response, typename Step>
+template <typename Request>
+absl::Status MoeServiceImpl::AdmitRawStep(const std::function<absl::Status(Role)>& allow,
+                                          const grpc::ByteBuffer& wire, Request* request,
+                                          TensorBytes* input) {
+  using Fields = RawStepFields<Request>;
+  RETURN_IF_ERROR(allow(Fields::kRole));
+  absl::Status decoded =
+      DecodeWithTensor(wire, Fields::kTensor, request, input, {Fields::kShm, Fields::kStaged});
+  if (!decoded.ok()) return decoded;
+  if constexpr (std::is_same_v<Request, v1::ForwardRequest>) {
+    if (request->keep_for_backward()) return allow(Role::kTrain);
+  }
+  return absl::OkStatus();
+}
+
+template <typename Request>
+grpc::Status MoeServiceImpl::AnswerRawStep(const StepCaller& caller, const Request& request,
+                                           const TensorBytes& input, grpc::ByteBuffer* answer) {
+  using Fields = RawStepFields<Request>;
+  typename Fields::Response response;
+  std::vector<grpc::Slice> output;
+  grpc::Status status;
+  if constexpr (std::is_same_v<Request, v1::ForwardRequest>) {
+    status = DoForward(caller, request, input, &response, &output);
+  } else {
+    status = DoBackward(caller, request, input, &response, &output);
+  }
+  // A region unregistered while this step used it. Not after a failed step: its buffers were
+  // discarded because a worker may not answer (stopped, cut off), and the caller's error must
+  // not wait for that worker; the housekeeping thread forgets them within a second.
+  if (status.ok()) {
+    ForgetRetiredShm();
+    // The answer's tensor (datatype and shape) goes last, around the workers' bytes.
+    std::unique_ptr<v1::Tensor> head(Fields::ReleaseAnswer(&response));
+    *answer = EncodeWithTensor(response, Fields::kAnswer, head ? *head : v1::Tensor(),
+                               std::move(output));
+  }
+  return status;
+}
+
+template <typename Request>
 grpc::ServerUnaryReactor* MoeServiceImpl::RunRawStep(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* wire,
-                                                     grpc::ByteBuffer* answer, Role role,
-                                                     int tensor_field, int shm_field,
-                                                     int staged_field, int answer_field,
-                                                     v1::Tensor* (Response::*release_answer)(),
-                                                     Step step) {
-  absl::Status allowed = Allow(*context, role);
-  if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
+                                                     grpc::ByteBuffer* answer) {
   auto request = std::make_shared<Request>();
   auto input = std::make_shared<TensorBytes>();
-  absl::Status decoded = DecodeWithTensor(*wire, tensor_field, request.get(), input.get(),
-                                          {shm_field, staged_field});
-  if (!decoded.ok()) return FinishInline(context, ToGrpcStatus(decoded));
-  if constexpr (std::is_same_v<Request, v1::ForwardRequest>) {
-    if (request->keep_for_backward()) {
-      allowed = Allow(*context, Role::kTrain);
-      if (!allowed.ok()) return FinishInline(context, ToGrpcStatus(allowed));
-    }
-  }
+  absl::Status admitted = AdmitRawStep(
+      [&](Role role) { return Allow(*context, role); }, *wire, request.get(), input.get());
+  if (!admitted.ok()) return FinishInline(context, ToGrpcStatus(admitted));
+  const std::string client = ClientOf(*context);
   return RunUnary(
       context, &handlers_,
-      [=] {
-        Response response;
-        std::vector<grpc::Slice> output;
-        grpc::Status status = (this->*step)(context, *request, *input, &response, &output);
-        // A region unregistered while this step used it. Not after a failed step: its
-        // buffers were discarded because a worker may not answer (stopped, cut off), and the
-        // caller's error must not wait for that worker; the housekeeping thread forgets them
-        // within a second.
-        if (status.ok()) {
-          ForgetRetiredShm();
-          // The answer's tensor (datatype and shape) goes last, around the workers' bytes.
-          std::unique_ptr<v1::Tensor> head((response.*release_answer)());
-          *answer = EncodeWithTensor(response, answer_field, head ? *head : v1::Tensor(),
-                                     std::move(output));
-        }
-        return status;
-      },
-      ClientOf(*context));
+      [=] { return AnswerRawStep(GrpcStepCaller(context, client), *request, *input, answer); },
+      client);
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::Forward(grpc::CallbackServerContext* context,
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
-  return RunRawStep<v1::ForwardRequest, v1::ForwardResponse>(
-      context, request, response, Role::kInfer, v1::ForwardRequest::kXFieldNumber,
-      v1::ForwardRequest::kXShmFieldNumber, v1::ForwardRequest::kXStagedFieldNumber,
-      v1::ForwardResponse::kOutFieldNumber,
-      &v1::ForwardResponse::release_out, &MoeServiceImpl::DoForward);
+  return RunRawStep<v1::ForwardRequest>(context, request, response);
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::Backward(grpc::CallbackServerContext* context,
                                                    const grpc::ByteBuffer* request,
                                                    grpc::ByteBuffer* response) {
-  return RunRawStep<v1::BackwardRequest, v1::BackwardResponse>(
-      context, request, response, Role::kTrain, v1::BackwardRequest::kDOutFieldNumber,
-      v1::BackwardRequest::kDOutShmFieldNumber, v1::BackwardRequest::kDOutStagedFieldNumber,
-      v1::BackwardResponse::kDXFieldNumber,
-      &v1::BackwardResponse::release_d_x, &MoeServiceImpl::DoBackward);
+  return RunRawStep<v1::BackwardRequest>(context, request, response);
+}
+
+grpc::Status MoeServiceImpl::RunOnHandler(const std::string& client,
+                                          std::function<grpc::Status()> body) {
+  absl::Notification done;
+  grpc::Status result;
+  grpc::Status queued = handlers_.Submit(client, std::move(body), [&](const grpc::Status& s) {
+    result = s;
+    done.Notify();
+  });
+  if (!queued.ok()) return queued;
+  done.WaitForNotification();
+  return result;
+}
+
+absl::StatusOr<std::string> MoeServiceImpl::AnswerStepRecord(
+    const ChannelIdentity& who, absl::string_view record,
+    const StepChannels::Cancelled& cancelled) {
+  ASSIGN_OR_RETURN(const StepEnvelope envelope, DecodeStepEnvelope(record));
+  const ChannelStepCaller caller(who.peer, who.client, absl::Now() + envelope.deadline, cancelled);
+  auto allow = [&](Role role) { return AllowChannel(who, role); };
+  const grpc::ByteBuffer wire = ByteBufferOf(envelope.body.data(), envelope.body.size());
+  grpc::ByteBuffer answer;
+  grpc::Status status;
+  switch (static_cast<StepRecordKind>(envelope.kind)) {
+    case StepRecordKind::kForward:
+    case StepRecordKind::kBackward: {
+      v1::ForwardRequest forward;
+      v1::BackwardRequest backward;
+      TensorBytes input;
+      const bool is_forward = envelope.kind == static_cast<uint8_t>(StepRecordKind::kForward);
+      RETURN_IF_ERROR(is_forward ? AdmitRawStep(allow, wire, &forward, &input)
+                                 : AdmitRawStep(allow, wire, &backward, &input));
+      status = RunOnHandler(who.client, [&] {
+        return is_forward ? AnswerRawStep(caller, forward, input, &answer)
+                          : AnswerRawStep(caller, backward, input, &answer);
+      });
+      break;
+    }
+    case StepRecordKind::kReleaseStep: {
+      RETURN_IF_ERROR(allow(Role::kTrain));
+      v1::ReleaseStepRequest request;
+      if (!request.ParseFromArray(envelope.body.data(), static_cast<int>(envelope.body.size()))) {
+        return absl::InvalidArgumentError("ReleaseStepRequest: does not parse");
+      }
+      v1::ReleaseStepResponse response;
+      status = RunOnHandler(who.client, [&] { return DoReleaseStep(caller, &request, &response); });
+      if (status.ok()) return response.SerializeAsString();
+      break;
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("step record: kind ", envelope.kind, " is not Forward (1), Backward (2) "
+                       "or ReleaseStep (3)"));
+  }
+  if (!status.ok()) return FromGrpcStatus(status);
+  return FlattenByteBuffer(answer);
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::ReleaseStep(grpc::CallbackServerContext* context,
                                                       const v1::ReleaseStepRequest* request,
                                                       v1::ReleaseStepResponse* response) {
-  return RunAuthorized(context, Role::kTrain,
-                       [=] { return DoReleaseStep(context, request, response); });
+  return RunAuthorized(context, Role::kTrain, [=] {
+    return DoReleaseStep(GrpcStepCaller(context, ClientOf(*context)), request, response);
+  });
 }
 
 grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardResponse>* MoeServiceImpl::ForwardStream(
@@ -274,6 +387,20 @@ grpc::ServerUnaryReactor* MoeServiceImpl::UnregisterSystemSharedMemory(
     v1::UnregisterSystemSharedMemoryResponse* response) {
   return RunAuthorized(context, Role::kInfer,
                        [=] { return DoUnregisterSystemSharedMemory(context, request, response); });
+}
+
+grpc::ServerUnaryReactor* MoeServiceImpl::OpenStepChannel(grpc::CallbackServerContext* context,
+                                                          const v1::OpenStepChannelRequest* request,
+                                                          v1::OpenStepChannelResponse* response) {
+  return RunAuthorized(context, Role::kInfer,
+                       [=] { return DoOpenStepChannel(context, request, response); });
+}
+
+grpc::ServerUnaryReactor* MoeServiceImpl::CloseStepChannel(
+    grpc::CallbackServerContext* context, const v1::CloseStepChannelRequest* request,
+    v1::CloseStepChannelResponse* response) {
+  return RunAuthorized(context, Role::kInfer,
+                       [=] { return DoCloseStepChannel(context, request, response); });
 }
 
 grpc::ServerUnaryReactor* MoeServiceImpl::RegisterCudaSharedMemory(

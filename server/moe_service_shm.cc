@@ -14,13 +14,17 @@
 namespace moe {
 
 absl::Status MoeServiceImpl::CheckShmAllowed(grpc::ServerContextBase* context) const {
+  return CheckShmAllowed(context->peer());
+}
+
+absl::Status MoeServiceImpl::CheckShmAllowed(const std::string& peer) const {
   if (shm_ == nullptr) {
     return absl::UnimplementedError(
         "client shared memory is off: start moed with --allow_client_shm");
   }
-  if (!IsLocalPeer(context->peer())) {
+  if (!IsLocalPeer(peer)) {
     return absl::PermissionDeniedError(absl::StrCat(
-        "shared memory is only for callers on moed's host; this call came from ", context->peer()));
+        "shared memory is only for callers on moed's host; this call came from ", peer));
   }
   return absl::OkStatus();
 }
@@ -30,41 +34,45 @@ std::string MoeServiceImpl::ShmOwnerOf(const grpc::ServerContextBase& context) c
   // identity: shared memory is for callers on this host, and without tokens moed serves one
   // user on loopback (docs/SECURITY.md); a caller's address would split one client's IPv4
   // and IPv6 or unix connections.
-  return options_.auth != nullptr ? ClientOf(context) : std::string();
+  return ShmOwnerOfClient(ClientOf(context));
 }
 
-absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(grpc::ServerContextBase* context,
+std::string MoeServiceImpl::ShmOwnerOfClient(const std::string& client) const {
+  return options_.auth != nullptr ? client : std::string();
+}
+
+absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(const StepCaller& caller,
                                                    const v1::ForwardRequest& request,
                                                    int64_t hidden) {
   ShmStep shm;
   if (!request.has_x_shm() && !request.has_out_shm()) return shm;
-  RETURN_IF_ERROR(CheckShmAllowed(context));
+  RETURN_IF_ERROR(CheckShmAllowed(caller.peer()));
   if (request.has_x_shm()) {
     ASSIGN_OR_RETURN(ShmLease lease,
-                     shm_->Acquire("x_shm.region", ShmOwnerOf(*context), request.x_shm().region()));
+                     shm_->Acquire("x_shm.region", ShmOwnerOfClient(caller.client()), request.x_shm().region()));
     RETURN_IF_ERROR(shm.SetInput("x_shm", request.x_shm(), hidden, std::move(lease)));
   }
   if (request.has_out_shm()) {
-    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("out_shm.region", ShmOwnerOf(*context),
+    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("out_shm.region", ShmOwnerOfClient(caller.client()),
                                                    request.out_shm().region()));
     RETURN_IF_ERROR(shm.SetOutput("out_shm", request.out_shm(), std::move(lease)));
   }
   return shm;
 }
 
-absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(grpc::ServerContextBase* context,
+absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(const StepCaller& caller,
                                                    const v1::BackwardRequest& request,
                                                    int64_t hidden) {
   ShmStep shm;
   if (!request.has_d_out_shm() && !request.has_d_x_shm()) return shm;
-  RETURN_IF_ERROR(CheckShmAllowed(context));
+  RETURN_IF_ERROR(CheckShmAllowed(caller.peer()));
   if (request.has_d_out_shm()) {
-    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("d_out_shm.region", ShmOwnerOf(*context),
+    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("d_out_shm.region", ShmOwnerOfClient(caller.client()),
                                                    request.d_out_shm().region()));
     RETURN_IF_ERROR(shm.SetInput("d_out_shm", request.d_out_shm(), hidden, std::move(lease)));
   }
   if (request.has_d_x_shm()) {
-    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("d_x_shm.region", ShmOwnerOf(*context),
+    ASSIGN_OR_RETURN(ShmLease lease, shm_->Acquire("d_x_shm.region", ShmOwnerOfClient(caller.client()),
                                                    request.d_x_shm().region()));
     RETURN_IF_ERROR(shm.SetOutput("d_x_shm", request.d_x_shm(), std::move(lease)));
   }

@@ -66,11 +66,11 @@ grpc::ServerUnaryReactor* MoeServiceImpl::FetchStaged(grpc::CallbackServerContex
   return reactor;
 }
 
-absl::StatusOr<StagedStepInput> MoeServiceImpl::TakeStaged(const grpc::ServerContextBase& context,
+absl::StatusOr<StagedStepInput> MoeServiceImpl::TakeStaged(const std::string& client,
                                                            const std::string& name,
                                                            int64_t hidden) {
   StagedStepInput input;
-  ASSIGN_OR_RETURN(input.tensor, staging_->TakeInput(ClientOf(context), name, hidden));
+  ASSIGN_OR_RETURN(input.tensor, staging_->TakeInput(client, name, hidden));
   input.head.set_datatype(DTypeName(input.tensor.dtype));
   input.head.add_shape(input.tensor.rows);
   input.head.add_shape(input.tensor.hidden);
@@ -78,7 +78,7 @@ absl::StatusOr<StagedStepInput> MoeServiceImpl::TakeStaged(const grpc::ServerCon
   return input;
 }
 
-absl::Status MoeServiceImpl::CheckStagedOutput(const grpc::ServerContextBase& context,
+absl::Status MoeServiceImpl::CheckStagedOutput(const std::string& client,
                                                absl::string_view field, const std::string& name,
                                                bool has_shm_output) {
   if (name.empty()) return absl::OkStatus();
@@ -86,15 +86,15 @@ absl::Status MoeServiceImpl::CheckStagedOutput(const grpc::ServerContextBase& co
     return absl::InvalidArgumentError(
         absl::StrCat(field, ": an output goes to a region or is staged, not both"));
   }
-  return staging_->CheckOutputName(ClientOf(context), name);
+  return staging_->CheckOutputName(client, name);
 }
 
-absl::Status MoeServiceImpl::KeepStagedOutput(const grpc::ServerContextBase& context,
+absl::Status MoeServiceImpl::KeepStagedOutput(const std::string& client,
                                               const std::string& name, DType dtype, int64_t tokens,
                                               int64_t hidden, std::vector<grpc::Slice>* output) {
   std::vector<grpc::Slice> slices = std::move(*output);
   output->clear();
-  return staging_->PutOutput(ClientOf(context), name, dtype, tokens, hidden, std::move(slices));
+  return staging_->PutOutput(client, name, dtype, tokens, hidden, std::move(slices));
 }
 
 }  // namespace moe

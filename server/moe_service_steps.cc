@@ -233,11 +233,11 @@ void CountForward(Metrics* metrics, const std::string& layer, int64_t tokens,
 }  // namespace
 
 absl::StatusOr<MoeServiceImpl::StepTensor> MoeServiceImpl::ResolveStepInput(
-    const grpc::ServerContextBase& context, const char* field, const std::string* staged_name,
+    const std::string& client, const char* field, const std::string* staged_name,
     bool in_message, const v1::Tensor& message_head, const TensorBytes& message_bytes,
     const ShmStep& shm, int64_t hidden, StagedStepInput* staged) {
   if (staged_name != nullptr) {
-    ASSIGN_OR_RETURN(*staged, TakeStaged(context, *staged_name, hidden));
+    ASSIGN_OR_RETURN(*staged, TakeStaged(client, *staged_name, hidden));
   }
   const bool is_staged = staged->tensor.buffer != nullptr;
   StepTensor t;
@@ -256,12 +256,12 @@ absl::StatusOr<MoeServiceImpl::StepTensor> MoeServiceImpl::ResolveStepInput(
   return t;
 }
 
-absl::Status MoeServiceImpl::KeepStepOrRefuse(Turn& turn, grpc::ServerContextBase* context,
+absl::Status MoeServiceImpl::KeepStepOrRefuse(Turn& turn, const StepCaller& caller,
                                               uint64_t step_id, int64_t saved_bytes) {
   // A client that left cannot use the step; a step over the byte budget is refused.
   Layer& layer = turn.layer();
   absl::Status refuse;
-  if (context->IsCancelled()) refuse = absl::CancelledError("client cancelled");
+  if (caller.cancelled()) refuse = absl::CancelledError("client cancelled");
   {
     absl::MutexLock lock(&layer.mu);
     if (refuse.ok()) refuse = layer.saved.CheckBytes(saved_bytes);
@@ -281,7 +281,7 @@ void MoeServiceImpl::BookForward(Layer& layer, const std::vector<int64_t>& count
   if (keep) layer.saved.Add(step_id, step);
 }
 
-grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
+grpc::Status MoeServiceImpl::DoForward(const StepCaller& caller,
                                        const v1::ForwardRequest& request, const TensorBytes& input,
                                        v1::ForwardResponse* response,
                                        std::vector<grpc::Slice>* output) {
@@ -292,20 +292,20 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     PhaseClock clock(request.timing() || metrics_ != nullptr);
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request.layer()));
     // x and/or out in a client's shared memory (moe_service_shm.cc); leased until we return.
-    ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, request, found->config.hidden));
+    ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(caller, request, found->config.hidden));
     // Or x staged over several connections (StageTensor), taken out of the caller's book.
     StagedStepInput staged;
     ASSIGN_OR_RETURN(
         const StepTensor x,
         ResolveStepInput(
-            *context, "x",
+            caller.client(), "x",
             request.input_case() == v1::ForwardRequest::kXStaged ? &request.x_staged() : nullptr,
             request.has_x(), request.x(), input, shm, found->config.hidden, &staged));
     const DType dtype = x.dtype;
     const int64_t tokens = x.tokens;
     RETURN_IF_ERROR(shm.CheckOutput(tokens, found->config.hidden, dtype));
     RETURN_IF_ERROR(
-        CheckStagedOutput(*context, "out_staged", request.out_staged(), request.has_out_shm()));
+        CheckStagedOutput(caller.client(), "out_staged", request.out_staged(), request.has_out_shm()));
     const bool keep = request.keep_for_backward();
     auto check_budget = [&](const Layer& layer) -> absl::Status {
       absl::MutexLock lock(&layer.mu);
@@ -318,7 +318,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     const int64_t need = ForwardStepBytes(found->config, tokens, pool_->world_size(), dtype);
     RETURN_IF_ERROR(AdmitWorkerMemory("Forward", found->name, tokens, need));
 
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, caller));
     Layer& layer = turn->layer();
     RETURN_IF_ERROR(CheckShmReachesWorkers(shm, turn->set));
     if (keep) RETURN_IF_ERROR(check_budget(layer));
@@ -342,7 +342,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
     // Overdue (past --step_timeout_ms): DEADLINE_EXCEEDED here, the workers finish the step
     // and release what it saved before the layer's next call (moe_service_overdue.cc).
     RETURN_IF_ERROR(relay.DiscardIfFailed(FanOutOnLayer(
-        *turn, InternalDeadline(context, true),
+        *turn, InternalDeadline(caller.deadline(), true),
         [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
           return CallStepWorker(kForwardFields, head, in, turn->set, r, ctx, &calls);
         },
@@ -368,7 +368,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
                 calls.answers);
     CountForward(metrics_, layer.name, tokens, counts, in.row_bytes, keep);
     if (keep) {
-      absl::Status kept = KeepStepOrRefuse(*turn, context, step_id, saved_bytes);
+      absl::Status kept = KeepStepOrRefuse(*turn, caller, step_id, saved_bytes);
       if (!kept.ok()) {
         response->Clear();
         output->clear();
@@ -377,7 +377,7 @@ grpc::Status MoeServiceImpl::DoForward(grpc::ServerContextBase* context,
       response->set_step_id(step_id);
     }
     if (!request.out_staged().empty()) {
-      RETURN_IF_ERROR(KeepStagedOutput(*context, request.out_staged(), dtype, tokens,
+      RETURN_IF_ERROR(KeepStagedOutput(caller.client(), request.out_staged(), dtype, tokens,
                                        layer.config.hidden, output));
     }
     if (request.timing()) {
@@ -412,7 +412,7 @@ absl::StatusOr<SavedStep> MoeServiceImpl::TakeSavedStep(Layer& layer, uint64_t s
   return step;
 }
 
-grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
+grpc::Status MoeServiceImpl::DoBackward(const StepCaller& caller,
                                         const v1::BackwardRequest& request,
                                         const TensorBytes& input, v1::BackwardResponse* response,
                                         std::vector<grpc::Slice>* output) {
@@ -426,10 +426,10 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
           "step_id: 0 is not a step (Forward returns 0 without keep_for_backward)");
     }
     // d_out and/or d_x in a client's shared memory (moe_service_shm.cc).
-    ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(context, request, found->config.hidden));
+    ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(caller, request, found->config.hidden));
     StagedStepInput staged;  // or staged (StageTensor), as in Forward
     ASSIGN_OR_RETURN(const StepTensor d_out,
-                     ResolveStepInput(*context, "d_out",
+                     ResolveStepInput(caller.client(), "d_out",
                                       request.input_case() == v1::BackwardRequest::kDOutStaged
                                           ? &request.d_out_staged()
                                           : nullptr,
@@ -437,7 +437,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
                                       found->config.hidden, &staged));
     const DType dtype = d_out.dtype;
     RETURN_IF_ERROR(
-        CheckStagedOutput(*context, "d_x_staged", request.d_x_staged(), request.has_d_x_shm()));
+        CheckStagedOutput(caller.client(), "d_x_staged", request.d_x_staged(), request.has_d_x_shm()));
     const double d_aux = request.has_d_aux() ? request.d_aux() : 1.0;
     const double d_z_loss = request.has_d_z_loss() ? request.d_z_loss() : 1.0;
     if (!std::isfinite(d_aux)) return absl::InvalidArgumentError("d_aux: not finite");
@@ -447,7 +447,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
                                            DeferredWgradFraction());
     RETURN_IF_ERROR(AdmitWorkerMemory("Backward", found->name, d_out.tokens, need));
 
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context));
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, caller));
     Layer& layer = turn->layer();
     RETURN_IF_ERROR(CheckShmReachesWorkers(shm, turn->set));  // before the saved step is taken
     RETURN_IF_ERROR(AdmitWorkerMemory("Backward", layer.name, d_out.tokens, need, &turn->memory));
@@ -473,7 +473,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
     head.set_d_z_loss(d_z_loss);
     StepCalls<internal::WorkerBackwardResponse> calls(ranks);
     RETURN_IF_ERROR(relay.DiscardIfFailed(FanOutOnLayer(
-        *turn, InternalDeadline(context, true),
+        *turn, InternalDeadline(caller.deadline(), true),
         [&](int r, internal::Worker::Stub*, grpc::ClientContext* ctx) {
           return CallStepWorker(kBackwardFields, head, in, turn->set, r, ctx, &calls);
         },
@@ -499,7 +499,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
       metrics_->CountSavedSteps("used", 1);
     }
     if (!request.d_x_staged().empty()) {
-      RETURN_IF_ERROR(KeepStagedOutput(*context, request.d_x_staged(), step.dtype, step.tokens,
+      RETURN_IF_ERROR(KeepStagedOutput(caller.client(), request.d_x_staged(), step.dtype, step.tokens,
                                        layer.config.hidden, output));
     }
     if (request.timing()) {
@@ -511,7 +511,7 @@ grpc::Status MoeServiceImpl::DoBackward(grpc::ServerContextBase* context,
   return Finish("Backward", start, run());
 }
 
-grpc::Status MoeServiceImpl::DoReleaseStep(grpc::ServerContextBase* context,
+grpc::Status MoeServiceImpl::DoReleaseStep(const StepCaller& caller,
                                            const v1::ReleaseStepRequest* request,
                                            v1::ReleaseStepResponse* response) {
   const absl::Time start = absl::Now();
@@ -519,7 +519,7 @@ grpc::Status MoeServiceImpl::DoReleaseStep(grpc::ServerContextBase* context,
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> found, FindLayer(request->layer()));
     // Works while the workers are down too: their steps are gone with their generation.
-    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, context, /*require_serving=*/false,
+    ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, caller, /*require_serving=*/false,
                                                           /*allow_diverged=*/true));
     Layer& layer = turn->layer();
     {

@@ -18,6 +18,8 @@ namespace moe {
 
 void MoeServiceImpl::BeginShutdown(GracefulStopReport* report) {
   handlers_.Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, kShuttingDownMessage));
+  // Step channels close after the record they are answering (its answer goes out).
+  if (step_channels_ != nullptr) step_channels_->CloseAll();
   absl::MutexLock lock(&layers_mu_);
   for (const auto& [name, layer] : layers_) {
     report->Set(name, GracefulStopReport::Outcome::kWaiting);

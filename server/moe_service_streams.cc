@@ -177,7 +177,8 @@ grpc::Status MoeServiceImpl::DoForwardStream(
   v1::ForwardResponse response;
   std::vector<grpc::Slice> out;
   grpc::Status step =
-      DoForward(context, request, TensorBytes(request.x().raw_data()), &response, &out);
+      DoForward(GrpcStepCaller(context, ClientOf(*context)), request,
+                TensorBytes(request.x().raw_data()), &response, &out);
   if (!step.ok()) return step;
   request.Clear();  // x is no longer needed while the answer goes out
   JoinSlices(&out, response.mutable_out()->mutable_raw_data());
@@ -200,7 +201,8 @@ grpc::Status MoeServiceImpl::DoBackwardStream(
   v1::BackwardResponse response;
   std::vector<grpc::Slice> d_x;
   grpc::Status step =
-      DoBackward(context, request, TensorBytes(request.d_out().raw_data()), &response, &d_x);
+      DoBackward(GrpcStepCaller(context, ClientOf(*context)), request,
+                 TensorBytes(request.d_out().raw_data()), &response, &d_x);
   if (!step.ok()) return step;
   request.Clear();
   JoinSlices(&d_x, response.mutable_d_x()->mutable_raw_data());

@@ -239,11 +239,12 @@ absl::StatusOr<std::unique_ptr<WorkerLauncher>> StartWorkers(const MoedOptions& 
 }
 
 // Until SIGINT or SIGTERM; SIGHUP reloads the tokens file. Returns the signal.
-int WaitForShutdown(const sigset_t& signals, TokenAuthenticator* auth) {
+int WaitForShutdown(const sigset_t& signals, TokenAuthenticator* auth, MoeServiceImpl* service) {
   int received = 0;
   while (sigwait(&signals, &received) == 0 && received == SIGHUP) {
     if (auth == nullptr) continue;
     absl::Status reloaded = auth->Reload();
+    if (reloaded.ok()) service->CloseRevokedStepChannels();
     std::fprintf(stderr, "moed: SIGHUP: %s\n",
                  reloaded.ok()
                      ? absl::StrCat("reloaded ", auth->size(), " token(s)").c_str()
@@ -436,7 +437,7 @@ int Main() {
     }
     launcher = std::move(*started);
   }
-  const int received = WaitForShutdown(signals, loaded->auth.get());
+  const int received = WaitForShutdown(signals, loaded->auth.get(), &service);
   const int status = StopGracefully(received, options, signals, &service, &readiness);
   if (launcher) launcher->Stop();
   std::fprintf(stderr, "moed: stopped\n");

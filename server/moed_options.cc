@@ -146,6 +146,15 @@ ABSL_FLAG(bool, allow_client_shm, false,
 ABSL_FLAG(int64_t, shm_idle_timeout_s, 600,
           "unregister a client shared-memory region that no step used for this many seconds "
           "(a client that died; 0: never)");
+ABSL_FLAG(int64_t, max_step_channels, 64,
+          "step channels (OpenStepChannel, with --allow_client_shm) open at once, all clients; "
+          "beyond it RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_step_channels_per_client, 8,
+          "step channels one client (token, else host) may hold open at once (0: no "
+          "per-client bound)");
+ABSL_FLAG(int64_t, max_step_channel_bytes, int64_t{64} << 20,
+          "largest ring a step channel may ask for (bytes, a power of two >= 65536); each "
+          "channel uses two rings of /dev/shm");
 ABSL_FLAG(bool, shm_relay, true,
           "steps whose tensors arrive over gRPC reach workers on this host (loopback "
           "addresses) through moed's own shared-memory buffers (anonymous memfds) instead "
@@ -239,6 +248,12 @@ MoedOptions MoedOptionsFromFlags() {
   s.stream_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_stream_idle_timeout_s));
   s.allow_client_shm = absl::GetFlag(FLAGS_allow_client_shm);
   s.shm_idle_timeout = absl::Seconds(absl::GetFlag(FLAGS_shm_idle_timeout_s));
+  s.max_step_channels = static_cast<int>(
+      std::clamp<int64_t>(absl::GetFlag(FLAGS_max_step_channels), -1, 1 << 20));
+  s.max_step_channels_per_client = static_cast<int>(
+      std::clamp<int64_t>(absl::GetFlag(FLAGS_max_step_channels_per_client), -1, 1 << 20));
+  s.max_step_channel_bytes = static_cast<uint64_t>(
+      std::max<int64_t>(absl::GetFlag(FLAGS_max_step_channel_bytes), 0));
   s.shm_relay = absl::GetFlag(FLAGS_shm_relay);
   s.shm_relay_max_bytes = absl::GetFlag(FLAGS_shm_relay_max_bytes);
   s.staged_ttl = absl::Seconds(absl::GetFlag(FLAGS_staged_ttl_s));
@@ -295,6 +310,18 @@ absl::Status ValidateMoedOptions(const MoedOptions& o) {
     return absl::InvalidArgumentError(
         "--worker_ring_channels must be in [1, 1024] and --worker_ring_bytes a power of two in "
         "[65536, 2^30]");
+  }
+  if (s.max_step_channels < 1) {
+    return absl::InvalidArgumentError("--max_step_channels must be >= 1");
+  }
+  if (s.max_step_channels_per_client < 0) {
+    return absl::InvalidArgumentError("--max_step_channels_per_client must be >= 0 (0: none)");
+  }
+  const uint64_t channel_bytes = s.max_step_channel_bytes;
+  if (channel_bytes < (uint64_t{64} << 10) || channel_bytes > (uint64_t{1} << 30) ||
+      (channel_bytes & (channel_bytes - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        "--max_step_channel_bytes must be a power of two in [65536, 2^30]");
   }
   if (s.shm_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--shm_idle_timeout_s must be >= 0 (0: never)");

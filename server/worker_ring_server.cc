@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<RingChannel>> WorkerRingServer::Attach(
   absl::StatusOr<std::unique_ptr<RingChannel>> channel =
       RingChannel::Attach(*std::move(object), RingChannel::Role::kServer, options);
   if (!channel.ok()) return channel.status();
-  const uint32_t caller = (*channel)->peer_pid();
+  const uint32_t caller = (*channel)->PeerPid();
   if (request.caller_pid() <= 0 || caller != static_cast<uint64_t>(request.caller_pid())) {
     // Dropped at once: its caller slot is not the process that asked.
     return absl::PermissionDeniedError(absl::StrCat(

@@ -109,7 +109,7 @@ std::shared_ptr<WorkerRings> WorkerRings::Open(int rank, int64_t generation, int
     const std::string error = static_cast<int>(i) < response.errors_size()
                                   ? response.errors(static_cast<int>(i))
                                   : "no answer for it";
-    const uint32_t server = created[i]->peer_pid();
+    const uint32_t server = created[i]->PeerPid();
     if (!error.empty()) {
       refused = error;
     } else if (server != static_cast<uint32_t>(worker_pid)) {

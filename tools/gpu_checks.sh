@@ -90,7 +90,7 @@ if [ "$what" = all ] || [ "$what" = python ]; then
   # against torch._grouped_mm on the same GPU) and the C++ client on the same shapes.
   export PYTHONPATH="$PWD/.gpu/py:$PWD/tests/python"
   bins=(--moed="$(command -v moed)" --worker="$(command -v moe-worker)")
-  for t in ${PY_TESTS:-codec_test cuda_ipc_test remote_moe_test shm_test errors_test client_test}; do
+  for t in ${PY_TESTS:-codec_test cuda_ipc_test remote_moe_test shm_test step_channel_test errors_test client_test}; do
     if [ "$t" = codec_test ]; then step "py_$t" 60 python3 tests/python/$t.py; continue; fi
     step "py_$t" 150 python3 tests/python/$t.py "${bins[@]}"
   done
@@ -103,10 +103,17 @@ if [ "$what" = all ] || [ "$what" = python ]; then
     for _ in $(seq 1 300); do [ -s "$port_file" ] && break; sleep 0.1; done
     local server="127.0.0.1:$(cat "$port_file")"
     if timeout 120 moectl --server="$server" health --wait_ms=120000; then
-      timeout 400 python3 client/python/examples/bench_trainer.py --server="$server" \
-        --tokens="${TRAINER_TOKENS:-16,1024,4096,16384}" --json="$out/bench_trainer.jsonl" \
-        ${TRAINER_FLAGS:-}
-      rc=$?
+      # With the step channel (the default on this host) and without it (gRPC), same run.
+      rc=0
+      for channel in on off; do
+        timeout 400 python3 client/python/examples/bench_trainer.py --server="$server" \
+          --tokens="${TRAINER_TOKENS:-16,1024,4096,16384}" --json="$out/bench_trainer.jsonl" \
+          --step_channel=$channel ${TRAINER_FLAGS:-} || rc=1
+      done
+      # The fixed cost of a small step, gRPC vs the step channel side by side (JSON lines).
+      timeout 120 python3 client/python/examples/bench_client.py --server="$server" \
+        --tokens=16 --steps=200 --warmup=20 --transports=grpc,ring \
+        | tee -a "$out/bench_client.jsonl" || rc=1
       # torch.compile around a RemoteMoE on the GPU: one graph break at most, eager == compiled.
       timeout 120 python3 client/python/examples/compile_check.py --server="$server" || rc=1
       # The Python client over shared memory with CPU tensors (as moectl bench --shm measures).

@@ -181,17 +181,15 @@ RingWait RingChannel::MakeWait(absl::Time deadline, const std::function<bool()>*
   return wait;
 }
 
-uint32_t RingChannel::peer_pid() const {
-  return (role_ == Role::kCaller ? header()->server_pid : header()->caller_pid)
-      .load(std::memory_order_acquire);
-}
-
-absl::StatusOr<std::string> RingChannel::Call(absl::string_view request, absl::Time deadline) {
-  return Call(request, deadline, nullptr);
+absl::StatusOr<std::string> RingChannel::Call(absl::string_view request, absl::Time deadline,
+                                              bool* answered) {
+  return Call(request, deadline, std::function<bool()>(), answered);
 }
 
 absl::StatusOr<std::string> RingChannel::Call(absl::string_view request, absl::Time deadline,
-                                              const std::function<bool()>& cancelled) {
+                                              const std::function<bool()>& cancelled,
+                                              bool* answered) {
+  if (answered != nullptr) *answered = false;
   if (role_ != Role::kCaller) return absl::FailedPreconditionError("Call on the server side");
   absl::MutexLock lock(&call_mu_);
   if (absl::Status s = CheckPeer(/*timed_out=*/false); !s.ok()) return s;
@@ -214,6 +212,7 @@ absl::StatusOr<std::string> RingChannel::Call(absl::string_view request, absl::T
       return absl::DataLossError(
           absl::StrCat("ring channel corrupt: status code ", response->status_code));
     }
+    if (answered != nullptr) *answered = true;
     if (response->status_code != 0) {
       return absl::Status(static_cast<absl::StatusCode>(response->status_code), response->payload);
     }
@@ -271,5 +270,17 @@ absl::Status RingChannel::WaitForPeer(absl::Time deadline) {
 }
 
 void RingChannel::Stop() { stop_.store(true, std::memory_order_release); }
+
+uint32_t RingChannel::PeerPid() const {
+  const RegionHeader* h = header();
+  return (role_ == Role::kCaller ? h->server_pid : h->caller_pid).load(std::memory_order_acquire);
+}
+
+bool RingChannel::PeerAlive() const {
+  const RegionHeader* h = header();
+  const std::atomic<uint32_t>& closed = role_ == Role::kCaller ? h->server_closed : h->caller_closed;
+  if (closed.load(std::memory_order_acquire) != 0) return false;
+  return ProcessAlive(PeerPid(), /*thorough=*/true);
+}
 
 }  // namespace moe

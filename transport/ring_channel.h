@@ -77,18 +77,20 @@ class RingChannel {
   // by `deadline`. DEADLINE_EXCEEDED when the server has not answered by then (its late answer
   // is skipped by the next call), RESOURCE_EXHAUSTED when the request ring stays full,
   // UNAVAILABLE when the server closed or died, DATA_LOSS when the channel is corrupt.
-  // Thread-safe (calls are serialized: one in flight per channel).
-  absl::StatusOr<std::string> Call(absl::string_view request, absl::Time deadline);
+  // Thread-safe (calls are serialized: one in flight per channel). *answered (if given): true
+  // when the result is the server's answer (its response or its handler's status), false when
+  // the channel itself failed (the call may not have reached the handler).
+  absl::StatusOr<std::string> Call(absl::string_view request, absl::Time deadline,
+                                   bool* answered = nullptr);
   // The same, also ended with CANCELLED once `cancelled()` returns true (polled every
   // options.peer_check_interval while the call waits; e.g. moed giving up on a generation's
   // calls). As after a DEADLINE_EXCEEDED, the next call skips the late answer.
   absl::StatusOr<std::string> Call(absl::string_view request, absl::Time deadline,
-                                   const std::function<bool()>& cancelled);
+                                   const std::function<bool()>& cancelled,
+                                   bool* answered = nullptr);
 
   // The largest request (caller) or response (server) one record can carry.
   uint64_t max_payload() const { return outgoing_->max_payload(); }
-  // The peer's pid once it attached (0 before).
-  uint32_t peer_pid() const;
 
   // Server: answers requests with `handler` until the caller closes the channel or Stop() is
   // called (OK), the caller dies or does not attach within options.attach_timeout (UNAVAILABLE), or
@@ -99,6 +101,12 @@ class RingChannel {
 
   // Makes Serve() return OK within one peer_check_interval; any thread.
   void Stop();
+
+  // The peer's pid as the header holds it (0 until it attached); any thread.
+  uint32_t PeerPid() const;
+  // False once the peer attached and then closed its side or exited (kill(2) and /proc, as
+  // the wait's check); true before it attached. Any thread.
+  bool PeerAlive() const;
 
   Role role() const { return role_; }
   const std::string& name() const { return object_.name(); }

@@ -40,6 +40,10 @@ def main():
                           ("top_k", 2), ("steps", 10), ("warmup", 2), ("lanes", 0)):
         parser.add_argument("--" + name, type=int, default=default)
     parser.add_argument("--dtype", default="bf16", choices=("bf16", "fp32"))
+    parser.add_argument("--transports", default="grpc",
+                        help="comma-separated, one JSON line each, same run: grpc (the gRPC "
+                             "calls), ring (a step channel: moed --allow_client_shm on this "
+                             "host); each line's \"transport\" names it")
     parser.add_argument("--fresh_output", action="store_true",
                         help="a fresh out / d_x each step instead of one reused buffer each")
     parser.add_argument("--shm", action="store_true",
@@ -59,8 +63,18 @@ def main():
                 return t.view(torch.int16).numpy().view(np.uint16)
             return t.numpy()
         out, d_x = buffer(), buffer()
+    for transport in args.transports.split(","):
+        if transport not in ("grpc", "ring"):
+            parser.error("--transports: %r is not grpc or ring" % transport)
+        print(json.dumps(run_one(args, transport, layer + "-" + transport, x, d_out, out, d_x)),
+              flush=True)
+    return 0
+
+
+def run_one(args, transport, layer, x, d_out, out, d_x):
+    """One transport's JSON object."""
     times = {"forward": [], "forward_backward": []}
-    with Client(args.server, lanes=args.lanes) as client:
+    with Client(args.server, lanes=args.lanes, step_channel=transport == "ring") as client:
         client.create_layer(layer, hidden=args.hidden, ffn=args.ffn, num_experts=args.experts,
                             top_k=args.top_k, compute_dtype=args.dtype)
         try:
@@ -79,19 +93,23 @@ def main():
         finally:
             client.delete_layer(layer)
         lanes = len(client._lanes) or 1
+        used = "ring" if client.step_channel_on and client.steps_over_channel > 0 else "grpc"
+    if used != transport:
+        print("bench_client: asked for %s, the steps went over %s" % (transport, used),
+              file=sys.stderr)
     nbytes = x.numel() * x.element_size()
     result = {"bench": "bench_client", "tokens": args.tokens, "hidden": args.hidden,
               "ffn": args.ffn, "experts": args.experts, "top_k": args.top_k,
               "dtype": args.dtype.upper(), "lanes": lanes, "steps": args.steps,
-              "output": "fresh" if args.fresh_output else "reused"}
+              "output": "fresh" if args.fresh_output else "reused", "transport": used}
     for kind, payload in (("forward", 2 * nbytes), ("forward_backward", 4 * nbytes)):
         p50 = percentile(times[kind], 0.5)
         result[kind] = {"p50_ms": round(p50, 3), "p90_ms": round(percentile(times[kind], 0.9), 3),
+                        "p99_ms": round(percentile(times[kind], 0.99), 3),
                         "payload_gb_per_s_overall": round(payload / p50 / 1e6, 3)}
     if shm is not None:
         result["shm"] = shm
-    print(json.dumps(result))
-    return 0
+    return result
 
 
 def time_shm(client, layer, x, d_out, args):

@@ -160,13 +160,17 @@ def main():
     parser.add_argument("--paths", default="cuda_ipc,shm,grpc,local")
     parser.add_argument("--profile", default="", help="a path whose steps are profiled")
     parser.add_argument("--json", default="", help="append the JSON lines to this file too")
+    parser.add_argument("--step_channel", default="auto", choices=("auto", "on", "off"),
+                        help="steps through a step channel (shared-memory ring; moed "
+                             "--allow_client_shm on this host): auto (when local), on, off")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time the layers under one CUDA IPC forward (call_breakdown)")
     args = parser.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     device = torch.device("cuda", torch.cuda.current_device())
     paths = args.paths.split(",")
-    client = Client(args.server, timeout=120)
+    client = Client(args.server, timeout=120,
+                    step_channel={"auto": "auto", "on": True, "off": False}[args.step_channel])
     name = "bench-trainer-" + uuid.uuid4().hex[:8]
     shape = dict(hidden=args.hidden, ffn=args.ffn, num_experts=args.experts, top_k=args.top_k)
     client.create_layer(name, compute_dtype=args.dtype, aux_loss_coeff=1e-2, **shape)
@@ -214,6 +218,8 @@ def main():
             for path, result in results.items():
                 line = {"bench": "bench_trainer", "tokens": tokens, "dtype": args.dtype.upper(),
                         "path": path, **shape, "steps": args.steps, **result}
+                if path != "local":  # how the steps' requests travel: step channel or gRPC
+                    line["transport"] = "ring" if client.step_channel_on else "grpc"
                 if "local" in results and path != "local":
                     local_ms = results["local"]
                     line["ratio_to_local"] = {

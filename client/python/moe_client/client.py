@@ -16,6 +16,7 @@ numpy arrays (see codec.py for dtypes and copies); chunked streams are split and
 import collections
 import concurrent.futures
 import itertools
+import math
 import os
 import secrets
 
@@ -23,6 +24,7 @@ import grpc
 import numpy as np
 
 from moe_client import codec, wire
+from moe_client import step_channel as step_channel_module
 from moe_client.errors import (Internal, ResourceExhausted, Unavailable, Unimplemented,
                                from_rpc_error)
 from moe_client.proto import moe_pb2, moe_pb2_grpc
@@ -99,6 +101,9 @@ _ANSWERS = {"Forward": moe_pb2.ForwardResponse, "Backward": moe_pb2.BackwardResp
             "StageTensor": moe_pb2.StageTensorResponse,
             "FetchStaged": moe_pb2.FetchStagedResponse}
 _RAW_RPCS = tuple(_ANSWERS)
+# Steps that may go through the step channel as whole messages, and their answer types.
+_MESSAGE_ANSWERS = {"Forward": moe_pb2.ForwardResponse, "Backward": moe_pb2.BackwardResponse,
+                    "ReleaseStep": moe_pb2.ReleaseStepResponse}
 
 
 def _row_bytes(head):
@@ -131,7 +136,9 @@ class Client:
     def __init__(self, address=None, timeout=60.0, max_message_bytes=256 << 20,
                  chunk_bytes=1 << 20, channel=None, token=None, tls_ca_file=None,
                  tls_cert_file=None, tls_key_file=None, tls_server_name=None, lanes=0,
-                 lane_min_bytes=4 << 20):
+                 lane_min_bytes=4 << 20, step_channel="auto",
+                 step_channel_bytes=step_channel_module.DEFAULT_RING_BYTES,
+                 step_channel_max_inline=64 << 10):
         """address: host:port (default $MOED_SERVER, else localhost:50051). timeout: default
         deadline of every call, s. token: bearer token for moed --tokens_file (default
         $MOED_TOKEN). tls_ca_file: PEM roots that signed moed's certificate (default
@@ -144,7 +151,16 @@ class Client:
         lane_min_bytes: a forward/backward tensor of lane_min_bytes or more goes, and its answer
         comes back, as row ranges over `lanes` connections at once (StageTensor / FetchStaged,
         proto/moe.proto "Staged tensors"; as the C++ client); 0: half this host's cores, 1 to
-        8; 1: one connection. A server that refuses staging gets the tensor in the step."""
+        8; 1: one connection. A server that refuses staging gets the tensor in the step.
+        step_channel: "auto" (default): Forward, Backward and ReleaseStep go through a step
+        channel (shared-memory ring, moe_client.step_channel) when the address names this
+        host, else gRPC; True: try it whatever the address; False: always gRPC. A moed that
+        refuses it (no --allow_client_shm, another host) or a channel that fails sends the
+        steps over gRPC from then on, with one log line. step_channel_bytes: each of its two
+        rings' bytes (a power of two; requests and answers larger than half go over gRPC).
+        step_channel_max_inline: a step whose tensor travels in the request (not in shared
+        memory) uses the channel only up to this many bytes (larger ones were slower through
+        the ring than over gRPC on the 2-core build machine; docs/DECISIONS.md)."""
         self.address = address or os.environ.get("MOED_SERVER") or DEFAULT_ADDRESS
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
@@ -194,11 +210,28 @@ class Client:
         self._staged_counter = itertools.count()
         self._lanes_refused = False
         self.steps_over_lanes = 0  # steps whose tensors went over the lanes
+        use_ring = (step_channel is True or
+                    (step_channel == "auto" and step_channel_module.is_local_address(self.address)))
+        self.step_channel_max_inline = step_channel_max_inline
+        self._step_channel = (step_channel_module.StepChannel(
+            self._stub, self._metadata, step_channel_bytes) if use_ring else None)
         self._health = self._channel.unary_unary(
             "/grpc.health.v1.Health/Check", request_serializer=_Health.encode,
             response_deserializer=_Health.decode)
 
+    @property
+    def steps_over_channel(self):
+        """Steps answered through the step channel so far."""
+        return self._step_channel.steps if self._step_channel is not None else 0
+
+    @property
+    def step_channel_on(self):
+        """Whether steps may still go through the step channel (not off, refused or failed)."""
+        return self._step_channel is not None and not self._step_channel.off
+
     def close(self):
+        if self._step_channel is not None:
+            self._step_channel.close()
         self._channel.close()
         for lane in self._lane_channels:
             lane.close()
@@ -228,6 +261,19 @@ class Client:
         except grpc.RpcError as e:
             raise from_rpc_error(e, rpc) from None
 
+    def _message_step(self, rpc, request, answered_in, timeout):
+        """Forward / Backward / ReleaseStep of a whole `request` message: on the step channel
+        when there is one and the answer fits (answered_in: the SharedMemoryTensor whose
+        shape the answer's tensor has when it comes in the answer, else None), else the gRPC
+        call. Returns the response message."""
+        ring = self._step_channel
+        answer_bytes = 4 * math.prod(answered_in.shape) if answered_in is not None else 0
+        if ring is not None and ring.fits(request.ByteSize(), answer_bytes):
+            data = ring.call(rpc, request.SerializeToString(), timeout or self.timeout)
+            if data is not None:
+                return _MESSAGE_ANSWERS[rpc].FromString(data)
+        return self._call(rpc, request, timeout)
+
     def _stream(self, rpc, request, timeout=None):
         try:
             return list(getattr(self._stub, rpc)(request, timeout=timeout or self.timeout,
@@ -248,13 +294,23 @@ class Client:
         copy from the received bytes (streamed: from its pieces joined); the WireTensor
         returned then has `out` as raw_data."""
         size = tensor.nbytes
-        if (self._lanes and not self._lanes_refused and size > 0
-                and size >= self.lane_min_bytes and len(tensor.shape) == 2):
+        # On moed's host: one record on the step channel (its answer is at most twice x:
+        # a BF16 d_out may answer an FP32 d_x).
+        data = None
+        ring = self._step_channel
+        if (ring is not None and size <= self.step_channel_max_inline
+                and ring.fits(size + 4096, 2 * size)):
+            data = ring.call(rpc, wire.encode_with_tensor(request, field, tensor),
+                             timeout or self.timeout)
+        if data is None and (self._lanes and not self._lanes_refused and size > 0
+                             and size >= self.lane_min_bytes and len(tensor.shape) == 2):
             answer = self._step_staged(rpc, request, field, tensor, answer_field, timeout, out,
                                        keep_bf16_bits)
             if answer is not None:
                 return answer
-        if size + _STEP_HEADROOM <= self.max_message_bytes:
+        if data is not None:
+            answer, result = wire.decode_with_tensor(data, _ANSWERS[rpc], answer_field)
+        elif size + _STEP_HEADROOM <= self.max_message_bytes:
             data = self._raw_call(self._raw[rpc], rpc,
                                   wire.encode_with_tensor(request, field, tensor), timeout)
             answer, result = wire.decode_with_tensor(data, _ANSWERS[rpc], answer_field)
@@ -465,7 +521,7 @@ class Client:
         request = moe_pb2.ForwardRequest(layer=layer, x_shm=x, keep_for_backward=keep_for_backward)
         if out is not None:
             request.out_shm.CopyFrom(out)
-        return self._call("Forward", request, timeout)
+        return self._message_step("Forward", request, None if out is not None else x, timeout)
 
     def backward_shm(self, layer, step_id, d_out, d_x=None, d_aux=None, d_z_loss=None,
                      timeout=None):
@@ -478,13 +534,13 @@ class Client:
             request.d_aux = float(d_aux)
         if d_z_loss is not None:
             request.d_z_loss = float(d_z_loss)
-        return self._call("Backward", request, timeout)
+        return self._message_step("Backward", request, None if d_x is not None else d_out,
+                                  timeout)
 
     def release_step(self, layer, step_id, timeout=None):
         """Frees a step kept for backward; True if it was held. Idempotent."""
-        return self._call("ReleaseStep", moe_pb2.ReleaseStepRequest(layer=layer,
-                                                                    step_id=step_id),
-                          timeout).released
+        return self._message_step("ReleaseStep", moe_pb2.ReleaseStepRequest(
+            layer=layer, step_id=step_id), None, timeout).released
 
     # ---- training ----
     def get_gradients(self, layer, names=(), timeout=None):

@@ -305,8 +305,10 @@ class RingCaller:
                     raise self._fail("response %d to call %d" % (got, sequence))
                 if code > 16:
                     raise self._fail("status code %d" % code)
-                if code != 0:
-                    raise _error(_CODE_OF_NUMBER[code], payload.decode("utf-8", "replace"))
+                if code != 0:  # the server's answer, not the channel's failure
+                    error = _error(_CODE_OF_NUMBER[code], payload.decode("utf-8", "replace"))
+                    error.from_server = True
+                    raise error
                 return payload
 
     def close(self):
