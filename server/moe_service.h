@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -46,6 +47,7 @@
 #include "server/data_parallel_steps.h"
 #include "server/durable_store.h"
 #include "server/fifo_mutex.h"
+#include "server/forward_batcher.h"
 #include "server/graceful_stop.h"
 #include "server/metrics.h"
 #include "server/relay_pool.h"
@@ -138,6 +140,9 @@ struct ServiceOptions {
   DurableStore* durable_store = nullptr;
   int64_t durable_every_steps = 100;
   absl::Duration durable_every = absl::Minutes(5);
+  // Forwards of several callers on one layer merged into one step (server/forward_batcher.h,
+  // moe_service_batching.cc; --forward_batching*).
+  ForwardBatchingOptions forward_batching;
 };
 
 // Forward and Backward are registered raw (grpc::ByteBuffer in and out): moed splits the
@@ -264,6 +269,30 @@ class MoeServiceImpl final : public MoeServiceBase {
   grpc::Status DoForward(grpc::ServerContextBase*, const v1::ForwardRequest& request,
                          const TensorBytes& input, v1::ForwardResponse* response,
                          std::vector<grpc::Slice>* output);
+  // A step of several callers' forwards (moe_service_batching.cc): it belongs to none of
+  // them, so it waits for the layer's turn until `deadline` (their latest) or until every
+  // member left; its workers report each token's experts into *routed_experts ([T, k]).
+  struct MergedStep {
+    absl::Time deadline;
+    std::function<bool()> cancelled;
+    std::vector<int32_t>* routed_experts = nullptr;
+  };
+  // DoForward's step (merged: null for a caller's own forward, which it also counts in
+  // metrics; else the merged step, counted by its members).
+  grpc::Status RunForwardStep(grpc::ServerContextBase*, const v1::ForwardRequest& request,
+                              const TensorBytes& input, v1::ForwardResponse* response,
+                              std::vector<grpc::Slice>* output, const MergedStep* merged);
+  // moe_service_batching.cc. A forward that may share a step with other callers' (inference,
+  // x in the message, a layer whose per-caller results do not depend on the batch) joins the
+  // layer's batch and gets its own rows, counts and status: returns its status. Anything else,
+  // or a request that would fail alone, returns nullopt: DoForward runs it (and refuses it)
+  // by itself, so a bad request never joins a batch.
+  std::optional<grpc::Status> ForwardInBatch(grpc::ServerContextBase* context,
+                                             const v1::ForwardRequest& request,
+                                             const TensorBytes& input,
+                                             v1::ForwardResponse* response,
+                                             std::vector<grpc::Slice>* output);
+
   grpc::Status DoBackward(grpc::ServerContextBase*, const v1::BackwardRequest& request,
                           const TensorBytes& input, v1::BackwardResponse* response,
                           std::vector<grpc::Slice>* output);
@@ -451,6 +480,10 @@ class MoeServiceImpl final : public MoeServiceBase {
     bool overdue_ = false;
     uint64_t overdue_step_ = 0;
   };
+  // moe_service_batching.cc: the batcher's run: one step for `members` (MergedForwardMember of one layer and dtype),
+  // split back into each member's response, output and status.
+  void RunMergedForward(const std::shared_ptr<Layer>& layer, DType dtype,
+                        const BatchMembers& members);
   absl::StatusOr<std::shared_ptr<Layer>> FindLayer(const std::string& name) const;
   // Waits for the layer's turn (client deadline/cancellation honoured), then takes setup_mu_
   // shared and the serving worker set.
@@ -694,6 +727,8 @@ class MoeServiceImpl final : public MoeServiceBase {
   absl::Mutex housekeeping_mu_;
   bool stopping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;
   std::thread housekeeping_;
+  ForwardBatcher forward_batcher_{options_.forward_batching};
+
   // Last: destroyed first, so its threads are joined before anything their bodies use.
   HandlerPool handlers_;
 };
