@@ -4,7 +4,7 @@
 # is printed last. Each step has its own time limit, so one hang does not cost the others.
 # WORKERS (default 2): the server smoke's moe-workers, one per GPU (1 on a one-GPU machine).
 #
-#   source .gpu/env.sh && tools/gpu_checks.sh [tests|server|python|bench|all]
+#   source .gpu/env.sh && tools/gpu_checks.sh [tests|server|python|bench|batching|all]
 set -uo pipefail
 out=${OUT:-gpu_out}
 what=${1:-all}
@@ -94,6 +94,33 @@ if [ "$what" = all ] || [ "$what" = python ]; then
   step trainer_bench 450 trainer_bench
   [ -n "${SKIP_SERVICE_BENCH:-}" ] || OUT=$out step service_bench 300 bench/service_bench.sh \
     --device=cuda --workers=1 --dtype=bf16 1024,4096,8,2,16 1024,4096,8,2,4096 1024,4096,8,2,16384
+fi
+if [ "$what" = all ] || [ "$what" = batching ]; then
+  # Cross-caller batching (issue 39): CALLERS (32) inference callers of CALLER_TOKENS (128)
+  # tokens on one te_seed-shaped layer (H 1024, F 4096, E 8, k 2, bf16), unbatched then batched
+  # in one run (moectl bench --callers; JSON: tokens_per_s_ratio, p99_ratio,
+  # identical_to_unbatched), then the engine alone at the merged size for the ratio to it.
+  batching_bench() {
+    local port_file=/tmp/moed_batching.port
+    rm -f "$port_file"
+    moed --device=cuda --workers=1 --port=0 --port_file="$port_file" \
+      >"$out/batching_moed.log" 2>&1 &
+    local moed_pid=$! rc=1
+    for _ in $(seq 1 300); do [ -s "$port_file" ] && break; sleep 0.1; done
+    local server="127.0.0.1:$(cat "$port_file")"
+    if timeout 120 moectl --server="$server" health --wait_ms=120000; then
+      timeout 200 moectl bench --server="$server" --callers="${CALLERS:-32}" \
+        --tokens="${CALLER_TOKENS:-128}" --hidden=1024 --ffn=4096 --experts=8 --top_k=2 \
+        --compute_dtype=bf16 --dtype=bf16 --steps=30 --warmup=3 | tee "$out/bench_callers.json"
+      rc=$?
+    fi
+    kill "$moed_pid" 2>/dev/null
+    wait "$moed_pid" 2>/dev/null
+    return $rc
+  }
+  step batching_bench 250 batching_bench
+  [ -x "$(command -v engine_bench)" ] && step engine_bench_merged 60 engine_bench --device=cuda:0 \
+    --config=te_seed --tokens=$((${CALLERS:-32} * ${CALLER_TOKENS:-128})) --iters=10
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   [ -n "${SKIP_1GPU:-}" ] || step bench_1gpu 250 gpu_bench --configs="${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3}" \
