@@ -22,8 +22,8 @@ namespace {
 
 v1::LayerConfig BatchableConfig(uint64_t seed) {
   v1::LayerConfig c;
-  c.set_hidden(64);
-  c.set_ffn(128);
+  c.set_hidden(256);  // past OpenBLAS's small-matrix sizes (engine/cpu/cpu_gemm.cc)
+  c.set_ffn(512);
   c.set_num_experts(8);
   c.set_top_k(2);
   c.set_init_seed(seed);
@@ -133,7 +133,7 @@ TEST_F(BatchingTest, MergedForwardsAreBitIdenticalToEachCallerAlone) {
   constexpr int kCallers = 12;
   std::vector<v1::Tensor> inputs;
   std::vector<bool> bad(kCallers, false);
-  for (int i = 0; i < kCallers; ++i) inputs.push_back(CallerInput(i, 64));
+  for (int i = 0; i < kCallers; ++i) inputs.push_back(CallerInput(i, 256));
   const std::vector<v1::ForwardResponse> want = References("batched", inputs, bad);
   ASSERT_EQ(Merged("batched", "count"), 0);  // the references ran alone
   // Rounds until some step merged callers (each round is likely to; bounded).
@@ -145,8 +145,8 @@ TEST_F(BatchingTest, MergedForwardsAreBitIdenticalToEachCallerAlone) {
       << "no step merged two callers";
   // The caller with a NaN row gets NaN in that row's output only (row independence).
   const std::vector<float> out5 = ProtoToFloats(want[5].out());
-  for (int64_t j = 0; j < 64; ++j) EXPECT_TRUE(std::isnan(out5[j])) << j;
-  for (size_t j = 64; j < out5.size(); ++j) EXPECT_FALSE(std::isnan(out5[j])) << j;
+  for (int64_t j = 0; j < 256; ++j) EXPECT_TRUE(std::isnan(out5[j])) << j;
+  for (size_t j = 256; j < out5.size(); ++j) EXPECT_FALSE(std::isnan(out5[j])) << j;
 }
 
 TEST_F(BatchingTest, BadRequestsFailAloneAndNeverTheBatch) {
@@ -154,7 +154,7 @@ TEST_F(BatchingTest, BadRequestsFailAloneAndNeverTheBatch) {
   constexpr int kCallers = 10;
   std::vector<v1::Tensor> inputs;
   std::vector<bool> bad(kCallers, false);
-  for (int i = 0; i < kCallers; ++i) inputs.push_back(CallerInput(i, 64));
+  for (int i = 0; i < kCallers; ++i) inputs.push_back(CallerInput(i, 256));
   inputs[1] = FloatsToProto({4, 32}, RandomFloats(128, 1));  // wrong hidden size
   inputs[4].set_datatype("FP16");                              // not FP32 / BF16
   inputs[7].mutable_raw_data()->pop_back();                    // bytes != shape
@@ -174,7 +174,7 @@ TEST_F(BatchingTest, CallersThatLeaveDoNotDisturbTheBatch) {
   constexpr int kCallers = 8;
   std::vector<v1::Tensor> inputs;
   std::vector<bool> bad(kCallers, false);
-  for (int i = 0; i < kCallers; ++i) inputs.push_back(CallerInput(i, 64));
+  for (int i = 0; i < kCallers; ++i) inputs.push_back(CallerInput(i, 256));
   const std::vector<v1::ForwardResponse> want = References("leaving", inputs, bad);
   std::atomic<bool> stop{false};
   std::thread impatient([&] {
@@ -204,7 +204,7 @@ TEST_F(BatchingTest, BatchDependentLayersAreNotMerged) {
   constexpr int kCallers = 8;
   std::vector<v1::Tensor> inputs;
   std::vector<bool> bad(kCallers, false);
-  for (int i = 0; i < kCallers; ++i) inputs.push_back(CallerInput(i, 64));
+  for (int i = 0; i < kCallers; ++i) inputs.push_back(CallerInput(i, 256));
   for (const std::string layer : {"capacity", "losses"}) {
     const std::vector<v1::ForwardResponse> want = References(layer, inputs, bad);
     RunCallers(layer, kCallers, 4, inputs, want, bad);
