@@ -119,12 +119,21 @@ int RunBenchCallers(int callers) {
                                      : off.status();
   if (temporary) c.DeleteLayer(name).IgnoreError();
   if (!on.ok()) return ReportError("bench", on.status());
-  bool identical = true;
+  int differing = 0;
+  double max_abs_diff = 0.0;
   for (int i = 0; i < callers; ++i) {
-    identical = identical &&
-                batched_runs[i].last_out.bytes() == unbatched_runs[i].last_out.bytes() &&
-                batched_runs[i].last_counts == unbatched_runs[i].last_counts;
+    const Tensor& got = batched_runs[i].last_out;
+    const Tensor& want = unbatched_runs[i].last_out;
+    if (got.bytes() == want.bytes() && batched_runs[i].last_counts == unbatched_runs[i].last_counts) {
+      continue;
+    }
+    ++differing;
+    const Tensor a = got.ConvertTo(DType::kFloat32), b = want.ConvertTo(DType::kFloat32);
+    for (int64_t j = 0; j < a.num_elements(); ++j) {
+      max_abs_diff = std::max<double>(max_abs_diff, std::fabs(a.data<float>()[j] - b.data<float>()[j]));
+    }
   }
+  const bool identical = differing == 0;
   Json out;
   out["server"] = c.target();
   out["layer"] = name;
@@ -142,6 +151,8 @@ int RunBenchCallers(int callers) {
   out["tokens_per_s_ratio"] = Round3(off_tps > 0 ? (*on)["tokens_per_s"].get<double>() / off_tps : 0);
   out["p99_ratio"] = Round3(off_p99 > 0 ? (*on)["p99_ms"].get<double>() / off_p99 : 0);
   out["identical_to_unbatched"] = identical;
+  out["callers_differing"] = differing;
+  out["max_abs_diff"] = max_abs_diff;
   PrintJson(out);
   return identical ? 0 : 1;
 }
