@@ -45,7 +45,7 @@
 namespace moe {
 
 struct ForwardBatchingOptions {
-  bool enabled = true;
+  bool enabled = false;  // moed --forward_batching
   // The longest a request waits for others before its batch runs (on an idle, busy-looking
   // key; see above). Zero: batches form only while the key's previous step runs.
   absl::Duration max_delay = absl::Microseconds(300);

@@ -103,7 +103,7 @@ if [ "$what" = all ] || [ "$what" = batching ]; then
   batching_bench() {
     local port_file=/tmp/moed_batching.port
     rm -f "$port_file"
-    moed --device=cuda --workers=1 --port=0 --port_file="$port_file" \
+    moed --device=cuda --workers=1 --port=0 --port_file="$port_file" --forward_batching \
       >"$out/batching_moed.log" 2>&1 &
     local moed_pid=$! rc=1
     for _ in $(seq 1 300); do [ -s "$port_file" ] && break; sleep 0.1; done

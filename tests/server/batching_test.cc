@@ -67,6 +67,17 @@ std::string Difference(const v1::ForwardResponse& got, const v1::ForwardResponse
 
 class BatchingTest : public ClusterTest {
  protected:
+  // The shared cluster's flags with batching on (off by default).
+  static void SetUpTestSuite() {
+    metrics_port_ = FreePort();
+    ClusterOptions options;
+    options.workers = 2;
+    options.moed_flags = {"--forward_batching",
+                          absl::StrCat("--metrics_listen=127.0.0.1:", metrics_port_)};
+    auto cluster = TestCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = cluster->release();
+  }
   grpc::Status Forward(const std::string& layer, const v1::Tensor& x, bool unbatched,
                        v1::ForwardResponse* response, int deadline_ms = 20000) {
     grpc::ClientContext ctx;
