@@ -265,6 +265,7 @@ absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const
   request.set_layer(layer);
   request.set_keep_for_backward(keep_for_backward);
   request.set_timing(clock.enabled());
+  request.set_unbatched(call.unbatched);
   if (call.output != nullptr) {
     RETURN_IF_ERROR(CheckTensorFits(kOutputName, *call.output, x.dtype(), x.shape()));
   }

@@ -121,6 +121,8 @@ struct CallOptions {
   // datatype than the forward's x) is INVALID_ARGUMENT after the step. Its contents are
   // unspecified when the call fails. Not for the shm calls.
   Tensor* output = nullptr;
+  // Forward: ForwardRequest.unbatched (a step of its own, never merged with other callers').
+  bool unbatched = false;
 };
 
 struct ForwardOutput {

@@ -67,6 +67,17 @@ int RunApplyOptimizer(const Args& args);
 int RunCheckpoint(const Args& args);
 int RunSmoke(const Args& args);
 int RunBench(const Args& args);
+// bench's helpers (client/moectl_bench.cc). The nearest-rank percentile p (0-100) of values
+// (0 when empty).
+double Percentile(std::vector<double> values, double p);
+// The layer a bench runs on: `name` as it is (GetLayer), or, when `temporary`, created from the
+// layer flags. *usage_error: the layer flags, or --tokens for its hidden size, are at fault
+// (the status says why); otherwise a failure is the server's.
+absl::StatusOr<v1::LayerInfo> OpenBenchLayer(MoeClient& c, const std::string& name,
+                                             bool temporary, DType dtype, bool* usage_error);
+// bench --callers=N (client/moectl_bench_callers.cc): N concurrent callers, unbatched then
+// batched.
+int RunBenchCallers(int callers);
 
 }  // namespace cli
 }  // namespace client

@@ -53,17 +53,16 @@ ABSL_FLAG(int, concurrency, 1,
           "buffers), as perf_analyzer's --concurrency-range does: one caller's tensors travel "
           "while another's step computes, so tokens_per_s shows the overlap of transfer and "
           "compute; 1: only the one-caller measurement");
+ABSL_FLAG(int, callers, 0,
+          "bench: instead of the one-caller measurement, run this many inference callers at once "
+          "(each its own x of --tokens tokens), first unbatched (a step per call), then with "
+          "moed's cross-caller batching: tokens/s, p50 / p99 and their ratios, and whether every "
+          "batched answer equals the caller's unbatched one (client/README.md)");
 ABSL_FLAG(std::string, progress, "auto", "bench: progress bar on stderr: auto (if a tty)|on|off.");
 
 namespace moe {
 namespace client {
 namespace cli {
-namespace {
-
-struct Series {
-  std::vector<double> latency_ms;
-  double wall_s = 0.0;
-};
 
 double Percentile(std::vector<double> values, double p) {
   if (values.empty()) return 0.0;
@@ -72,6 +71,37 @@ double Percentile(std::vector<double> values, double p) {
   const size_t rank = static_cast<size_t>(std::ceil(p / 100.0 * values.size()));
   return values[std::min(values.size() - 1, rank == 0 ? 0 : rank - 1)];
 }
+
+absl::StatusOr<v1::LayerInfo> OpenBenchLayer(MoeClient& c, const std::string& name,
+                                             bool temporary, DType dtype, bool* usage_error) {
+  absl::StatusOr<v1::LayerInfo> info;
+  if (temporary) {
+    auto config = LayerConfigFromFlags();
+    if (!config.ok()) {
+      *usage_error = true;
+      return config.status();
+    }
+    if (absl::Status fits = CheckTokensFlag(config->hidden(), dtype); !fits.ok()) {
+      *usage_error = true;
+      return fits;
+    }
+    return c.CreateLayer(name, *config);
+  }
+  info = c.GetLayer(name);
+  if (!info.ok()) return info;
+  if (absl::Status fits = CheckTokensFlag(info->config().hidden(), dtype); !fits.ok()) {
+    *usage_error = true;
+    return fits;
+  }
+  return info;
+}
+
+namespace {
+
+struct Series {
+  std::vector<double> latency_ms;
+  double wall_s = 0.0;
+};
 
 Json SeriesJson(const Series& s, int64_t tokens) {
   const double n = static_cast<double>(s.latency_ms.size());
@@ -390,6 +420,7 @@ absl::StatusOr<Json> BenchConcurrent(MoeClient& c, const std::string& layer, con
 
 int RunBench(const Args& args) {
   if (!args.empty()) return UsageError("bench", "takes no positional arguments");
+  if (absl::GetFlag(FLAGS_callers) != 0) return RunBenchCallers(absl::GetFlag(FLAGS_callers));
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   const int64_t warmup = absl::GetFlag(FLAGS_warmup);
   const int64_t tokens = absl::GetFlag(FLAGS_tokens);
@@ -413,20 +444,10 @@ int RunBench(const Args& args) {
   // An existing layer when --layer names one; otherwise a temporary one from the layer flags.
   const bool temporary = absl::GetFlag(FLAGS_layer).empty();
   const std::string name = LayerNameOr("bench");
-  absl::StatusOr<v1::LayerInfo> info;
-  if (temporary) {
-    auto config = LayerConfigFromFlags();
-    if (!config.ok()) return UsageError("bench", config.status().message());
-    absl::Status tokens_ok = CheckTokensFlag(config->hidden(), *dtype);
-    if (!tokens_ok.ok()) return UsageError("bench", tokens_ok.message());
-    info = (*client)->CreateLayer(name, *config);
-  } else {
-    info = (*client)->GetLayer(name);
-    if (info.ok()) {
-      absl::Status tokens_ok = CheckTokensFlag(info->config().hidden(), *dtype);
-      if (!tokens_ok.ok()) return UsageError("bench", tokens_ok.message());
-    }
-  }
+  bool usage_error = false;
+  absl::StatusOr<v1::LayerInfo> info = OpenBenchLayer(**client, name, temporary, *dtype,
+                                                      &usage_error);
+  if (usage_error) return UsageError("bench", info.status().message());
   if (!info.ok()) return ReportError("bench", info.status());
 
   const int64_t hidden = info->config().hidden();

@@ -52,6 +52,10 @@ struct ForwardResult {
   double aux_loss = 0.0;                    // global (the same on every rank)
   double z_loss = 0.0;                      // global
   std::vector<int64_t> tokens_per_expert;   // [E] global (token, slot) pairs, before drops
+  // [T, k] this rank's selected experts per token in slot order (before drops), only when
+  // Forward was asked for them: a caller that merged several requests into one step counts
+  // each request's own tokens_per_expert from its rows (server/forward_batcher.h).
+  std::vector<int32_t> routed_experts;
 };
 
 // What a forward keeps for its backward (saved activations, routing plan). Opaque.
@@ -94,9 +98,15 @@ class MoeLayer {
   // The same, writing the output into `out` when it is non-null: a tensor of x's dtype and
   // shape, typically a Tensor::View of a caller's buffer (shared memory, pinned staging), so
   // the output skips a host copy. result.out is then a copy of *out (a view if out is one).
+  absl::StatusOr<ForwardResult> Forward(const Tensor& x, std::unique_ptr<StepContext>* saved,
+                                        Tensor* out) {
+    return Forward(x, saved, out, /*routed_experts=*/false);
+  }
+  // The same; with `routed_experts`, result.routed_experts holds every token's selected
+  // experts (one more device-to-host copy of T * k int32).
   virtual absl::StatusOr<ForwardResult> Forward(const Tensor& x,
-                                                std::unique_ptr<StepContext>* saved,
-                                                Tensor* out) = 0;
+                                                std::unique_ptr<StepContext>* saved, Tensor* out,
+                                                bool routed_experts) = 0;
   // d_out: [T, H] (FP32 or BF16). Accumulates every parameter gradient; returns d_x in x's
   // dtype. A context may be used for one backward only (FAILED_PRECONDITION afterwards).
   absl::StatusOr<Tensor> Backward(StepContext& saved, const Tensor& d_out, double d_aux,

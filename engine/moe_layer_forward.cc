@@ -61,7 +61,7 @@ absl::Status CheckActivations(const char* field, const Tensor& t, int64_t hidden
 
 absl::StatusOr<ForwardResult> MoeLayerImpl::Forward(const Tensor& x,
                                                     std::unique_ptr<StepContext>* saved,
-                                                    Tensor* out_into) {
+                                                    Tensor* out_into, bool routed_experts) {
   RETURN_IF_ERROR(CheckActivations("x", x, config_.hidden));
   RETURN_IF_ERROR(CheckOutputDestination("out", out_into, x.dtype(), {x.dim(0), config_.hidden}));
   auto s = std::make_unique<SavedStep>();
@@ -78,6 +78,11 @@ absl::StatusOr<ForwardResult> MoeLayerImpl::Forward(const Tensor& x,
   ForwardResult result;
   ASSIGN_OR_RETURN(result.out, CombineOutput(*s, w, out_into));  // 11
   AddLosses(*s, w, result);
+  if (routed_experts && s->tokens > 0) {
+    result.routed_experts.resize(static_cast<size_t>(s->tokens * config_.top_k));
+    RETURN_IF_ERROR(backend_->CopyToHost(result.routed_experts.data(), s->topk_expert.data(),
+                                         result.routed_experts.size() * sizeof(int32_t)));
+  }
   if (saved != nullptr) *saved = std::move(s);
   return result;
 }

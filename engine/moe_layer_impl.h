@@ -177,7 +177,7 @@ class MoeLayerImpl : public MoeLayer {
   using MoeLayer::Backward;
   using MoeLayer::Forward;
   absl::StatusOr<ForwardResult> Forward(const Tensor& x, std::unique_ptr<StepContext>* saved,
-                                        Tensor* out) override;
+                                        Tensor* out, bool routed_experts) override;
   absl::StatusOr<Tensor> Backward(StepContext& saved, const Tensor& d_out, double d_aux,
                                   double d_z_loss, Tensor* d_x) override;
 

@@ -191,7 +191,7 @@ TensorBytes::TensorBytes(absl::string_view bytes) : size_(bytes.size()) {
 }
 
 void TensorBytes::AppendSlices(size_t offset, size_t length, BorrowedBytes* borrowed,
-                               std::vector<grpc::Slice>* out) const {
+                               std::vector<grpc::Slice>* out, bool copy_views) const {
   const size_t end = offset + length;
   size_t at = 0;  // where pieces_[i] starts within the bytes
   for (size_t i = 0; i < pieces_.size() && at < end; at += pieces_[i].size(), ++i) {
@@ -203,12 +203,31 @@ void TensorBytes::AppendSlices(size_t offset, size_t length, BorrowedBytes* borr
       const grpc::Slice& slice = (*slices_)[piece_slice_[i]];
       const size_t base = piece.data() - reinterpret_cast<const char*>(slice.begin());
       out->push_back(slice.sub(base + from, base + to));
-    } else if (piece_slice_[i] == kCopyPiece) {
+    } else if (piece_slice_[i] == kCopyPiece || copy_views) {
       out->emplace_back(piece.data() + from, to - from);
     } else {
       out->push_back(borrowed->Borrow(piece.substr(from, to - from)));
     }
   }
+}
+
+TensorBytes TensorBytes::Concat(const std::vector<TensorBytes>& parts) {
+  auto slices = std::make_shared<std::vector<grpc::Slice>>();
+  TensorBytes whole;
+  for (const TensorBytes& part : parts) {
+    part.AppendSlices(0, part.size(), /*borrowed=*/nullptr, slices.get(), /*copy_views=*/true);
+  }
+  // Pieces only once the vector is final: a small sub-slice holds its bytes inline, so they
+  // move with it.
+  for (size_t i = 0; i < slices->size(); ++i) {
+    const grpc::Slice& slice = (*slices)[i];
+    if (slice.size() == 0) continue;
+    whole.pieces_.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    whole.piece_slice_.push_back(static_cast<int>(i));
+    whole.size_ += slice.size();
+  }
+  whole.slices_ = std::move(slices);
+  return whole;
 }
 
 void TensorBytes::CopyTo(void* dst) const {

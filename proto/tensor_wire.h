@@ -101,9 +101,14 @@ class TensorBytes {
   void CopyTo(void* dst) const;
   // Appends to *out slices over bytes [offset, offset + length) (within size()), not copied:
   // references to the received slices, which keep them alive on their own (no wait at the
-  // end of a call), or, for a view of caller-owned bytes, slices borrowed through *borrowed.
+  // end of a call), or, for a view of caller-owned bytes, slices borrowed through *borrowed
+  // (with copy_views: copies of those bytes, owned by the slices; `borrowed` is not used).
   void AppendSlices(size_t offset, size_t length, BorrowedBytes* borrowed,
-                    std::vector<grpc::Slice>* out) const;
+                    std::vector<grpc::Slice>* out, bool copy_views = false) const;
+  // The bytes of `parts` one after another: references to their received slices, which the
+  // result keeps alive by itself (a part may be destroyed first); views of caller-owned bytes
+  // are copied, since their owner may not outlive the result.
+  static TensorBytes Concat(const std::vector<TensorBytes>& parts);
 
  private:
   friend absl::Status DecodeWithTensor(const grpc::ByteBuffer&, int, google::protobuf::MessageLite*,

@@ -46,6 +46,7 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   RegisterCallFamilies(*registry_);
   RegisterWorkerFamilies(*registry_);
   RegisterLayerFamilies(*registry_);
+  RegisterBatchingFamilies(*registry_);
   RegisterGaugeFamilies(*registry_);
   collectable_ = std::make_shared<Refreshing>(this);
 }
@@ -82,6 +83,25 @@ void Metrics::RegisterCallFamilies(prometheus::Registry& r) {
                    .Name("moed_inflight_requests")
                    .Help("Public RPCs being served now (received, not yet answered), by method.")
                    .Register(r);
+}
+
+// Cross-caller batching of forwards (server/forward_batcher.h), per layer.
+void Metrics::RegisterBatchingFamilies(prometheus::Registry& r) {
+  merged_callers_ = &prometheus::BuildHistogram()
+                         .Name("moed_merged_forward_callers")
+                         .Help("Callers whose forwards shared one merged step, by layer.")
+                         .Register(r);
+  merged_tokens_ = &prometheus::BuildHistogram()
+                        .Name("moed_merged_forward_tokens")
+                        .Help("Tokens of a merged forward step (all its callers), by layer.")
+                        .Register(r);
+  batch_wait_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("moed_forward_batch_wait_seconds")
+           .Help(
+               "A batched forward's wait in the batcher, from arrival to the start of its "
+               "merged step (the window and the layer's previous merged step), by layer.")
+           .Register(r);
 }
 
 // Per worker rank: its part of each step.
@@ -209,6 +229,33 @@ void Metrics::ObserveStep(const std::string& layer, const std::string& call, dou
   }
 }
 
+void Metrics::ObserveLayerHistogram(prometheus::Family<prometheus::Histogram>* family,
+                                    const std::string& layer,
+                                    const std::vector<double>& buckets, double value) {
+  absl::MutexLock lock(&mu_);
+  prometheus::Histogram& h = family->Add({{"layer", layer}}, buckets);
+  h.Observe(value);
+  std::vector<prometheus::Histogram*>& mine = layer_histograms_[layer];
+  if (std::find(mine.begin(), mine.end(), &h) == mine.end()) mine.push_back(&h);
+}
+
+void Metrics::ObserveMergedForward(const std::string& layer, int callers, int64_t tokens) {
+  static const auto* caller_buckets =
+      new std::vector<double>{1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
+  static const auto* token_buckets = new std::vector<double>{
+      16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576};
+  ObserveLayerHistogram(merged_callers_, layer, *caller_buckets, callers);
+  ObserveLayerHistogram(merged_tokens_, layer, *token_buckets, static_cast<double>(tokens));
+}
+
+void Metrics::ObserveForwardQueueWait(const std::string& layer, double seconds) {
+  // From 10 us (a window's scale) to a second (behind a long step).
+  static const auto* buckets = new std::vector<double>{
+      0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+      0.005,   0.01,     0.025,   0.05,   0.1,     0.25,   1.0};
+  ObserveLayerHistogram(batch_wait_seconds_, layer, *buckets, seconds);
+}
+
 void Metrics::ObserveWorker(int rank, const std::string& call, double call_s,
                             const v1::WorkerStepTiming& timing) {
   const std::string r = absl::StrCat(rank);
@@ -282,7 +329,11 @@ void Metrics::DropLayer(const std::string& layer) {
   }
   auto histograms = layer_histograms_.find(layer);
   if (histograms != layer_histograms_.end()) {
-    for (prometheus::Histogram* h : histograms->second) phase_seconds_->Remove(h);
+    for (prometheus::Histogram* h : histograms->second) {
+      for (auto* family : {phase_seconds_, merged_callers_, merged_tokens_, batch_wait_seconds_}) {
+        family->Remove(h);  // a no-op in the families that do not hold h
+      }
+    }
     layer_histograms_.erase(histograms);
   }
 }

@@ -88,6 +88,12 @@ class Metrics {
   void CountPayload(const std::string& call, int64_t bytes_in, int64_t bytes_out);
   void CountTokens(const std::string& layer, int64_t tokens,
                    const std::vector<int64_t>& tokens_per_expert);
+  // A forward step merged from several callers' (server/forward_batcher.h):
+  // moed_merged_forward_callers{layer} and moed_merged_forward_tokens{layer}.
+  void ObserveMergedForward(const std::string& layer, int callers, int64_t tokens);
+  // One caller's wait in the forward batcher (arrival to its merged step's start):
+  // moed_forward_batch_wait_seconds{layer}.
+  void ObserveForwardQueueWait(const std::string& layer, double seconds);
   // Saved steps by what happened to them: moed_saved_steps_total{event=created|used|
   // released|expired}.
   void CountSavedSteps(const std::string& event, int64_t n);
@@ -116,6 +122,11 @@ class Metrics {
   void RegisterCallFamilies(prometheus::Registry& r);
   void RegisterWorkerFamilies(prometheus::Registry& r);
   void RegisterLayerFamilies(prometheus::Registry& r);
+  void RegisterBatchingFamilies(prometheus::Registry& r);
+  // Observes `value` in `family`'s series of `layer` (kept for DropLayer).
+  void ObserveLayerHistogram(prometheus::Family<prometheus::Histogram>* family,
+                             const std::string& layer,
+                             const std::vector<double>& buckets, double value);
   void RegisterGaugeFamilies(prometheus::Registry& r);
 
   std::shared_ptr<prometheus::Registry> registry_;
@@ -134,6 +145,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* expert_tokens_;
   prometheus::Family<prometheus::Counter>* saved_steps_total_;
   prometheus::Family<prometheus::Counter>* skipped_steps_;
+  prometheus::Family<prometheus::Histogram>* merged_callers_;
+  prometheus::Family<prometheus::Histogram>* merged_tokens_;
+  prometheus::Family<prometheus::Histogram>* batch_wait_seconds_;
   prometheus::Counter* reformations_;
   prometheus::Counter* worker_deaths_;
   mutable int64_t worker_deaths_seen_ ABSL_GUARDED_BY(mu_) = 0;

@@ -25,6 +25,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -46,6 +47,7 @@
 #include "server/data_parallel_steps.h"
 #include "server/durable_store.h"
 #include "server/fifo_mutex.h"
+#include "server/forward_batcher.h"
 #include "server/graceful_stop.h"
 #include "server/metrics.h"
 #include "server/relay_pool.h"
@@ -145,6 +147,9 @@ struct ServiceOptions {
   int max_step_channels = 64;
   int max_step_channels_per_client = 8;
   uint64_t max_step_channel_bytes = uint64_t{64} << 20;
+  // Forwards of several callers on one layer merged into one step (server/forward_batcher.h,
+  // moe_service_batching.cc; --forward_batching*).
+  ForwardBatchingOptions forward_batching;
 };
 
 // Forward and Backward are registered raw (grpc::ByteBuffer in and out): moed splits the
@@ -305,6 +310,28 @@ class MoeServiceImpl final : public MoeServiceBase {
   grpc::Status DoForward(const StepCaller& caller, const v1::ForwardRequest& request,
                          const TensorBytes& input, v1::ForwardResponse* response,
                          std::vector<grpc::Slice>* output);
+  // A step of several callers' forwards (moe_service_batching.cc): it belongs to none of
+  // them (its StepCaller has their latest deadline and is cancelled once every member left);
+  // its workers report each token's experts into *routed_experts ([T, k]).
+  struct MergedStep {
+    std::vector<int32_t>* routed_experts = nullptr;
+  };
+  // DoForward's step (merged: null for a caller's own forward, which it also counts in
+  // metrics; else the merged step, counted by its members).
+  grpc::Status RunForwardStep(const StepCaller& caller, const v1::ForwardRequest& request,
+                              const TensorBytes& input, v1::ForwardResponse* response,
+                              std::vector<grpc::Slice>* output, const MergedStep* merged);
+  // moe_service_batching.cc. A forward that may share a step with other callers' (inference,
+  // x in the message, a layer whose per-caller results do not depend on the batch) joins the
+  // layer's batch and gets its own rows, counts and status: returns its status. Anything else,
+  // or a request that would fail alone, returns nullopt: DoForward runs it (and refuses it)
+  // by itself, so a bad request never joins a batch.
+  std::optional<grpc::Status> ForwardInBatch(const StepCaller& caller,
+                                             const v1::ForwardRequest& request,
+                                             const TensorBytes& input,
+                                             v1::ForwardResponse* response,
+                                             std::vector<grpc::Slice>* output);
+
   grpc::Status DoBackward(const StepCaller& caller, const v1::BackwardRequest& request,
                           const TensorBytes& input, v1::BackwardResponse* response,
                           std::vector<grpc::Slice>* output);
@@ -494,6 +521,10 @@ class MoeServiceImpl final : public MoeServiceBase {
     bool overdue_ = false;
     uint64_t overdue_step_ = 0;
   };
+  // moe_service_batching.cc: the batcher's run: one step for `members` (MergedForwardMember of one layer and dtype),
+  // split back into each member's response, output and status.
+  void RunMergedForward(const std::shared_ptr<Layer>& layer, DType dtype,
+                        const BatchMembers& members);
   absl::StatusOr<std::shared_ptr<Layer>> FindLayer(const std::string& name) const;
   // Waits for the layer's turn (client deadline/cancellation honoured), then takes setup_mu_
   // shared and the serving worker set.
@@ -757,6 +788,8 @@ class MoeServiceImpl final : public MoeServiceBase {
   // With tokens: each channel owner's (ClientOf's) token hash, for CloseRevokedStepChannels.
   absl::Mutex channel_tokens_mu_;
   std::map<std::string, std::string> channel_tokens_ ABSL_GUARDED_BY(channel_tokens_mu_);
+  ForwardBatcher forward_batcher_{options_.forward_batching};
+
   // Last: destroyed first, so its threads are joined before anything their bodies use.
   HandlerPool handlers_;
 };

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -285,8 +286,23 @@ grpc::Status MoeServiceImpl::DoForward(const StepCaller& caller,
                                        const v1::ForwardRequest& request, const TensorBytes& input,
                                        v1::ForwardResponse* response,
                                        std::vector<grpc::Slice>* output) {
+  // Several callers' inference forwards share one step (moe_service_batching.cc).
+  if (std::optional<grpc::Status> batched =
+          ForwardInBatch(caller, request, input, response, output)) {
+    return *batched;
+  }
+  return RunForwardStep(caller, request, input, response, output, /*merged=*/nullptr);
+}
+
+grpc::Status MoeServiceImpl::RunForwardStep(const StepCaller& caller,
+                                            const v1::ForwardRequest& request,
+                                            const TensorBytes& input,
+                                            v1::ForwardResponse* response,
+                                            std::vector<grpc::Slice>* output,
+                                            const MergedStep* merged) {
   const absl::Time start = absl::Now();
-  const InflightRequest inflight(metrics_, "Forward");
+  std::optional<InflightRequest> inflight;
+  if (merged == nullptr) inflight.emplace(metrics_, "Forward");
   auto run = [&]() -> absl::Status {
     // moed's own phases are always timed (metrics); the workers' only when the caller asks.
     PhaseClock clock(request.timing() || metrics_ != nullptr);
@@ -338,6 +354,7 @@ grpc::Status MoeServiceImpl::DoForward(const StepCaller& caller,
     head.set_layer_id(layer.id);
     head.set_step_id(step_id);
     head.set_timing(clock.enabled());  // metrics too: per-worker phases
+    head.set_routed_experts(merged != nullptr);
     StepCalls<internal::WorkerForwardResponse> calls(ranks);
     // Overdue (past --step_timeout_ms): DEADLINE_EXCEEDED here, the workers finish the step
     // and release what it saved before the layer's next call (moe_service_overdue.cc).
@@ -363,6 +380,13 @@ grpc::Status MoeServiceImpl::DoForward(const StepCaller& caller,
     if (relay.output) output->push_back(RelaySlice(relay.output, relay.output_bytes));
     const double gather_ms = clock.Lap();
     const std::vector<int64_t> counts = FillForwardAnswer(calls.answers[0], response);
+    if (merged != nullptr) {
+      for (const internal::WorkerForwardResponse& answer : calls.answers) {
+        merged->routed_experts->insert(merged->routed_experts->end(),
+                                       answer.routed_experts().begin(),
+                                       answer.routed_experts().end());
+      }
+    }
     BookForward(layer, counts, keep, step_id, SavedStep{tokens, dtype, saved_bytes, absl::Now()});
     ObserveStep(metrics_, layer.name, "Forward", queue_ms, fanout_ms, gather_ms, calls.call_ms,
                 calls.answers);
@@ -386,6 +410,7 @@ grpc::Status MoeServiceImpl::DoForward(const StepCaller& caller,
     }
     return absl::OkStatus();
   };
+  if (merged != nullptr) return ToGrpcStatus(run());  // its members count themselves
   return Finish("Forward", start, run());
 }
 

@@ -162,6 +162,17 @@ ABSL_FLAG(bool, shm_relay, true,
 ABSL_FLAG(int64_t, shm_relay_max_bytes, int64_t{2} << 30,
           "most shared memory the relay buffers may use (bytes); a step that does not fit, or "
           "memory the system refuses, goes over gRPC");
+ABSL_FLAG(bool, forward_batching, false,
+          "merge inference forwards (no keep_for_backward) of several callers on one layer into "
+          "one worker step, each caller answered with its own rows (server/README.md, "
+          "\"Cross-caller batching\"; off by default until its answers are bit-identical to "
+          "unbatched ones with several workers); off: every forward is its own step");
+ABSL_FLAG(int64_t, forward_batch_delay_us, 300,
+          "with --forward_batching: the longest a forward waits for others to join its step "
+          "(0: batches form only while the layer's previous merged step runs)");
+ABSL_FLAG(int64_t, forward_batch_max_tokens, 8192,
+          "with --forward_batching: the most tokens of one merged forward step; a forward "
+          "larger than this runs alone");
 ABSL_FLAG(int64_t, staged_ttl_s, 60,
           "drop a staged tensor (StageTensor, out_staged / d_x_staged) unused for this many "
           "seconds (a client that died mid-step)");
@@ -257,6 +268,9 @@ MoedOptions MoedOptionsFromFlags() {
   s.shm_relay = absl::GetFlag(FLAGS_shm_relay);
   s.shm_relay_max_bytes = absl::GetFlag(FLAGS_shm_relay_max_bytes);
   s.staged_ttl = absl::Seconds(absl::GetFlag(FLAGS_staged_ttl_s));
+  s.forward_batching.enabled = absl::GetFlag(FLAGS_forward_batching);
+  s.forward_batching.max_delay = absl::Microseconds(absl::GetFlag(FLAGS_forward_batch_delay_us));
+  s.forward_batching.max_tokens = absl::GetFlag(FLAGS_forward_batch_max_tokens);
   s.durable_every_steps = absl::GetFlag(FLAGS_durable_every_steps);
   s.durable_every = absl::Seconds(absl::GetFlag(FLAGS_durable_every_s));
 
@@ -294,7 +308,8 @@ absl::Status ValidateMoedOptions(const MoedOptions& o) {
            {"rendezvous_max_keys", o.rendezvous.max_keys},
            {"rendezvous_max_waiting", o.rendezvous.max_waiting},
            {"rendezvous_max_waiting_per_caller", o.rendezvous.max_waiting_per_caller},
-           {"stream_idle_timeout_s", absl::ToInt64Seconds(s.stream_idle_timeout)}}) {
+           {"stream_idle_timeout_s", absl::ToInt64Seconds(s.stream_idle_timeout)},
+           {"forward_batch_max_tokens", s.forward_batching.max_tokens}}) {
     if (value <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("--", name, " must be > 0, got ", value));
     }
@@ -322,6 +337,10 @@ absl::Status ValidateMoedOptions(const MoedOptions& o) {
       (channel_bytes & (channel_bytes - 1)) != 0) {
     return absl::InvalidArgumentError(
         "--max_step_channel_bytes must be a power of two in [65536, 2^30]");
+  }
+  if (s.forward_batching.max_delay < absl::ZeroDuration() ||
+      s.forward_batching.max_delay > absl::Seconds(1)) {
+    return absl::InvalidArgumentError("--forward_batch_delay_us must be in [0, 1000000]");
   }
   if (s.shm_idle_timeout < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("--shm_idle_timeout_s must be >= 0 (0: never)");

@@ -319,8 +319,10 @@ grpc::Status WorkerService::Forward(grpc::ServerContext*,
     std::unique_ptr<StepContext> saved;
     const bool keep = request->step_id() != 0;
     const CommTraffic before = s->device.comm->traffic();
-    ASSIGN_OR_RETURN(ForwardResult result, s->layer->Forward(x, keep ? &saved : nullptr,
-                                                             to_shm ? &out_shm.tensor : nullptr));
+    ASSIGN_OR_RETURN(ForwardResult result,
+                     s->layer->Forward(x, keep ? &saved : nullptr,
+                                       to_shm ? &out_shm.tensor : nullptr,
+                                       request->routed_experts()));
     const double engine_ms = clock.Lap();
     if (to_shm) SetTensorMeta(result.out, response->mutable_out());
     if (clock.enabled()) {
@@ -331,6 +333,8 @@ grpc::Status WorkerService::Forward(grpc::ServerContext*,
     response->set_aux_loss(result.aux_loss);
     response->set_z_loss(result.z_loss);
     for (int64_t c : result.tokens_per_expert) response->add_tokens_per_expert(c);
+    response->mutable_routed_experts()->Add(result.routed_experts.begin(),
+                                            result.routed_experts.end());
     if (keep && saved != nullptr) {
       response->set_saved_bytes(static_cast<int64_t>(saved->bytes()));
       s->steps[request->step_id()] = std::move(saved);

@@ -12,7 +12,8 @@
 #   python   the Python client's tests, the trainer benchmark, the C++ service bench
 #   bench    gpu_bench on one GPU and EP=2 (BENCH_CONFIGS), engine_bench's cross-check
 #   worker_ring  moed's step rings to the workers on and off (bench/worker_ring_bench.sh)
-#   all      tests, server, python, worker_ring, bench
+#   batching 32 inference callers x 128 tokens, unbatched then batched (moectl bench --callers)
+#   all      tests, server, python, worker_ring, batching, bench
 #   fp8      the FP8 tests, then gpu_bench bf16 and FP8 back to back, with the speed-up table
 #   compare  gpu_bench VARIANTS side by side, alternating ROUNDS times, fingerprints compared
 #   probe    bench/gemm_probe for each PROBE entry (expert GEMM configurations, issue 15)
@@ -135,6 +136,33 @@ if [ "$what" = all ] || [ "$what" = server ] || [ "$what" = worker_ring ]; then
   # other): 16 and 1024 tokens, the client over gRPC, shared memory and CUDA IPC.
   OUT=$out SHM=1 step worker_ring_bench 400 bench/worker_ring_bench.sh \
     --device=cuda --workers=1 --dtype=bf16 1024,4096,8,2,16 1024,4096,8,2,1024
+fi
+if [ "$what" = all ] || [ "$what" = batching ]; then
+  # Cross-caller batching (issue 39): CALLERS (32) inference callers of CALLER_TOKENS (128)
+  # tokens on one te_seed-shaped layer (H 1024, F 4096, E 8, k 2, bf16), unbatched then batched
+  # in one run (moectl bench --callers; JSON: tokens_per_s_ratio, p99_ratio,
+  # identical_to_unbatched), then the engine alone at the merged size for the ratio to it.
+  batching_bench() {
+    local port_file=/tmp/moed_batching.port
+    rm -f "$port_file"
+    moed --device=cuda --workers=1 --port=0 --port_file="$port_file" --forward_batching \
+      >"$out/batching_moed.log" 2>&1 &
+    local moed_pid=$! rc=1
+    for _ in $(seq 1 300); do [ -s "$port_file" ] && break; sleep 0.1; done
+    local server="127.0.0.1:$(cat "$port_file")"
+    if timeout 120 moectl --server="$server" health --wait_ms=120000; then
+      timeout 200 moectl bench --server="$server" --callers="${CALLERS:-32}" \
+        --tokens="${CALLER_TOKENS:-128}" --hidden=1024 --ffn=4096 --experts=8 --top_k=2 \
+        --compute_dtype=bf16 --dtype=bf16 --steps=30 --warmup=3 | tee "$out/bench_callers.json"
+      rc=$?
+    fi
+    kill "$moed_pid" 2>/dev/null
+    wait "$moed_pid" 2>/dev/null
+    return $rc
+  }
+  step batching_bench 250 batching_bench
+  [ -x "$(command -v engine_bench)" ] && step engine_bench_merged 60 engine_bench --device=cuda:0 \
+    --config=te_seed --tokens=$((${CALLERS:-32} * ${CALLER_TOKENS:-128})) --iters=10
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
   [ -n "${SKIP_1GPU:-}" ] || step bench_1gpu 250 gpu_bench --configs="${BENCH_CONFIGS:-te_seed,qwen3,mixtral,dsv3}" \

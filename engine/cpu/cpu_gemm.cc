@@ -46,6 +46,44 @@ absl::Status CheckFloatType(const char* op, const char* field, DType type) {
   return absl::OkStatus();
 }
 
+// OpenBLAS's sgemm rounds a row of C differently with the number of rows M it is given (its
+// small-matrix and edge kernels sum the k products in other orders; measured with Debian's
+// OpenBLAS 0.3.21: row 0 of an M=8 or M=17 product differs from the same row alone, and M=64
+// from M=128). Rows whose A is not transposed are tokens (router logits, expert GEMMs, d_x),
+// and a token's result must not depend on which others share its step (moed merges callers'
+// forwards: server/README.md, "Cross-caller batching"), so C is computed in blocks of
+// kRowBlock rows, the last block padded with zero rows: every row then goes through the same
+// kernel at the same M, and its bits depend on its own A row alone (tests/engine/
+// cpu_backend_test RowsDoNotDependOnM). Costs about 10 % against one call at large M.
+constexpr int64_t kRowBlock = 16;
+
+void RowBlockedSgemm(const GemmArgs& g, const float* a, int64_t lda, const float* b, int64_t ldb,
+                     float* c, int64_t ldc) {
+  const CBLAS_TRANSPOSE tb = g.trans_b ? CblasTrans : CblasNoTrans;
+  auto block = [&](const float* a_rows, int64_t a_ld, float* c_rows, int64_t c_ld) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, static_cast<blasint>(kRowBlock),
+                static_cast<blasint>(g.n), static_cast<blasint>(g.k), g.alpha, a_rows,
+                static_cast<blasint>(a_ld), b, static_cast<blasint>(ldb), g.beta, c_rows,
+                static_cast<blasint>(c_ld));
+  };
+  const int64_t full = g.m / kRowBlock * kRowBlock;
+  for (int64_t r = 0; r < full; r += kRowBlock) block(a + r * lda, lda, c + r * ldc, ldc);
+  const int64_t rest = g.m - full;
+  if (rest == 0) return;
+  std::vector<float> a_pad(static_cast<size_t>(kRowBlock * g.k), 0.0f);
+  std::vector<float> c_pad(static_cast<size_t>(kRowBlock * g.n), 0.0f);
+  for (int64_t i = 0; i < rest; ++i) {
+    std::copy(a + (full + i) * lda, a + (full + i) * lda + g.k, a_pad.begin() + i * g.k);
+    if (g.beta != 0.0f) {
+      std::copy(c + (full + i) * ldc, c + (full + i) * ldc + g.n, c_pad.begin() + i * g.n);
+    }
+  }
+  block(a_pad.data(), g.k, c_pad.data(), g.n);
+  for (int64_t i = 0; i < rest; ++i) {
+    std::copy(c_pad.begin() + i * g.n, c_pad.begin() + (i + 1) * g.n, c + (full + i) * ldc);
+  }
+}
+
 absl::Status Gemm(const GemmArgs& g, int threads) {
   if (g.is_fp8() || g.b_fp8 != DType::kFloat32) return Fp8Gemm(g, threads);
   if (g.m < 0 || g.n < 0 || g.k < 0) {
@@ -115,11 +153,14 @@ absl::Status Gemm(const GemmArgs& g, int threads) {
       a = a_tmp.data();
       lda = a_cols;
     }
-    cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-                g.trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(g.m),
-                static_cast<blasint>(g.n), static_cast<blasint>(g.k), g.alpha, a,
-                static_cast<blasint>(lda), b, static_cast<blasint>(ldb), g.beta, c,
-                static_cast<blasint>(ldc));
+    if (g.trans_a) {
+      cblas_sgemm(CblasRowMajor, CblasTrans, g.trans_b ? CblasTrans : CblasNoTrans,
+                  static_cast<blasint>(g.m), static_cast<blasint>(g.n),
+                  static_cast<blasint>(g.k), g.alpha, a, static_cast<blasint>(lda), b,
+                  static_cast<blasint>(ldb), g.beta, c, static_cast<blasint>(ldc));
+    } else {
+      RowBlockedSgemm(g, a, lda, b, ldb, c, ldc);
+    }
   }
   if (!c_f32) {
     // Round the fp32 result once into the bf16 C.

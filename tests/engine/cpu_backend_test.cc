@@ -1,8 +1,10 @@
 // CPU backend kernels on tiny hand-checked cases (engine/backend.h contracts).
 #include "engine/cpu/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -59,6 +61,36 @@ TEST_F(CpuBackendTest, GemmAllTransposesFp32) {
       g.alpha = 1.5f, g.beta = 1.0f;
       ASSERT_TRUE(backend_->Gemm(g).ok());
       for (int i = 0; i < m * n; ++i) EXPECT_NEAR(c[i], expect[i], 1e-5) << ta << tb << i;
+    }
+  }
+}
+
+// A row of C = A B (A not transposed: rows are tokens) has the same bits whatever other rows
+// share the call: moed merges several callers' tokens into one step (cpu_gemm.cc,
+// RowBlockedSgemm). OpenBLAS alone fails this (M = 1 against M = 17, M = 64 against 128).
+TEST_F(CpuBackendTest, RowsDoNotDependOnM) {
+  const int rows = 300;
+  for (const auto& [n, k] : {std::pair<int, int>{512, 256}, {8, 256}, {256, 512}, {64, 64}}) {
+    const std::vector<float> a = Ramp(rows * k, 0.37f, 0.1f), b = Ramp(k * n, 0.11f, 0.5f);
+    for (bool trans_b : {false, true}) {
+      auto product = [&](int first, int m, float beta) {
+        std::vector<float> c = Ramp(m * n, 0.9f, 0.2f);
+        GemmArgs g;
+        g.trans_b = trans_b, g.m = m, g.n = n, g.k = k;
+        g.a = a.data() + static_cast<size_t>(first) * k, g.lda = k;
+        g.b = b.data(), g.ldb = trans_b ? k : n;
+        g.c = c.data(), g.ldc = n;
+        g.beta = beta;
+        EXPECT_TRUE(backend_->Gemm(g).ok());
+        return c;
+      };
+      const std::vector<float> all = product(0, rows, 0.0f);
+      for (const auto& [first, m] : {std::pair<int, int>{0, 1}, {5, 17}, {40, 64}, {3, 128},
+                                     {100, 200}, {299, 1}}) {
+        const std::vector<float> part = product(first, m, 0.0f);
+        EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * n))
+            << "n=" << n << " k=" << k << " trans_b=" << trans_b << " rows " << first << "+" << m;
+      }
     }
   }
 }

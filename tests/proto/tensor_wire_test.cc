@@ -124,6 +124,36 @@ TEST(TensorWireTest, DecodedTensorIsBitIdenticalAcrossSliceBoundaries) {
   }
 }
 
+// moed's forward batcher: several received tensors' bytes joined into one, in order, still
+// valid after the parts and their buffers are gone; a view of caller-owned bytes is copied.
+TEST(TensorWireTest, ConcatJoinsPartsAndOutlivesThem) {
+  const Tensor a = IotaTensor(DType::kFloat32, {5, 3});
+  const Tensor b = IotaTensor(DType::kFloat32, {7, 3});
+  std::string owned = "caller-owned";
+  TensorBytes whole;
+  {
+    std::vector<TensorBytes> parts(3);
+    grpc::ByteBuffer wire_a = Sliced(SampleRequest(a).SerializeAsString(), 7);
+    v1::ForwardRequest head;
+    ASSERT_TRUE(DecodeWithTensor(wire_a, v1::ForwardRequest::kXFieldNumber, &head, &parts[0]).ok());
+    parts[1] = TensorBytes(owned);
+    grpc::ByteBuffer wire_b = Sliced(SampleRequest(b).SerializeAsString(), 5);
+    ASSERT_TRUE(DecodeWithTensor(wire_b, v1::ForwardRequest::kXFieldNumber, &head, &parts[2]).ok());
+    whole = TensorBytes::Concat(parts);
+  }
+  const std::string want = std::string(a.bytes()) + "caller-owned" + std::string(b.bytes());
+  owned.assign(owned.size(), 'X');  // the view was copied, not borrowed
+  ASSERT_EQ(whole.size(), want.size());
+  std::string got(whole.size(), '\0');
+  whole.CopyTo(got.data());
+  EXPECT_EQ(got, want);
+  std::vector<grpc::Slice> rows;
+  whole.AppendSlices(10, 40, /*borrowed=*/nullptr, &rows);
+  std::string sliced;
+  for (const grpc::Slice& s : rows) sliced.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  EXPECT_EQ(sliced, want.substr(10, 40));
+}
+
 // moed's relay: rows of a received tensor go on to another message as references to the
 // received slices (same memory, no copy), and several answers' bytes join into one message.
 TEST(TensorWireTest, ReceivedBytesAreForwardedAsSubSlicesWithoutCopy) {
