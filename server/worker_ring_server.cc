@@ -35,7 +35,7 @@ int WorkerRingServer::serving() const {
 
 absl::StatusOr<std::unique_ptr<RingChannel>> WorkerRingServer::Attach(
     const std::string& name, const internal::OpenStepChannelsRequest& request) const {
-  if (!absl::StartsWith(name, "/moed-ring-")) {
+  if (!absl::StartsWith(name, "/moed-worker-ring-")) {
     return absl::InvalidArgumentError(absl::StrCat(name, ": not a step ring name"));
   }
   const std::string pid_namespace = PidNamespace();

@@ -27,7 +27,7 @@ absl::StatusOr<std::string> RandomRingName() {
     if (n < 0) return absl::InternalError("getrandom failed");
     got += static_cast<size_t>(n);
   }
-  return absl::StrCat("/moed-ring-", absl::BytesToHexString(absl::string_view(bytes, 16)));
+  return absl::StrCat("/moed-worker-ring-", absl::BytesToHexString(absl::string_view(bytes, 16)));
 }
 
 void Log(int rank, absl::string_view what) {

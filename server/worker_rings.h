@@ -7,7 +7,7 @@
 // are the same bit for bit on either path.
 //
 // Setup (Open, after the generation's Setup): moed creates each region as
-// "/moed-ring-<128 random bits>" (mode 0600) and takes its caller slot, sends the names with
+// "/moed-worker-ring-<128 random bits>" (mode 0600) and takes its caller slot, sends the names with
 // its pid and pid namespace in Worker.OpenStepChannels (proto/worker.proto), unlinks every name
 // as soon as that call returns (nothing stays in /dev/shm), and keeps a channel only if the
 // worker attached with the pid it joined with.

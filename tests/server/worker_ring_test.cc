@@ -115,12 +115,12 @@ std::map<std::string, std::vector<std::string>> Workload(TestCluster* cluster) {
   return answers;
 }
 
-// The worker's mappings of step rings: "/dev/shm/moed-ring-... (deleted)" lines of its maps.
+// The worker's mappings of step rings: "/dev/shm/moed-worker-ring-... (deleted)" lines of its maps.
 std::vector<std::string> RingMappings(pid_t pid) {
   std::ifstream maps(absl::StrCat("/proc/", pid, "/maps"));
   std::vector<std::string> found;
   for (std::string line; std::getline(maps, line);) {
-    if (line.find("moed-ring-") != std::string::npos) found.push_back(line);
+    if (line.find("moed-worker-ring-") != std::string::npos) found.push_back(line);
   }
   return found;
 }
@@ -230,7 +230,7 @@ TEST(WorkerRingTest, RegionOfAnotherProcessThanMoedIsRefused) {
       secret->Channel(status.workers(0).address(), grpc::ChannelArguments()));
 
   const uint64_t ring_bytes = 1 << 16;
-  const std::string forged = absl::StrCat("/moed-ring-forged-", getpid());
+  const std::string forged = absl::StrCat("/moed-worker-ring-forged-", getpid());
   absl::StatusOr<ShmObject> object =
       ShmObject::CreateNamed(forged, RingChannel::RegionBytes(ring_bytes));
   ASSERT_TRUE(object.ok()) << object.status();
@@ -240,7 +240,7 @@ TEST(WorkerRingTest, RegionOfAnotherProcessThanMoedIsRefused) {
       RingChannel::Create(*std::move(object), RingChannel::Role::kCaller, options);
   ASSERT_TRUE(channel.ok()) << channel.status();
   // And a region of garbage bytes with a ring's name.
-  const std::string garbage = absl::StrCat("/moed-ring-garbage-", getpid());
+  const std::string garbage = absl::StrCat("/moed-worker-ring-garbage-", getpid());
   absl::StatusOr<ShmObject> junk = ShmObject::CreateNamed(garbage, 1 << 16);
   ASSERT_TRUE(junk.ok());
   {
