@@ -7,7 +7,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/worker_ring_envelope.h"
+#include "server/pid_namespace.h"
+#include "transport/step_envelope.h"
 
 namespace moe {
 namespace {
@@ -98,9 +99,10 @@ void WorkerRingServer::Open(const internal::OpenStepChannelsRequest& request,
 }
 
 absl::StatusOr<std::string> WorkerRingServer::Answer(absl::string_view record) const {
-  absl::StatusOr<Envelope> envelope = UnwrapEnvelope(record);
+  absl::StatusOr<StepEnvelope> envelope = DecodeStepEnvelope(record);
   if (!envelope.ok()) return envelope.status();
-  return handler_(envelope->kind, envelope->deadline, envelope->body);
+  // Relative, as gRPC's timeout header: this clock at receipt plus what was left when sent.
+  return handler_(envelope->kind, absl::Now() + envelope->deadline, envelope->body);
 }
 
 void WorkerRingServer::ServeChannel(Served* served) const {

@@ -1,7 +1,7 @@
 // moe-worker's side of the step rings (server/worker_rings.h is moed's): attaches to the ring
 // channels moed created for a generation (Worker.OpenStepChannels, proto/worker.proto) and
 // answers each with its own thread, running the handler it was given on every record
-// (server/worker_ring_envelope.h: kind, deadline, the request's bytes).
+// (transport/step_envelope.h: kind, deadline, the request's bytes).
 //
 // A channel is accepted only when its caller slot holds the pid moed declared and both share
 // one pid namespace; the OpenStepChannels call itself carries the cluster secret (checked by

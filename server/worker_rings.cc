@@ -11,7 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/status_convert.h"
-#include "server/worker_ring_envelope.h"
+#include "server/pid_namespace.h"
+#include "transport/step_envelope.h"
 
 namespace moe {
 namespace {
@@ -140,7 +141,7 @@ std::optional<absl::StatusOr<std::string>> WorkerRings::Call(
     WorkerRingKind kind, const grpc::ByteBuffer& request, absl::Time deadline,
     const std::function<bool()>& cancelled) {
   const uint64_t bytes = request.Length();
-  if (kEnvelopeBytes + bytes > max_payload_ || 2 * bytes + kAnswerFieldsBytes > max_payload_) {
+  if (kStepEnvelopeBytes + bytes > max_payload_ || 2 * bytes + kAnswerFieldsBytes > max_payload_) {
     return std::nullopt;  // a large inline tensor: gRPC (the answer may be as large)
   }
   std::unique_ptr<RingChannel> channel;
@@ -151,7 +152,8 @@ std::optional<absl::StatusOr<std::string>> WorkerRings::Call(
     free_.pop_back();
   }
   absl::StatusOr<std::string> answer =
-      channel->Call(WrapEnvelope(static_cast<uint8_t>(kind), deadline, BufferBytes(request)),
+      channel->Call(EncodeStepEnvelope(static_cast<uint8_t>(kind), deadline - absl::Now(),
+                                       BufferBytes(request)),
                     deadline, cancelled);
   Return(std::move(channel), answer.status());
   if (IsRingChannelError(answer.status()) && absl::IsDataLoss(answer.status())) {

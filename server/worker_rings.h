@@ -1,7 +1,7 @@
 // moed's same-host step rings to one worker (issue 37 §2; transport/README.md "Phase 2",
 // item 4): a few RingChannels per worker of a generation, moed the caller, the worker the
 // server. A per-step call (Forward, Backward, ReleaseStep) takes a free channel and goes as one
-// record: an envelope (server/worker_ring_envelope.h: its WorkerRingKind, its remaining
+// record: an envelope (transport/step_envelope.h: its WorkerRingKind, its remaining
 // deadline) + exactly the bytes of its gRPC request; the worker runs the same body as its gRPC
 // handler on them (server/worker_step_bytes.h) and answers the same bytes. So a step's results
 // are the same bit for bit on either path.

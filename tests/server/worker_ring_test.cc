@@ -20,7 +20,7 @@
 #include "gtest/gtest.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/cluster_secret.h"
-#include "server/worker_ring_envelope.h"
+#include "server/pid_namespace.h"
 #include "tests/server/cluster.h"
 #include "tests/server/test_util.h"
 #include "transport/ring_channel.h"
