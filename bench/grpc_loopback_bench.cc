@@ -3,7 +3,7 @@
 // (issue 12 §2; docs/DECISIONS.md). An in-process server echoes each request back (the
 // answer shares the request's slices: no copy on the server); the client sends a buffer that
 // borrows its bytes (as moed and the client do, proto/tensor_wire.h) and times round trips.
-// The connections get moed's bulk transport settings (server/bulk_transport.h; unset them
+// The connections get moed's bulk transport settings (transport/bulk_transport.h; unset them
 // with MOED_BULK_TRANSPORT=0).
 //
 //   grpc_loopback_bench --bytes=67108864 --iters=5 --parts=1,2,4
@@ -30,7 +30,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "bench/grpc_echo.h"
-#include "server/bulk_transport.h"
+#include "transport/bulk_transport.h"
 
 ABSL_FLAG(int64_t, bytes, int64_t{64} << 20, "bytes of one message (split over the parts)");
 ABSL_FLAG(int, iters, 5, "timed round trips per (mode, parts), after one warm-up");

@@ -33,7 +33,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "bench/grpc_echo.h"
-#include "server/bulk_transport.h"
+#include "transport/bulk_transport.h"
 #include "transport/ring_channel.h"
 #include "transport/shm_object.h"
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "base/phase_clock.h"
 #include "client/step_stream.h"
 #include "engine/status_macros.h"
 #include "grpcpp/create_channel.h"
@@ -22,8 +23,7 @@
 #include "proto/status_convert.h"
 #include "proto/tensor_convert.h"
 #include "proto/tensor_wire.h"
-#include "server/bulk_transport.h"
-#include "server/phase_clock.h"
+#include "transport/bulk_transport.h"
 
 namespace moe {
 namespace client {

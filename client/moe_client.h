@@ -27,11 +27,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/kept_threads.h"
+#include "client/step_channel.h"
 #include "engine/tensor.h"
 #include "proto/chunking.h"
 #include "proto/moe.grpc.pb.h"
-#include "client/step_channel.h"
-#include "server/kept_threads.h"
 
 namespace grpc {
 class Channel;
@@ -39,7 +39,7 @@ class Status;
 }  // namespace grpc
 
 namespace moe {
-class PhaseClock;   // server/phase_clock.h
+class PhaseClock;   // base/phase_clock.h
 class TensorBytes;  // proto/tensor_wire.h
 namespace client {
 

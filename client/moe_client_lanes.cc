@@ -11,13 +11,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/phase_clock.h"
 #include "client/moe_client.h"
 #include "engine/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/status_convert.h"
 #include "proto/tensor_convert.h"
 #include "proto/tensor_wire.h"
-#include "server/phase_clock.h"
 
 namespace moe {
 namespace client {

@@ -2,10 +2,10 @@
 // (proto/moe.proto, "Shared memory"; regions from client/shared_memory.h).
 #include <grpcpp/grpcpp.h>
 
+#include "base/phase_clock.h"
 #include "client/moe_client.h"
 #include "engine/status_macros.h"
 #include "proto/status_convert.h"
-#include "server/phase_clock.h"
 
 namespace moe {
 namespace client {

@@ -9,12 +9,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/phase_clock.h"
 #include "engine/status_macros.h"
 #include "proto/layer_info.h"
 #include "proto/status_convert.h"
 #include "proto/tensor_convert.h"
 #include "server/moe_service.h"
-#include "server/phase_clock.h"
 #include "server/step_memory.h"
 #include "server/worker_call.h"
 

@@ -37,7 +37,6 @@
 #include "engine/file_util.h"
 #include "engine/status_macros.h"
 #include "server/auth.h"
-#include "server/bulk_transport.h"
 #include "server/checkpoint_root.h"
 #include "server/cluster_secret.h"
 #include "server/coordinator_service.h"
@@ -56,6 +55,7 @@
 #include "server/tls.h"
 #include "server/worker_launcher.h"
 #include "server/worker_pool.h"
+#include "transport/bulk_transport.h"
 
 namespace moe {
 namespace {

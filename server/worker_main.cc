@@ -30,7 +30,6 @@
 #include "proto/status_convert.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/authenticated_worker.h"
-#include "server/bulk_transport.h"
 #include "server/cluster_secret.h"
 #include "server/device.h"
 #include "server/grpc_kv_store.h"
@@ -39,6 +38,7 @@
 #include "server/internal_tls.h"
 #include "server/worker_options.h"
 #include "server/worker_service.h"
+#include "transport/bulk_transport.h"
 
 namespace moe {
 namespace {

@@ -9,7 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "proto/status_convert.h"
-#include "server/bulk_transport.h"
+#include "transport/bulk_transport.h"
 
 namespace moe {
 namespace {

@@ -36,10 +36,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/kept_threads.h"
 #include "proto/moe.pb.h"
 #include "proto/worker.grpc.pb.h"
 #include "server/cluster_secret.h"
-#include "server/kept_threads.h"
 #include "server/worker_call.h"
 #include "server/worker_rings.h"
 

@@ -8,13 +8,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/phase_clock.h"
 #include "engine/config.h"
 #include "engine/config_agreement.h"
 #include "engine/status_macros.h"
 #include "proto/config_convert.h"
 #include "proto/status_convert.h"
 #include "proto/tensor_convert.h"
-#include "server/phase_clock.h"
 
 namespace moe {
 namespace {

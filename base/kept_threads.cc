@@ -1,4 +1,4 @@
-#include "server/kept_threads.h"
+#include "base/kept_threads.h"
 
 #include <thread>
 #include <utility>

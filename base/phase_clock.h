@@ -6,8 +6,8 @@
 //   timing->set_decode_ms(clock.Lap());   // ms since construction or the previous Lap
 //   RunEngine();
 //   timing->set_engine_ms(clock.Lap());
-#ifndef MOED_SERVER_PHASE_CLOCK_H_
-#define MOED_SERVER_PHASE_CLOCK_H_
+#ifndef MOED_BASE_PHASE_CLOCK_H_
+#define MOED_BASE_PHASE_CLOCK_H_
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -39,4 +39,4 @@ class PhaseClock {
 
 }  // namespace moe
 
-#endif  // MOED_SERVER_PHASE_CLOCK_H_
+#endif  // MOED_BASE_PHASE_CLOCK_H_

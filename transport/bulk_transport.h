@@ -8,8 +8,8 @@
 //   SetBulkTransportArgs(&args);          // or SetBulkTransportArgs(&server_builder)
 //
 // MOED_BULK_TRANSPORT=0 in the environment leaves gRPC's defaults: for A/B measurements only.
-#ifndef MOED_SERVER_BULK_TRANSPORT_H_
-#define MOED_SERVER_BULK_TRANSPORT_H_
+#ifndef MOED_TRANSPORT_BULK_TRANSPORT_H_
+#define MOED_TRANSPORT_BULK_TRANSPORT_H_
 
 #include <grpcpp/grpcpp.h>
 
@@ -41,4 +41,4 @@ inline void SetBulkTransportArgs(grpc::ServerBuilder* builder) {
 
 }  // namespace moe
 
-#endif  // MOED_SERVER_BULK_TRANSPORT_H_
+#endif  // MOED_TRANSPORT_BULK_TRANSPORT_H_

@@ -1,7 +1,7 @@
-// KeptThreads (server/kept_threads.h): every index runs exactly once per Run, concurrently, and
+// KeptThreads (base/kept_threads.h): every index runs exactly once per Run, concurrently, and
 // threads are kept between runs instead of started anew; several callers at once each get
 // their lanes.
-#include "server/kept_threads.h"
+#include "base/kept_threads.h"
 
 #include <atomic>
 #include <set>

@@ -8,8 +8,8 @@
 //
 //   KeptThreads threads;
 //   threads.Run(lanes, [&](size_t lane) { SendPart(lane); });  // lane 0 on this thread
-#ifndef MOED_SERVER_KEPT_THREADS_H_
-#define MOED_SERVER_KEPT_THREADS_H_
+#ifndef MOED_BASE_KEPT_THREADS_H_
+#define MOED_BASE_KEPT_THREADS_H_
 
 #include <cstddef>
 #include <deque>
@@ -56,4 +56,4 @@ class KeptThreads {
 
 }  // namespace moe
 
-#endif  // MOED_SERVER_KEPT_THREADS_H_
+#endif  // MOED_BASE_KEPT_THREADS_H_
