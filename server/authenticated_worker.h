@@ -22,6 +22,35 @@
 
 namespace moe {
 
+// The RPCs whose body is "check the cluster secret, then the WorkerService's handler of the
+// same name with the same arguments": X(method, input, output) with the generated service's
+// argument types. One row each; the header declares the overrides from it and
+// authenticated_worker.cc defines them from it, so every row gets the same check, statuses and
+// deadline handling (the inner handler sees the caller's context, deadline included). Forward
+// and Backward are listed for completeness: the service serves them as raw bytes
+// (ForwardBytes / BackwardBytes below), so their typed overrides are never reached from the
+// wire. OpenStepChannels is not a row: its body is this class's own (the step rings).
+#define MOE_WORKER_CHECKED_RPCS(X)                                                                \
+  X(Setup, const internal::SetupRequest*, internal::SetupResponse*)                               \
+  X(CreateLayer, const internal::WorkerCreateLayerRequest*, internal::WorkerCreateLayerResponse*) \
+  X(DeleteLayer, const internal::WorkerLayerRequest*, internal::WorkerEmpty*)                     \
+  X(Forward, const internal::WorkerForwardRequest*, internal::WorkerForwardResponse*)             \
+  X(Backward, const internal::WorkerBackwardRequest*, internal::WorkerBackwardResponse*)          \
+  X(ReleaseStep, const internal::WorkerReleaseStepRequest*, internal::WorkerEmpty*)               \
+  X(GetTensors, const internal::WorkerGetTensorsRequest*, grpc::ServerWriter<v1::TensorChunk>*)   \
+  X(SetTensors, grpc::ServerReader<internal::WorkerSetTensorsRequest>*, internal::WorkerEmpty*)   \
+  X(ZeroGradients, const internal::WorkerLayerRequest*, internal::WorkerEmpty*)                   \
+  X(ApplyOptimizer, const internal::WorkerOptimizerRequest*, internal::WorkerEmpty*)              \
+  X(CheckGradients, const internal::WorkerLayerRequest*, internal::WorkerGradientCheck*)          \
+  X(UpdateExpertBias, const internal::WorkerExpertBiasRequest*,                                   \
+    internal::WorkerExpertBiasResponse*)                                                          \
+  X(SaveCheckpoint, const internal::WorkerCheckpointRequest*, internal::WorkerEmpty*)             \
+  X(LoadCheckpoint, const internal::WorkerCheckpointRequest*, internal::WorkerEmpty*)             \
+  X(CommitStage, const internal::WorkerCommitRequest*, internal::WorkerEmpty*)                    \
+  X(Ping, const internal::PingRequest*, internal::PingResponse*)                                  \
+  X(Shutdown, const internal::WorkerEmpty*, internal::WorkerEmpty*)                               \
+  X(ForgetSharedMemory, const internal::ForgetSharedMemoryRequest*, internal::WorkerEmpty*)
+
 class AuthenticatedWorkerService final : public internal::Worker::Service {
  public:
   // `inner` outlives this service.
@@ -29,43 +58,10 @@ class AuthenticatedWorkerService final : public internal::Worker::Service {
   // checks) so that the output tensor is sent without a copy.
   AuthenticatedWorkerService(WorkerService* inner, ClusterSecret secret);
 
-  grpc::Status Setup(grpc::ServerContext*, const internal::SetupRequest*,
-                     internal::SetupResponse*) override;
-  grpc::Status CreateLayer(grpc::ServerContext*, const internal::WorkerCreateLayerRequest*,
-                           internal::WorkerCreateLayerResponse*) override;
-  grpc::Status DeleteLayer(grpc::ServerContext*, const internal::WorkerLayerRequest*,
-                           internal::WorkerEmpty*) override;
-  grpc::Status Forward(grpc::ServerContext*, const internal::WorkerForwardRequest*,
-                       internal::WorkerForwardResponse*) override;
-  grpc::Status Backward(grpc::ServerContext*, const internal::WorkerBackwardRequest*,
-                        internal::WorkerBackwardResponse*) override;
-  grpc::Status ReleaseStep(grpc::ServerContext*, const internal::WorkerReleaseStepRequest*,
-                           internal::WorkerEmpty*) override;
-  grpc::Status GetTensors(grpc::ServerContext*, const internal::WorkerGetTensorsRequest*,
-                          grpc::ServerWriter<v1::TensorChunk>*) override;
-  grpc::Status SetTensors(grpc::ServerContext*,
-                          grpc::ServerReader<internal::WorkerSetTensorsRequest>*,
-                          internal::WorkerEmpty*) override;
-  grpc::Status ZeroGradients(grpc::ServerContext*, const internal::WorkerLayerRequest*,
-                             internal::WorkerEmpty*) override;
-  grpc::Status ApplyOptimizer(grpc::ServerContext*, const internal::WorkerOptimizerRequest*,
-                              internal::WorkerEmpty*) override;
-  grpc::Status CheckGradients(grpc::ServerContext*, const internal::WorkerLayerRequest*,
-                              internal::WorkerGradientCheck*) override;
-  grpc::Status UpdateExpertBias(grpc::ServerContext*, const internal::WorkerExpertBiasRequest*,
-                                internal::WorkerExpertBiasResponse*) override;
-  grpc::Status SaveCheckpoint(grpc::ServerContext*, const internal::WorkerCheckpointRequest*,
-                              internal::WorkerEmpty*) override;
-  grpc::Status LoadCheckpoint(grpc::ServerContext*, const internal::WorkerCheckpointRequest*,
-                              internal::WorkerEmpty*) override;
-  grpc::Status CommitStage(grpc::ServerContext*, const internal::WorkerCommitRequest*,
-                           internal::WorkerEmpty*) override;
-  grpc::Status Ping(grpc::ServerContext*, const internal::PingRequest*,
-                    internal::PingResponse*) override;
-  grpc::Status Shutdown(grpc::ServerContext*, const internal::WorkerEmpty*,
-                        internal::WorkerEmpty*) override;
-  grpc::Status ForgetSharedMemory(grpc::ServerContext*, const internal::ForgetSharedMemoryRequest*,
-                                  internal::WorkerEmpty*) override;
+#define MOE_DECLARE_CHECKED_RPC(Method, Input, Output) \
+  grpc::Status Method(grpc::ServerContext*, Input, Output) override;
+  MOE_WORKER_CHECKED_RPCS(MOE_DECLARE_CHECKED_RPC)
+#undef MOE_DECLARE_CHECKED_RPC
   // Attaches to moed's step rings (server/worker_ring_server.h); their records run the same
   // bodies as Forward, Backward and ReleaseStep (server/worker_step_bytes.h).
   grpc::Status OpenStepChannels(grpc::ServerContext*, const internal::OpenStepChannelsRequest*,
