@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <random>
@@ -35,6 +34,17 @@ namespace {
 constexpr char kHealthCheckMethod[] = "/grpc.health.v1.Health/Check";
 constexpr char kForwardMethod[] = "/moe.v1.MoeService/Forward";
 constexpr char kBackwardMethod[] = "/moe.v1.MoeService/Backward";
+
+// The RPC of a unary step and the tensor fields of its request and answer.
+struct StepMethod {
+  const char* method;
+  int tensor_field;         // the request's tensor (x, d_out)
+  int answer_tensor_field;  // the answer's tensor (out, d_x)
+};
+constexpr StepMethod kForwardStep = {kForwardMethod, v1::ForwardRequest::kXFieldNumber,
+                                     v1::ForwardResponse::kOutFieldNumber};
+constexpr StepMethod kBackwardStep = {kBackwardMethod, v1::BackwardRequest::kDOutFieldNumber,
+                                      v1::BackwardResponse::kDXFieldNumber};
 
 // grpc.health.v1.HealthCheckRequest {string service = 1;} encoded by hand: the Health protos
 // are not installed with Debian's gRPC, and two lines of wire format beat vendoring them.
@@ -285,9 +295,8 @@ absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const
                                &v1::ForwardResponse::mutable_out, PieceBytes(), &response));
     out_bytes = TensorBytes(response.out().raw_data());
   } else {
-    RETURN_IF_ERROR(CallStep(kForwardMethod, request, v1::ForwardRequest::kXFieldNumber, x,
-                             v1::ForwardResponse::kOutFieldNumber, call, &clock, &encode_ms,
-                             &response, &out_bytes));
+    RETURN_IF_ERROR(
+        CallStep(StepKind::kForward, request, x, call, &clock, &encode_ms, &response, &out_bytes));
   }
   const double call_ms = clock.Lap();
   ForwardOutput output;
@@ -332,8 +341,7 @@ absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t st
                                &v1::BackwardResponse::mutable_d_x, PieceBytes(), &response));
     d_x_bytes = TensorBytes(response.d_x().raw_data());
   } else {
-    RETURN_IF_ERROR(CallStep(kBackwardMethod, request, v1::BackwardRequest::kDOutFieldNumber, d_out,
-                             v1::BackwardResponse::kDXFieldNumber, call, &clock, &encode_ms,
+    RETURN_IF_ERROR(CallStep(StepKind::kBackward, request, d_out, call, &clock, &encode_ms,
                              &response, &d_x_bytes));
   }
   const double call_ms = clock.Lap();
@@ -346,14 +354,15 @@ absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t st
   return d_x;
 }
 
-absl::Status MoeClient::CallStep(const char* method, const google::protobuf::MessageLite& head,
-                                 int tensor_field, const Tensor& tensor, int answer_tensor_field,
-                                 const CallOptions& call, PhaseClock* clock, double* encode_ms,
-                                 google::protobuf::MessageLite* answer, TensorBytes* answer_bytes) {
+absl::Status MoeClient::CallStep(StepKind kind, const google::protobuf::MessageLite& head,
+                                 const Tensor& tensor, const CallOptions& call, PhaseClock* clock,
+                                 double* encode_ms, google::protobuf::MessageLite* answer,
+                                 TensorBytes* answer_bytes) {
+  const StepMethod& step = kind == StepKind::kForward ? kForwardStep : kBackwardStep;
   // Destroyed before the call returns: waits until gRPC let go of `tensor`'s bytes.
   BorrowedBytes borrowed;
-  const grpc::ByteBuffer request =
-      EncodeWithTensor(head, tensor_field, TensorHead(tensor), borrowed.Borrow(tensor.bytes()));
+  const grpc::ByteBuffer request = EncodeWithTensor(head, step.tensor_field, TensorHead(tensor),
+                                                    borrowed.Borrow(tensor.bytes()));
   *encode_ms = clock->Lap();
   grpc::ByteBuffer wire;
   // On moed's host: one record on the step channel (its answer at most twice the tensor: a
@@ -361,8 +370,6 @@ absl::Status MoeClient::CallStep(const char* method, const google::protobuf::Mes
   std::optional<absl::StatusOr<std::string>> ring;
   if (step_channel_ != nullptr && tensor.num_bytes() <= options_.step_channel_max_inline_bytes &&
       step_channel_->Fits(request.Length(), 2 * tensor.num_bytes())) {
-    const StepKind kind =
-        std::strcmp(method, kForwardMethod) == 0 ? StepKind::kForward : StepKind::kBackward;
     ring = step_channel_->Call(kind, FlattenByteBuffer(request), 2 * tensor.num_bytes(),
                                call.deadline.value_or(options_.default_deadline));
   }
@@ -372,12 +379,13 @@ absl::Status MoeClient::CallStep(const char* method, const google::protobuf::Mes
   } else {
     grpc::ClientContext context;
     Prepare(call, &context);
-    RETURN_IF_ERROR(CallUnary(channel_, &context, method, request, &wire));
+    RETURN_IF_ERROR(CallUnary(channel_, &context, step.method, request, &wire));
   }
-  const absl::Status decoded = DecodeWithTensor(wire, answer_tensor_field, answer, answer_bytes);
+  const absl::Status decoded =
+      DecodeWithTensor(wire, step.answer_tensor_field, answer, answer_bytes);
   if (!decoded.ok()) {
     return absl::InternalError(
-        absl::StrCat("bad answer from server to ", method, ": ", decoded.message()));
+        absl::StrCat("bad answer from server to ", step.method, ": ", decoded.message()));
   }
   return absl::OkStatus();
 }

@@ -271,14 +271,14 @@ class MoeClient {
   size_t PieceBytes() const;
   // Applies the deadline and wait-for-ready of `call` to a fresh context.
   void Prepare(const CallOptions& call, grpc::ClientContext* context) const;
-  // A unary Forward / Backward sent around `tensor`'s bytes (not copied) as field
-  // `tensor_field` of `head` (proto/tensor_wire.h); the answer split into *answer and the
-  // bytes of its tensor field `answer_tensor_field` (not copied yet). *encode_ms: the time to
-  // encode, from `clock`'s last lap.
-  absl::Status CallStep(const char* method, const google::protobuf::MessageLite& head,
-                        int tensor_field, const Tensor& tensor, int answer_tensor_field,
-                        const CallOptions& call, PhaseClock* clock, double* encode_ms,
-                        google::protobuf::MessageLite* answer, TensorBytes* answer_bytes);
+  // A unary Forward or Backward (`kind`) sent around `tensor`'s bytes (not copied) as the
+  // request's tensor field (x, d_out) of `head` (proto/tensor_wire.h); the answer split into
+  // *answer and the bytes of its tensor field (out, d_x), not copied yet. *encode_ms: the time
+  // to encode, from `clock`'s last lap.
+  absl::Status CallStep(StepKind kind, const google::protobuf::MessageLite& head,
+                        const Tensor& tensor, const CallOptions& call, PhaseClock* clock,
+                        double* encode_ms, google::protobuf::MessageLite* answer,
+                        TensorBytes* answer_bytes);
   // Everything of a ForwardResponse but `out` (the gRPC and shared-memory paths share it).
   static void TakeForwardResults(v1::ForwardResponse* response, ForwardOutput* output);
   // A whole-message step (ForwardShm, BackwardShm, ReleaseStep) on the step channel: its
