@@ -331,7 +331,8 @@ ${STEP_TIMEOUT_MS} ms, a forward of ${TOKENS} tokens): $(
   # next generation then forms: waited for (the test stays under 3 minutes), and said.
   if ! ctl health --wait_ms=15000 > /dev/null; then
     echo "NOTE: not SERVING 15 s after the link came back: $(ctl status 2>&1 |
-      grep -E '^(serving|message):' | tr '\n' ' ')"
+      grep -E '^(serving|message):' | tr '\n' ' ')" "(worker joins: $(
+      grep -c "rejoined" "${TMP}/worker0.log") and $(grep -c "rejoined" "${TMP}/worker1.log"))"
     ctl health --wait_ms=105000 > /dev/null ||
       fail "not SERVING within 120 s of the link coming back: $(ctl status 2>&1 | head -n 40)"
   fi
