@@ -326,16 +326,12 @@ ${STEP_TIMEOUT_MS} ms, a forward of ${TOKENS} tokens): $(
     fail "a step during the cut (exit ${rc}): ${ERR}"
   ip -n "${SW}" link set p3 up
   UP_S=${SECONDS}
-  # Usually SERVING within a few seconds. In about 1 run of 6 here (load 1-10) the new
-  # generation's Setup hangs on worker 0 until moed's setup timeout (60 s, no flag) and the
-  # next generation then forms: waited for (the test stays under 3 minutes), and said.
-  if ! ctl health --wait_ms=15000 > /dev/null; then
-    echo "NOTE: not SERVING 15 s after the link came back: $(ctl status 2>&1 |
-      grep -E '^(serving|message):' | tr '\n' ' ')" "(worker joins: $(
-      grep -c "rejoined" "${TMP}/worker0.log") and $(grep -c "rejoined" "${TMP}/worker1.log"))"
-    ctl health --wait_ms=105000 > /dev/null ||
-      fail "not SERVING within 120 s of the link coming back: $(ctl status 2>&1 | head -n 40)"
-  fi
+  # SERVING again within seconds. Until moed cancelled the other workers' Setup when one
+  # failed, about 1 run in 4 took 60 s here: worker 2's first Gloo connect after the link came
+  # back failed (No route to host: its neighbour entry for worker 1 had failed during the cut)
+  # and worker 1's Setup then waited in the rendezvous for moed's whole setup timeout.
+  ctl health --wait_ms=30000 > /dev/null ||
+    fail "not SERVING within 30 s of the link coming back: $(ctl status 2>&1 | head -n 40)"
   SMOKE="$(ctl smoke --tokens=24 --hidden=32 --ffn=64 --experts=8 --top_k=2)" && rc=0 || rc=$?
   [ "${rc}" -eq 0 ] && grep -q "^verdict: PASS" <<< "${SMOKE}" &&
     pass "link back: serving again after $(( SECONDS - UP_S )) s, smoke PASS" ||
