@@ -36,6 +36,7 @@
 #include "server/health.h"
 #include "server/heap_trim.h"
 #include "server/internal_tls.h"
+#include "server/socket_ifname.h"
 #include "server/worker_options.h"
 #include "server/worker_service.h"
 #include "transport/bulk_transport.h"
@@ -170,6 +171,21 @@ int Main(const WorkerOptions& options) {
     std::fprintf(stderr, "moe-worker: %s\n", std::string(valid.message()).c_str());
     return 2;
   }
+  // --socket_ifname: NCCL_SOCKET_IFNAME set here, before any thread runs, and Gloo's interface.
+  std::string socket_iface;
+  if (!options.socket_ifname.empty()) {
+    absl::StatusOr<std::string> iface = UseSocketIfname(options.socket_ifname);
+    if (!iface.ok()) {
+      std::fprintf(stderr, "moe-worker: %s\n", iface.status().ToString().c_str());
+      return 2;
+    }
+    socket_iface = *iface;
+    std::fprintf(stderr, "moe-worker: --socket_ifname=%s: NCCL_SOCKET_IFNAME=%s, Gloo on %s\n",
+                 options.socket_ifname.c_str(), options.socket_ifname.c_str(),
+                 !options.engine.gloo.iface.empty()      ? options.engine.gloo.iface.c_str()
+                 : !options.engine.gloo.hostname.empty() ? options.engine.gloo.hostname.c_str()
+                                                         : socket_iface.c_str());
+  }
   absl::StatusOr<ClusterSecret> secret = options.cluster_secret_fd >= 0
                                              ? ClusterSecret::FromFd(options.cluster_secret_fd)
                                              : ClusterSecret::FromFile(options.cluster_secret_file);
@@ -191,11 +207,14 @@ int Main(const WorkerOptions& options) {
   auto store = std::make_shared<GrpcKeyValueStore>(channel);
   // Free heap memory above --heap_retain_bytes goes back to the system (server/heap_trim.h).
   HeapTrimmer heap_trimmer(HeapRetainBytes(/*cuda_worker=*/options.device != "cpu"));
-  // Gloo listens where peers can reach this worker: the advertised host, unless the operator
-  // chose an interface or name for Gloo explicitly (--gloo_iface, --gloo_hostname).
+  // Gloo listens where peers can reach this worker: on --gloo_iface or --gloo_hostname if
+  // given, else on the interface --socket_ifname selects, else on the advertised host.
   const std::string host = AdvertiseHost(options);
   EngineOptions engine = options.engine;
-  if (engine.gloo.iface.empty() && engine.gloo.hostname.empty()) engine.gloo.hostname = host;
+  if (engine.gloo.iface.empty() && engine.gloo.hostname.empty()) {
+    engine.gloo.iface = socket_iface;
+    if (socket_iface.empty()) engine.gloo.hostname = host;
+  }
   WorkerService service(options.device, store, engine);
   AuthenticatedWorkerService authenticated(&service, *secret);
   Readiness readiness(&service, options.rejoin_after > absl::ZeroDuration() ? options.rejoin_after

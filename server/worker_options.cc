@@ -4,6 +4,7 @@
 #include "absl/flags/flag.h"
 #include "server/device.h"
 #include "server/engine_flags.h"
+#include "server/socket_ifname.h"
 
 ABSL_FLAG(std::string, frontend, "",
           "host:port of moed's internal plane (moed --internal_listen; required)");
@@ -20,6 +21,12 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0",
 ABSL_FLAG(std::string, advertise_host, "",
           "host name or address the front end and peers reach this worker at (empty: "
           "127.0.0.1 when --frontend is on localhost, else this host's name)");
+ABSL_FLAG(std::string, socket_ifname, "",
+          "the network interface of this worker's peer traffic, in NCCL_SOCKET_IFNAME's "
+          "conventions (eth0; a prefix list ib,eth; =eth0 exact; ^docker,lo excludes): NCCL's "
+          "(the worker sets NCCL_SOCKET_IFNAME) and Gloo's (the first such interface, unless "
+          "--gloo_iface or --gloo_hostname); empty: NCCL's own choice, Gloo on "
+          "--advertise_host");
 ABSL_FLAG(int, cpu_threads, 0,
           "cpu device: threads of the element-wise kernels (0: one per hardware thread); "
           "OpenBLAS follows OPENBLAS_NUM_THREADS");
@@ -42,6 +49,7 @@ WorkerOptions WorkerOptionsFromFlags() {
   o.rank = absl::GetFlag(FLAGS_rank);
   o.listen = absl::GetFlag(FLAGS_listen);
   o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  o.socket_ifname = absl::GetFlag(FLAGS_socket_ifname);
   o.engine = EngineOptionsFromFlags();
   o.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
   o.join_timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
@@ -58,6 +66,9 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
     return absl::InvalidArgumentError(
         "give the cluster secret with --cluster_secret_file=PATH (the file moed was given with "
         "its own --cluster_secret_file)");
+  }
+  if (!o.socket_ifname.empty()) {
+    if (absl::Status ifname = CheckSocketIfname(o.socket_ifname); !ifname.ok()) return ifname;
   }
   return CheckEngineOptions(o.engine);
 }

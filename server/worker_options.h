@@ -24,6 +24,9 @@ struct WorkerOptions {
   int rank = -1;  // requested rank; -1: any free one
   std::string listen = "127.0.0.1:0";
   std::string advertise_host;  // empty: see AdvertiseHost in worker_main.cc
+  // The interface of NCCL's and Gloo's peer traffic, NCCL_SOCKET_IFNAME's conventions
+  // (server/socket_ifname.h); empty: NCCL chooses, Gloo listens on the advertised host.
+  std::string socket_ifname;
   absl::Duration join_timeout = absl::Seconds(60);
   // Join again when the front end has not pinged for this long (zero: never; readiness then
   // uses 5 s).
@@ -39,7 +42,8 @@ struct WorkerOptions {
 WorkerOptions WorkerOptionsFromFlags();
 
 // INVALID_ARGUMENT naming the flag at fault: no --frontend, an unknown --device, not exactly one
-// of --cluster_secret_file and --cluster_secret_fd, an engine flag out of range.
+// of --cluster_secret_file and --cluster_secret_fd, a --socket_ifname naming no interface, an
+// engine flag out of range.
 absl::Status ValidateWorkerOptions(const WorkerOptions& options);
 
 }  // namespace moe

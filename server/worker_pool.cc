@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdio>
+#include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -348,6 +350,11 @@ void WorkerPool::SetupLoop() {
 
 absl::Status WorkerPool::RunSetup(int64_t generation, const WorkerSet& set) {
   std::vector<absl::Status> results(set.size());
+  // Each worker's Setup call while it runs (guarded by mu_): when one fails, the others are
+  // cancelled, since they wait in the rendezvous for the failed one until setup_timeout (60 s;
+  // seen after a cut link: one worker's Setup failed, the other's hung for the whole timeout
+  // in Gloo's connectFullMesh); the next generation is then tried after a pause.
+  std::vector<grpc::ClientContext*> running(set.size(), nullptr);
   std::vector<std::thread> threads;
   for (int r = 0; r < set.size(); ++r) {
     threads.emplace_back([&, r] {
@@ -368,19 +375,37 @@ absl::Status WorkerPool::RunSetup(int64_t generation, const WorkerSet& set) {
           return;
         }
         in_flight_.insert(&context);
+        running[r] = &context;
       }
-      results[r] = FromGrpcStatus(set.stubs[r]->Setup(&context, request, &response));
+      absl::Status result = FromGrpcStatus(set.stubs[r]->Setup(&context, request, &response));
       absl::MutexLock lock(&mu_);
+      running[r] = nullptr;
       in_flight_.erase(&context);
       cancelled_.erase(&context);
+      results[r] = result;
+      if (!result.ok()) {
+        for (grpc::ClientContext* other : running) {
+          if (other != nullptr) other->TryCancel();
+        }
+      }
     });
   }
   for (std::thread& t : threads) t.join();
+  // The first failure that is not a cancellation caused by another's (that one names why).
+  int failed = -1;
   for (int r = 0; r < set.size(); ++r) {
-    if (!results[r].ok()) {
-      return absl::Status(results[r].code(),
-                          absl::StrCat("worker ", r, " Setup: ", results[r].message()));
+    if (!results[r].ok() &&
+        (failed < 0 || (results[failed].code() == absl::StatusCode::kCancelled &&
+                        results[r].code() != absl::StatusCode::kCancelled))) {
+      failed = r;
     }
+  }
+  if (failed >= 0) {
+    std::fprintf(stderr, "moed: setup of generation %lld failed: worker %d: %s\n",
+                 static_cast<long long>(generation), failed,
+                 std::string(results[failed].message()).c_str());
+    return absl::Status(results[failed].code(),
+                        absl::StrCat("worker ", failed, " Setup: ", results[failed].message()));
   }
   OpenRings(generation, set);
   // Layers are re-created while still not serving (in_setup_): steps cannot slip in.

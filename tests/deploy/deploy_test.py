@@ -164,7 +164,9 @@ class ComposeTest(unittest.TestCase):
             self.assertEqual(svc["ulimits"]["memlock"], {"soft": -1, "hard": -1}, name)
             env = svc["environment"]
             self.assertEqual(env["NCCL_DEBUG"], "WARN", name)
-            self.assertTrue(env["NCCL_SOCKET_IFNAME"], name)
+            # The interface once, as a flag: the worker sets NCCL_SOCKET_IFNAME from it.
+            self.assertTrue(flag_value(as_list(svc["command"]), "socket_ifname"), name)
+            self.assertNotIn("NCCL_SOCKET_IFNAME", env, name)
         self.assertEqual(len(set(device_ids)), len(device_ids), "two workers share a GPU")
 
     def test_cpu_file_has_no_gpu(self):
@@ -222,11 +224,31 @@ class KubernetesTest(unittest.TestCase):
                     # Readiness is grpc.health.v1 "" (front end: SERVING = all workers in;
                     # worker: joined and set up); liveness must not follow it (a lost worker
                     # would restart the front end and drop every layer): the "liveness" name.
+                    # A port that speaks mutual TLS (the workers': --internal_tls_*) cannot be
+                    # asked by the kubelet's gRPC probe: moectl health with the members' files.
+                    tls = flag_value(c["args"], "internal_tls_cert_file") is not None
                     for probe, service in (("readinessProbe", ""), ("livenessProbe", "liveness")):
-                        self.assertIn("grpc", c[probe], where + " " + probe)
-                        self.assertEqual(c[probe]["grpc"]["port"], port, where + " " + probe)
-                        self.assertEqual(c[probe]["grpc"].get("service", ""), service,
-                                         where + " " + probe)
+                        what = where + " " + probe
+                        if w["kind"] == "StatefulSet" and tls:
+                            self.assertNotIn("grpc", c[probe], what + ": TLS port, gRPC probe")
+                            cmd = [str(a) for a in c[probe]["exec"]["command"]]
+                            self.assertEqual(cmd[0], "moectl", what)
+                            self.assertIn("health", cmd, what)
+                            self.assertEqual(flag_value(cmd, "server"), "127.0.0.1:%d" % port, what)
+                            self.assertEqual(flag_value(cmd, "service") or "", service, what)
+                            for mine, theirs in (("internal_tls_ca_file", "tls_ca_file"),
+                                                 ("internal_tls_cert_file", "tls_cert_file"),
+                                                 ("internal_tls_key_file", "tls_key_file"),
+                                                 ("internal_tls_server_name", "tls_server_name")):
+                                self.assertEqual(flag_value(cmd, theirs),
+                                                 flag_value(c["args"], mine), what + " " + theirs)
+                            # Above moectl's start and the TLS handshake (1 s by default).
+                            self.assertGreater(c[probe].get("timeoutSeconds", 1) * 1000,
+                                               int(flag_value(cmd, "deadline_ms")), what)
+                        else:
+                            self.assertIn("grpc", c[probe], what)
+                            self.assertEqual(c[probe]["grpc"]["port"], port, what)
+                            self.assertEqual(c[probe]["grpc"].get("service", ""), service, what)
                     self.assertIn("cpu", c["resources"]["requests"], where)
                     self.assertIn("memory", c["resources"]["requests"], where)
                     self.assertIn("memory", c["resources"]["limits"], where)
@@ -247,7 +269,32 @@ class KubernetesTest(unittest.TestCase):
                         self.assertEqual(shm["emptyDir"]["medium"], "Memory", where)
                         env = {e["name"]: e.get("value") for e in c["env"]}
                         self.assertEqual(env["NCCL_DEBUG"], "WARN", where)
-                        self.assertIn("NCCL_SOCKET_IFNAME", env, where)
+                        # The interface, once: moe-worker --socket_ifname sets
+                        # NCCL_SOCKET_IFNAME (and refuses an environment that differs).
+                        self.assertTrue(flag_value(c["args"], "socket_ifname"), where)
+                        self.assertNotIn("NCCL_SOCKET_IFNAME", env, where)
+
+    def test_internal_plane_is_mutual_tls(self):
+        """moed and every worker carry the same --internal_tls_* files, each mounted read-only
+        from the Secret moed-internal-tls, and check peers against one name."""
+        for layout in K8S_LAYOUTS:
+            names = set()
+            for w in self.workloads(k8s_docs(layout)):
+                where = layout + " " + w["metadata"]["name"]
+                volumes = {v["name"]: v for v in w["spec"]["template"]["spec"]["volumes"]}
+                (c,) = containers_of(w)
+                mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+                for flag in ("internal_tls_cert_file", "internal_tls_key_file",
+                             "internal_tls_ca_file"):
+                    path = flag_value(c["args"], flag)
+                    self.assertTrue(path, "%s: no --%s" % (where, flag))
+                    mount = mounts[path.rsplit("/", 1)[0]]
+                    self.assertTrue(mount.get("readOnly"), where + " " + flag)
+                    secret = volumes[mount["name"]]["secret"]
+                    self.assertEqual(secret["secretName"], "moed-internal-tls", where + " " + flag)
+                    self.assertEqual(secret.get("defaultMode"), 0o440, where + " " + flag)
+                names.add(flag_value(c["args"], "internal_tls_server_name"))
+            self.assertEqual(names, {"moe-internal"}, layout)
 
     def test_workers_join_the_front_end_service(self):
         for layout in K8S_LAYOUTS:
@@ -287,11 +334,12 @@ class KubernetesTest(unittest.TestCase):
         # shared-memory refusals it checks, its own folders and CPU workers.
         test_only = {"metrics_listen", "allow_client_shm", "step_timeout_ms", "ping_timeout_ms",
                      "durable_every_steps", "rejoin_after_s", "device"}
-        same_value = {"listen": "0.0.0.0", "port": "50051"}  # moed's public port
-        # Internal-plane TLS: optional in the manifests (it needs a Secret made outside them and
-        # exec probes on the workers), so carried there as commented argument lines.
-        optional = {"internal_tls_cert_file", "internal_tls_key_file", "internal_tls_ca_file",
-                    "internal_tls_server_name"}
+        # The mode's values (the rest are paths and addresses of the test's own hosts): moed's
+        # public port, the name every member's certificate is for, the interface.
+        same_value = {"moed": {"listen": "0.0.0.0", "port": "50051",
+                               "internal_tls_server_name": "moe-internal"},
+                      "moe-worker": {"internal_tls_server_name": "moe-internal",
+                                     "socket_ifname": "eth0"}}
         docs = k8s_docs("deploy/k8s/multi-node")
         (front,) = [d for d in docs if d["kind"] == "Deployment"]
         (workers,) = [d for d in docs if d["kind"] == "StatefulSet"]
@@ -301,23 +349,16 @@ class KubernetesTest(unittest.TestCase):
             args = containers_of(doc)[0]["args"]
             flags = test_flags(function)
             self.assertTrue(flags, "no flags found in %s()" % function)
-            with open(path) as f:
-                manifest = f.read()
+            for name in same_value[what]:
+                self.assertIn(name, flags, "%s(): no --%s (the test checks it)" % (function, name))
             for name, value in sorted(flags.items()):
                 if name in test_only:
                     continue
-                if name in optional:
-                    # The name every member's certificate is for: the same as the test's.
-                    shown = re.escape(value) if name == "internal_tls_server_name" else ""
-                    self.assertRegex(manifest, r"(?m)^\s*# - --%s=%s" % (name, shown),
-                                     "%s: the netns test passes --%s, the manifests do not carry "
-                                     "it (not even as a commented line)" % (what, name))
-                    continue
-                self.assertIn(name, flag_names(args),
-                              "%s: the netns test passes --%s, the manifests do not" % (what, name))
-                if what == "moed" and name in same_value:
-                    self.assertEqual(value, same_value[name], name)
-                    self.assertEqual(flag_value(args, name), value, name)
+                self.assertIn(name, flag_names(args), "%s: the netns test passes --%s, %s does "
+                              "not" % (what, name, path))
+                if name in same_value[what]:
+                    self.assertEqual(value, same_value[what][name], "netns test --" + name)
+                    self.assertEqual(flag_value(args, name), value, "%s --%s" % (path, name))
         # Durable state: the workers write moed's --state_dir, so it is mounted in every pod at
         # the same path from the same claim.
         state_dir = flag_value(containers_of(front)[0]["args"], "state_dir")
@@ -525,6 +566,10 @@ class FlagsExistTest(unittest.TestCase):
                 if d["kind"] in ("Deployment", "StatefulSet"):
                     for c in containers_of(d):
                         out.append((layout, (c.get("command") or ["moed"])[0], c["args"]))
+                        for probe in ("readinessProbe", "livenessProbe"):
+                            cmd = [str(a) for a in c[probe].get("exec", {}).get("command", [])]
+                            if cmd:
+                                out.append((layout + " " + probe, cmd[0], cmd[1:]))
         for word, rest in dockerfile_instructions():
             if word == "CMD":
                 out.append((DOCKERFILE, "moed", yaml.safe_load(rest)))
