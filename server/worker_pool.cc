@@ -63,13 +63,22 @@ void WorkerPool::Stop() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     CancelInFlightLocked();
+    for (grpc::ClientContext* ping : pings_in_flight_) {
+      if (ping != nullptr) ping->TryCancel();
+    }
   }
-  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  for (std::thread& t : ping_threads_) t.join();
+  ping_threads_.clear();
   if (setup_thread_.joinable()) setup_thread_.join();
 }
 
 void WorkerPool::Start() {
-  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  const int ranks = options_.world_size;
+  {
+    absl::MutexLock lock(&mu_);
+    pings_in_flight_.assign(ranks, nullptr);
+  }
+  for (int r = 0; r < ranks; ++r) ping_threads_.emplace_back([this, r] { PingLoop(r); });
   setup_thread_ = std::thread([this] { SetupLoop(); });
 }
 
@@ -259,53 +268,63 @@ void WorkerPool::Restart(const std::string& why) {
   SetServingLocked(false, absl::StrCat("rebuilding communicators: ", why));
 }
 
-void WorkerPool::HeartbeatLoop() {
+void WorkerPool::PingLoop(int rank) {
   while (true) {
-    std::vector<std::pair<int, std::shared_ptr<internal::Worker::Stub>>> targets;
+    std::shared_ptr<internal::Worker::Stub> stub;
+    grpc::ClientContext context;
     {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.heartbeat_interval)) return;
-      for (int r = 0; r < static_cast<int>(slots_.size()); ++r) {
-        if (slots_[r].alive) targets.emplace_back(r, slots_[r].stub);
-      }
+      const Slot& slot = slots_[rank];
+      if (!slot.alive) continue;
+      stub = slot.stub;
+      // The answer may come as late as the worker may stay silent: a busy worker (its CPU
+      // saturated by steps, or the host's by other processes) that answers within
+      // dead_after is alive. A stopped one's ping fails when its silence reaches dead_after.
+      const absl::Time now = absl::Now();
+      context.set_deadline(
+          absl::ToChronoTime(std::max(slot.last_seen + options_.dead_after,
+                                      now + options_.ping_timeout)));
+      pings_in_flight_[rank] = &context;
     }
-    std::vector<std::thread> threads;
-    for (const auto& target : targets) {
-      threads.emplace_back([this, target] {
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(absl::Now() + options_.ping_timeout));
-        internal::PingRequest request;
-        internal::PingResponse response;
-        grpc::Status status = target.second->Ping(&context, request, &response);
-        absl::MutexLock lock(&mu_);
-        Slot& slot = slots_[target.first];
-        if (slot.stub != target.second || !slot.alive) return;
-        if (status.ok()) {
-          slot.last_seen = absl::Now();
-          slot.memory_bytes = response.memory_bytes();
-          slot.peak_memory_bytes = response.peak_memory_bytes();
-          slot.memory_capacity_bytes = response.memory_capacity_bytes();
-          slot.deferred_wgrad_fraction =
-              response.has_deferred_wgrad_fraction()
-                  ? std::optional<double>(response.deferred_wgrad_fraction())
-                  : std::nullopt;
-          if (!response.device().empty()) slot.device = response.device();
-        }
-      });
-    }
-    for (std::thread& t : threads) t.join();
-    std::vector<std::pair<int, std::string>> dead;
+    internal::PingRequest request;
+    internal::PingResponse response;
+    const grpc::Status status = stub->Ping(&context, request, &response);
+    std::string dead;
     {
       absl::MutexLock lock(&mu_);
+      pings_in_flight_[rank] = nullptr;
+      if (stopping_) return;
+      Slot& slot = slots_[rank];
+      if (slot.stub != stub || !slot.alive) continue;
       const absl::Time now = absl::Now();
-      for (int r = 0; r < static_cast<int>(slots_.size()); ++r) {
-        if (slots_[r].alive && now - slots_[r].last_seen > options_.dead_after) {
-          dead.emplace_back(r, absl::StrCat("no answer to pings for ",
-                                            absl::FormatDuration(now - slots_[r].last_seen)));
-        }
+      if (status.ok()) {
+        slot.last_seen = now;
+        slot.memory_bytes = response.memory_bytes();
+        slot.peak_memory_bytes = response.peak_memory_bytes();
+        slot.memory_capacity_bytes = response.memory_capacity_bytes();
+        slot.deferred_wgrad_fraction =
+            response.has_deferred_wgrad_fraction()
+                ? std::optional<double>(response.deferred_wgrad_fraction())
+                : std::nullopt;
+        if (!response.device().empty()) slot.device = response.device();
+      } else if (now - slot.last_seen >= options_.dead_after) {
+        dead = absl::StrCat("no answer to pings for ", absl::FormatDuration(now - slot.last_seen),
+                            " (", status.error_message(), ")");
       }
     }
-    for (const auto& d : dead) MarkDead(d.first, d.second);
+    if (!dead.empty()) MarkDead(rank, dead);
+  }
+}
+
+void WorkerPool::NoteAnswered(const WorkerSet& set, const std::vector<absl::Status>& results,
+                              const std::vector<absl::Time>& ended) {
+  absl::MutexLock lock(&mu_);
+  for (int r = 0; r < set.size() && r < static_cast<int>(slots_.size()); ++r) {
+    Slot& slot = slots_[r];
+    if (results[r].ok() && slot.alive && slot.stub == set.stubs[r]) {
+      slot.last_seen = std::max(slot.last_seen, ended[r]);
+    }
   }
 }
 

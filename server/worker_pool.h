@@ -201,7 +201,7 @@ class WorkerPool {
   absl::Status StartCalls(const WorkerSet& set, absl::Time deadline,
                           std::vector<std::unique_ptr<grpc::ClientContext>>* contexts);
   void EndCalls(const std::vector<std::unique_ptr<grpc::ClientContext>>& contexts);
-  // How long since the heartbeat last heard from `rank`.
+  // How long since the heartbeat (or an answered call) last heard from `rank`.
   absl::Duration SilentFor(int rank) const ABSL_LOCKS_EXCLUDED(mu_);
   // Counts the failures. A rank whose call ran to `deadline` is overdue, or dead when the
   // heartbeat heard nothing from it for dead_after (no ping: the caller's error comes at the
@@ -212,7 +212,14 @@ class WorkerPool {
                                const std::vector<absl::Time>& ended, absl::Time deadline);
   // UNAVAILABLE naming a dead worker of `set`, or when `set` is no longer served.
   absl::Status CheckWorkersOf(const WorkerSet& set) const;
-  void HeartbeatLoop();
+  // Rank `rank`'s heartbeat: a ping every heartbeat_interval, one at a time, each allowed to
+  // answer until the worker was silent for dead_after (at least ping_timeout); a worker whose
+  // ping failed after dead_after of silence is dead.
+  void PingLoop(int rank);
+  // A rank that answered its call is alive: counts as heard from at `ended` (a worker whose
+  // CPU the steps saturate may answer its steps sooner than a ping).
+  void NoteAnswered(const WorkerSet& set, const std::vector<absl::Status>& results,
+                    const std::vector<absl::Time>& ended) ABSL_LOCKS_EXCLUDED(mu_);
   void SetupLoop();
   absl::Status RunSetup(int64_t generation, const WorkerSet& set);
   void SetServingLocked(bool serving, const std::string& message)
@@ -253,7 +260,9 @@ class WorkerPool {
   std::set<const grpc::ClientContext*> cancelled_ ABSL_GUARDED_BY(mu_);
   // The current generation's step rings, by rank (AddSlotsLocked hands them out).
   std::vector<std::shared_ptr<WorkerRings>> rings_ ABSL_GUARDED_BY(mu_);
-  std::thread heartbeat_thread_;
+  // Each rank's heartbeat ping in flight (null: none), cancelled by Stop.
+  std::vector<grpc::ClientContext*> pings_in_flight_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread> ping_threads_;  // PingLoop of each rank
   std::thread setup_thread_;
 };
 

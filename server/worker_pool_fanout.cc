@@ -209,6 +209,7 @@ absl::Status WorkerPool::ForEachWorker(const WorkerSet& set, absl::Time deadline
       },
       options.cancelled, [&] { CancelCalls(contexts); }, &fan_out_threads_);
   EndCalls(contexts);
+  NoteAnswered(set, results, ended);
 
   const FanOutFailures failures = CountFailures(set, results, ended, deadline);
   if (failures.failed == 0) return absl::OkStatus();
