@@ -45,7 +45,7 @@
 namespace moe {
 
 struct ForwardBatchingOptions {
-  bool enabled = false;  // moed --forward_batching
+  bool enabled = true;  // moed --forward_batching (on by default; --noforward_batching)
   // The longest a request waits for others before its batch runs (on an idle, busy-looking
   // key; see above). Zero: batches form only while the key's previous step runs.
   absl::Duration max_delay = absl::Microseconds(300);

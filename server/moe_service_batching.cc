@@ -16,7 +16,8 @@
 //     step's tokens), aux_loss_coeff and z_loss_coeff 0 (the losses are means over the step),
 //     compute dtype FP32 or BF16 (FP8 scales activations by their step-wide amax).
 // Every row of the output then depends on its own token only (router, expert FFN, combine
-// are per row; tests/server/batching_test checks the bits against each caller alone).
+// are per row, the CPU GEMMs in place-free row blocks: engine/cpu/cpu_gemm.cc;
+// tests/server/batching_test checks the bits against each caller alone).
 #include <algorithm>
 #include <functional>
 #include <memory>

@@ -162,11 +162,11 @@ ABSL_FLAG(bool, shm_relay, true,
 ABSL_FLAG(int64_t, shm_relay_max_bytes, int64_t{2} << 30,
           "most shared memory the relay buffers may use (bytes); a step that does not fit, or "
           "memory the system refuses, goes over gRPC");
-ABSL_FLAG(bool, forward_batching, false,
+ABSL_FLAG(bool, forward_batching, true,
           "merge inference forwards (no keep_for_backward) of several callers on one layer into "
-          "one worker step, each caller answered with its own rows (server/README.md, "
-          "\"Cross-caller batching\"; off by default until its answers are bit-identical to "
-          "unbatched ones with several workers); off: every forward is its own step");
+          "one worker step, each caller answered with its own rows, bit for bit what its "
+          "forward alone gives on CPU (server/README.md, \"Cross-caller batching\"); "
+          "--noforward_batching: every forward is its own step");
 ABSL_FLAG(int64_t, forward_batch_delay_us, 300,
           "with --forward_batching: the longest a forward waits for others to join its step "
           "(0: batches form only while the layer's previous merged step runs)");

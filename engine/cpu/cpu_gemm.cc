@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/cpu/cpu_kernels.h"
 #include "engine/cpu/parallel.h"
 
@@ -46,20 +49,80 @@ absl::Status CheckFloatType(const char* op, const char* field, DType type) {
   return absl::OkStatus();
 }
 
-// OpenBLAS's sgemm rounds a row of C differently with the number of rows M it is given (its
-// small-matrix and edge kernels sum the k products in other orders; measured with Debian's
-// OpenBLAS 0.3.21: row 0 of an M=8 or M=17 product differs from the same row alone, and M=64
-// from M=128). Rows whose A is not transposed are tokens (router logits, expert GEMMs, d_x),
-// and a token's result must not depend on which others share its step (moed merges callers'
-// forwards: server/README.md, "Cross-caller batching"), so C is computed in blocks of
-// kRowBlock rows, the last block padded with zero rows: every row then goes through the same
-// kernel at the same M, and its bits depend on its own A row alone (tests/engine/
-// cpu_backend_test RowsDoNotDependOnM). Costs about 10 % against one call at large M.
-constexpr int64_t kRowBlock = 16;
+// OpenBLAS's sgemm rounds a row of C differently with the number of rows M it is given and
+// with the row's place among them: its kernels tile the rows (OpenBLAS's N, row-major) into
+// micro-tiles of several widths whose sums run in other orders (measured with Debian's OpenBLAS
+// 0.3.21: on a Zen (AVX2) host, rows 6 to 15 of an M=16 product differ from the same row at
+// place 0, while M=8 or M=4 give every place the same bits; other kernels tile otherwise).
+// Rows whose A is not transposed are tokens (router logits, expert GEMMs, d_x), and a token's
+// result must not depend on which others share its step or where it lands among them (moed
+// merges callers' forwards: server/README.md, "Cross-caller batching"), so C is computed in
+// blocks of RowBlock(n, k) rows, the last padded with zero rows: every row goes through one
+// kernel at one M, in a place whose bits are those of any other place. That block is found
+// once per shape by a probe on this host's kernels (RowBlockFor): the largest of 16, 8, 4, 2
+// for which every place of a block gives a row's bits at place 0, or 1 (one row per call,
+// place-free by construction). tests/engine/row_independence_test and
+// tests/ep/ep_row_independence_test check the layer's rows.
+constexpr int64_t kRowBlocks[] = {16, 8, 4, 2};
+
+// Whether, at M = b, every row's bits are the same in every place of the block, whatever the
+// other rows (random data; a kernel that sums a place differently shows it in nearly every
+// element).
+bool PlacesAgree(int64_t b, int64_t n, int64_t k, bool trans_b, const std::vector<float>& rows,
+                 const std::vector<float>& w) {
+  const CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  const int64_t ldb = trans_b ? k : n;
+  std::vector<float> a(static_cast<size_t>(b * k)), c(static_cast<size_t>(b * n)), ref;
+  // Row 0 of `rows` at every place p, the others filled from rows 1.. (shifted by p).
+  for (int64_t p = 0; p < b; ++p) {
+    for (int64_t i = 0; i < b; ++i) {
+      const int64_t src = i == p ? 0 : 1 + (i + p) % (b + 1);
+      std::copy(rows.begin() + src * k, rows.begin() + (src + 1) * k, a.begin() + i * k);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, static_cast<blasint>(b),
+                static_cast<blasint>(n), static_cast<blasint>(k), 1.0f, a.data(),
+                static_cast<blasint>(k), w.data(), static_cast<blasint>(ldb), 0.0f, c.data(),
+                static_cast<blasint>(n));
+    if (p == 0) {
+      ref.assign(c.begin(), c.begin() + n);
+    } else if (!std::equal(ref.begin(), ref.end(), c.begin() + p * n)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+int64_t ProbeRowBlock(int64_t n, int64_t k, bool trans_b) {
+  uint32_t state = 0x9e3779b9u;
+  auto next = [&state] {
+    state = state * 1664525u + 1013904223u;
+    return static_cast<float>(state >> 8) / 16777216.0f - 0.5f;
+  };
+  std::vector<float> rows(static_cast<size_t>((kRowBlocks[0] + 2) * k));
+  std::vector<float> w(static_cast<size_t>(n * k));
+  for (float& v : rows) v = next();
+  for (float& v : w) v = next();
+  for (int64_t b : kRowBlocks) {
+    if (PlacesAgree(b, n, k, trans_b, rows, w)) return b;
+  }
+  return 1;
+}
+
+// The row block of (n, k, trans_b) on this host, probed once per shape.
+int64_t RowBlockFor(int64_t n, int64_t k, bool trans_b) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* blocks = new std::map<std::tuple<int64_t, int64_t, bool>, int64_t>();
+  const auto key = std::make_tuple(n, k, trans_b);
+  absl::MutexLock lock(&mu);
+  auto it = blocks->find(key);
+  if (it == blocks->end()) it = blocks->emplace(key, ProbeRowBlock(n, k, trans_b)).first;
+  return it->second;
+}
 
 void RowBlockedSgemm(const GemmArgs& g, const float* a, int64_t lda, const float* b, int64_t ldb,
                      float* c, int64_t ldc) {
   const CBLAS_TRANSPOSE tb = g.trans_b ? CblasTrans : CblasNoTrans;
+  const int64_t kRowBlock = RowBlockFor(g.n, g.k, g.trans_b);
   auto block = [&](const float* a_rows, int64_t a_ld, float* c_rows, int64_t c_ld) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, tb, static_cast<blasint>(kRowBlock),
                 static_cast<blasint>(g.n), static_cast<blasint>(g.k), g.alpha, a_rows,
