@@ -64,6 +64,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -91,6 +92,10 @@ ABSL_FLAG(std::string, compute_dtypes, "bf16",
           "compute datatypes to run each preset in, in order (bf16, fp8, fp32), e.g. bf16,fp8");
 ABSL_FLAG(std::string, fp8_recipes, "DELAYED",
           "FP8 scaling recipes to run each FP8 preset in, in order (DELAYED, CURRENT)");
+ABSL_FLAG(std::string, fp8_gemms, "AUTO",
+          "fp8_gemms policies to run each FP8 preset and recipe in, in order, separated by ';' "
+          "(AUTO, ALL, none, a set such as fc1_fprop,fc1_dgrad, ALL-<gemm> for every GEMM but "
+          "one, or each: ALL-<gemm> for each of the six GEMMs in turn)");
 ABSL_FLAG(bool, zero_grads, true,
           "zero the layer's gradients before every timed fwd+bwd step (outside the timed "
           "window); false: accumulating steps, as before");
@@ -319,12 +324,45 @@ absl::Status AddExchangeFields(const Preset& p, int64_t T, Backend* cuda, Commun
   return absl::OkStatus();
 }
 
-// The FP8 recipe of the run in progress (Main sets it before each FP8 RunConfig).
+// The FP8 recipe and GEMM policy of the run in progress (Main sets them before each FP8
+// RunConfig).
 Fp8Recipe current_fp8_recipe = Fp8Recipe::kDelayed;
+Fp8GemmsPolicy current_fp8_gemms;
+
+// --fp8_gemms: each item a policy (ParseFp8GemmsPolicy), "ALL-<gemm>" (every GEMM but that
+// one) or "each" (ALL-<gemm> for the six in turn).
+absl::StatusOr<std::vector<Fp8GemmsPolicy>> ParseFp8GemmsFlag(absl::string_view text) {
+  std::vector<Fp8GemmsPolicy> out;
+  auto all_but = [](Fp8Gemm g) {
+    Fp8GemmsPolicy p;
+    p.kind = Fp8GemmsPolicy::Kind::kSet;
+    p.set = kAllFp8Gemms & ~Fp8GemmBit(g);
+    return p;
+  };
+  for (absl::string_view item : absl::StrSplit(text, ';', absl::SkipEmpty())) {
+    if (item == "each") {
+      for (int i = 0; i < kFp8GemmCount; ++i) out.push_back(all_but(static_cast<Fp8Gemm>(i)));
+    } else if (absl::StartsWith(item, "ALL-")) {
+      ASSIGN_OR_RETURN(Fp8GemmsPolicy one, ParseFp8GemmsPolicy(item.substr(4)));
+      if (one.kind != Fp8GemmsPolicy::Kind::kSet || __builtin_popcount(one.set) != 1) {
+        return absl::InvalidArgumentError(absl::StrCat("--fp8_gemms: '", item, "' names no GEMM"));
+      }
+      out.push_back(all_but(static_cast<Fp8Gemm>(__builtin_ctz(one.set))));
+    } else {
+      ASSIGN_OR_RETURN(Fp8GemmsPolicy p, ParseFp8GemmsPolicy(item));
+      out.push_back(p);
+    }
+  }
+  if (out.empty()) out.push_back(Fp8GemmsPolicy{});
+  return out;
+}
 
 LayerConfig PresetConfig(const Preset& p, DType compute_dtype) {
   LayerConfig c;
-  if (compute_dtype == DType::kFloat8E4M3) c.fp8_recipe = current_fp8_recipe;
+  if (compute_dtype == DType::kFloat8E4M3) {
+    c.fp8_recipe = current_fp8_recipe;
+    c.fp8_gemms = current_fp8_gemms;
+  }
   c.hidden = p.hidden, c.ffn = p.ffn, c.num_experts = p.experts, c.top_k = p.top_k;
   c.compute_dtype = compute_dtype;
   c.init_seed = 1;
@@ -403,6 +441,12 @@ absl::StatusOr<std::string> RunConfig(const Preset& p, DType compute_dtype) {
       {"dtype", Str("BF16")},  // x, out, d_out and d_x
       {"compute_dtype", Str(ComputeDTypeName(compute_dtype))},
       {"fp8_recipe", Str(compute_dtype == DType::kFloat8E4M3 ? Fp8RecipeName(c.fp8_recipe) : "")},
+      // The policy asked for, and the GEMMs that ran FP8 (MoeLayer::fp8_gemms).
+      {"fp8_gemms", Str(compute_dtype == DType::kFloat8E4M3 ? Fp8GemmsPolicyName(c.fp8_gemms)
+                                                            : "")},
+      {"fp8_gemms_run", Str(compute_dtype == DType::kFloat8E4M3
+                                ? Fp8GemmSetName(layer->fp8_gemms())
+                                : "")},
       {"zero_grads", zero ? "true" : "false"},
       {"fingerprint", Str(fingerprint)},
       {"init_s", Num(init_s)},
@@ -465,19 +509,27 @@ absl::Status Main() {
       return absl::InvalidArgumentError(absl::StrCat("unknown config '", name, "'"));
     }
     // Each dtype right after the other for one preset: the same machine state for both.
-    std::vector<std::pair<DType, Fp8Recipe>> runs;
+    struct Run {
+      DType dtype;
+      Fp8Recipe recipe;
+      Fp8GemmsPolicy gemms;
+    };
+    std::vector<Run> runs;
+    ASSIGN_OR_RETURN(const std::vector<Fp8GemmsPolicy> policies,
+                     ParseFp8GemmsFlag(absl::GetFlag(FLAGS_fp8_gemms)));
     for (DType dtype : dtypes) {
       if (dtype != DType::kFloat8E4M3) {
-        runs.push_back({dtype, Fp8Recipe::kDelayed});
+        runs.push_back({dtype, Fp8Recipe::kDelayed, Fp8GemmsPolicy{}});
         continue;
       }
       for (absl::string_view r : absl::StrSplit(absl::GetFlag(FLAGS_fp8_recipes), ',')) {
         ASSIGN_OR_RETURN(Fp8Recipe recipe, ParseFp8Recipe(absl::AsciiStrToUpper(r)));
-        runs.push_back({dtype, recipe});
+        for (const Fp8GemmsPolicy& gemms : policies) runs.push_back({dtype, recipe, gemms});
       }
     }
-    for (const auto& [dtype, recipe] : runs) {
+    for (const auto& [dtype, recipe, gemms] : runs) {
       current_fp8_recipe = recipe;
+      current_fp8_gemms = gemms;
       auto line = RunConfig(*preset, dtype);
       if (!line.ok()) {
         return absl::Status(line.status().code(),

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "engine/dtype.h"
+#include "engine/fp8_gemms.h"
 #include "proto/config_convert.h"
 
 ABSL_FLAG(int64_t, hidden, 32, "Layer: H, the model width (last dimension of x).");
@@ -31,6 +32,10 @@ ABSL_FLAG(std::string, compute_dtype, "fp32",
 ABSL_FLAG(std::string, fp8_recipe, "",
           "Layer, fp8 only: delayed|current scaling of the activations and gradients "
           "(docs/SPEC.md \"FP8\"); empty = the server's default (delayed).");
+ABSL_FLAG(std::string, fp8_gemms, "",
+          "Layer, fp8 only: which expert GEMMs quantise: AUTO (FP8 where measured faster), "
+          "ALL, none, or a set of fc1_fprop,fc1_dgrad,fc1_wgrad,fc2_fprop,fc2_dgrad,fc2_wgrad "
+          "(docs/SPEC.md \"Per-GEMM choice\"); empty = the server's default (AUTO).");
 ABSL_FLAG(uint64_t, seed, 0, "Layer: seed of the deterministic weight initialisation.");
 
 namespace moe {
@@ -90,6 +95,20 @@ absl::StatusOr<v1::LayerConfig> LayerConfigFromFlags() {
         "--fp8_recipe: '", absl::GetFlag(FLAGS_fp8_recipe), "' is not delayed or current"));
   }
   config.set_fp8_recipe(recipe);
+  const std::string gemms = absl::GetFlag(FLAGS_fp8_gemms);
+  const std::string gemms_upper = absl::AsciiStrToUpper(gemms);
+  if (gemms_upper == "AUTO" || gemms_upper == "ALL") {
+    config.set_fp8_gemms(gemms_upper);
+  } else if (!gemms.empty()) {
+    const std::string lower = absl::AsciiStrToLower(gemms);
+    if (!ParseFp8GemmsPolicy(lower).ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--fp8_gemms: '", gemms,
+          "' is not auto, all, none or a set of fc1_fprop,fc1_dgrad,fc1_wgrad,fc2_fprop,"
+          "fc2_dgrad,fc2_wgrad"));
+    }
+    config.set_fp8_gemms(lower);
+  }
   config.set_init_seed(absl::GetFlag(FLAGS_seed));
   return config;
 }
@@ -120,7 +139,8 @@ std::string DescribeLayerConfig(const v1::LayerConfig& c) {
       c.compute_dtype().empty() ? ComputeDTypeName(kDefaultComputeDType) : c.compute_dtype(),
       " seed=", c.init_seed());
   if (c.compute_dtype() == "FP8") {
-    absl::StrAppend(&out, " fp8_recipe=", c.fp8_recipe().empty() ? "DELAYED" : c.fp8_recipe());
+    absl::StrAppend(&out, " fp8_recipe=", c.fp8_recipe().empty() ? "DELAYED" : c.fp8_recipe(),
+                    " fp8_gemms=", c.fp8_gemms().empty() ? "AUTO" : c.fp8_gemms());
   }
   if (c.pre_softmax()) absl::StrAppend(&out, " pre_softmax");
   if (c.num_groups() > 0) {
@@ -142,6 +162,9 @@ std::string DescribeLayer(const v1::LayerInfo& layer) {
   std::string out = absl::StrCat("  ", layer.name(), "  ", DescribeLayerConfig(layer.config()),
                                  "  ep=", layer.ep_ranks(), " forwards=", layer.forward_count(),
                                  " saved_steps=", layer.saved_steps(), "\n");
+  if (!layer.fp8_gemms().empty()) {  // FP8: the GEMMs that quantise; the others run in bf16
+    absl::StrAppend(&out, "    fp8_gemms: ", layer.fp8_gemms(), "\n");
+  }
   if (layer.durable()) {
     absl::StrAppend(&out, "    optimizer_step=", layer.optimizer_step(),
                     " durable_step=", layer.durable_optimizer_step(), " last_checkpoint=",

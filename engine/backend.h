@@ -342,6 +342,15 @@ class Backend {
     (void)config;
     return absl::OkStatus();
   }
+  // fp8_gemms = AUTO (engine/fp8_gemms.h): whether this GEMM at this layer shape runs faster
+  // with FP8 operands than in bf16 on this backend, by its measurements (CUDA: the table of
+  // engine/cuda/fp8_gemm_table.h; the CPU emulation: CpuFp8GemmPays). Must be a pure function
+  // of the shape and the device kind, so every rank and every rerun makes the same choice.
+  // By default FP8 everywhere.
+  virtual bool Fp8GemmPays(const Fp8GemmShape& shape) const {
+    (void)shape;
+    return true;
+  }
   // The CUDA stream (cudaStream_t) for the NCCL communicator; nullptr on the CPU.
   virtual void* stream() const { return nullptr; }
 
@@ -447,6 +456,11 @@ class Backend {
   // to the host and scans them (any backend); the CPU backend reads its memory directly.
   virtual absl::Status AllFinite(const float* data, int64_t count, bool* all_finite);
 };
+
+// The expert GEMMs a layer of `config` runs on FP8 operands on `backend` (MoeLayer::
+// fp8_gemms): none unless compute_dtype is FP8; then config.fp8_gemms' set, all six (ALL), or
+// under AUTO those Backend::Fp8GemmPays says win at the layer's shape.
+Fp8GemmSet ResolveFp8Gemms(const LayerConfig& config, const Backend& backend);
 
 }  // namespace moe
 

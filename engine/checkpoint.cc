@@ -276,6 +276,7 @@ absl::StatusOr<StagedCheckpoint> ReadCheckpoint(const LayerConfig& config, const
   comparable.fp8_amax_history_len = config.fp8_amax_history_len;
   comparable.fp8_margin = config.fp8_margin;
   comparable.fp8_amax_compute_algo = config.fp8_amax_compute_algo;
+  comparable.fp8_gemms = config.fp8_gemms;
   if (ConfigToString(comparable) != ConfigToString(config)) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint ", dir, " holds a layer with config {", ConfigToString(*saved),

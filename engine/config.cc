@@ -75,6 +75,9 @@ absl::Status ValidateFp8Config(const LayerConfig& c) {
     return Invalid("fp8_margin",
                    absl::StrCat("must be in [0, ", kMaxFp8Margin, "], got ", c.fp8_margin));
   }
+  if (c.fp8_gemms.kind == Fp8GemmsPolicy::Kind::kSet && (c.fp8_gemms.set & ~kAllFp8Gemms) != 0) {
+    return Invalid("fp8_gemms", "names a GEMM that does not exist");
+  }
   if (c.compute_dtype == DType::kFloat8E4M3) return absl::OkStatus();
   const LayerConfig defaults;
   for (const auto& [field, is_default] :
@@ -83,7 +86,8 @@ absl::Status ValidateFp8Config(const LayerConfig& c) {
                        c.fp8_amax_history_len == defaults.fp8_amax_history_len),
         std::make_pair("fp8_margin", c.fp8_margin == defaults.fp8_margin),
         std::make_pair("fp8_amax_compute_algo",
-                       c.fp8_amax_compute_algo == defaults.fp8_amax_compute_algo)}) {
+                       c.fp8_amax_compute_algo == defaults.fp8_amax_compute_algo),
+        std::make_pair("fp8_gemms", c.fp8_gemms == defaults.fp8_gemms)}) {
     if (!is_default) return Invalid(field, "only applies to compute_dtype=FP8");
   }
   return absl::OkStatus();
@@ -279,7 +283,8 @@ std::string ConfigToString(const LayerConfig& c) {
       " use_bias=", BoolName(c.use_bias), " compute_dtype=", ComputeDTypeName(c.compute_dtype),
       " init_seed=", c.init_seed, " fp8_recipe=", Fp8RecipeName(c.fp8_recipe),
       " fp8_amax_history_len=", c.fp8_amax_history_len, " fp8_margin=", c.fp8_margin,
-      " fp8_amax_compute_algo=", Fp8AmaxAlgoName(c.fp8_amax_compute_algo));
+      " fp8_amax_compute_algo=", Fp8AmaxAlgoName(c.fp8_amax_compute_algo),
+      " fp8_gemms=", Fp8GemmsPolicyName(c.fp8_gemms));
 }
 
 // Every key must be known and appear at most once; keys left out keep their defaults.
@@ -348,6 +353,8 @@ absl::StatusOr<LayerConfig> ConfigFromString(absl::string_view text) {
       ASSIGN_OR_RETURN(c.fp8_margin, ParseInt(key, v));
     } else if (key == "fp8_amax_compute_algo") {
       ASSIGN_OR_RETURN(c.fp8_amax_compute_algo, ParseFp8AmaxAlgo(v));
+    } else if (key == "fp8_gemms") {  // absent before the per-GEMM choice: AUTO
+      ASSIGN_OR_RETURN(c.fp8_gemms, ParseFp8GemmsPolicy(v));
     } else {
       return absl::InvalidArgumentError(absl::StrCat("config: unknown key '", key, "'"));
     }

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "engine/dtype.h"
+#include "engine/fp8_gemms.h"
 
 namespace moe {
 
@@ -62,6 +63,10 @@ struct LayerConfig {
   int64_t fp8_amax_history_len = kDefaultFp8AmaxHistoryLen;  // 1..65536 steps
   int64_t fp8_margin = 0;                                      // 0..32: scale x 2^margin
   Fp8AmaxAlgo fp8_amax_compute_algo = Fp8AmaxAlgo::kMax;
+  // Which expert GEMMs quantise (engine/fp8_gemms.h; docs/SPEC.md "Per-GEMM choice"): AUTO
+  // (FP8 only where the backend measured it faster at the layer's shape), ALL, or a set; the
+  // others run in bf16 as the BF16 layer runs them.
+  Fp8GemmsPolicy fp8_gemms;
 };
 
 // Largest align_size ValidateConfig accepts.

@@ -90,6 +90,10 @@ class MoeLayer {
   virtual const LayerConfig& config() const = 0;
   virtual int64_t first_expert() const = 0;   // r * El
   virtual int64_t local_experts() const = 0;  // El
+  // The expert GEMMs that run on FP8 operands (engine/fp8_gemms.h): config().fp8_gemms
+  // resolved on this backend at creation (AUTO: Backend::Fp8GemmPays per GEMM); empty unless
+  // compute_dtype is FP8. The same on every rank of a backend kind.
+  virtual Fp8GemmSet fp8_gemms() const = 0;
 
   // x: [T, H], FP32 or BF16. With `saved` non-null, keeps what Backward needs there.
   absl::StatusOr<ForwardResult> Forward(const Tensor& x, std::unique_ptr<StepContext>* saved) {

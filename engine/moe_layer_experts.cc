@@ -2,9 +2,11 @@
 // Backward 3): per-expert GEMMs (one GroupedGemm call per projection in the forward; in the
 // backward one or two per phase: BackwardPhaseGemms), the activation and the biases. GEMMs
 // accumulate in fp32; weight gradients are fp32 and accumulate across backwards. Under FP8
-// (docs/SPEC.md "FP8") all six GEMMs run on quantised operands: each GEMM input is quantised once
-// (QuantizeExpertRows) into the codes as stored (h, y, d_a, d_X: Fp8ExpertGemms) and grouped
-// transposed (the weight gradients: ExpertWeightGradGemms); the rows are stored in bf16.
+// (docs/SPEC.md "FP8") the GEMMs of the layer's fp8_gemms_ (engine/fp8_gemms.h) run on
+// quantised operands: each input of such a GEMM is quantised once (QuantizeExpertRows) into the
+// codes as stored (h, y, d_a, d_X: Fp8ExpertGemms) and/or grouped transposed (the weight
+// gradients: ExpertWeightGradGemms), whichever its FP8 GEMMs read; the rows are stored in bf16,
+// and the other GEMMs read them as the BF16 layer does.
 #include <algorithm>
 #include <vector>
 
@@ -56,7 +58,7 @@ absl::Status BackwardPhaseGemms(Backend* backend, const std::vector<GemmArgs>& d
 }  // namespace
 
 absl::Status MoeLayerImpl::PrepareFp8(Fp8Tensor t, bool producer_amax, int64_t rows, Fp8Rows& q) {
-  if (config_.compute_dtype != DType::kFloat8E4M3) return absl::OkStatus();
+  if (!q.quantised()) return absl::OkStatus();
   ASSIGN_OR_RETURN(q.scale, backend_->Allocate(kFp8ScaleStride * sizeof(float)));
   q.amax_from_producer = producer_amax;
   if (rows > 0) RETURN_IF_ERROR(fp8_history_.BeginStep(t, q.scale.as<float>() + 2, &q.history));
@@ -67,17 +69,21 @@ absl::Status MoeLayerImpl::PrepareFp8(Fp8Tensor t, bool producer_amax, int64_t r
 
 absl::Status MoeLayerImpl::QuantizeExpertRows(const std::vector<int64_t>& group_rows,
                                               const void* in, int64_t cols, Fp8Rows& q) {
-  if (config_.compute_dtype != DType::kFloat8E4M3) return absl::OkStatus();
+  if (!q.quantised()) return absl::OkStatus();
   int64_t rows = 0;
   for (int64_t r : group_rows) rows += r;
-  ASSIGN_OR_RETURN(q.rows, backend_->Allocate(rows * cols));
-  ASSIGN_OR_RETURN(q.columns, backend_->Allocate(cols * Fp8GroupedColumns(group_rows)));
+  if (q.want_rows) {
+    ASSIGN_OR_RETURN(q.rows, backend_->Allocate(rows * cols));
+  }
+  if (q.want_columns) {
+    ASSIGN_OR_RETURN(q.columns, backend_->Allocate(cols * Fp8GroupedColumns(group_rows)));
+  }
   QuantizeArgs a;
   a.src = in, a.src_type = ExpertRowDType(config_), a.rows = rows, a.cols = cols, a.fp8 = q.fp8;
   a.dst = q.rows.data(), a.scale = q.scale.as<float>(), a.amax = q.scale_amax();
   // Delayed: this step's amax for the history, unless the producer recorded it already.
   a.amax_out = q.amax_from_producer ? nullptr : q.history.amax;
-  a.dst_grouped_t = q.columns.data(), a.group_rows = group_rows;
+  if (q.want_columns) a.dst_grouped_t = q.columns.data(), a.group_rows = group_rows;
   return backend_->QuantizeFp8(a);
 }
 
@@ -104,17 +110,20 @@ std::vector<GemmArgs> MoeLayerImpl::Fp8ExpertGemms(const std::vector<int64_t>& g
   });
 }
 
-std::vector<GemmArgs> MoeLayerImpl::ExpertDataGemms(const std::vector<int64_t>& group_rows,
+std::vector<GemmArgs> MoeLayerImpl::ExpertDataGemms(Fp8Gemm gemm,
+                                                    const std::vector<int64_t>& group_rows,
                                                     const void* in, const Fp8Rows& in_fp8,
                                                     int64_t k, const LayerParam& w, bool transposed,
                                                     int64_t n, void* out) const {
-  if (config_.compute_dtype == DType::kFloat8E4M3) {
+  if (Fp8(gemm)) {
     return Fp8ExpertGemms(group_rows, in_fp8, k, transposed ? w.compute.data() : w.compute_t.data(),
                           w.compute_scale.as<float>(), n, out);
   }
   const DType cd = ExpertRowDType(config_);
   const size_t cs = DTypeSize(cd);
-  const char* weights = static_cast<const char*>(ComputeWeights(w));
+  // A bf16 GEMM of an FP8 layer reads the bf16 copy, the BF16 layer's `compute` bytes.
+  const char* weights = static_cast<const char*>(
+      config_.compute_dtype == DType::kFloat8E4M3 ? w.compute_bf16.data() : ComputeWeights(w));
   return PerExpert(group_rows, [&](int64_t el, int64_t off, int64_t m) {
     GemmArgs g;
     g.trans_b = transposed;
@@ -128,11 +137,12 @@ std::vector<GemmArgs> MoeLayerImpl::ExpertDataGemms(const std::vector<int64_t>& 
 }
 
 std::vector<GemmArgs> MoeLayerImpl::ExpertWeightGradGemms(
-    const std::vector<int64_t>& group_rows, const void* in, const Fp8Rows& in_fp8, int64_t in_cols,
-    const void* d_out, const Fp8Rows& d_out_fp8, int64_t out_cols, const LayerParam& w) const {
+    Fp8Gemm gemm, const std::vector<int64_t>& group_rows, const void* in, const Fp8Rows& in_fp8,
+    int64_t in_cols, const void* d_out, const Fp8Rows& d_out_fp8, int64_t out_cols,
+    const LayerParam& w) const {
   const float beta = w.grad_zero ? 0.0f : 1.0f;
   float* grad = w.grad.as<float>();
-  if (config_.compute_dtype == DType::kFloat8E4M3) {
+  if (Fp8(gemm)) {
     // A = in's codes [in_cols, k_pad], B = d_out's [out_cols, k_pad], both k-contiguous
     // ("TN") with the 16-aligned leading dimension of the grouped layout.
     const int64_t ld = Fp8GroupedColumns(group_rows);
@@ -180,29 +190,34 @@ absl::Status MoeLayerImpl::ExpertsForward(SavedStep& s, ForwardWork& w) {
   void* h = s.h.data();
   void* y = w.y_expert.data();
   // h = X_e . wi_e   ([rows, H] x [H, up])
+  s.x_fp8.want_rows = Fp8(Fp8Gemm::kFc1Fprop);
+  s.x_fp8.want_columns = Fp8(Fp8Gemm::kFc1Wgrad);
   RETURN_IF_ERROR(PrepareFp8(Fp8Tensor::kX, /*producer_amax=*/false, plan.expert_rows, s.x_fp8));
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, s.x_expert.data(), H, s.x_fp8));
-  RETURN_IF_ERROR(backend_->GroupedGemm(ExpertDataGemms(
-      plan.group_rows, s.x_expert.data(), s.x_fp8, H, *Find("wi"), /*transposed=*/false, up, h)));
-  if (fp8) {  // the backward reads X_e's grouped codes only (SavedStep::x_fp8)
-    s.x_fp8.rows.Reset();
-    s.x_expert.Reset();
-  }
+  RETURN_IF_ERROR(backend_->GroupedGemm(ExpertDataGemms(Fp8Gemm::kFc1Fprop, plan.group_rows,
+                                                        s.x_expert.data(), s.x_fp8, H, *Find("wi"),
+                                                        /*transposed=*/false, up, h)));
+  s.x_fp8.rows.Reset();
+  // An FP8 d_wi reads X_e's grouped codes only (SavedStep::x_fp8); a bf16 one X_e itself.
+  if (fp8 && Fp8(Fp8Gemm::kFc1Wgrad)) s.x_expert.Reset();
   ActivationArgs aa;
   aa.activation = c.activation, aa.gated = c.gated, aa.rows = plan.expert_rows, aa.ffn = F;
   aa.dtype = cd, aa.h = h, aa.a = act.data();
   aa.up_bias = c.use_bias ? Find("wi_bias")->master.as<float>() : nullptr;
   aa.group_rows = plan.group_rows;
   // FP8: the activation kernel finds a's amax
+  s.act_fp8.want_rows = Fp8(Fp8Gemm::kFc2Fprop);
+  s.act_fp8.want_columns = Fp8(Fp8Gemm::kFc2Wgrad);
   RETURN_IF_ERROR(PrepareFp8(Fp8Tensor::kAct, /*producer_amax=*/true, plan.expert_rows, s.act_fp8));
   aa.amax = s.act_fp8.amax();
   RETURN_IF_ERROR(backend_->ActivationForward(aa));
   // y = a . wo_e   ([rows, F] x [F, H])
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, act.data(), F, s.act_fp8));
-  RETURN_IF_ERROR(backend_->GroupedGemm(ExpertDataGemms(plan.group_rows, act.data(), s.act_fp8, F,
-                                                        *Find("wo"), /*transposed=*/false, H, y)));
+  RETURN_IF_ERROR(backend_->GroupedGemm(ExpertDataGemms(Fp8Gemm::kFc2Fprop, plan.group_rows,
+                                                        act.data(), s.act_fp8, F, *Find("wo"),
+                                                        /*transposed=*/false, H, y)));
   s.act_fp8.rows.Reset();
-  if (!fp8) s.act = std::move(act);
+  if (!fp8 || !Fp8(Fp8Gemm::kFc2Wgrad)) s.act = std::move(act);
   if (c.use_bias) {
     RETURN_IF_ERROR(
         backend_->AddGroupBias(y, cd, Find("wo_bias")->master.as<float>(), H, plan.group_rows));
@@ -238,20 +253,24 @@ absl::Status MoeLayerImpl::ExpertsBackward(SavedStep& s, Buffer& d_y_buffer, voi
   ASSIGN_OR_RETURN(Buffer d_act, backend_->Allocate(plan.expert_rows * F * cs));
   Fp8Rows d_y_fp8;
   d_y_fp8.fp8 = kGradientFp8;
+  d_y_fp8.want_rows = Fp8(Fp8Gemm::kFc2Dgrad);
+  d_y_fp8.want_columns = Fp8(Fp8Gemm::kFc2Wgrad);
   RETURN_IF_ERROR(PrepareFp8(Fp8Tensor::kDy, /*producer_amax=*/false, plan.expert_rows, d_y_fp8));
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_y, H, d_y_fp8));
   // d_a = d_y . wo_e^T   ([rows, H] x [H, F]; wo_e stored [F, H]), beside
   // d_wo_e += a^T . d_y   ([F, rows] x [rows, H]) unless deferred (then, when flushing, beside
   // the deferred steps' d_wo over all their rows).
   const std::vector<GemmArgs> d_a_gemms =
-      ExpertDataGemms(plan.group_rows, d_y, d_y_fp8, H, wo, /*transposed=*/true, F, d_act.data());
+      ExpertDataGemms(Fp8Gemm::kFc2Dgrad, plan.group_rows, d_y, d_y_fp8, H, wo,
+                      /*transposed=*/true, F, d_act.data());
   if (!defer || flush) {
     Buffer gathered[2];
     ASSIGN_OR_RETURN(const std::vector<GemmArgs> d_wo_gemms,
                      defer ? DeferredWeightGradGemms(wo, &DeferredWeightGrads::act, F,
                                                      &DeferredWeightGrads::d_y, H, gathered)
-                           : ExpertWeightGradGemms(plan.group_rows, s.act.data(), s.act_fp8, F, d_y,
-                                                   d_y_fp8, H, wo));
+                           : ExpertWeightGradGemms(Fp8Gemm::kFc2Wgrad, plan.group_rows,
+                                                   s.act.data(), s.act_fp8, F, d_y, d_y_fp8, H,
+                                                   wo));
     RETURN_IF_ERROR(BackwardPhaseGemms(backend_, d_a_gemms, d_wo_gemms,
                                        /*accumulating=*/!wo.grad_zero));
     wo.grad_zero = false;
@@ -274,6 +293,8 @@ absl::Status MoeLayerImpl::ExpertsBackward(SavedStep& s, Buffer& d_y_buffer, voi
   aa.group_rows = plan.group_rows;
   Fp8Rows d_h_fp8;
   d_h_fp8.fp8 = kGradientFp8;
+  d_h_fp8.want_rows = Fp8(Fp8Gemm::kFc1Dgrad);
+  d_h_fp8.want_columns = Fp8(Fp8Gemm::kFc1Wgrad);
   // FP8: the activation kernel finds d_h's amax
   RETURN_IF_ERROR(PrepareFp8(Fp8Tensor::kDh, /*producer_amax=*/true, plan.expert_rows, d_h_fp8));
   aa.amax = d_h_fp8.amax();
@@ -288,13 +309,15 @@ absl::Status MoeLayerImpl::ExpertsBackward(SavedStep& s, Buffer& d_y_buffer, voi
   // d_X_e = d_h . wi_e^T   ([rows, up] x [up, H]; wi_e stored [H, up]), beside
   // d_wi_e += X_e^T . d_h   ([H, rows] x [rows, up]) unless deferred (as d_wo above).
   RETURN_IF_ERROR(QuantizeExpertRows(plan.group_rows, d_h.data(), up, d_h_fp8));
-  const std::vector<GemmArgs> d_x_gemms = ExpertDataGemms(plan.group_rows, d_h.data(), d_h_fp8, up,
-                                                          wi, /*transposed=*/true, H, d_x_expert);
+  const std::vector<GemmArgs> d_x_gemms =
+      ExpertDataGemms(Fp8Gemm::kFc1Dgrad, plan.group_rows, d_h.data(), d_h_fp8, up, wi,
+                      /*transposed=*/true, H, d_x_expert);
   if (!defer) {
     RETURN_IF_ERROR(
         BackwardPhaseGemms(backend_, d_x_gemms,
-                           ExpertWeightGradGemms(plan.group_rows, s.x_expert.data(), s.x_fp8, H,
-                                                 d_h.data(), d_h_fp8, up, wi),
+                           ExpertWeightGradGemms(Fp8Gemm::kFc1Wgrad, plan.group_rows,
+                                                 s.x_expert.data(), s.x_fp8, H, d_h.data(),
+                                                 d_h_fp8, up, wi),
                            /*accumulating=*/!wi.grad_zero));
     wi.grad_zero = false;
     return absl::OkStatus();
@@ -356,9 +379,11 @@ absl::StatusOr<std::vector<GemmArgs>> MoeLayerImpl::DeferredWeightGradGemms(
     Buffer DeferredWeightGrads::*d_out, int64_t out_cols, Buffer (&gathered)[2]) {
   const size_t cs = DTypeSize(ExpertRowDType(config_));
   const Fp8Rows none;
+  // Deferral never runs under FP8 (DeferWeightGradients): these GEMMs are the BF16 ones.
+  const Fp8Gemm gemm = w.name == "wi" ? Fp8Gemm::kFc1Wgrad : Fp8Gemm::kFc2Wgrad;
   if (deferred_.size() == 1) {  // the step's own layout: the GEMMs its backward would run
     const DeferredWeightGrads& d = deferred_[0];
-    return ExpertWeightGradGemms(d.group_rows, (d.*in).data(), none, in_cols, (d.*d_out).data(),
+    return ExpertWeightGradGemms(gemm, d.group_rows, (d.*in).data(), none, in_cols, (d.*d_out).data(),
                                  none, out_cols, w);
   }
   // Expert el's rows of every step, in step order, become expert el's rows of one layout.
@@ -385,7 +410,7 @@ absl::StatusOr<std::vector<GemmArgs>> MoeLayerImpl::DeferredWeightGradGemms(
     RETURN_IF_ERROR(
         backend_->CopyRowBlocks((d.*d_out).data(), gathered[1].data(), out_cols * cs, blocks));
   }
-  return ExpertWeightGradGemms(group_rows, gathered[0].data(), none, in_cols, gathered[1].data(),
+  return ExpertWeightGradGemms(gemm, group_rows, gathered[0].data(), none, in_cols, gathered[1].data(),
                                none, out_cols, w);
 }
 

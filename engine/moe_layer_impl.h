@@ -40,6 +40,10 @@ struct LayerParam {
   // [El, r, c] (the backward's B operand), compute_t each expert transposed [El, c, r] (the
   // forward's), compute_scale the [El] per-expert dequantisation scales of both.
   Buffer compute_t, compute_scale;
+  // FP8 with some data GEMM of this weight in bf16 (MoeLayerImpl::fp8_gemms_): the bf16 copy
+  // those GEMMs read, the very bytes the BF16 layer's `compute` holds. `compute` and its
+  // scales are then only allocated when another data GEMM of the weight quantises.
+  Buffer compute_bf16;
   Buffer m, v;  // optimizer state (empty until needed)
   int64_t count() const { return NumElements(shape); }
 };
@@ -62,6 +66,11 @@ struct Fp8Rows {
   // Delayed scaling (PrepareFp8, Fp8History::Slot): where this step's amax is recorded, and
   // whether the scale comes from the history's amax in scale[2] instead.
   Fp8History::Slot history;
+  // What the tensor's GEMMs read (set before PrepareFp8): the codes as stored (an FP8
+  // activation GEMM reads them) and the grouped transposed ones (an FP8 weight-gradient GEMM).
+  // Neither: nothing is quantised (every GEMM that reads the tensor runs in bf16).
+  bool want_rows = false, want_columns = false;
+  bool quantised() const { return want_rows || want_columns; }
   // Where the producer reduces the amax: the history slot under delayed scaling, else [1].
   float* amax() const {
     if (!amax_from_producer) return nullptr;
@@ -173,6 +182,7 @@ class MoeLayerImpl : public MoeLayer {
   const LayerConfig& config() const override { return config_; }
   int64_t first_expert() const override { return first_expert_; }
   int64_t local_experts() const override { return local_experts_; }
+  Fp8GemmSet fp8_gemms() const override { return fp8_gemms_; }
 
   using MoeLayer::Backward;
   using MoeLayer::Forward;
@@ -205,6 +215,12 @@ class MoeLayerImpl : public MoeLayer {
   const void* ComputeWeights(const LayerParam& p) const {
     return p.has_compute_copy ? p.compute.data() : p.master.data();
   }
+  // Under FP8, which copies of weight `name` ("wi", "wo") its data GEMMs read: e4m3 codes
+  // (compute, compute_t, compute_scale) and/or bf16 (compute_bf16). Neither otherwise.
+  struct WeightCopies {
+    bool codes = false, bf16 = false;
+  };
+  WeightCopies WeightCopiesOf(const std::string& name) const;
   absl::Status RefreshComputeCopy(LayerParam& p);
   // Writes the zeros of a lazily zeroed gradient (grad_zero) into its buffer.
   absl::Status MaterializeGradient(LayerParam& p);
@@ -267,9 +283,9 @@ class MoeLayerImpl : public MoeLayer {
   absl::Status GateBackward(const SavedStep& s, BackwardWork& w);
   // Backward's output: w.d_x cast to s.x_type (into `into` when non-null, as DownloadInto).
   absl::StatusOr<Tensor> DownloadInputGradient(const SavedStep& s, BackwardWork& w, Tensor* into);
-  // Under compute_dtype = FP8: `in` [rows, cols] (ExpertRowDType, the local experts' rows in
-  // group_rows order) quantised as q.fp8 with one per-tensor scale into both layouts of q
-  // (allocated here; the amax from q.amax() when PrepareFp8Amax ran). Otherwise nothing.
+  // When q.quantised(): `in` [rows, cols] (ExpertRowDType, the local experts' rows in
+  // group_rows order) quantised as q.fp8 with one per-tensor scale into the layouts of q it
+  // wants (allocated here; the amax from q.amax() when PrepareFp8 said so). Otherwise nothing.
   absl::Status QuantizeExpertRows(const std::vector<int64_t>& group_rows, const void* in,
                                   int64_t cols, Fp8Rows& q);
   // Under FP8, before the tensor t of `rows` rows is written (the producer's kernel, or the
@@ -277,7 +293,7 @@ class MoeLayerImpl : public MoeLayer {
   // q.amax_from_producer to
   // `producer_amax` (the producer then fills q.amax()), and under delayed scaling claims the
   // tensor's history slot (q.history; none for an empty tensor, which records nothing).
-  // Otherwise nothing.
+  // Nothing unless q.quantised() (which implies compute_dtype = FP8).
   absl::Status PrepareFp8(Fp8Tensor t, bool producer_amax, int64_t rows, Fp8Rows& q);
   // FP8 expert GEMMs (moe_layer_experts.cc), one per local expert, of
   // out = in . weights^T, `in` the codes as stored of a [rows, k] input, weights [El, n, k]
@@ -288,20 +304,22 @@ class MoeLayerImpl : public MoeLayer {
   // The experts' activation GEMMs (h, y, d_a, d_X; moe_layer_experts.cc) over every local
   // expert's rows: out_e = in_e . w_e with w_e stored [k, n], or with `transposed`
   // out_e = in_e . w_e^T with w_e stored [n, k]; in [rows, k] and out [rows, n] in
-  // ExpertRowDType. Under FP8, Fp8ExpertGemms on in_fp8 (QuantizeExpertRows of `in`) times
-  // w's codes laid out [n, k] (compute_t, or compute when transposed). Returns the GEMMs for
-  // the caller's GroupedGemm.
-  std::vector<GemmArgs> ExpertDataGemms(const std::vector<int64_t>& group_rows, const void* in,
-                                        const Fp8Rows& in_fp8, int64_t k, const LayerParam& w,
-                                        bool transposed, int64_t n, void* out) const;
+  // ExpertRowDType. When `gemm` is in fp8_gemms_, Fp8ExpertGemms on in_fp8
+  // (QuantizeExpertRows of `in`) times w's codes laid out [n, k] (compute_t, or compute when
+  // transposed); else in bf16 from w's compute copy (compute_bf16 under FP8). Returns the
+  // GEMMs for the caller's GroupedGemm.
+  std::vector<GemmArgs> ExpertDataGemms(Fp8Gemm gemm, const std::vector<int64_t>& group_rows,
+                                        const void* in, const Fp8Rows& in_fp8, int64_t k,
+                                        const LayerParam& w, bool transposed, int64_t n,
+                                        void* out) const;
   // Backward 3's weight gradients (moe_layer_experts.cc): w.grad_e (+)= in_e^T . d_out_e
   // ([in_cols, rows_e] x [rows_e, out_cols], fp32) for every local expert, written (beta 0)
   // while w's gradient is lazily zero (LayerParam), which covers every expert's slice, k = 0
-  // ones included. in [rows, in_cols] and d_out [rows, out_cols] in ExpertRowDType; under FP8
-  // their grouped codes (in_fp8.columns, d_out_fp8.columns) instead: per expert an FP8 "TN"
-  // GEMM over its padded columns (the zero pads add nothing). Returns the GEMMs for the
-  // caller's GroupedGemm; once they have run the caller clears w.grad_zero.
-  std::vector<GemmArgs> ExpertWeightGradGemms(const std::vector<int64_t>& group_rows,
+  // ones included. in [rows, in_cols] and d_out [rows, out_cols] in ExpertRowDType; when `gemm`
+  // is in fp8_gemms_ their grouped codes (in_fp8.columns, d_out_fp8.columns) instead: per
+  // expert an FP8 "TN" GEMM over its padded columns (the zero pads add nothing). Returns the
+  // GEMMs for the caller's GroupedGemm; once they have run the caller clears w.grad_zero.
+  std::vector<GemmArgs> ExpertWeightGradGemms(Fp8Gemm gemm, const std::vector<int64_t>& group_rows,
                                               const void* in, const Fp8Rows& in_fp8,
                                               int64_t in_cols, const void* d_out,
                                               const Fp8Rows& d_out_fp8, int64_t out_cols,
@@ -331,6 +349,8 @@ class MoeLayerImpl : public MoeLayer {
   // FlushGradients' GEMMs: d_wo's over the deferred rows, then d_wi's.
   absl::Status RunDeferredWeightGrads();
 
+  bool Fp8(Fp8Gemm g) const { return Fp8GemmIn(fp8_gemms_, g); }
+
   const LayerConfig config_;
   Backend* const backend_;
   Communicator* const comm_;
@@ -348,6 +368,8 @@ class MoeLayerImpl : public MoeLayer {
   // Delayed FP8 scaling's amax histories (empty unless FP8 with the delayed recipe); emptied
   // by SetParameter (SetWeights, a checkpoint's weights before its state).
   Fp8History fp8_history_;
+  // config_.fp8_gemms resolved on backend_ by Init (MoeLayer::fp8_gemms).
+  Fp8GemmSet fp8_gemms_ = 0;
 };
 
 }  // namespace moe

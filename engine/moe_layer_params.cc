@@ -46,6 +46,7 @@ absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled,
   const LayerConfig& c = config_;
   RETURN_IF_ERROR(backend_->CheckComputeDType(c));
   const int64_t H = c.hidden, E = c.num_experts, F = c.ffn, up = UpWidth(c), El = local_experts_;
+  fp8_gemms_ = ResolveFp8Gemms(c, *backend_);
   const bool low_precision = c.compute_dtype != DType::kFloat32;
   // Expert tensors are initialised in groups of experts of about 4 MiB, each copied into the
   // master at its offset: the host holds one group at a time, and `cancelled` is polled
@@ -87,11 +88,19 @@ absl::Status MoeLayerImpl::Init(const std::function<bool()>& cancelled,
       ASSIGN_OR_RETURN(p.grad, backend_->Allocate(bytes));  // zero by grad_zero
     }
     if (p.has_compute_copy) {
-      ASSIGN_OR_RETURN(p.compute, backend_->Allocate(p.count() * DTypeSize(c.compute_dtype)));
-      if (c.compute_dtype == DType::kFloat8E4M3) {
+      const WeightCopies copies = WeightCopiesOf(name);
+      if (c.compute_dtype != DType::kFloat8E4M3) {
+        ASSIGN_OR_RETURN(p.compute, backend_->Allocate(p.count() * DTypeSize(c.compute_dtype)));
+      }
+      if (copies.codes) {
+        ASSIGN_OR_RETURN(p.compute, backend_->Allocate(p.count()));
         ASSIGN_OR_RETURN(p.compute_t, backend_->Allocate(p.count()));
         ASSIGN_OR_RETURN(p.compute_scale,
                          backend_->Allocate(p.shape[0] * kFp8ScaleStride * sizeof(float)));
+      }
+      if (copies.bf16) {
+        ASSIGN_OR_RETURN(p.compute_bf16,
+                         backend_->Allocate(p.count() * DTypeSize(DType::kBFloat16)));
       }
       RETURN_IF_ERROR(RefreshComputeCopy(p));
     }
@@ -130,9 +139,26 @@ const LayerParam* MoeLayerImpl::Find(const std::string& name) const {
   return nullptr;
 }
 
+MoeLayerImpl::WeightCopies MoeLayerImpl::WeightCopiesOf(const std::string& name) const {
+  WeightCopies copies;
+  if (config_.compute_dtype != DType::kFloat8E4M3) return copies;
+  // The data GEMMs that read the weight (its weight gradient reads no weight).
+  const bool wi = name == "wi";
+  const bool fprop = Fp8(wi ? Fp8Gemm::kFc1Fprop : Fp8Gemm::kFc2Fprop);
+  const bool dgrad = Fp8(wi ? Fp8Gemm::kFc1Dgrad : Fp8Gemm::kFc2Dgrad);
+  copies.codes = fprop || dgrad;
+  copies.bf16 = !fprop || !dgrad;
+  return copies;
+}
+
 absl::Status MoeLayerImpl::RefreshComputeCopy(LayerParam& p) {
   if (!p.has_compute_copy) return absl::OkStatus();
+  if (p.compute_bf16.data() != nullptr) {  // FP8 layer, bf16 GEMMs: the BF16 layer's conversion
+    RETURN_IF_ERROR(backend_->Convert(p.master.data(), DType::kFloat32, p.compute_bf16.data(),
+                                      DType::kBFloat16, p.count()));
+  }
   if (config_.compute_dtype == DType::kFloat8E4M3) {
+    if (p.compute.data() == nullptr) return absl::OkStatus();  // every data GEMM of p in bf16
     // Per expert [r, c]: the codes as stored, then transposed; both get the same scales.
     QuantizeArgs q;
     q.src = p.master.data(), q.src_type = DType::kFloat32;

@@ -87,6 +87,16 @@ absl::StatusOr<LayerConfig> ConfigFromProto(const v1::LayerConfig& p) {
     }
     c.fp8_amax_compute_algo = *algo;
   }
+  if (!p.fp8_gemms().empty()) {
+    absl::StatusOr<Fp8GemmsPolicy> gemms = ParseFp8GemmsPolicy(p.fp8_gemms());
+    if (!gemms.ok()) {
+      return Invalid("config.fp8_gemms",
+                     absl::StrCat("\"", p.fp8_gemms(),
+                                  "\" is not AUTO, ALL, none or a set of fc1_fprop, fc1_dgrad, "
+                                  "fc1_wgrad, fc2_fprop, fc2_dgrad, fc2_wgrad"));
+    }
+    c.fp8_gemms = *gemms;
+  }
   return c;
 }
 
@@ -129,6 +139,7 @@ v1::LayerConfig ConfigToProto(const LayerConfig& c) {
   p.set_fp8_amax_history_len(c.fp8_amax_history_len);
   p.set_fp8_margin(c.fp8_margin);
   p.set_fp8_amax_compute_algo(Fp8AmaxAlgoName(c.fp8_amax_compute_algo));
+  p.set_fp8_gemms(Fp8GemmsPolicyName(c.fp8_gemms));
   return p;
 }
 

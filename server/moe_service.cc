@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "engine/status_macros.h"
 #include "proto/config_convert.h"
 #include "proto/layer_info.h"
@@ -211,6 +212,7 @@ v1::LayerInfo MoeServiceImpl::Info(const Layer& layer) const {
   info.set_weights_reset(layer.weights_reset);
   info.set_diverged(layer.diverged);
   info.set_optimizer_step(layer.optimizer_step);
+  info.set_fp8_gemms(layer.fp8_gemms);
   if (options_.durable_store != nullptr) {
     info.set_durable(true);
     info.set_durable_optimizer_step(layer.durable.optimizer_step);
@@ -241,6 +243,21 @@ absl::Status CheckLayerBytes(const LayerConfig& config, int64_t max_layer_bytes)
   return absl::OkStatus();
 }
 
+// LayerInfo.fp8_gemms from the workers' answers (one per rank): their common set, or each
+// rank's when they differ (workers on different kinds of device).
+std::string AgreedFp8Gemms(const std::vector<std::string>& per_rank) {
+  if (per_rank.empty() ||
+      std::all_of(per_rank.begin(), per_rank.end(),
+                  [&](const std::string& s) { return s == per_rank[0]; })) {
+    return per_rank.empty() ? "" : per_rank[0];
+  }
+  std::vector<std::string> items;
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    items.push_back(absl::StrCat("rank ", r, ": ", per_rank[r]));
+  }
+  return absl::StrJoin(items, "; ");
+}
+
 }  // namespace
 
 absl::Status MoeServiceImpl::CreateOnWorkers(grpc::ServerContextBase* context,
@@ -258,14 +275,25 @@ absl::Status MoeServiceImpl::CreateOnWorkers(grpc::ServerContextBase* context,
   FanOutOptions options;
   options.cancelled = [context] { return context->IsCancelled(); };
   FanOutOutcome outcome;
+  std::vector<std::string> fp8_gemms(pool_->world_size());  // each rank writes its own
   absl::Status created = pool_->ForEachWorker(
       set, InternalDeadline(context, false),
-      [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+      [&](int rank, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
         internal::WorkerCreateLayerResponse created;
-        return FromGrpcStatus(stub->CreateLayer(ctx, create, &created));
+        grpc::Status status = stub->CreateLayer(ctx, create, &created);
+        if (rank >= 0 && rank < static_cast<int>(fp8_gemms.size())) {
+          if (rank >= 0 && rank < static_cast<int>(fp8_gemms.size())) {
+            fp8_gemms[rank] = created.fp8_gemms();
+          }
+        }
+        return FromGrpcStatus(status);
       },
       options, &outcome);
   if (!created.ok() && outcome.partial) DropOnWorkers(set, layer->id);
+  if (created.ok()) {
+    absl::MutexLock lock(&layer->mu);
+    layer->fp8_gemms = AgreedFp8Gemms(fp8_gemms);
+  }
   if (!created.ok() || options_.durable_store == nullptr) return created;
   return RegisterDurable(set, layer);
 }
@@ -556,13 +584,24 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
     create.set_name(layer->name);
     create.set_restore(restore);
     *create.mutable_config() = ConfigToProto(layer->config);
+    std::vector<std::string> fp8_gemms(pool_->world_size());  // each rank writes its own
     RETURN_IF_ERROR(pool_->ForEachWorker(
         set, absl::Now() + options_.step_timeout,
-        [&](int, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
+        [&](int rank, internal::Worker::Stub* stub, grpc::ClientContext* ctx) {
           internal::WorkerCreateLayerResponse created;
-          return FromGrpcStatus(stub->CreateLayer(ctx, create, &created));
+          grpc::Status status = stub->CreateLayer(ctx, create, &created);
+          if (rank >= 0 && rank < static_cast<int>(fp8_gemms.size())) {
+          if (rank >= 0 && rank < static_cast<int>(fp8_gemms.size())) {
+            fp8_gemms[rank] = created.fp8_gemms();
+          }
+        }
+          return FromGrpcStatus(status);
         },
         /*collective=*/false));
+    {
+      absl::MutexLock lock(&layer->mu);
+      layer->fp8_gemms = AgreedFp8Gemms(fp8_gemms);
+    }
     // A durable layer the workers lost reloads its latest durable checkpoint. A failure
     // leaves it at init_seed (weights_reset, durable_error) and the next generation retries.
     absl::Status reloaded = absl::OkStatus();

@@ -458,6 +458,8 @@ class MoeServiceImpl final : public MoeServiceBase {
     // Why the workers may hold different state of this layer (LayerInfo.diverged); empty
     // while they agree. gradients_only: only gradients may differ (ZeroGradients mends it).
     std::string diverged ABSL_GUARDED_BY(mu);
+    // LayerInfo.fp8_gemms, from the workers' CreateLayer answers.
+    std::string fp8_gemms ABSL_GUARDED_BY(mu);
     bool diverged_gradients_only ABSL_GUARDED_BY(mu) = false;
     // Durable state (options_.durable_store; LayerInfo.optimizer_step, durable_*).
     int64_t optimizer_step ABSL_GUARDED_BY(mu) = 0;

@@ -218,6 +218,9 @@ grpc::Status WorkerService::CreateLayer(grpc::ServerContext* context,
   UpdateMemory(slot.get());
   response->set_first_expert(slot->layer->first_expert());
   response->set_local_experts(slot->layer->local_experts());
+  if (config->compute_dtype == DType::kFloat8E4M3) {
+    response->set_fp8_gemms(Fp8GemmSetName(slot->layer->fp8_gemms()));
+  }
   if (cancelled()) return Grpc(absl::CancelledError("CreateLayer cancelled by the front end"));
   absl::MutexLock lock(&mu_);
   if (request->generation() != generation_) {

@@ -15,6 +15,8 @@
 #   batching 32 inference callers x 128 tokens, unbatched then batched (moectl bench --callers)
 #   all      tests, server, python, worker_ring, batching, bench
 #   fp8      the FP8 tests, then gpu_bench bf16 and FP8 back to back, with the speed-up table
+#   fp8_gemms  per preset bf16 vs FP8 with every GEMM, AUTO, none and each GEMM alone in bf16
+#            (the per-GEMM choice's measurements, engine/cuda/fp8_gemm_table.cc)
 #   compare  gpu_bench VARIANTS side by side, alternating ROUNDS times, fingerprints compared
 #   probe    bench/gemm_probe for each PROBE entry (expert GEMM configurations, issue 15)
 #   service  the service path (bench/service_bench.sh) under SERVICE_VARIANTS, next to the
@@ -258,6 +260,26 @@ for config in dict.fromkeys(c for c, _ in rows):
         print(line)
 PY
   fi
+fi
+if [ "$what" = fp8_gemms ]; then
+  # The per-GEMM FP8 choice (docs/SPEC.md "Per-GEMM choice", engine/cuda/fp8_gemm_table.cc):
+  # per preset of BENCH_CONFIGS (default te_seed,qwen3,mixtral) one gpu_bench process (FP8
+  # delayed, ITERS=5) running bf16, then FP8 under each policy of FP8_GEMMS (default
+  # "ALL;AUTO;none;each": each = every GEMM but one in FP8, for the six in turn), so every
+  # variant of a preset is measured side by side. dsv3 (50 s a layer creation, 11 runs) needs
+  # a call of its own, in two halves: BENCH_CONFIGS=dsv3 FP8_GEMMS="ALL;ALL-fc1_fprop;
+  # ALL-fc1_dgrad;ALL-fc1_wgrad", then the fc2 half. Then the table below: per preset the
+  # device ms fwd / fwd+bwd of each variant and its ratio to bf16, whether `none` was bit for
+  # bit bf16 (fingerprints), and per GEMM what moving it alone to bf16 did to ALL; a "table:"
+  # line gives the entry for engine/cuda/fp8_gemm_table.cc (FP8 for the GEMMs whose move to
+  # bf16 made the fwd+bwd step slower by more than NOISE, default 1 %).
+  for config in $(echo "${BENCH_CONFIGS:-te_seed,qwen3,mixtral}" | tr ',' ' '); do
+    step "fp8_gemms_$config" "${BENCH_TIMEOUT:-560}" gpu_bench --configs="$config" \
+      --compute_dtypes=bf16,fp8 --fp8_recipes=DELAYED --fp8_gemms="${FP8_GEMMS:-ALL;AUTO;none;each}" \
+      --iters="${ITERS:-5}" --json="$out/bench_fp8_gemms.jsonl"
+  done
+  python3 tools/fp8_gemms_summary.py "$out/bench_fp8_gemms.jsonl" --noise="${NOISE:-0.01}" |
+    tee "$out/fp8_gemms_summary.txt"
 fi
 if [ "$what" = compare ]; then
   # gpu_bench builds or settings side by side: VARIANTS = "LABEL:BINARY[:ARG...] ...", an ARG

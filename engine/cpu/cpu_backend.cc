@@ -23,6 +23,9 @@ class CpuBackend : public Backend {
 
   std::string name() const override { return "cpu"; }
   MemorySpace memory_space() const override { return MemorySpace::kHost; }
+  // No speed to measure: a deterministic rule (engine/fp8_gemms.h) that gives small test
+  // layers both kinds of GEMM.
+  bool Fp8GemmPays(const Fp8GemmShape& shape) const override { return CpuFp8GemmPays(shape); }
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override {
     // Never a null pointer, even for 0 bytes: callers pass buffers of empty steps around.

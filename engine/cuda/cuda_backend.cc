@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cublaslt_plans.h"
 #include "engine/cuda/cuda_backend_impl.h"
+#include "engine/cuda/fp8_gemm_table.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/fp8.h"
 #include "engine/status_macros.h"
@@ -203,6 +204,8 @@ absl::Status CudaBackend::Init(const CudaBackendOptions& options) {
   tuning.tuned_plans =
       tuning.tuned_plans &&
       TunedGemmsApply(prop.major, prop.minor, prop.multiProcessorCount, cublasLtGetVersion());
+  fp8_gemm_table_ = Fp8GemmTableApplies(prop.major, prop.minor, prop.multiProcessorCount,
+                                        cublasLtGetVersion());
   serial_gemm_flops_ = static_cast<double>(options.gemm_serial_gflops) * 1e9;
   side_stream_count_ = options.gemm_streams;
   split_fp32_gemm_ = options.fp32_gemm_bf16x3;

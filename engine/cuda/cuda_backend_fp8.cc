@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_backend_impl.h"
 #include "engine/cuda/cuda_status.h"
+#include "engine/cuda/fp8_gemm_table.h"
 #include "engine/fp8.h"
 #include "engine/status_macros.h"
 
@@ -31,6 +32,11 @@ absl::Status CudaBackend::CheckComputeDType(const LayerConfig& config) const {
         config.hidden, ", ffn=", config.ffn, ")"));
   }
   return absl::OkStatus();
+}
+
+bool CudaBackend::Fp8GemmPays(const Fp8GemmShape& shape) const {
+  if (!fp8_gemm_table_) return true;
+  return FindFp8GemmChoice(shape).value_or(true);
 }
 
 absl::Status CudaBackend::QuantizeFp8(const QuantizeArgs& q) {

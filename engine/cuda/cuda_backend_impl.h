@@ -48,6 +48,8 @@ class CudaBackend : public Backend {
 
   // FP8 (cuda_backend_fp8.cc): compute capability >= 8.9, H and F multiples of 16.
   absl::Status CheckComputeDType(const LayerConfig& config) const override;
+  // fp8_gemms = AUTO: engine/cuda/fp8_gemm_table.h where it applies, else FP8.
+  bool Fp8GemmPays(const Fp8GemmShape& shape) const override;
   absl::Status QuantizeFp8(const QuantizeArgs& args) override;
   absl::Status Fp8HistoryAmax(const Fp8HistoryArgs& args) override;
 
@@ -133,6 +135,8 @@ class CudaBackend : public Backend {
   double serial_gemm_flops_ = kDefaultSerialGemmGflops * 1e9;
   // fp32 Gemms on bf16 tensor cores (SplitFp32Gemm, ShortKFp32Gemm): options.fp32_gemm_bf16x3.
   bool split_fp32_gemm_ = true;
+  // Fp8GemmTableApplies on this device (Init).
+  bool fp8_gemm_table_ = false;
 
   mutable absl::Mutex mu_;
   std::unordered_map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);

@@ -112,6 +112,39 @@ TEST_F(LayerFlagsTest, Fp8Recipe) {
             absl::string_view::npos);
 }
 
+TEST_F(LayerFlagsTest, Fp8Gemms) {
+  absl::FlagSaver saver;
+  Parse({"--compute_dtype=fp8"});
+  auto config = LayerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->fp8_gemms(), "");  // unset: the server's default
+  EXPECT_NE(DescribeLayerConfig(*config).find("fp8_gemms=AUTO"), std::string::npos);
+  Parse({"--compute_dtype=fp8", "--fp8_gemms=all"});
+  config = LayerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->fp8_gemms(), "ALL");
+  Parse({"--compute_dtype=fp8", "--fp8_gemms=FC1_FPROP,fc2_wgrad"});
+  config = LayerConfigFromFlags();
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto engine = ConfigFromProto(*config);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ(Fp8GemmsPolicyName(engine->fp8_gemms), "fc1_fprop,fc2_wgrad");
+  Parse({"--fp8_gemms=fc1"});
+  EXPECT_NE(LayerConfigFromFlags().status().message().find("--fp8_gemms"),
+            absl::string_view::npos);
+}
+
+TEST_F(LayerFlagsTest, DescribeLayerShowsTheFp8GemmsThatRan) {
+  v1::LayerInfo info;
+  info.set_name("l");
+  info.mutable_config()->set_compute_dtype("FP8");
+  info.set_fp8_gemms("fc1_fprop,fc1_dgrad,fc1_wgrad");
+  EXPECT_NE(DescribeLayer(info).find("fp8_gemms: fc1_fprop,fc1_dgrad,fc1_wgrad"),
+            std::string::npos);
+  info.set_fp8_gemms("");
+  EXPECT_EQ(DescribeLayer(info).find("fp8_gemms:"), std::string::npos);
+}
+
 TEST_F(LayerFlagsTest, UnknownNamesAreInvalidArgumentNamingTheFlag) {
   for (const char* flag : {"--score_function=tanh", "--activation=swish", "--compute_dtype=fp16"}) {
     absl::FlagSaver saver;

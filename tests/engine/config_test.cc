@@ -248,6 +248,37 @@ TEST(ConfigTest, Fp8KnobsRoundTripAndOldTextKeepsTheDefaults) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(ConfigTest, Fp8GemmsPolicyRoundTripsAndOnlyAppliesToFp8) {
+  LayerConfig c = Tiny();
+  EXPECT_EQ(c.fp8_gemms.kind, Fp8GemmsPolicy::Kind::kAuto);
+  c.compute_dtype = DType::kFloat8E4M3;
+  for (const char* text : {"AUTO", "ALL", "none", "fc1_fprop", "fc1_dgrad,fc2_wgrad",
+                           "fc1_fprop,fc1_dgrad,fc1_wgrad,fc2_fprop,fc2_dgrad,fc2_wgrad"}) {
+    SCOPED_TRACE(text);
+    absl::StatusOr<Fp8GemmsPolicy> p = ParseFp8GemmsPolicy(text);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(Fp8GemmsPolicyName(*p), text);
+    c.fp8_gemms = *p;
+    EXPECT_TRUE(ValidateConfig(c, 1).ok());
+    absl::StatusOr<LayerConfig> back = ConfigFromString(ConfigToString(c));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->fp8_gemms, *p);
+  }
+  // Names in another order come back in Fp8Gemm order.
+  EXPECT_EQ(Fp8GemmsPolicyName(ParseFp8GemmsPolicy("fc2_wgrad,fc1_dgrad").value()),
+            "fc1_dgrad,fc2_wgrad");
+  for (const char* bad : {"", "auto", "fc3_fprop", "fc1_fprop,fc1_fprop", "fc1_fprop,"}) {
+    EXPECT_EQ(ParseFp8GemmsPolicy(bad).status().code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  // Text written before the per-GEMM choice: AUTO.
+  EXPECT_EQ(ConfigFromString("hidden=32 ffn=64 compute_dtype=FP8")->fp8_gemms, Fp8GemmsPolicy{});
+  LayerConfig bf16 = Tiny();
+  bf16.compute_dtype = DType::kBFloat16;
+  bf16.fp8_gemms.kind = Fp8GemmsPolicy::Kind::kAll;
+  ExpectInvalid(bf16, 1, "fp8_gemms", "only applies to compute_dtype=FP8");
+}
+
 TEST(ConfigTest, FromStringRejectsBadInput) {
   EXPECT_EQ(ConfigFromString("hidden=32 bogus=1").status().code(),
             absl::StatusCode::kInvalidArgument);

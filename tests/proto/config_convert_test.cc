@@ -106,6 +106,26 @@ TEST(ConfigConvertTest, Fp8RecipeFieldsDefaultAndRoundTrip) {
   EXPECT_THAT(ConfigFromProto(proto).status().message(), HasSubstr("config.fp8_amax_compute_algo"));
 }
 
+TEST(ConfigConvertTest, Fp8GemmsDefaultsToAutoAndRoundTrips) {
+  v1::LayerConfig proto = Shape();
+  proto.set_compute_dtype("FP8");
+  absl::StatusOr<LayerConfig> config = ConfigFromProto(proto);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->fp8_gemms.kind, Fp8GemmsPolicy::Kind::kAuto);  // empty = AUTO
+  EXPECT_EQ(ConfigToProto(*config).fp8_gemms(), "AUTO");
+  proto.set_fp8_gemms("fc2_dgrad,fc1_fprop");
+  config = ConfigFromProto(proto);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->fp8_gemms.kind, Fp8GemmsPolicy::Kind::kSet);
+  EXPECT_EQ(ConfigToProto(*config).fp8_gemms(), "fc1_fprop,fc2_dgrad");
+  proto.set_fp8_gemms("fc1");
+  EXPECT_THAT(ConfigFromProto(proto).status().message(), HasSubstr("config.fp8_gemms"));
+  proto.set_compute_dtype("BF16");
+  proto.set_fp8_gemms("ALL");  // converted; ValidateConfig refuses it for BF16
+  ASSERT_TRUE(ConfigFromProto(proto).ok());
+  EXPECT_THAT(ValidateConfig(*ConfigFromProto(proto), 1).message(), HasSubstr("fp8_gemms"));
+}
+
 TEST(ConfigConvertTest, EveryActivationRoundTrips) {
   for (v1::Activation activation :
        {v1::ACTIVATION_SILU, v1::ACTIVATION_GELU, v1::ACTIVATION_RELU, v1::ACTIVATION_LINEAR}) {

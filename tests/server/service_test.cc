@@ -177,6 +177,31 @@ TEST_F(ClusterTest, SavedStepBudget) {
   EXPECT_GT(layer.layer().saved_bytes(), 0);
 }
 
+// LayerInfo.fp8_gemms: the set the workers resolved (AUTO on CPU workers: fc1 in FP8 and
+// fc2, whose F is 8, in bf16: engine/fp8_gemms.h CpuFp8GemmPays); empty for BF16.
+TEST_F(ClusterTest, LayerInfoReportsTheFp8GemmsThatRun) {
+  auto fp8_gemms = [&](const std::string& name) {
+    grpc::ClientContext ctx;
+    v1::GetLayerRequest request;
+    request.set_name(name);
+    v1::GetLayerResponse layer;
+    EXPECT_TRUE(stub()->GetLayer(&ctx, request, &layer).ok());
+    return layer.layer().fp8_gemms();
+  };
+  v1::LayerConfig config = TinyConfig(7);
+  config.set_ffn(8);
+  config.set_compute_dtype("FP8");
+  ASSERT_TRUE(Create("fp8_auto", config).ok());
+  EXPECT_EQ(fp8_gemms("fp8_auto"), "fc1_fprop,fc1_dgrad,fc1_wgrad");
+  config.set_fp8_gemms("fc2_wgrad");
+  ASSERT_TRUE(Create("fp8_set", config).ok());
+  EXPECT_EQ(fp8_gemms("fp8_set"), "fc2_wgrad");
+  config.set_fp8_gemms("");
+  config.set_compute_dtype("BF16");
+  ASSERT_TRUE(Create("bf16", config).ok());
+  EXPECT_EQ(fp8_gemms("bf16"), "");
+}
+
 TEST_F(ClusterTest, LayerLifecycleAndExpertBias) {
   v1::LayerConfig config = TinyConfig(5);
   config.set_score_function(v1::SCORE_FUNCTION_SIGMOID);
