@@ -243,7 +243,7 @@ void WorkerPool::OpenRings(int64_t generation, const WorkerSet& set) {
       if (!IsLoopbackAddress(slots_[r].address)) continue;
       pid = slots_[r].pid;
     }
-    rings[r] = WorkerRings::Open(r, generation, pid, set.stubs[r].get(), options_.rings);
+    rings[r] = WorkerRings::Open(r, generation, pid, set.stubs[r], options_.rings);
   }
   absl::MutexLock lock(&mu_);
   if (generation_ == generation) rings_ = std::move(rings);

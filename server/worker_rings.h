@@ -15,8 +15,12 @@
 // Faults, as on gRPC: a call waits at most until its deadline (DEADLINE_EXCEEDED), ends
 // within one peer check (20 ms) after the worker died (UNAVAILABLE) or the call was
 // cancelled (CANCELLED). A channel whose call timed out or was cancelled may still hold the
-// worker's late answer and is dropped; a channel error (the worker died or closed, DATA_LOSS,
-// a full ring) makes this worker's calls use gRPC until the next generation, with one log line.
+// worker's late answer and is dropped, and a background thread opens a new one in its place
+// (one more OpenStepChannels of the same generation; the worker serves it beside the others),
+// so a run of timeouts (a worker stopped for a while, callers with short deadlines) does not
+// leave the worker on gRPC. A refill that fails is said once and not tried again; a channel
+// error (the worker died or closed, DATA_LOSS, a full ring) makes this worker's calls use gRPC
+// until the next generation, with one log line.
 //
 //   std::shared_ptr<WorkerRings> rings = WorkerRings::Open(rank, generation, pid, stub, options);
 //   std::optional<absl::StatusOr<std::string>> answer =
@@ -32,6 +36,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -59,8 +64,9 @@ class WorkerRings {
   // as it joined) for `generation`. Null when the worker refused them or anything failed (one
   // log line says why; its calls then use gRPC).
   static std::shared_ptr<WorkerRings> Open(int rank, int64_t generation, int64_t worker_pid,
-                                           internal::Worker::Stub* stub,
+                                           std::shared_ptr<internal::Worker::Stub> stub,
                                            const WorkerRingOptions& options);
+  ~WorkerRings();  // cancels a refill in flight and joins its thread
 
   // Sends `request` (a serialized request of `kind`) on a free channel and returns the
   // worker's answer: its bytes, or the status its handler returned, or a channel error as
@@ -72,20 +78,43 @@ class WorkerRings {
                                                   absl::Time deadline,
                                                   const std::function<bool()>& cancelled);
 
-  int rank() const { return rank_; }
+  int rank() const { return peer_.rank; }
   size_t free_channels() const;
+  // Channels free or in a call, and channels opened in place of dropped ones (tests, metrics).
+  int channels() const;
+  int64_t refilled() const;
 
  private:
-  WorkerRings(int rank, std::vector<std::unique_ptr<RingChannel>> channels);
+  struct Peer {  // what opening a channel needs
+    int rank = 0;
+    int64_t generation = 0;
+    int64_t worker_pid = 0;
+    std::shared_ptr<internal::Worker::Stub> stub;
+    WorkerRingOptions options;
+  };
+  WorkerRings(Peer peer, std::vector<std::unique_ptr<RingChannel>> channels);
+  // Creates `count` channels, has the worker attach them (OpenStepChannels, cancelled through
+  // *context_slot when set) and returns those it kept; `why` says why any were not.
+  static std::vector<std::unique_ptr<RingChannel>> OpenChannels(
+      const Peer& peer, int count, grpc::ClientContext* context, std::string* why);
   // Takes the channel back after a call that ended with `status`, or drops it (above).
   void Return(std::unique_ptr<RingChannel> channel, const absl::Status& status);
+  // The refill thread: opens a channel for each one dropped after a timeout.
+  void Refill();
+  bool RefillDue() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const int rank_;
+  const Peer peer_;
   uint64_t max_payload_ = 0;
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<RingChannel>> free_ ABSL_GUARDED_BY(mu_);
   int channels_ ABSL_GUARDED_BY(mu_) = 0;  // free or in a call
   bool fell_back_ ABSL_GUARDED_BY(mu_) = false;
+  int missing_ ABSL_GUARDED_BY(mu_) = 0;  // dropped after a timeout, not yet replaced
+  int64_t refilled_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool refill_failed_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::ClientContext* refill_call_ ABSL_GUARDED_BY(mu_) = nullptr;  // in flight, to cancel
+  std::thread refill_thread_;  // started at the first drop
 };
 
 // A buffer's bytes in one string (a record's body).

@@ -14,6 +14,8 @@
 #   worker_ring  moed's step rings to the workers on and off (bench/worker_ring_bench.sh)
 #   batching 32 inference callers x 128 tokens, unbatched then batched (moectl bench --callers)
 #   all      tests, server, python, worker_ring, batching, bench
+#   trainer_profile  where a trainer's step through moed goes (C++ client breakdown, Python
+#            trainer with a cProfile, the engine alone); not part of all
 #   fp8      the FP8 tests, then gpu_bench bf16 and FP8 back to back, with the speed-up table
 #   fp8_gemms  per preset bf16 vs FP8 with every GEMM, AUTO, none and each GEMM alone in bf16
 #            (the per-GEMM choice's measurements, engine/cuda/fp8_gemm_table.cc)
@@ -138,6 +140,44 @@ if [ "$what" = all ] || [ "$what" = server ] || [ "$what" = worker_ring ]; then
   # other): 16 and 1024 tokens, the client over gRPC, shared memory and CUDA IPC.
   OUT=$out SHM=1 step worker_ring_bench 400 bench/worker_ring_bench.sh \
     --device=cuda --workers=1 --dtype=bf16 1024,4096,8,2,16 1024,4096,8,2,1024
+fi
+if [ "$what" = trainer_profile ]; then
+  # Where a trainer's step through moed goes (issue 37): one moed with one CUDA worker; the C++
+  # client over CUDA IPC and the step channel with moed's per-phase breakdown (moectl bench),
+  # then the Python trainer (bench_trainer.py --breakdown, a cProfile of the CUDA IPC path),
+  # then the engine alone at the same token counts (gpu_bench, device and API time).
+  # Knobs: PROFILE_TOKENS (default 16,4096), PROFILE_STEPS (30).
+  export PYTHONPATH="$PWD/.gpu/py:$PWD/tests/python"
+  trainer_profile() {
+    local port_file=/tmp/moed_profile.port rc=0
+    rm -f "$port_file"
+    moed --device=cuda --workers=1 --port=0 --port_file="$port_file" --allow_client_shm \
+      --max_layer_bytes=$((1 << 40)) ${MOED_FLAGS:-} >"$out/profile_moed.log" 2>&1 &
+    local moed_pid=$!
+    for _ in $(seq 1 300); do [ -s "$port_file" ] && break; sleep 0.1; done
+    local server="127.0.0.1:$(cat "$port_file")"
+    if timeout 120 moectl --server="$server" health --wait_ms=120000; then
+      for t in $(echo "${PROFILE_TOKENS:-16,4096}" | tr , ' '); do
+        timeout 120 moectl --server="$server" bench --hidden=1024 --ffn=4096 --experts=8 \
+          --top_k=2 --dtype=bf16 --tokens=$t --steps=${PROFILE_STEPS:-30} --warmup=5 \
+          --cuda_shm --step_channel --progress=false | tee -a "$out/profile_moectl.jsonl" || rc=1
+      done
+      timeout 300 python3 client/python/examples/bench_trainer.py --server="$server" \
+        --tokens="${PROFILE_TOKENS:-16,4096}" --paths=cuda_ipc,local --breakdown \
+        --steps=${PROFILE_STEPS:-30} --profile=cuda_ipc --json="$out/profile_trainer.jsonl" \
+        2>"$out/profile_cprofile.txt" || rc=1
+    else
+      rc=1
+    fi
+    kill "$moed_pid" 2>/dev/null
+    wait "$moed_pid" 2>/dev/null
+    for t in $(echo "${PROFILE_TOKENS:-16,4096}" | tr , ' '); do
+      timeout 120 gpu_bench --configs=te_seed --tokens=$t --iters=10 \
+        --json="$out/profile_engine.jsonl" >/dev/null || rc=1
+    done
+    return $rc
+  }
+  step trainer_profile 560 trainer_profile
 fi
 if [ "$what" = all ] || [ "$what" = batching ]; then
   # Cross-caller batching (issue 39): CALLERS (32) inference callers of CALLER_TOKENS (128)
