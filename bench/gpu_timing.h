@@ -76,6 +76,11 @@ class TimingBackend : public Backend {
   size_t allocated_bytes() const override { return inner_->allocated_bytes(); }
   size_t peak_allocated_bytes() const override { return inner_->peak_allocated_bytes(); }
   bool GemmReadsBf16A() const override { return inner_->GemmReadsBf16A(); }
+  // The layer's AUTO FP8 choice is the real backend's (its table), not Backend's default.
+  bool Fp8GemmPays(const Fp8GemmShape& s) const override { return inner_->Fp8GemmPays(s); }
+  absl::Status AllFinite(const float* data, int64_t count, bool* all_finite) override {
+    return inner_->AllFinite(data, count, all_finite);
+  }
   absl::Status Gemm(const GemmArgs& a) override {
     return Timed(&ops_, "Gemm", [&] { return inner_->Gemm(a); });
   }

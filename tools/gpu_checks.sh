@@ -159,8 +159,8 @@ if [ "$what" = trainer_profile ]; then
     if timeout 120 moectl --server="$server" health --wait_ms=120000; then
       for t in $(echo "${PROFILE_TOKENS:-16,4096}" | tr , ' '); do
         timeout 120 moectl --server="$server" bench --hidden=1024 --ffn=4096 --experts=8 \
-          --top_k=2 --dtype=bf16 --tokens=$t --steps=${PROFILE_STEPS:-30} --warmup=5 \
-          --cuda_shm --step_channel --progress=false | tee -a "$out/profile_moectl.jsonl" || rc=1
+          --top_k=2 --dtype=bf16 --compute_dtype=bf16 --tokens=$t --steps=${PROFILE_STEPS:-30} --warmup=5 \
+          --cuda_shm --step_channel --progress=off | tee -a "$out/profile_moectl.jsonl" || rc=1
       done
       timeout 300 python3 client/python/examples/bench_trainer.py --server="$server" \
         --tokens="${PROFILE_TOKENS:-16,4096}" --paths=cuda_ipc,local --breakdown \
