@@ -24,6 +24,12 @@ std::vector<std::string> HeapRetainFlagsForChild() {
   return {absl::StrCat("--heap_retain_bytes=", flag)};
 }
 
+bool BoundArenaTops() {
+  const bool mmap_set = mallopt(M_MMAP_THRESHOLD, static_cast<int>(kHeapMmapThresholdBytes)) == 1;
+  const bool trim_set = mallopt(M_TRIM_THRESHOLD, static_cast<int>(kArenaTopRetainBytes)) == 1;
+  return mmap_set && trim_set;
+}
+
 int64_t FreeHeapBytes() { return static_cast<int64_t>(mallinfo2().fordblks); }
 
 bool HeapTrimmer::TrimIfOver(int64_t retain_bytes) {

@@ -11,11 +11,13 @@
 // (mallinfo2) and, above `retain_bytes` and changed since its last trim, returns it with
 // malloc_trim(0) (whole free pages of every arena). Memory in use is never touched; a call after a trim faults its pages in
 // again, which is the price of the bound. moe-worker runs one too (its gRPC threads serve
-// steps the same way). Not covered: free memory at the top of a non-main arena's heap, which
-// malloc_trim leaves (glibc trims it on free only, past a threshold its dynamic mmap threshold
-// raises up to 64 MiB): the workers' RSS still creeps up over rounds of load while malloc's
-// in-use bytes stay flat (docs/RELIABILITY.md, "Memory under load").
+// steps the same way). malloc_trim does not cover the free memory at the top of a non-main
+// arena's heap: glibc returns that only on a free that leaves it over M_TRIM_THRESHOLD, which
+// its dynamic threshold raises to 64 MiB once a large mapped block was freed, so each of up to
+// 8 arenas per core kept up to 64 MiB (the workers' RSS crept up round after round of load
+// while malloc's in-use bytes stayed flat). BoundArenaTops fixes that threshold instead.
 //
+//   BoundArenaTops();                                                // once, at start
 //   HeapTrimmer trimmer(HeapRetainBytes(/*cuda_worker=*/false));   // until destroyed
 //   HeapTrimmer::TrimIfOver(64 << 20);                               // or one check now
 #ifndef MOED_SERVER_HEAP_TRIM_H_
@@ -36,6 +38,19 @@ namespace moe {
 // are reused by every step on purpose (server/worker_main.cc, M_MMAP_MAX = 0).
 inline constexpr int64_t kHeapRetainBytesDefault = int64_t{256} << 20;
 inline constexpr int64_t kHeapRetainBytesCudaDefault = int64_t{4} << 30;
+
+// Free memory a free leaves at the top of one arena's heap (M_TRIM_THRESHOLD; more goes back
+// at once). With up to 8 arenas per core, each keeps at most this much between calls.
+inline constexpr int64_t kArenaTopRetainBytes = int64_t{4} << 20;
+// Blocks of this size and more are mapped alone and unmapped on free (M_MMAP_THRESHOLD): the
+// ceiling of glibc's dynamic threshold on 64-bit, where a loaded process's threshold goes
+// anyway once it freed a block that large, so smaller step buffers stay on the heap for reuse.
+inline constexpr int64_t kHeapMmapThresholdBytes = int64_t{32} << 20;
+
+// Sets both (mallopt); glibc then stops moving them with the blocks a process frees. Call
+// once, before the threads that serve calls start; false if glibc refused either. Not on a
+// CUDA worker, which keeps its heap on purpose (server/worker_main.cc).
+bool BoundArenaTops();
 
 // --heap_retain_bytes (moed and moe-worker): > 0 the bound, 0 the default above for this
 // process, < 0 never trim (glibc's own behaviour).

@@ -370,6 +370,8 @@ int Main() {
   // Before any thread starts (LoadFiles may start gRPC's): a thread that did not block them
   // would take a SIGINT or SIGTERM that arrives while the graceful stop runs, and die of it.
   const sigset_t signals = BlockShutdownSignals();
+  // Before any thread allocates: the free top of each thread's arena is bounded too.
+  if (!BoundArenaTops()) std::fprintf(stderr, "moed: warning: mallopt refused the arena bound\n");
   absl::StatusOr<Loaded> loaded = LoadFiles(options);
   if (!loaded.ok()) {
     std::fprintf(stderr, "moed: %s\n", loaded.status().ToString().c_str());

@@ -285,6 +285,8 @@ int main(int argc, char** argv) {
   if (options.device != "cpu") {
     mallopt(M_MMAP_MAX, 0);
     mallopt(M_TRIM_THRESHOLD, -1);
+  } else if (!moe::BoundArenaTops()) {  // the CPU device: each arena's free top bounded
+    std::fprintf(stderr, "moe-worker: warning: mallopt refused the arena bound\n");
   }
   return moe::Main(options);
 }
