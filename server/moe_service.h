@@ -6,7 +6,8 @@
 //
 // Locking order: setup_mu_ (shared by operations, exclusive while layers are re-created for
 // a new generation) is taken after a layer's FIFO turn and before the admission control's
-// reservations_ (moe_service_admission.cc), which comes before layers_mu_ / a layer's mu.
+// admission_'s reservations (server/worker_memory_admission.h), which come before layers_mu_ /
+// a layer's mu.
 // Collective worker calls (CreateLayer, Forward, Backward) run under the layer's FIFO turn
 // with the internal deadline --step_timeout_ms; the client's deadline and cancellation are
 // honoured while waiting for the turn, and a started step is finished (aborting it on one
@@ -57,6 +58,7 @@
 #include "server/staging.h"
 #include "server/step_caller.h"
 #include "server/step_channels.h"
+#include "server/worker_memory_admission.h"
 #include "server/worker_memory_reservations.h"
 #include "server/worker_pool.h"
 
@@ -78,7 +80,7 @@ struct ServiceOptions {
   // at once, on any layer (ForwardStepBytes / BackwardStepBytes, reserved while they run). A
   // CreateLayer, Forward or Backward that would pass it is RESOURCE_EXHAUSTED naming
   // --worker_memory_bytes before any worker is called.
-  // 0: derived from the workers' reported memory (WorkerMemoryBudget); -1: off.
+  // 0: derived from the workers' reported memory (WorkerMemoryAdmission::Budget); -1: off.
   int64_t worker_memory_bytes = 0;
   // A saved step not used by Backward within this long is released on the workers (a client
   // that died must not hold the layer's budget); a later Backward on it is
@@ -197,7 +199,7 @@ class MoeServiceImpl final : public MoeServiceBase {
   std::vector<MetricsSnapshot::Layer> LayerMetrics() const;
   // The worker memory (bytes per worker) reserved now by admitted calls still running
   // (admission control; the moed_worker_memory_reserved_bytes gauge).
-  int64_t ReservedWorkerBytes() const { return reservations_.reserved(); }
+  int64_t ReservedWorkerBytes() const { return admission_.reserved(); }
   // Releases the saved steps older than saved_step_ttl (the housekeeping thread calls it).
   // A layer whose turn is busy for long, or a re-formation in progress, is left for the
   // next round.
@@ -512,7 +514,7 @@ class MoeServiceImpl final : public MoeServiceBase {
     }
     Layer& layer() { return *layer_; }
     WorkerSet set;
-    // The worker memory this turn's step was admitted with (AdmitWorkerMemory), held until the
+    // The worker memory this turn's step was admitted with (admission_.Admit), held until the
     // turn ends; for an overdue call, until the workers finished it (DrainThenRelease).
     WorkerMemoryReservations::Reservation memory;
 
@@ -633,32 +635,10 @@ class MoeServiceImpl final : public MoeServiceBase {
   // RecreateLayers: the layer, just created from init_seed on `set`, loads its durable
   // checkpoint (collective LoadCheckpoint). OK with nothing to load.
   absl::Status LoadDurable(const WorkerSet& set, Layer& layer);
-  // moe_service_admission.cc. Admission control by estimated worker memory: OK when `need`
-  // more bytes per worker (server/step_memory.h) fit in WorkerMemoryBudget() beside what the
-  // workers hold (HeldWorkerBytes) and, with `reserve`, what the calls running now reserved
-  // (reservations_); then *reserve holds `need` until it is released. Else RESOURCE_EXHAUSTED
-  // at once (it never waits), naming the call, the layer, the step's tokens (tokens < 0:
-  // none), the figures and --worker_memory_bytes. Without `reserve`: the check at arrival, of
-  // the call alone (it could not run even with nothing else running); a step then checks
-  // again with `reserve` = its turn's memory once it has its layer's turn. Called before any
-  // worker is asked to allocate.
-  absl::Status AdmitWorkerMemory(absl::string_view call, absl::string_view layer, int64_t tokens,
-                                 int64_t need,
-                                 WorkerMemoryReservations::Reservation* reserve = nullptr);
-  // Bytes per worker: options_.worker_memory_bytes when > 0, else derived from the workers'
-  // reported memory (90% of a GPU's; 80% of a host's physical memory, divided among the CPU
-  // workers that report that host); 0 when off or nothing is known yet (no admission control).
-  // *derived says which.
-  int64_t WorkerMemoryBudget(bool* derived) const;
-  // The deferral budget's fraction the estimates count (LayerBytesPerWorker, BackwardStepBytes):
-  // the largest the workers report (PingResponse.deferred_wgrad_fraction), or
-  // kDefaultDeferredWgradFraction while none has.
-  double DeferredWgradFraction() const;
-  // What one worker holds (estimated): every layer's LayerBytesPerWorker plus the bytes of
-  // the steps kept for backward (summed over workers, divided by the worker count).
-  int64_t HeldWorkerBytes() const;
-  // One layer's part of it: its LayerBytesPerWorker and its kept steps' bytes per worker.
-  int64_t LayerHeldBytes(Layer& layer, double deferred_wgrad_fraction) const;
+  // admission_'s Books::for_each_layer: every listed layer's config and kept steps' bytes.
+  void VisitHeldLayers(const WorkerMemoryAdmission::LayerVisitor& visit) const;
+  // A layer's kept steps' bytes, summed over the workers (under its mu).
+  static int64_t SavedBytes(const Layer& layer);
   // The saved-step budget and ttl of every layer (options_).
   SavedStepLimits SavedLimits() const;
   absl::Time InternalDeadline(grpc::ServerContextBase* context, bool collective) const;
@@ -683,7 +663,7 @@ class MoeServiceImpl final : public MoeServiceBase {
   void BookForward(Layer& layer, const std::vector<int64_t>& counts, bool keep, uint64_t step_id,
                    const SavedStep& step);
   // The bytes per worker of a saved step of `layer` (0 when it has none under `step_id`), as
-  // HeldWorkerBytes counts them.
+  // admission_ counts them.
   int64_t SavedBytesPerWorker(Layer& layer, uint64_t step_id) const;
   // Backward's saved step, taken off the books (consumed, whatever the Backward's outcome)
   // once it matches the request: d_out's tokens, and the output region if any.
@@ -777,9 +757,10 @@ class MoeServiceImpl final : public MoeServiceBase {
 
   std::atomic<bool> stopping_drains_{false};  // set first by the destructor
 
-  // The worker memory of admitted calls still running (AdmitWorkerMemory). Its lock is taken
-  // before layers_mu_ and any layer's mu (it reads HeldWorkerBytes under it), never after.
-  WorkerMemoryReservations reservations_;
+  // Admission control (--worker_memory_bytes): the budget and the reservations of admitted
+  // calls still running. Its lock is taken before layers_mu_ and any layer's mu (it reads
+  // the books through VisitHeldLayers under it), never after.
+  WorkerMemoryAdmission admission_;
 
   absl::Mutex housekeeping_mu_;
   bool stopping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;

@@ -328,17 +328,17 @@ grpc::Status MoeServiceImpl::RunForwardStep(const StepCaller& caller,
       return layer.saved.CheckRoom();
     };
     if (keep) RETURN_IF_ERROR(check_budget(*found));
-    // Admission control (moe_service_admission.cc), before any worker allocates: the step
-    // alone now, so one that cannot fit is refused without waiting for its turn; with the
+    // Admission control (server/worker_memory_admission.h), before any worker allocates: the
+    // step alone now, so one that cannot fit is refused without waiting for its turn; with the
     // turn, beside the steps running on other layers, reserving its estimate until it ends.
     const int64_t need = ForwardStepBytes(found->config, tokens, pool_->world_size(), dtype);
-    RETURN_IF_ERROR(AdmitWorkerMemory("Forward", found->name, tokens, need));
+    RETURN_IF_ERROR(admission_.Admit("Forward", found->name, tokens, need));
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, caller));
     Layer& layer = turn->layer();
     RETURN_IF_ERROR(CheckShmReachesWorkers(shm, turn->set));
     if (keep) RETURN_IF_ERROR(check_budget(layer));
-    RETURN_IF_ERROR(AdmitWorkerMemory("Forward", layer.name, tokens, need, &turn->memory));
+    RETURN_IF_ERROR(admission_.Admit("Forward", layer.name, tokens, need, &turn->memory));
     // Workers on this host read x from, and write out to, moed's relay buffers.
     ASSIGN_OR_RETURN(RelayStep relay,
                      RelayLocally(turn->set, "x", *x.bytes, staged.tensor.buffer, dtype, "out",
@@ -417,9 +417,14 @@ grpc::Status MoeServiceImpl::RunForwardStep(const StepCaller& caller,
 int64_t MoeServiceImpl::SavedBytesPerWorker(Layer& layer, uint64_t step_id) const {
   absl::MutexLock lock(&layer.mu);
   absl::StatusOr<SavedStep> step = layer.saved.Find(step_id, /*issued=*/true);
-  // As HeldWorkerBytes counts it.
+  // As admission_ counts it (per worker, rounded up).
   const int ranks = std::max(pool_->world_size(), 1);
   return step.ok() ? (step->bytes + ranks - 1) / ranks : 0;
+}
+
+int64_t MoeServiceImpl::SavedBytes(const Layer& layer) {
+  absl::MutexLock lock(&layer.mu);
+  return layer.saved.bytes();
 }
 
 absl::StatusOr<SavedStep> MoeServiceImpl::TakeSavedStep(Layer& layer, uint64_t step_id,
@@ -469,16 +474,16 @@ grpc::Status MoeServiceImpl::DoBackward(const StepCaller& caller,
     if (!std::isfinite(d_z_loss)) return absl::InvalidArgumentError("d_z_loss: not finite");
     // Admission control, as in Forward (d_out has the saved step's tokens, checked below).
     const int64_t need = BackwardStepBytes(found->config, d_out.tokens, pool_->world_size(), dtype,
-                                           DeferredWgradFraction());
-    RETURN_IF_ERROR(AdmitWorkerMemory("Backward", found->name, d_out.tokens, need));
+                                           admission_.DeferredWgradFraction());
+    RETURN_IF_ERROR(admission_.Admit("Backward", found->name, d_out.tokens, need));
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, caller));
     Layer& layer = turn->layer();
     RETURN_IF_ERROR(CheckShmReachesWorkers(shm, turn->set));  // before the saved step is taken
-    RETURN_IF_ERROR(AdmitWorkerMemory("Backward", layer.name, d_out.tokens, need, &turn->memory));
+    RETURN_IF_ERROR(admission_.Admit("Backward", layer.name, d_out.tokens, need, &turn->memory));
     // The saved step leaves the books here but stays on the workers until this Backward ends:
-    // it joins the reservation first (moe_service_admission.cc). Under the turn nothing else
-    // removes it meanwhile.
+    // it joins the reservation first (server/worker_memory_admission.h). Under the turn nothing
+    // else removes it meanwhile.
     turn->memory.Add(SavedBytesPerWorker(layer, request.step_id()));
     ASSIGN_OR_RETURN(const SavedStep step,
                      TakeSavedStep(layer, request.step_id(), d_out.tokens, &shm));
