@@ -385,11 +385,18 @@ class MoeServiceImpl final : public MoeServiceBase {
   // into another (RelayStep::output; the caller answers with RelaySlice of it). Does nothing
   // when the relay is off, the workers are remote or the pool is full.
   // A staged input (`staged`, non-null) is read in place: no copy.
-  absl::StatusOr<RelayStep> RelayLocally(const WorkerSet& set, absl::string_view in_field,
-                                         const TensorBytes& input,
-                                         std::shared_ptr<RelayBuffer> staged, DType in_dtype,
-                                         absl::string_view out_field, DType out_dtype,
-                                         int64_t tokens, int64_t hidden, ShmStep* shm);
+  struct RelayRequest {
+    absl::string_view in_field;           // "x", "d_out"
+    const TensorBytes* input = nullptr;   // the request's bytes (unless staged)
+    std::shared_ptr<RelayBuffer> staged;  // a staged input
+    DType in_dtype = DType::kFloat32;
+    absl::string_view out_field;  // "out", "d_x"
+    DType out_dtype = DType::kFloat32;
+    int64_t tokens = 0;
+    int64_t hidden = 0;
+  };
+  absl::StatusOr<RelayStep> RelayLocally(const WorkerSet& set, const RelayRequest& request,
+                                         ShmStep* shm);
   // Staged tensors (moe_service_staging.cc).
   grpc::ServerUnaryReactor* StageTensor(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
                                         grpc::ByteBuffer*) override;
@@ -399,11 +406,18 @@ class MoeServiceImpl final : public MoeServiceBase {
   // table: a [T, hidden] head and a view of its bytes.
   absl::StatusOr<StagedStepInput> TakeStaged(const std::string& client, const std::string& name,
                                              int64_t hidden);
-  // A step's input tensor `field` ("x", "d_out") as the step reads it: staged (staged_name
-  // non-null: taken out of the caller's book into *staged), in a client region (shm), or in the
-  // message (message_head, message_bytes; in_message). head and bytes point at *staged's or
-  // the message's (the message's also for a region, whose bytes the step reads there);
-  // INVALID_ARGUMENT when no input is given or it is not an activation [T, hidden].
+  // A step's input tensor `source.field` ("x", "d_out") as the step reads it: staged
+  // (staged_name non-null: taken out of the caller's book into *staged), in a client region
+  // (shm), or in the message (message_head, message_bytes; in_message). head and bytes point at
+  // *staged's or the message's (the message's also for a region, whose bytes the step reads
+  // there); INVALID_ARGUMENT when no input is given or it is not an activation [T, hidden].
+  struct StepInputSource {
+    const char* field = "";
+    const std::string* staged_name = nullptr;
+    bool in_message = false;
+    const v1::Tensor* message_head = nullptr;
+    const TensorBytes* message_bytes = nullptr;
+  };
   struct StepTensor {
     const v1::Tensor* head = nullptr;
     const TensorBytes* bytes = nullptr;
@@ -411,9 +425,7 @@ class MoeServiceImpl final : public MoeServiceBase {
     int64_t tokens = 0;
   };
   absl::StatusOr<StepTensor> ResolveStepInput(const std::string& client,
-                                              const char* field, const std::string* staged_name,
-                                              bool in_message, const v1::Tensor& message_head,
-                                              const TensorBytes& message_bytes, const ShmStep& shm,
+                                              const StepInputSource& source, const ShmStep& shm,
                                               int64_t hidden, StagedStepInput* staged);
   // Checks out_staged / d_x_staged before a step runs (name free, no region output too).
   absl::Status CheckStagedOutput(const std::string& client, absl::string_view field,
