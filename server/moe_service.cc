@@ -21,6 +21,12 @@ MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics
     : options_(std::move(options)),
       pool_(pool),
       metrics_(metrics),
+      admission_(options_.worker_memory_bytes, pool->world_size(),
+                 {[pool] { return pool->WorkerStatuses(); },
+                  [pool] { return pool->LargestDeferredWgradFraction(); },
+                  [this](const WorkerMemoryAdmission::LayerVisitor& visit) {
+                    VisitHeldLayers(visit);
+                  }}),
       handlers_(options_.handler_threads, options_.handler_threads_per_client) {
   if (options_.allow_client_shm) {
     shm_ = std::make_unique<SharedMemoryRegistry>(options_.shm_idle_timeout);
@@ -82,6 +88,15 @@ absl::StatusOr<std::shared_ptr<MoeServiceImpl::Layer>> MoeServiceImpl::FindLayer
     return absl::NotFoundError(absl::StrCat("layer: no layer named \"", name, "\""));
   }
   return it->second;
+}
+
+void MoeServiceImpl::VisitHeldLayers(const WorkerMemoryAdmission::LayerVisitor& visit) const {
+  std::vector<std::shared_ptr<Layer>> layers;
+  {
+    absl::MutexLock lock(&layers_mu_);
+    for (const auto& kv : layers_) layers.push_back(kv.second);
+  }
+  for (const auto& layer : layers) visit(layer->config, SavedBytes(*layer));
 }
 
 absl::StatusOr<std::unique_ptr<MoeServiceImpl::Turn>> MoeServiceImpl::TakeTurn(
@@ -348,11 +363,12 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
     RETURN_IF_ERROR(ValidateConfig(config, pool_->world_size()));  // "config.<field>: ..."
     RETURN_IF_ERROR(CheckLayerBytes(config, options_.max_layer_bytes));
     // Its turn is immediate: checked with the calls running now, and its shard reserved until
-    // the layer is listed (from then on HeldWorkerBytes counts it).
+    // the layer is listed (from then on admission_ counts it).
     WorkerMemoryReservations::Reservation reserved;
-    RETURN_IF_ERROR(AdmitWorkerMemory(
+    RETURN_IF_ERROR(admission_.Admit(
         "CreateLayer", request->name(), -1,
-        LayerBytesPerWorker(config, pool_->world_size(), DeferredWgradFraction()), &reserved));
+        LayerBytesPerWorker(config, pool_->world_size(), admission_.DeferredWgradFraction()),
+        &reserved));
     auto layer = std::make_shared<Layer>(request->name(), SavedLimits());
     layer->id = next_layer_id_++;
     layer->config = config;
@@ -399,10 +415,10 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
   auto run = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(std::shared_ptr<Layer> layer, FindLayer(request->name()));
     // Off the books at once, but the workers hold it until its running step ended and they
-    // dropped it: reserved until then (admission control, moe_service_admission.cc), taken
-    // before it leaves the books so that it is never uncounted.
+    // dropped it: reserved until then (admission control, server/worker_memory_admission.h),
+    // taken before it leaves the books so that it is never uncounted.
     const WorkerMemoryReservations::Reservation leaving =
-        reservations_.Hold(LayerHeldBytes(*layer, DeferredWgradFraction()));
+        admission_.HoldLeavingLayer(layer->config, SavedBytes(*layer));
     // The layer leaves the books even when the workers are unreachable: a new generation
     // re-creates only the layers still listed.
     {

@@ -6,7 +6,8 @@
 //
 // Locking order: setup_mu_ (shared by operations, exclusive while layers are re-created for
 // a new generation) is taken after a layer's FIFO turn and before the admission control's
-// reservations_ (moe_service_admission.cc), which comes before layers_mu_ / a layer's mu.
+// admission_'s reservations (server/worker_memory_admission.h), which come before layers_mu_ /
+// a layer's mu.
 // Collective worker calls (CreateLayer, Forward, Backward) run under the layer's FIFO turn
 // with the internal deadline --step_timeout_ms; the client's deadline and cancellation are
 // honoured while waiting for the turn, and a started step is finished (aborting it on one
@@ -57,6 +58,7 @@
 #include "server/staging.h"
 #include "server/step_caller.h"
 #include "server/step_channels.h"
+#include "server/worker_memory_admission.h"
 #include "server/worker_memory_reservations.h"
 #include "server/worker_pool.h"
 
@@ -78,7 +80,7 @@ struct ServiceOptions {
   // at once, on any layer (ForwardStepBytes / BackwardStepBytes, reserved while they run). A
   // CreateLayer, Forward or Backward that would pass it is RESOURCE_EXHAUSTED naming
   // --worker_memory_bytes before any worker is called.
-  // 0: derived from the workers' reported memory (WorkerMemoryBudget); -1: off.
+  // 0: derived from the workers' reported memory (WorkerMemoryAdmission::Budget); -1: off.
   int64_t worker_memory_bytes = 0;
   // A saved step not used by Backward within this long is released on the workers (a client
   // that died must not hold the layer's budget); a later Backward on it is
@@ -197,7 +199,7 @@ class MoeServiceImpl final : public MoeServiceBase {
   std::vector<MetricsSnapshot::Layer> LayerMetrics() const;
   // The worker memory (bytes per worker) reserved now by admitted calls still running
   // (admission control; the moed_worker_memory_reserved_bytes gauge).
-  int64_t ReservedWorkerBytes() const { return reservations_.reserved(); }
+  int64_t ReservedWorkerBytes() const { return admission_.reserved(); }
   // Releases the saved steps older than saved_step_ttl (the housekeeping thread calls it).
   // A layer whose turn is busy for long, or a re-formation in progress, is left for the
   // next round.
@@ -383,11 +385,18 @@ class MoeServiceImpl final : public MoeServiceBase {
   // into another (RelayStep::output; the caller answers with RelaySlice of it). Does nothing
   // when the relay is off, the workers are remote or the pool is full.
   // A staged input (`staged`, non-null) is read in place: no copy.
-  absl::StatusOr<RelayStep> RelayLocally(const WorkerSet& set, absl::string_view in_field,
-                                         const TensorBytes& input,
-                                         std::shared_ptr<RelayBuffer> staged, DType in_dtype,
-                                         absl::string_view out_field, DType out_dtype,
-                                         int64_t tokens, int64_t hidden, ShmStep* shm);
+  struct RelayRequest {
+    absl::string_view in_field;           // "x", "d_out"
+    const TensorBytes* input = nullptr;   // the request's bytes (unless staged)
+    std::shared_ptr<RelayBuffer> staged;  // a staged input
+    DType in_dtype = DType::kFloat32;
+    absl::string_view out_field;  // "out", "d_x"
+    DType out_dtype = DType::kFloat32;
+    int64_t tokens = 0;
+    int64_t hidden = 0;
+  };
+  absl::StatusOr<RelayStep> RelayLocally(const WorkerSet& set, const RelayRequest& request,
+                                         ShmStep* shm);
   // Staged tensors (moe_service_staging.cc).
   grpc::ServerUnaryReactor* StageTensor(grpc::CallbackServerContext*, const grpc::ByteBuffer*,
                                         grpc::ByteBuffer*) override;
@@ -397,11 +406,18 @@ class MoeServiceImpl final : public MoeServiceBase {
   // table: a [T, hidden] head and a view of its bytes.
   absl::StatusOr<StagedStepInput> TakeStaged(const std::string& client, const std::string& name,
                                              int64_t hidden);
-  // A step's input tensor `field` ("x", "d_out") as the step reads it: staged (staged_name
-  // non-null: taken out of the caller's book into *staged), in a client region (shm), or in the
-  // message (message_head, message_bytes; in_message). head and bytes point at *staged's or
-  // the message's (the message's also for a region, whose bytes the step reads there);
-  // INVALID_ARGUMENT when no input is given or it is not an activation [T, hidden].
+  // A step's input tensor `source.field` ("x", "d_out") as the step reads it: staged
+  // (staged_name non-null: taken out of the caller's book into *staged), in a client region
+  // (shm), or in the message (message_head, message_bytes; in_message). head and bytes point at
+  // *staged's or the message's (the message's also for a region, whose bytes the step reads
+  // there); INVALID_ARGUMENT when no input is given or it is not an activation [T, hidden].
+  struct StepInputSource {
+    const char* field = "";
+    const std::string* staged_name = nullptr;
+    bool in_message = false;
+    const v1::Tensor* message_head = nullptr;
+    const TensorBytes* message_bytes = nullptr;
+  };
   struct StepTensor {
     const v1::Tensor* head = nullptr;
     const TensorBytes* bytes = nullptr;
@@ -409,9 +425,7 @@ class MoeServiceImpl final : public MoeServiceBase {
     int64_t tokens = 0;
   };
   absl::StatusOr<StepTensor> ResolveStepInput(const std::string& client,
-                                              const char* field, const std::string* staged_name,
-                                              bool in_message, const v1::Tensor& message_head,
-                                              const TensorBytes& message_bytes, const ShmStep& shm,
+                                              const StepInputSource& source, const ShmStep& shm,
                                               int64_t hidden, StagedStepInput* staged);
   // Checks out_staged / d_x_staged before a step runs (name free, no region output too).
   absl::Status CheckStagedOutput(const std::string& client, absl::string_view field,
@@ -512,7 +526,7 @@ class MoeServiceImpl final : public MoeServiceBase {
     }
     Layer& layer() { return *layer_; }
     WorkerSet set;
-    // The worker memory this turn's step was admitted with (AdmitWorkerMemory), held until the
+    // The worker memory this turn's step was admitted with (admission_.Admit), held until the
     // turn ends; for an overdue call, until the workers finished it (DrainThenRelease).
     WorkerMemoryReservations::Reservation memory;
 
@@ -633,32 +647,10 @@ class MoeServiceImpl final : public MoeServiceBase {
   // RecreateLayers: the layer, just created from init_seed on `set`, loads its durable
   // checkpoint (collective LoadCheckpoint). OK with nothing to load.
   absl::Status LoadDurable(const WorkerSet& set, Layer& layer);
-  // moe_service_admission.cc. Admission control by estimated worker memory: OK when `need`
-  // more bytes per worker (server/step_memory.h) fit in WorkerMemoryBudget() beside what the
-  // workers hold (HeldWorkerBytes) and, with `reserve`, what the calls running now reserved
-  // (reservations_); then *reserve holds `need` until it is released. Else RESOURCE_EXHAUSTED
-  // at once (it never waits), naming the call, the layer, the step's tokens (tokens < 0:
-  // none), the figures and --worker_memory_bytes. Without `reserve`: the check at arrival, of
-  // the call alone (it could not run even with nothing else running); a step then checks
-  // again with `reserve` = its turn's memory once it has its layer's turn. Called before any
-  // worker is asked to allocate.
-  absl::Status AdmitWorkerMemory(absl::string_view call, absl::string_view layer, int64_t tokens,
-                                 int64_t need,
-                                 WorkerMemoryReservations::Reservation* reserve = nullptr);
-  // Bytes per worker: options_.worker_memory_bytes when > 0, else derived from the workers'
-  // reported memory (90% of a GPU's; 80% of a host's physical memory, divided among the CPU
-  // workers that report that host); 0 when off or nothing is known yet (no admission control).
-  // *derived says which.
-  int64_t WorkerMemoryBudget(bool* derived) const;
-  // The deferral budget's fraction the estimates count (LayerBytesPerWorker, BackwardStepBytes):
-  // the largest the workers report (PingResponse.deferred_wgrad_fraction), or
-  // kDefaultDeferredWgradFraction while none has.
-  double DeferredWgradFraction() const;
-  // What one worker holds (estimated): every layer's LayerBytesPerWorker plus the bytes of
-  // the steps kept for backward (summed over workers, divided by the worker count).
-  int64_t HeldWorkerBytes() const;
-  // One layer's part of it: its LayerBytesPerWorker and its kept steps' bytes per worker.
-  int64_t LayerHeldBytes(Layer& layer, double deferred_wgrad_fraction) const;
+  // admission_'s Books::for_each_layer: every listed layer's config and kept steps' bytes.
+  void VisitHeldLayers(const WorkerMemoryAdmission::LayerVisitor& visit) const;
+  // A layer's kept steps' bytes, summed over the workers (under its mu).
+  static int64_t SavedBytes(const Layer& layer);
   // The saved-step budget and ttl of every layer (options_).
   SavedStepLimits SavedLimits() const;
   absl::Time InternalDeadline(grpc::ServerContextBase* context, bool collective) const;
@@ -683,7 +675,7 @@ class MoeServiceImpl final : public MoeServiceBase {
   void BookForward(Layer& layer, const std::vector<int64_t>& counts, bool keep, uint64_t step_id,
                    const SavedStep& step);
   // The bytes per worker of a saved step of `layer` (0 when it has none under `step_id`), as
-  // HeldWorkerBytes counts them.
+  // admission_ counts them.
   int64_t SavedBytesPerWorker(Layer& layer, uint64_t step_id) const;
   // Backward's saved step, taken off the books (consumed, whatever the Backward's outcome)
   // once it matches the request: d_out's tokens, and the output region if any.
@@ -777,9 +769,10 @@ class MoeServiceImpl final : public MoeServiceBase {
 
   std::atomic<bool> stopping_drains_{false};  // set first by the destructor
 
-  // The worker memory of admitted calls still running (AdmitWorkerMemory). Its lock is taken
-  // before layers_mu_ and any layer's mu (it reads HeldWorkerBytes under it), never after.
-  WorkerMemoryReservations reservations_;
+  // Admission control (--worker_memory_bytes): the budget and the reservations of admitted
+  // calls still running. Its lock is taken before layers_mu_ and any layer's mu (it reads
+  // the books through VisitHeldLayers under it), never after.
+  WorkerMemoryAdmission admission_;
 
   absl::Mutex housekeeping_mu_;
   bool stopping_ ABSL_GUARDED_BY(housekeeping_mu_) = false;

@@ -133,7 +133,7 @@ std::optional<grpc::Status> MoeServiceImpl::ForwardInBatch(const StepCaller& cal
   const int64_t tokens = request.x().shape(0);
   if (tokens <= 0 || tokens > batching.max_tokens) return std::nullopt;
   const int64_t need = ForwardStepBytes((*found)->config, tokens, pool_->world_size(), *dtype);
-  if (!AdmitWorkerMemory("Forward", (*found)->name, tokens, need).ok()) return std::nullopt;
+  if (!admission_.Admit("Forward", (*found)->name, tokens, need).ok()) return std::nullopt;
 
   const absl::Time start = absl::Now();
   const InflightRequest inflight(metrics_, "Forward");

@@ -80,13 +80,16 @@ absl::StatusOr<ShmStep> MoeServiceImpl::PrepareShm(const StepCaller& caller,
 }
 
 absl::StatusOr<RelayStep> MoeServiceImpl::RelayLocally(const WorkerSet& set,
-                                                       absl::string_view in_field,
-                                                       const TensorBytes& input,
-                                                       std::shared_ptr<RelayBuffer> staged,
-                                                       DType in_dtype,
-                                                       absl::string_view out_field,
-                                                       DType out_dtype, int64_t tokens,
-                                                       int64_t hidden, ShmStep* shm) {
+                                                       const RelayRequest& request,
+                                                       ShmStep* shm) {
+  const absl::string_view in_field = request.in_field;
+  const TensorBytes& input = *request.input;
+  std::shared_ptr<RelayBuffer> staged = request.staged;
+  const DType in_dtype = request.in_dtype;
+  const absl::string_view out_field = request.out_field;
+  const DType out_dtype = request.out_dtype;
+  const int64_t tokens = request.tokens;
+  const int64_t hidden = request.hidden;
   RelayStep relay;
   if (relay_ == nullptr || !set.local || tokens == 0) return relay;
   SharedMemoryRegistry* registry = relay_->registry();

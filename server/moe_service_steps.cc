@@ -92,24 +92,6 @@ absl::Status CollectRows(const std::vector<TensorBytes>& bytes, absl::string_vie
   return absl::OkStatus();
 }
 
-// Worker call `call` (its own fields set) completed with its slice, rows [begin, end), of the
-// step's input: shared-memory slices (no tensor bytes in the call) or references to the
-// request's bytes (EncodeRows); and the slice of the output region when the output goes there.
-template <typename Call>
-grpc::ByteBuffer EncodeStepCall(Call* call, v1::Tensor* (Call::*tensor)(),
-                                internal::WorkerShmSlice* (Call::*input_shm)(),
-                                internal::WorkerShmSlice* (Call::*output_shm)(), int tensor_field,
-                                const ShmStep& shm, const v1::Tensor& whole,
-                                const TensorBytes& input, int64_t begin, int64_t end,
-                                size_t row_bytes, BorrowedBytes* borrowed) {
-  if (shm.has_output()) shm.SliceOutput(begin, end, (call->*output_shm)());
-  if (shm.has_input()) {
-    shm.SliceInput(begin, end, (call->*tensor)(), (call->*input_shm)());
-    return EncodeMessage(*call);
-  }
-  return EncodeRows(*call, tensor_field, whole, input, begin, end, row_bytes, borrowed);
-}
-
 // A [tokens, hidden] answer tensor's datatype and shape (its bytes travel beside the message).
 void SetActivationHead(DType dtype, int64_t tokens, int64_t hidden, v1::Tensor* head) {
   head->set_datatype(DTypeName(dtype));
@@ -163,6 +145,24 @@ struct StepInput {
   size_t row_bytes;
 };
 
+// Worker r's call `call` (its own fields set) completed with its slice, rows [offsets[r],
+// offsets[r + 1]), of the step's input: shared-memory slices (no tensor bytes in the call) or
+// references to the request's bytes (EncodeRows); and the slice of the output region when the
+// output goes there.
+template <typename Call>
+grpc::ByteBuffer EncodeStepCall(Call* call, const StepFields<Call>& fields, const StepInput& in,
+                                int r, BorrowedBytes* borrowed) {
+  const int64_t begin = in.offsets[r];
+  const int64_t end = in.offsets[r + 1];
+  if (in.shm.has_output()) in.shm.SliceOutput(begin, end, (call->*fields.output_shm)());
+  if (in.shm.has_input()) {
+    in.shm.SliceInput(begin, end, (call->*fields.tensor)(), (call->*fields.input_shm)());
+    return EncodeMessage(*call);
+  }
+  return EncodeRows(*call, fields.tensor_field, in.whole, in.bytes, begin, end, in.row_bytes,
+                    borrowed);
+}
+
 // Worker r's step call: `head` (its own fields set) with its rows of the input, answered into
 // `calls`; the round trip timed when `head` asks the worker for timing.
 template <typename Call, typename Answer>
@@ -171,9 +171,7 @@ absl::Status CallStepWorker(const StepFields<Call>& fields, const Call& head, co
                             StepCalls<Answer>* calls) {
   PhaseClock call_clock(head.timing());
   Call call = head;
-  const grpc::ByteBuffer wire = EncodeStepCall(
-      &call, fields.tensor, fields.input_shm, fields.output_shm, fields.tensor_field, in.shm,
-      in.whole, in.bytes, in.offsets[r], in.offsets[r + 1], in.row_bytes, &calls->borrowed);
+  const grpc::ByteBuffer wire = EncodeStepCall(&call, fields, in, r, &calls->borrowed);
   absl::Status status =
       CallWorkerWithTensor(set.Route(r), ctx, fields.method, wire, fields.answer_field,
                            &calls->answers[r], &calls->bytes[r]);
@@ -234,17 +232,17 @@ void CountForward(Metrics* metrics, const std::string& layer, int64_t tokens,
 }  // namespace
 
 absl::StatusOr<MoeServiceImpl::StepTensor> MoeServiceImpl::ResolveStepInput(
-    const std::string& client, const char* field, const std::string* staged_name,
-    bool in_message, const v1::Tensor& message_head, const TensorBytes& message_bytes,
-    const ShmStep& shm, int64_t hidden, StagedStepInput* staged) {
-  if (staged_name != nullptr) {
-    ASSIGN_OR_RETURN(*staged, TakeStaged(client, *staged_name, hidden));
+    const std::string& client, const StepInputSource& source, const ShmStep& shm, int64_t hidden,
+    StagedStepInput* staged) {
+  const char* const field = source.field;
+  if (source.staged_name != nullptr) {
+    ASSIGN_OR_RETURN(*staged, TakeStaged(client, *source.staged_name, hidden));
   }
   const bool is_staged = staged->tensor.buffer != nullptr;
   StepTensor t;
-  t.head = is_staged ? &staged->head : &message_head;
-  t.bytes = is_staged ? &staged->bytes : &message_bytes;
-  if (!in_message && !is_staged && !shm.has_input()) {
+  t.head = is_staged ? &staged->head : source.message_head;
+  t.bytes = is_staged ? &staged->bytes : source.message_bytes;
+  if (!source.in_message && !is_staged && !shm.has_input()) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
   }
   if (shm.has_input()) {
@@ -311,12 +309,16 @@ grpc::Status MoeServiceImpl::RunForwardStep(const StepCaller& caller,
     ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(caller, request, found->config.hidden));
     // Or x staged over several connections (StageTensor), taken out of the caller's book.
     StagedStepInput staged;
-    ASSIGN_OR_RETURN(
-        const StepTensor x,
-        ResolveStepInput(
-            caller.client(), "x",
-            request.input_case() == v1::ForwardRequest::kXStaged ? &request.x_staged() : nullptr,
-            request.has_x(), request.x(), input, shm, found->config.hidden, &staged));
+    StepInputSource source;
+    source.field = "x";
+    if (request.input_case() == v1::ForwardRequest::kXStaged) {
+      source.staged_name = &request.x_staged();
+    }
+    source.in_message = request.has_x();
+    source.message_head = &request.x();
+    source.message_bytes = &input;
+    ASSIGN_OR_RETURN(const StepTensor x, ResolveStepInput(caller.client(), source, shm,
+                                                          found->config.hidden, &staged));
     const DType dtype = x.dtype;
     const int64_t tokens = x.tokens;
     RETURN_IF_ERROR(shm.CheckOutput(tokens, found->config.hidden, dtype));
@@ -328,21 +330,28 @@ grpc::Status MoeServiceImpl::RunForwardStep(const StepCaller& caller,
       return layer.saved.CheckRoom();
     };
     if (keep) RETURN_IF_ERROR(check_budget(*found));
-    // Admission control (moe_service_admission.cc), before any worker allocates: the step
-    // alone now, so one that cannot fit is refused without waiting for its turn; with the
+    // Admission control (server/worker_memory_admission.h), before any worker allocates: the
+    // step alone now, so one that cannot fit is refused without waiting for its turn; with the
     // turn, beside the steps running on other layers, reserving its estimate until it ends.
     const int64_t need = ForwardStepBytes(found->config, tokens, pool_->world_size(), dtype);
-    RETURN_IF_ERROR(AdmitWorkerMemory("Forward", found->name, tokens, need));
+    RETURN_IF_ERROR(admission_.Admit("Forward", found->name, tokens, need));
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, caller));
     Layer& layer = turn->layer();
     RETURN_IF_ERROR(CheckShmReachesWorkers(shm, turn->set));
     if (keep) RETURN_IF_ERROR(check_budget(layer));
-    RETURN_IF_ERROR(AdmitWorkerMemory("Forward", layer.name, tokens, need, &turn->memory));
+    RETURN_IF_ERROR(admission_.Admit("Forward", layer.name, tokens, need, &turn->memory));
     // Workers on this host read x from, and write out to, moed's relay buffers.
-    ASSIGN_OR_RETURN(RelayStep relay,
-                     RelayLocally(turn->set, "x", *x.bytes, staged.tensor.buffer, dtype, "out",
-                                  dtype, tokens, layer.config.hidden, &shm));
+    RelayRequest relayed;
+    relayed.in_field = "x";
+    relayed.input = x.bytes;
+    relayed.staged = staged.tensor.buffer;
+    relayed.in_dtype = dtype;
+    relayed.out_field = "out";
+    relayed.out_dtype = dtype;
+    relayed.tokens = tokens;
+    relayed.hidden = layer.config.hidden;
+    ASSIGN_OR_RETURN(RelayStep relay, RelayLocally(turn->set, relayed, &shm));
     const int ranks = turn->set.size();
     const StepInput in{shm, *x.head, *x.bytes, SplitRows(tokens, ranks),
                        static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype)};
@@ -417,9 +426,14 @@ grpc::Status MoeServiceImpl::RunForwardStep(const StepCaller& caller,
 int64_t MoeServiceImpl::SavedBytesPerWorker(Layer& layer, uint64_t step_id) const {
   absl::MutexLock lock(&layer.mu);
   absl::StatusOr<SavedStep> step = layer.saved.Find(step_id, /*issued=*/true);
-  // As HeldWorkerBytes counts it.
+  // As admission_ counts it (per worker, rounded up).
   const int ranks = std::max(pool_->world_size(), 1);
   return step.ok() ? (step->bytes + ranks - 1) / ranks : 0;
+}
+
+int64_t MoeServiceImpl::SavedBytes(const Layer& layer) {
+  absl::MutexLock lock(&layer.mu);
+  return layer.saved.bytes();
 }
 
 absl::StatusOr<SavedStep> MoeServiceImpl::TakeSavedStep(Layer& layer, uint64_t step_id,
@@ -453,13 +467,16 @@ grpc::Status MoeServiceImpl::DoBackward(const StepCaller& caller,
     // d_out and/or d_x in a client's shared memory (moe_service_shm.cc).
     ASSIGN_OR_RETURN(ShmStep shm, PrepareShm(caller, request, found->config.hidden));
     StagedStepInput staged;  // or staged (StageTensor), as in Forward
-    ASSIGN_OR_RETURN(const StepTensor d_out,
-                     ResolveStepInput(caller.client(), "d_out",
-                                      request.input_case() == v1::BackwardRequest::kDOutStaged
-                                          ? &request.d_out_staged()
-                                          : nullptr,
-                                      request.has_d_out(), request.d_out(), input, shm,
-                                      found->config.hidden, &staged));
+    StepInputSource source;
+    source.field = "d_out";
+    if (request.input_case() == v1::BackwardRequest::kDOutStaged) {
+      source.staged_name = &request.d_out_staged();
+    }
+    source.in_message = request.has_d_out();
+    source.message_head = &request.d_out();
+    source.message_bytes = &input;
+    ASSIGN_OR_RETURN(const StepTensor d_out, ResolveStepInput(caller.client(), source, shm,
+                                                              found->config.hidden, &staged));
     const DType dtype = d_out.dtype;
     RETURN_IF_ERROR(
         CheckStagedOutput(caller.client(), "d_x_staged", request.d_x_staged(), request.has_d_x_shm()));
@@ -469,22 +486,29 @@ grpc::Status MoeServiceImpl::DoBackward(const StepCaller& caller,
     if (!std::isfinite(d_z_loss)) return absl::InvalidArgumentError("d_z_loss: not finite");
     // Admission control, as in Forward (d_out has the saved step's tokens, checked below).
     const int64_t need = BackwardStepBytes(found->config, d_out.tokens, pool_->world_size(), dtype,
-                                           DeferredWgradFraction());
-    RETURN_IF_ERROR(AdmitWorkerMemory("Backward", found->name, d_out.tokens, need));
+                                           admission_.DeferredWgradFraction());
+    RETURN_IF_ERROR(admission_.Admit("Backward", found->name, d_out.tokens, need));
 
     ASSIGN_OR_RETURN(std::unique_ptr<Turn> turn, TakeTurn(found, caller));
     Layer& layer = turn->layer();
     RETURN_IF_ERROR(CheckShmReachesWorkers(shm, turn->set));  // before the saved step is taken
-    RETURN_IF_ERROR(AdmitWorkerMemory("Backward", layer.name, d_out.tokens, need, &turn->memory));
+    RETURN_IF_ERROR(admission_.Admit("Backward", layer.name, d_out.tokens, need, &turn->memory));
     // The saved step leaves the books here but stays on the workers until this Backward ends:
-    // it joins the reservation first (moe_service_admission.cc). Under the turn nothing else
-    // removes it meanwhile.
+    // it joins the reservation first (server/worker_memory_admission.h). Under the turn nothing
+    // else removes it meanwhile.
     turn->memory.Add(SavedBytesPerWorker(layer, request.step_id()));
     ASSIGN_OR_RETURN(const SavedStep step,
                      TakeSavedStep(layer, request.step_id(), d_out.tokens, &shm));
-    ASSIGN_OR_RETURN(RelayStep relay,
-                     RelayLocally(turn->set, "d_out", *d_out.bytes, staged.tensor.buffer, dtype,
-                                  "d_x", step.dtype, step.tokens, layer.config.hidden, &shm));
+    RelayRequest relayed;
+    relayed.in_field = "d_out";
+    relayed.input = d_out.bytes;
+    relayed.staged = staged.tensor.buffer;
+    relayed.in_dtype = dtype;
+    relayed.out_field = "d_x";
+    relayed.out_dtype = step.dtype;
+    relayed.tokens = step.tokens;
+    relayed.hidden = layer.config.hidden;
+    ASSIGN_OR_RETURN(RelayStep relay, RelayLocally(turn->set, relayed, &shm));
     const int ranks = turn->set.size();
     const StepInput in{shm, *d_out.head, *d_out.bytes, SplitRows(step.tokens, ranks),
                        static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype)};

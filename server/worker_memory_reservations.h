@@ -1,5 +1,5 @@
 // The worker memory that admitted calls reserve while they run, for moed's admission control
-// (--worker_memory_bytes; server/moe_service_admission.cc). A step (or a CreateLayer until its
+// (--worker_memory_bytes; server/worker_memory_admission.h). A step (or a CreateLayer until its
 // layer is on the books) reserves its estimated per-worker bytes when it is admitted and
 // releases them when it ends, on every path: so steps of different layers running at the same
 // time are summed, not each checked alone.

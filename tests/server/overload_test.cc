@@ -1,7 +1,7 @@
 // Issue 41, item 10: overload. 64 callers at once send steps that keep their activations for
 // a backward to 4 layers of 2 CPU workers whose --worker_memory_bytes holds the layers and
 // only a few steps: the steps that do not fit are refused with RESOURCE_EXHAUSTED by
-// admission control (server/moe_service_admission.cc) before any worker allocates, every other
+// admission control (server/worker_memory_admission.h) before any worker allocates, every other
 // step succeeds, nothing else fails (no UNAVAILABLE: the busy workers are not declared dead,
 // the pool does not re-form), the workers' memory stays within the budget, health and small
 // calls are answered throughout, and once the callers released their steps the service serves

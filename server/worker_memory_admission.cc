@@ -1,12 +1,4 @@
-// MoeServiceImpl: admission control by estimated worker memory (--worker_memory_bytes).
-//
-// A CreateLayer, Forward or Backward is refused with RESOURCE_EXHAUSTED before any worker
-// allocates when what it needs per worker (server/step_memory.h: the layer's shard, or the
-// step's worst-case working memory), plus what the workers already hold (every layer's shard,
-// with the deferred weight-gradient operands it may keep at the fraction the workers report,
-// and the steps kept for backward), plus what the calls admitted before it and still running
-// reserved (server/worker_memory_reservations.h), passes the budget. A refusal is immediate:
-// nothing waits for memory to become free.
+// WorkerMemoryAdmission: admission control by estimated worker memory (--worker_memory_bytes).
 //
 // When: a step is checked alone when it arrives (one that could not run even with nothing else
 // running is refused without waiting for its layer's turn), then again, counting the running
@@ -20,19 +12,21 @@
 // others.
 //
 // A layer DeleteLayer takes off the books stays reserved until the workers dropped it (after
-// its running step), or until the DeleteLayer gave up waiting for that step.
+// its running step), or until the DeleteLayer gave up waiting for that step (HoldLeavingLayer).
 //
 // Not covered: calls other than these three (weights, checkpoints, optimizer steps allocate
 // little beyond the layer), a deleted layer the workers keep until their next re-formation
 // (DeleteLayer timed out), memory the workers' allocator or communicator keeps beyond the
 // engine's buffers, and moed's own memory.
+#include "server/worker_memory_admission.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "server/moe_service.h"
 #include "server/step_memory.h"
 
 namespace moe {
@@ -46,12 +40,18 @@ std::string HostOf(const std::string& address) {
 
 }  // namespace
 
-int64_t MoeServiceImpl::WorkerMemoryBudget(bool* derived) const {
+WorkerMemoryAdmission::WorkerMemoryAdmission(int64_t worker_memory_bytes, int world_size,
+                                             Books books)
+    : worker_memory_bytes_(worker_memory_bytes),
+      world_size_(world_size),
+      books_(std::move(books)) {}
+
+int64_t WorkerMemoryAdmission::Budget(bool* derived) const {
   *derived = false;
-  if (options_.worker_memory_bytes > 0) return options_.worker_memory_bytes;
-  if (options_.worker_memory_bytes < 0) return 0;
+  if (worker_memory_bytes_ > 0) return worker_memory_bytes_;
+  if (worker_memory_bytes_ < 0) return 0;
   *derived = true;
-  const std::vector<v1::WorkerStatus> workers = pool_->WorkerStatuses();
+  const std::vector<v1::WorkerStatus> workers = books_.worker_statuses();
   // CPU workers on one host share its memory.
   std::map<std::string, int> cpu_workers_on;
   for (const v1::WorkerStatus& w : workers) {
@@ -73,49 +73,49 @@ int64_t MoeServiceImpl::WorkerMemoryBudget(bool* derived) const {
   return any ? static_cast<int64_t>(budget) : 0;
 }
 
-double MoeServiceImpl::DeferredWgradFraction() const {
-  return pool_->LargestDeferredWgradFraction().value_or(kDefaultDeferredWgradFraction);
+double WorkerMemoryAdmission::DeferredWgradFraction() const {
+  return books_.reported_deferred_wgrad_fraction().value_or(kDefaultDeferredWgradFraction);
 }
 
-int64_t MoeServiceImpl::HeldWorkerBytes() const {
+int64_t WorkerMemoryAdmission::HeldBytes() const {
   const double fraction = DeferredWgradFraction();
-  std::vector<std::shared_ptr<Layer>> layers;
-  {
-    absl::MutexLock lock(&layers_mu_);
-    for (const auto& kv : layers_) layers.push_back(kv.second);
-  }
   long double held = 0;
-  for (const auto& layer : layers) {
-    held += static_cast<long double>(LayerHeldBytes(*layer, fraction));
-  }
+  books_.for_each_layer([&](const LayerConfig& config, int64_t saved_bytes) {
+    held += static_cast<long double>(LayerHeldBytes(config, saved_bytes, fraction));
+  });
   return held >= static_cast<long double>(INT64_MAX) ? INT64_MAX : static_cast<int64_t>(held);
 }
 
-int64_t MoeServiceImpl::LayerHeldBytes(Layer& layer, double deferred_wgrad_fraction) const {
-  const int ranks = std::max(pool_->world_size(), 1);
+int64_t WorkerMemoryAdmission::LayerHeldBytes(const LayerConfig& config, int64_t saved_bytes,
+                                              double deferred_wgrad_fraction) const {
+  const int ranks = std::max(world_size_, 1);
   long double held =
-      static_cast<long double>(LayerBytesPerWorker(layer.config, ranks, deferred_wgrad_fraction));
-  absl::MutexLock lock(&layer.mu);
-  held += static_cast<long double>(layer.saved.bytes()) / ranks;
+      static_cast<long double>(LayerBytesPerWorker(config, ranks, deferred_wgrad_fraction));
+  held += static_cast<long double>(saved_bytes) / ranks;
   return held >= static_cast<long double>(INT64_MAX) ? INT64_MAX
                                                      : static_cast<int64_t>(std::ceil(held));
 }
 
-absl::Status MoeServiceImpl::AdmitWorkerMemory(absl::string_view call, absl::string_view layer,
-                                               int64_t tokens, int64_t need,
-                                               WorkerMemoryReservations::Reservation* reserve) {
+WorkerMemoryReservations::Reservation WorkerMemoryAdmission::HoldLeavingLayer(
+    const LayerConfig& config, int64_t saved_bytes) {
+  return reservations_.Hold(LayerHeldBytes(config, saved_bytes, DeferredWgradFraction()));
+}
+
+absl::Status WorkerMemoryAdmission::Admit(absl::string_view call, absl::string_view layer,
+                                          int64_t tokens, int64_t need,
+                                          WorkerMemoryReservations::Reservation* reserve) {
   bool derived = false;
-  const int64_t budget = WorkerMemoryBudget(&derived);
+  const int64_t budget = Budget(&derived);
   if (budget <= 0) return absl::OkStatus();
   int64_t held = 0;
   int64_t in_flight = 0;
   if (reserve != nullptr) {
     if (reservations_.TryReserve(
-            need, budget, [this] { return HeldWorkerBytes(); }, reserve, &held, &in_flight)) {
+            need, budget, [this] { return HeldBytes(); }, reserve, &held, &in_flight)) {
       return absl::OkStatus();
     }
   } else {
-    held = HeldWorkerBytes();
+    held = HeldBytes();
     if (static_cast<long double>(held) + static_cast<long double>(need) <=
         static_cast<long double>(budget)) {
       return absl::OkStatus();
