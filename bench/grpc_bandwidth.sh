@@ -11,8 +11,9 @@
 #   (defaults: cpu, 1 worker, fp32)
 #   SHAPE = H,F,E,k,T (default 1024,16,2,1,4096: a 16 MiB fp32 x and a cheap engine)
 # Environment: VARIANTS="LABEL:DIR ..." (DIR holds moed, moe-worker and moectl; an empty DIR:
-# $PATH or bazel-bin; default "now:"), PATHS (default "unary stream"; stream: moectl
-# --max_message_bytes=$STREAM_MESSAGE_BYTES, default 4 MiB, so that every step is streamed),
+# $PATH or bazel-bin; default "now:"), PATHS (default "unary stream"; unary: moectl's
+# defaults, lanes included; stream: one connection and --max_message_bytes=
+# $STREAM_MESSAGE_BYTES, default 4 MiB, so that every step is streamed),
 # ROUNDS (default 2, alternating), MOECTL_FLAGS (e.g. --lanes=1), STEPS, WARMUP, OUT.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,7 +29,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     label=${v%%:*} dir=${v#*:}
     for p in ${PATHS:-unary stream}; do
       flags="--nostep_channel ${MOECTL_FLAGS:-}"  # as from another host
-      [ "$p" = stream ] && flags="$flags --max_message_bytes=${STREAM_MESSAGE_BYTES:-4194304}"
+      [ "$p" = stream ] && flags="$flags --lanes=1 --max_message_bytes=${STREAM_MESSAGE_BYTES:-4194304}"
       echo "== round $r, $label ($p)" >&2
       PATH=${dir:+$(cd "$dir" && pwd):}$PATH OUT="$out" LABEL="${label}_${p}_$r" SHM=0 \
         MOECTL_FLAGS="$flags" STEPS=${STEPS:-10} WARMUP=${WARMUP:-2} \
