@@ -290,10 +290,10 @@ absl::StatusOr<ForwardOutput> MoeClient::Forward(const std::string& layer, const
   if (NeedsStream(x)) {
     grpc::ClientContext context;
     Prepare(call, &context);
-    auto stream = stub_->ForwardStream(&context);
-    RETURN_IF_ERROR(StreamStep(stream.get(), std::move(request), &v1::ForwardRequest::mutable_x, x,
-                               &v1::ForwardResponse::mutable_out, PieceBytes(), &response));
-    out_bytes = TensorBytes(response.out().raw_data());
+    RETURN_IF_ERROR(StreamStep(channel_, &context, kForwardStreamMethod, request,
+                               v1::ForwardRequest::kXFieldNumber, x,
+                               v1::ForwardResponse::kOutFieldNumber, PieceBytes(), &response,
+                               &out_bytes));
   } else {
     RETURN_IF_ERROR(
         CallStep(StepKind::kForward, request, x, call, &clock, &encode_ms, &response, &out_bytes));
@@ -335,11 +335,10 @@ absl::StatusOr<Tensor> MoeClient::Backward(const std::string& layer, uint64_t st
   if (NeedsStream(d_out)) {
     grpc::ClientContext context;
     Prepare(call, &context);
-    auto stream = stub_->BackwardStream(&context);
-    RETURN_IF_ERROR(StreamStep(stream.get(), std::move(request),
-                               &v1::BackwardRequest::mutable_d_out, d_out,
-                               &v1::BackwardResponse::mutable_d_x, PieceBytes(), &response));
-    d_x_bytes = TensorBytes(response.d_x().raw_data());
+    RETURN_IF_ERROR(StreamStep(channel_, &context, kBackwardStreamMethod, request,
+                               v1::BackwardRequest::kDOutFieldNumber, d_out,
+                               v1::BackwardResponse::kDXFieldNumber, PieceBytes(), &response,
+                               &d_x_bytes));
   } else {
     RETURN_IF_ERROR(CallStep(StepKind::kBackward, request, d_out, call, &clock, &encode_ms,
                              &response, &d_x_bytes));

@@ -2,69 +2,52 @@
 // does not fit in one message. MoeClient::Forward / Backward use it by themselves when the
 // tensor's bytes plus kStepMessageHeadroom pass ClientOptions::max_message_bytes.
 //
+// Every message is a grpc::ByteBuffer written and read around the tensor's bytes
+// (proto/tensor_wire.h), as the unary steps are: a piece sent borrows its bytes from the
+// caller's tensor, and the answer's pieces stay in the received slices until the caller's one
+// copy (TensorFromWire). The wire is the protobuf encoding of the same messages.
+//
 //   grpc::ClientContext context;
-//   auto stream = stub->ForwardStream(&context);
-//   RETURN_IF_ERROR(StreamStep(stream.get(), std::move(request), &v1::ForwardRequest::mutable_x,
-//                              x, &v1::ForwardResponse::mutable_out, piece_bytes, &response));
+//   v1::ForwardResponse response;
+//   TensorBytes out_bytes;
+//   RETURN_IF_ERROR(StreamStep(channel, &context, kForwardStreamMethod, request,
+//                              v1::ForwardRequest::kXFieldNumber, x,
+//                              v1::ForwardResponse::kOutFieldNumber, piece_bytes, &response,
+//                              &out_bytes));
+//   ASSIGN_OR_RETURN(Tensor out, TensorFromWire("out", response.out(), out_bytes));
 #ifndef MOED_CLIENT_STEP_STREAM_H_
 #define MOED_CLIENT_STEP_STREAM_H_
 
 #include <grpcpp/grpcpp.h>
 
-#include <algorithm>
-#include <string>
-#include <utility>
+#include <cstdint>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "engine/tensor.h"
-#include "proto/moe.pb.h"
+#include "google/protobuf/message_lite.h"
+#include "proto/tensor_wire.h"
 
 namespace moe {
 namespace client {
 
+inline constexpr char kForwardStreamMethod[] = "/moe.v1.MoeService/ForwardStream";
+inline constexpr char kBackwardStreamMethod[] = "/moe.v1.MoeService/BackwardStream";
+
 // Room left in a message for the fields around a tensor's bytes.
 constexpr int64_t kStepMessageHeadroom = int64_t{64} << 10;
 
-// The bytes `tensor`'s datatype and shape declare (0 when they are invalid: the reader then
-// only does not reserve).
-size_t DeclaredTensorBytes(const v1::Tensor& tensor);
-
-// Sends `first` (every field but the tensor `request_tensor` selects) with `value` as that
-// tensor in pieces of piece_bytes, half-closes, and reads the answer into *response, joining
-// the pieces of its tensor `response_tensor`. Returns the call's status.
-template <typename Request, typename Response>
-absl::Status StreamStep(grpc::ClientReaderWriter<Request, Response>* stream, Request first,
-                        v1::Tensor* (Request::*request_tensor)(), const Tensor& value,
-                        v1::Tensor* (Response::*response_tensor)(), size_t piece_bytes,
-                        Response* response) {
-  const absl::string_view bytes = value.bytes();
-  const size_t piece = std::max<size_t>(piece_bytes, 1);
-  v1::Tensor* head = (first.*request_tensor)();
-  head->set_datatype(DTypeName(value.dtype()));
-  head->clear_shape();
-  for (int64_t d : value.shape()) head->add_shape(d);
-  head->set_raw_data(bytes.data(), std::min(piece, bytes.size()));
-  bool ok = stream->Write(first);
-  Request next;
-  for (size_t offset = piece; ok && offset < bytes.size(); offset += piece) {
-    (next.*request_tensor)()->set_raw_data(bytes.data() + offset,
-                                           std::min(piece, bytes.size() - offset));
-    ok = stream->Write(next);
-  }
-  if (ok) stream->WritesDone();
-  // Read the answer also after a failed write: the server's status says why.
-  if (stream->Read(response)) {
-    std::string* raw = (response->*response_tensor)()->mutable_raw_data();
-    raw->reserve(DeclaredTensorBytes(*(response->*response_tensor)()));
-    Response more;
-    while (stream->Read(&more)) {
-      raw->append((more.*response_tensor)()->raw_data());
-      more.Clear();
-    }
-  }
-  const grpc::Status status = stream->Finish();
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
+// Calls `method` (kForwardStreamMethod or kBackwardStreamMethod): sends `first` (every field
+// but the tensor field `request_tensor`, which it must not set) with `value` as that tensor in
+// pieces of piece_bytes, half-closes, and reads the answer: its first message's fields into
+// *response (without raw_data of the tensor field `answer_tensor`), the bytes of all pieces of
+// that tensor into *answer_bytes, not copied. Returns the call's status; an answer that does
+// not parse is INTERNAL.
+absl::Status StreamStep(const std::shared_ptr<grpc::Channel>& channel,
+                        grpc::ClientContext* context, const char* method,
+                        const google::protobuf::MessageLite& first, int request_tensor,
+                        const Tensor& value, int answer_tensor, size_t piece_bytes,
+                        google::protobuf::MessageLite* response, TensorBytes* answer_bytes);
 
 }  // namespace client
 }  // namespace moe

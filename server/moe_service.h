@@ -160,10 +160,47 @@ struct ServiceOptions {
 // (proto/tensor_wire.h): no tensor byte is copied, parsed or serialised in moed.
 // StageTensor and FetchStaged are raw for the same reason: a part's rows are copied once,
 // into the staging buffer, and fetched rows are sent as slices of the kept output.
-using MoeServiceBase =
-    v1::MoeService::WithRawCallbackMethod_Forward<v1::MoeService::WithRawCallbackMethod_Backward<
-        v1::MoeService::WithRawCallbackMethod_StageTensor<
-            v1::MoeService::WithRawCallbackMethod_FetchStaged<v1::MoeService::CallbackService>>>>;
+// ForwardStream and BackwardStream too: each piece is split around its raw_data as it
+// arrives, the pieces are joined as references (TensorBytes::Concat), and the answer goes out
+// as pieces that reference the workers' output (moe_service_streams.cc).
+// A raw bidi stream cannot sit on top of its typed callback method (same parameters, another
+// return type), so the service is stacked method by method over the plain Service: every RPC
+// of moe.v1.MoeService in proto order, six of them raw. An RPC added to the proto must be
+// added here, else it answers UNIMPLEMENTED.
+template <typename Base, template <typename> class... Methods>
+struct StackedService {
+  using type = Base;
+};
+template <typename Base, template <typename> class First, template <typename> class... Rest>
+struct StackedService<Base, First, Rest...> {
+  using type = First<typename StackedService<Base, Rest...>::type>;
+};
+using MoeServiceBase = StackedService<
+    v1::MoeService::Service, v1::MoeService::WithCallbackMethod_CreateLayer,
+    v1::MoeService::WithCallbackMethod_DeleteLayer, v1::MoeService::WithCallbackMethod_ListLayers,
+    v1::MoeService::WithCallbackMethod_GetLayer, v1::MoeService::WithRawCallbackMethod_Forward,
+    v1::MoeService::WithRawCallbackMethod_Backward, v1::MoeService::WithCallbackMethod_ReleaseStep,
+    v1::MoeService::WithRawCallbackMethod_ForwardStream,
+    v1::MoeService::WithRawCallbackMethod_BackwardStream,
+    v1::MoeService::WithRawCallbackMethod_StageTensor,
+    v1::MoeService::WithRawCallbackMethod_FetchStaged,
+    v1::MoeService::WithCallbackMethod_GetGradients,
+    v1::MoeService::WithCallbackMethod_ZeroGradients,
+    v1::MoeService::WithCallbackMethod_ApplyOptimizer,
+    v1::MoeService::WithCallbackMethod_UpdateExpertBias,
+    v1::MoeService::WithCallbackMethod_GetWeights, v1::MoeService::WithCallbackMethod_SetWeights,
+    v1::MoeService::WithCallbackMethod_SaveCheckpoint,
+    v1::MoeService::WithCallbackMethod_LoadCheckpoint,
+    v1::MoeService::WithCallbackMethod_GetStatus,
+    v1::MoeService::WithCallbackMethod_RegisterSystemSharedMemory,
+    v1::MoeService::WithCallbackMethod_SystemSharedMemoryStatus,
+    v1::MoeService::WithCallbackMethod_UnregisterSystemSharedMemory,
+    v1::MoeService::WithCallbackMethod_RegisterCudaSharedMemory,
+    v1::MoeService::WithCallbackMethod_OpenStepChannel,
+    v1::MoeService::WithCallbackMethod_CloseStepChannel>::type;
+
+// A raw ForwardStream / BackwardStream: every message a grpc::ByteBuffer.
+using RawStepStream = StreamReaderWriter<grpc::ByteBuffer, grpc::ByteBuffer>;
 
 class MoeServiceImpl final : public MoeServiceBase {
  public:
@@ -222,9 +259,10 @@ class MoeServiceImpl final : public MoeServiceBase {
                                      grpc::ByteBuffer*) override;
   grpc::ServerUnaryReactor* ReleaseStep(grpc::CallbackServerContext*, const v1::ReleaseStepRequest*,
                                         v1::ReleaseStepResponse*) override;
-  grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardResponse>* ForwardStream(
+  // Raw: moe.v1.ForwardRequest / BackwardRequest pieces in, Response pieces out.
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* ForwardStream(
       grpc::CallbackServerContext*) override;
-  grpc::ServerBidiReactor<v1::BackwardRequest, v1::BackwardResponse>* BackwardStream(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* BackwardStream(
       grpc::CallbackServerContext*) override;
   grpc::ServerWriteReactor<v1::TensorChunk>* GetGradients(grpc::CallbackServerContext*,
                                                           const v1::GetGradientsRequest*) override;
@@ -339,12 +377,10 @@ class MoeServiceImpl final : public MoeServiceBase {
                           std::vector<grpc::Slice>* output);
   grpc::Status DoReleaseStep(const StepCaller& caller, const v1::ReleaseStepRequest*,
                              v1::ReleaseStepResponse*);
-  // moe_service_streams.cc: assemble the request's tensor, DoForward / DoBackward, answer in
-  // pieces.
-  grpc::Status DoForwardStream(grpc::ServerContextBase*,
-                               StreamReaderWriter<v1::ForwardRequest, v1::ForwardResponse>*);
-  grpc::Status DoBackwardStream(grpc::ServerContextBase*,
-                                StreamReaderWriter<v1::BackwardRequest, v1::BackwardResponse>*);
+  // moe_service_streams.cc: assemble the request's tensor (references to the received
+  // pieces), DoForward / DoBackward, answer in pieces (references to the workers' output).
+  grpc::Status DoForwardStream(grpc::ServerContextBase*, RawStepStream*);
+  grpc::Status DoBackwardStream(grpc::ServerContextBase*, RawStepStream*);
   grpc::Status DoGetGradients(grpc::ServerContextBase*, const v1::GetGradientsRequest*,
                               StreamWriter<v1::TensorChunk>*);
   grpc::Status DoZeroGradients(grpc::ServerContextBase*, const v1::ZeroGradientsRequest*,

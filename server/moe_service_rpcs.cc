@@ -262,9 +262,9 @@ grpc::ServerUnaryReactor* MoeServiceImpl::ReleaseStep(grpc::CallbackServerContex
   });
 }
 
-grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardResponse>* MoeServiceImpl::ForwardStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MoeServiceImpl::ForwardStream(
     grpc::CallbackServerContext* context) {
-  using Stream = StreamReaderWriter<v1::ForwardRequest, v1::ForwardResponse>;
+  using Stream = RawStepStream;
   // kInfer before a byte is read; kTrain as well once the first message asks to keep the
   // step (DoForwardStream).
   REFUSE_STREAM_IF_DENIED(Stream, Role::kInfer);
@@ -273,9 +273,9 @@ grpc::ServerBidiReactor<v1::ForwardRequest, v1::ForwardResponse>* MoeServiceImpl
       ClientOf(*context));
 }
 
-grpc::ServerBidiReactor<v1::BackwardRequest, v1::BackwardResponse>* MoeServiceImpl::BackwardStream(
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* MoeServiceImpl::BackwardStream(
     grpc::CallbackServerContext* context) {
-  using Stream = StreamReaderWriter<v1::BackwardRequest, v1::BackwardResponse>;
+  using Stream = RawStepStream;
   REFUSE_STREAM_IF_DENIED(Stream, Role::kTrain);
   return Stream::Start(
       &handlers_, [=](Stream* stream) { return DoBackwardStream(context, stream); },

@@ -163,6 +163,19 @@ grpc::ByteBuffer EncodeStepCall(Call* call, const StepFields<Call>& fields, cons
                     borrowed);
 }
 
+// The step's tensors that travel in gRPC messages to and from the workers (not in shared
+// memory) fit one message per rank (CheckWorkerMessageSizes), checked before any worker call.
+absl::Status CheckWorkerMessages(const StepInput& in, const char* in_field, const char* out_field,
+                                 size_t out_row_bytes) {
+  if (!in.shm.has_input()) {
+    RETURN_IF_ERROR(CheckWorkerMessageSizes(in_field, in.offsets, in.row_bytes));
+  }
+  if (!in.shm.has_output()) {
+    RETURN_IF_ERROR(CheckWorkerMessageSizes(out_field, in.offsets, out_row_bytes));
+  }
+  return absl::OkStatus();
+}
+
 // Worker r's step call: `head` (its own fields set) with its rows of the input, answered into
 // `calls`; the round trip timed when `head` asks the worker for timing.
 template <typename Call, typename Answer>
@@ -355,6 +368,7 @@ grpc::Status MoeServiceImpl::RunForwardStep(const StepCaller& caller,
     const int ranks = turn->set.size();
     const StepInput in{shm, *x.head, *x.bytes, SplitRows(tokens, ranks),
                        static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype)};
+    RETURN_IF_ERROR(CheckWorkerMessages(in, "x", "out", in.row_bytes));
     const uint64_t step_id = keep ? next_step_id_++ : 0;
     const double queue_ms = clock.Lap();
 
@@ -512,6 +526,8 @@ grpc::Status MoeServiceImpl::DoBackward(const StepCaller& caller,
     const int ranks = turn->set.size();
     const StepInput in{shm, *d_out.head, *d_out.bytes, SplitRows(step.tokens, ranks),
                        static_cast<size_t>(layer.config.hidden) * DTypeSize(dtype)};
+    RETURN_IF_ERROR(CheckWorkerMessages(
+        in, "d_out", "d_x", static_cast<size_t>(layer.config.hidden) * DTypeSize(step.dtype)));
     const double queue_ms = clock.Lap();
     internal::WorkerBackwardRequest head;
     head.set_timing(clock.enabled());  // metrics too: per-worker phases

@@ -1,13 +1,16 @@
 // MoeServiceImpl: ForwardStream and BackwardStream, Forward and Backward for tensors larger
-// than one message (proto/moe.proto). The request's tensor is assembled from its pieces, the
-// step runs exactly as the unary call (DoForward / DoBackward: same validation, same bytes to
-// the workers, so the results are bit-identical), and the answer's tensor goes back in pieces.
+// than one message (proto/moe.proto). Raw like the unary Forward: the request's tensor is the
+// received pieces joined by reference (never copied, parsed or serialised in moed), the step
+// runs exactly as the unary call (DoForward / DoBackward: same validation, same bytes to the
+// workers, so the results are bit-identical), and the answer's tensor goes back in pieces that
+// reference the workers' output.
 // The tensor's declared size is admitted against --max_stream_bytes (one step) and
 // --max_inflight_bytes (all streamed steps at once) before its first piece is read.
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,7 +20,9 @@
 #include "engine/status_macros.h"
 #include "proto/status_convert.h"
 #include "server/auth.h"
+#include "proto/tensor_wire.h"
 #include "server/moe_service.h"
+#include "server/staging.h"
 
 namespace moe {
 namespace {
@@ -65,76 +70,108 @@ std::vector<std::string> FieldsBesidesThePiece(const google::protobuf::Message& 
   return names;
 }
 
-// Reads the request stream into *request: the first message whole (check_first(it) must
-// pass before more is read), then the pieces of the tensor `mutable_tensor` selects, appended
-// to its raw_data. `max_bytes` bounds the declared size (moed assembles the tensor in memory).
-// `admit(want)` reserves the declared size among all streamed steps before a piece is read.
+// The fields of one step's stream (ForwardStream: x and out; BackwardStream: d_out and d_x).
+template <typename Request, typename Response>
+struct StreamFields {
+  const char* field;  // the request tensor's name ("x", "d_out")
+  int tensor;         // its field number
+  int shm, staged;  // the other members of its oneof
+  const v1::Tensor& (Request::*tensor_of)() const;
+  int answer;  // the answer tensor's field number
+  v1::Tensor* (Response::*release_answer)();
+};
+
+const StreamFields<v1::ForwardRequest, v1::ForwardResponse> kForwardStream = {
+    "x",
+    v1::ForwardRequest::kXFieldNumber,
+    v1::ForwardRequest::kXShmFieldNumber,
+    v1::ForwardRequest::kXStagedFieldNumber,
+    &v1::ForwardRequest::x,
+    v1::ForwardResponse::kOutFieldNumber,
+    &v1::ForwardResponse::release_out};
+const StreamFields<v1::BackwardRequest, v1::BackwardResponse> kBackwardStream = {
+    "d_out",
+    v1::BackwardRequest::kDOutFieldNumber,
+    v1::BackwardRequest::kDOutShmFieldNumber,
+    v1::BackwardRequest::kDOutStagedFieldNumber,
+    &v1::BackwardRequest::d_out,
+    v1::BackwardResponse::kDXFieldNumber,
+    &v1::BackwardResponse::release_d_x};
+
+// Reads the request stream: the first message whole into *request (check_first(it) must pass
+// before more is read), then the pieces of the tensor's raw_data, each split around its bytes
+// as it arrives (DecodeWithTensor: the other fields parsed, the bytes left in the received
+// slices); *tensor_bytes joins them as references (no byte copied). `max_bytes` bounds the
+// declared size (moed holds the tensor in memory); `admit(want)` reserves the declared size
+// among all streamed steps before a piece is read.
 template <typename Request, typename Response, typename CheckFirst, typename Admit>
-absl::Status ReadPieces(StreamReaderWriter<Request, Response>* stream,
-                        v1::Tensor* (Request::*mutable_tensor)(), absl::string_view field,
-                        int64_t max_bytes, CheckFirst check_first, Admit admit, Request* request) {
-  if (!stream->Read(request)) return absl::CancelledError("the stream ended before a request");
+absl::Status ReadPieces(RawStepStream* stream, const StreamFields<Request, Response>& fields,
+                        int64_t max_bytes, CheckFirst check_first, Admit admit, Request* request,
+                        TensorBytes* tensor_bytes) {
+  grpc::ByteBuffer wire;
+  if (!stream->Read(&wire)) return absl::CancelledError("the stream ended before a request");
+  std::vector<TensorBytes> parts(1);
+  RETURN_IF_ERROR(DecodeWithTensor(wire, fields.tensor, request, &parts[0], {fields.shm, fields.staged}));
   RETURN_IF_ERROR(check_first(*request));
-  v1::Tensor* tensor = (request->*mutable_tensor)();
-  ASSIGN_OR_RETURN(const int64_t want, DeclaredBytes(field, *tensor));
+  ASSIGN_OR_RETURN(const int64_t want,
+                   DeclaredBytes(fields.field, ((*request).*fields.tensor_of)()));
   if (want > max_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        field, ": ", want, " bytes, more than one streamed step may hold in moed (limit ",
+        fields.field, ": ", want, " bytes, more than one streamed step may hold in moed (limit ",
         "--max_stream_bytes=", max_bytes, ")"));
   }
   RETURN_IF_ERROR(admit(want));
-  std::string* raw = tensor->mutable_raw_data();
-  raw->reserve(want);
-  Request piece;
-  while (stream->Read(&piece)) {
+  int64_t received = static_cast<int64_t>(parts[0].size());
+  while (stream->Read(&wire)) {
+    Request piece;
+    TensorBytes bytes;
+    RETURN_IF_ERROR(DecodeWithTensor(wire, fields.tensor, &piece, &bytes, {fields.shm, fields.staged}));
     // A later message naming another layer, step or datatype would otherwise be appended to
     // the first one's tensor as if it were more of it.
-    const std::vector<std::string> extra = FieldsBesidesThePiece(piece, field);
+    const std::vector<std::string> extra = FieldsBesidesThePiece(piece, fields.field);
     if (!extra.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          field, ": a later message of the stream sets ", absl::StrJoin(extra, ", "),
+          fields.field, ": a later message of the stream sets ", absl::StrJoin(extra, ", "),
           "; only the first message names the step, later ones carry only the next piece of ",
-          field, ".raw_data"));
+          fields.field, ".raw_data"));
     }
-    const std::string& bytes = (piece.*mutable_tensor)()->raw_data();
-    if (static_cast<int64_t>(raw->size() + bytes.size()) > want) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".raw_data: the pieces carry more than the ", want, " bytes its shape declares"));
+    if (received + static_cast<int64_t>(bytes.size()) > want) {
+      return absl::InvalidArgumentError(absl::StrCat(fields.field,
+                                                     ".raw_data: the pieces carry more than the ",
+                                                     want, " bytes its shape declares"));
     }
-    raw->append(bytes);
-    piece.Clear();
+    received += static_cast<int64_t>(bytes.size());
+    parts.push_back(std::move(bytes));
   }
+  *tensor_bytes = TensorBytes::Concat(parts);
   // A short tensor is refused by the step's own validation, naming the field.
   return absl::OkStatus();
 }
 
-// The workers' answer bytes in one string (the answer goes out in pieces of its own size).
-void JoinSlices(std::vector<grpc::Slice>* slices, std::string* out) {
-  size_t total = 0;
-  for (const grpc::Slice& slice : *slices) total += slice.size();
-  out->reserve(total);
-  for (grpc::Slice& slice : *slices) {
-    out->append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-    slice = grpc::Slice();  // the worker's bytes are freed as soon as they are copied
-  }
-}
-
-// Sends *response with its tensor (`mutable_tensor`) split into pieces of at most
-// piece_bytes: the first message carries every field and the first piece.
+// Sends *response with its answer tensor (datatype and shape in *response, bytes = the
+// concatenation of `bytes`) in pieces of at most piece_bytes: the first message carries every
+// field and the first piece. Every piece references `bytes` (nothing copied or serialised).
 template <typename Request, typename Response>
-absl::Status WritePieces(StreamReaderWriter<Request, Response>* stream,
-                         v1::Tensor* (Response::*mutable_tensor)(), int64_t piece_bytes,
-                         Response* response) {
-  std::string all = std::move(*(response->*mutable_tensor)()->mutable_raw_data());
+absl::Status WritePieces(RawStepStream* stream, const StreamFields<Request, Response>& fields,
+                         int64_t piece_bytes, Response* response,
+                         const std::vector<grpc::Slice>& bytes) {
+  std::unique_ptr<v1::Tensor> head(((*response).*fields.release_answer)());
+  if (head == nullptr) head = std::make_unique<v1::Tensor>();
+  head->clear_raw_data();
+  size_t total = 0;
+  for (const grpc::Slice& slice : bytes) total += slice.size();
   const size_t piece = static_cast<size_t>(std::max<int64_t>(piece_bytes, 1));
-  (response->*mutable_tensor)()->set_raw_data(all.data(), std::min(piece, all.size()));
-  if (!stream->Write(*response)) return absl::CancelledError("client stopped reading");
-  Response next;
-  for (size_t offset = piece; offset < all.size(); offset += piece) {
-    (next.*mutable_tensor)()->set_raw_data(all.data() + offset,
-                                           std::min(piece, all.size() - offset));
-    if (!stream->Write(next)) return absl::CancelledError("client stopped reading");
-  }
+  size_t offset = 0;
+  do {
+    const size_t length = std::min(piece, total - offset);
+    std::vector<grpc::Slice> slices;
+    AppendSubSlices(bytes, offset, length, &slices);
+    const grpc::ByteBuffer wire =
+        offset == 0 ? EncodeWithTensor(*response, fields.answer, *head, std::move(slices))
+                    : EncodeWithTensor(Response(), fields.answer, v1::Tensor(), std::move(slices));
+    if (!stream->Write(wire)) return absl::CancelledError("client stopped reading");
+    offset += length;
+  } while (offset < total);
   return absl::OkStatus();
 }
 
@@ -159,9 +196,8 @@ void MoeServiceImpl::ReleaseInflightBytes(int64_t bytes) {
   inflight_bytes_ -= bytes;
 }
 
-grpc::Status MoeServiceImpl::DoForwardStream(
-    grpc::ServerContextBase* context,
-    StreamReaderWriter<v1::ForwardRequest, v1::ForwardResponse>* stream) {
+grpc::Status MoeServiceImpl::DoForwardStream(grpc::ServerContextBase* context,
+                                             RawStepStream* stream) {
   stream->CancelIfIdle(options_.stream_idle_timeout, context);
   v1::ForwardRequest request;
   // Keeping the step for a Backward needs the train role (as the unary Forward).
@@ -171,43 +207,40 @@ grpc::Status MoeServiceImpl::DoForwardStream(
   int64_t held = 0;  // of max_inflight_bytes, until the step's answer is out
   absl::Cleanup release = [this, &held] { ReleaseInflightBytes(held); };
   auto admit = [&](int64_t bytes) { return HoldInflightBytes(bytes, &held); };
-  absl::Status read = ReadPieces(stream, &v1::ForwardRequest::mutable_x, "x",
-                                 options_.max_stream_bytes, may_keep, admit, &request);
+  TensorBytes x;
+  absl::Status read = ReadPieces(stream, kForwardStream, options_.max_stream_bytes, may_keep,
+                                 admit, &request, &x);
   if (!read.ok()) return ToGrpcStatus(read);
   v1::ForwardResponse response;
   std::vector<grpc::Slice> out;
   grpc::Status step =
-      DoForward(GrpcStepCaller(context, ClientOf(*context)), request,
-                TensorBytes(request.x().raw_data()), &response, &out);
+      DoForward(GrpcStepCaller(context, ClientOf(*context)), request, x, &response, &out);
   if (!step.ok()) return step;
-  request.Clear();  // x is no longer needed while the answer goes out
-  JoinSlices(&out, response.mutable_out()->mutable_raw_data());
-  return ToGrpcStatus(WritePieces(stream, &v1::ForwardResponse::mutable_out,
-                                  options_.max_message_bytes - kPieceHeadroom, &response));
+  x = TensorBytes();  // the received pieces are no longer needed while the answer goes out
+  return ToGrpcStatus(WritePieces(stream, kForwardStream,
+                                  options_.max_message_bytes - kPieceHeadroom, &response, out));
 }
 
-grpc::Status MoeServiceImpl::DoBackwardStream(
-    grpc::ServerContextBase* context,
-    StreamReaderWriter<v1::BackwardRequest, v1::BackwardResponse>* stream) {
+grpc::Status MoeServiceImpl::DoBackwardStream(grpc::ServerContextBase* context,
+                                              RawStepStream* stream) {
   stream->CancelIfIdle(options_.stream_idle_timeout, context);
   v1::BackwardRequest request;
   int64_t held = 0;  // of max_inflight_bytes, until the step's answer is out
   absl::Cleanup release = [this, &held] { ReleaseInflightBytes(held); };
   auto admit = [&](int64_t bytes) { return HoldInflightBytes(bytes, &held); };
+  TensorBytes d_out;
   absl::Status read = ReadPieces(
-      stream, &v1::BackwardRequest::mutable_d_out, "d_out", options_.max_stream_bytes,
-      [](const v1::BackwardRequest&) { return absl::OkStatus(); }, admit, &request);
+      stream, kBackwardStream, options_.max_stream_bytes,
+      [](const v1::BackwardRequest&) { return absl::OkStatus(); }, admit, &request, &d_out);
   if (!read.ok()) return ToGrpcStatus(read);
   v1::BackwardResponse response;
   std::vector<grpc::Slice> d_x;
   grpc::Status step =
-      DoBackward(GrpcStepCaller(context, ClientOf(*context)), request,
-                 TensorBytes(request.d_out().raw_data()), &response, &d_x);
+      DoBackward(GrpcStepCaller(context, ClientOf(*context)), request, d_out, &response, &d_x);
   if (!step.ok()) return step;
-  request.Clear();
-  JoinSlices(&d_x, response.mutable_d_x()->mutable_raw_data());
-  return ToGrpcStatus(WritePieces(stream, &v1::BackwardResponse::mutable_d_x,
-                                  options_.max_message_bytes - kPieceHeadroom, &response));
+  d_out = TensorBytes();
+  return ToGrpcStatus(WritePieces(stream, kBackwardStream,
+                                  options_.max_message_bytes - kPieceHeadroom, &response, d_x));
 }
 
 }  // namespace moe

@@ -37,6 +37,26 @@ std::optional<absl::Status> CallOnRing(const WorkerRoute& route, grpc::ClientCon
 
 }  // namespace
 
+absl::Status CheckWorkerMessageSizes(absl::string_view field, const std::vector<int64_t>& offsets,
+                                     size_t row_bytes, int64_t limit) {
+  for (size_t r = 0; r + 1 < offsets.size(); ++r) {
+    const uint64_t rows = static_cast<uint64_t>(offsets[r + 1] - offsets[r]);
+    // rows * row_bytes > limit, without the product (it may not fit 64 bits).
+    if (row_bytes > 0 && rows > static_cast<uint64_t>(limit) / row_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          field, ": worker ", r, "'s ", rows, " rows are ",
+          static_cast<double>(rows) * static_cast<double>(row_bytes) > 9e18
+              ? std::string("over 2^63")
+              : absl::StrCat(rows * row_bytes),
+          " bytes, more than one gRPC message to a worker can carry (", limit,
+          "); workers on moed's host take any size through its relay buffers (--shm_relay, "
+          "--shm_relay_max_bytes at least the step's tensors), else split the step's tokens "
+          "over more workers or more steps"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CallWorkerWithTensor(const WorkerRoute& route, grpc::ClientContext* context,
                                   const char* method, const grpc::ByteBuffer& request,
                                   int tensor_field, google::protobuf::MessageLite* head,

@@ -20,10 +20,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <climits>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "google/protobuf/message_lite.h"
 #include "proto/tensor_wire.h"
 #include "proto/worker.grpc.pb.h"
@@ -42,6 +46,21 @@ struct WorkerRoute {
   // grpc::ClientContext cannot cancel. Null: never.
   std::function<bool(const grpc::ClientContext* context)> cancelled;
 };
+
+// The most tensor bytes one moed <-> worker gRPC message may carry: gRPC's message size limit
+// and protobuf's lengths are ints (2^31 - 1 bytes), less room for the message's other fields.
+// Steps whose tensors travel in shared memory (client regions, moed's relay buffers) have no
+// such bound.
+inline constexpr int64_t kMaxWorkerMessageTensorBytes = INT_MAX - (int64_t{1} << 16);
+
+// Checked before a step calls any worker: rank r's rows [offsets[r], offsets[r + 1]) of the
+// tensor `field` ("x", "out", ...), row_bytes each, travel in one gRPC message to or from that
+// worker, so each rank's share must be at most `limit` bytes. Otherwise RESOURCE_EXHAUSTED
+// naming the field, the rank, the bytes and the ways out; refused up front because a call
+// that failed on one rank alone would leave the others waiting in the step's collectives.
+absl::Status CheckWorkerMessageSizes(absl::string_view field, const std::vector<int64_t>& offsets,
+                                     size_t row_bytes,
+                                     int64_t limit = kMaxWorkerMessageTensorBytes);
 
 // A blocking unary call of `method` (kWorkerForwardMethod or kWorkerBackwardMethod) with an
 // encoded request (cancellation and deadline from `context`, as with a stub), on a step ring

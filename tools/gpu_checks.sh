@@ -23,6 +23,8 @@
 #   probe    bench/gemm_probe for each PROBE entry (expert GEMM configurations, issue 15)
 #   service  the service path (bench/service_bench.sh) under SERVICE_VARIANTS, next to the
 #            engine's API time (gpu_bench te_seed), and gRPC over loopback
+#   grpc_bw  gRPC for callers on other hosts (bench/grpc_bandwidth.sh): inline and streamed
+#            steps under GRPC_BW_VARIANTS, as ratios, with gRPC's echo floor
 # Each sub-command's block below lists its environment knobs.
 set -uo pipefail
 [ -f .gpu/env.sh ] && source .gpu/env.sh  # the packed binaries on PATH (sourcing again is harmless)
@@ -467,5 +469,20 @@ if [ "$what" = service ]; then
         --parts=1,2,4 --transport=$t | tee -a '$out/loopback.jsonl'"
     done
   fi
+fi
+if [ "$what" = grpc_bw ]; then
+  # bench/grpc_bandwidth.sh --device=cuda --workers=1 --dtype=bf16 for GRPC_BW_SHAPES (default
+  # te_seed at 4096 and 16384 tokens: x 8 / 32 MiB), moectl without step channel or shared
+  # memory, under GRPC_BW_VARIANTS ("LABEL:DIR ...", DIR holding moed, moe-worker and moectl;
+  # default "now:" = the packed ones), ROUNDS (default 1) alternating; paths "unary" (moectl's
+  # defaults: 16 lanes on 16 cores) and "stream" (one connection, ForwardStream /
+  # BackwardStream in 4 MiB pieces). One JSON line per shape and path in
+  # $out/grpc_bandwidth.jsonl. Example, this build against main's binaries in .gpu/base:
+  #   GRPC_BW_VARIANTS="base:.gpu/base now:" ROUNDS=2 tools/gpu_checks.sh grpc_bw
+  read -r -a bw_shapes <<<"${GRPC_BW_SHAPES:-1024,4096,8,2,4096 1024,4096,8,2,16384}"
+  step grpc_bandwidth 580 bash -c "OUT='$out' VARIANTS='${GRPC_BW_VARIANTS:-now:}' \
+    ROUNDS=${ROUNDS:-1} bench/grpc_bandwidth.sh --device=cuda --workers=1 --dtype=bf16 \
+    ${bw_shapes[*]} | tee '$out/grpc_bandwidth.jsonl'"
+  cat "$out/grpc_bandwidth.jsonl"
 fi
 printf '%s\n' "${summary[@]}"

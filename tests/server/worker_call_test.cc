@@ -65,5 +65,26 @@ TEST(WorkerCall, TensorBytesAreBorrowedNotCopied) {
   EXPECT_EQ(slices[1].size(), data.size());
 }
 
+// A step whose share for one rank would pass one gRPC message is refused before any call,
+// naming the field, the rank and the bytes; shares at the limit pass, and the default limit
+// is gRPC's and protobuf's int lengths less room for the other fields.
+TEST(WorkerCall, SharesLargerThanOneMessageAreRefusedUpFront) {
+  EXPECT_TRUE(CheckWorkerMessageSizes("x", {0, 4, 8}, 100, 400).ok());
+  const absl::Status over = CheckWorkerMessageSizes("x", {0, 4, 9}, 100, 400);
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(over.message().find("x: worker 1's 5 rows are 500 bytes"), std::string::npos)
+      << over.message();
+  EXPECT_NE(over.message().find("--shm_relay_max_bytes"), std::string::npos);
+  EXPECT_TRUE(CheckWorkerMessageSizes("out", {0, 0}, 1 << 20).ok());  // no rows
+  // 2 GiB of one rank: over the default; the same split over 2 ranks is not.
+  const int64_t rows = int64_t{1} << 19;  // of 4 KiB: 2 GiB
+  EXPECT_EQ(CheckWorkerMessageSizes("d_x", {0, rows}, 4096).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(CheckWorkerMessageSizes("d_x", {0, rows / 2, rows}, 4096).ok());
+  EXPECT_LT(kMaxWorkerMessageTensorBytes, int64_t{INT_MAX});
+  // A byte count that overflows is refused too, not wrapped.
+  EXPECT_FALSE(CheckWorkerMessageSizes("x", {0, int64_t{1} << 40}, size_t{1} << 30).ok());
+}
+
 }  // namespace
 }  // namespace moe
