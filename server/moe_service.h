@@ -328,13 +328,12 @@ class MoeServiceImpl final : public MoeServiceBase {
   // Allow (metrics included) for a channel's identity.
   absl::Status AllowChannel(const ChannelIdentity& who, Role role) const;
   // One record of a channel (moe_service_rpcs.cc, beside RunRawStep): the envelope decoded,
-  // the record's role checked, the step run on a handlers_ thread as the gRPC call's body
-  // (same code, same bytes), its answer's bytes or its status.
+  // the record's role checked, the step run as the gRPC call's body (same code, same bytes)
+  // on the channel's own thread in a handlers_ slot (HandlerPool::RunHere: the same limits and
+  // refusals), its answer's bytes or its status.
   absl::StatusOr<std::string> AnswerStepRecord(const ChannelIdentity& who,
                                                absl::string_view record,
                                                const StepChannels::Cancelled& cancelled);
-  // `body` on a handlers_ thread under `client`'s per-client limit, waited for.
-  grpc::Status RunOnHandler(const std::string& client, std::function<grpc::Status()> body);
   grpc::Status DoCreateLayer(grpc::ServerContextBase*, const v1::CreateLayerRequest*,
                              v1::CreateLayerResponse*);
   grpc::Status DoDeleteLayer(grpc::ServerContextBase*, const v1::DeleteLayerRequest*,
