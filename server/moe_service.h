@@ -149,6 +149,9 @@ struct ServiceOptions {
   int max_step_channels = 64;
   int max_step_channels_per_client = 8;
   uint64_t max_step_channel_bytes = uint64_t{64} << 20;
+  // A channel's thread spins up to this long for the next record before it sleeps
+  // (--ring_spin_us, server/ring_spin.h; zero: no spin).
+  absl::Duration step_channel_spin = absl::ZeroDuration();
   // Forwards of several callers on one layer merged into one step (server/forward_batcher.h,
   // moe_service_batching.cc; --forward_batching*).
   ForwardBatchingOptions forward_batching;
