@@ -202,8 +202,9 @@ absl::StatusOr<Stats> GrpcCase(const GrpcServer& server, const std::string& data
 }
 
 // The Python caller (a child running moe_client.ring's benchmark), the C++ server here.
-absl::Status PythonCase(const std::string& python) {
+absl::Status PythonCase(const std::string& python, int spin_us) {
   moe::RingChannelOptions options;
+  options.max_spin = absl::Microseconds(spin_us);  // both sides spin alike
   absl::StatusOr<moe::ShmObject> object = moe::ShmObject::CreateAnonymous(
       "ring-bench-py", moe::RingChannel::RegionBytes(options.ring_bytes));
   if (!object.ok()) return object.status();
@@ -214,12 +215,13 @@ absl::Status PythonCase(const std::string& python) {
   const std::string bytes = absl::StrCat("--bytes=", absl::GetFlag(FLAGS_bytes));
   const std::string iters = absl::StrCat("--iters=", absl::GetFlag(FLAGS_iters));
   const std::string warmup = absl::StrCat("--warmup=", absl::GetFlag(FLAGS_warmup));
+  const std::string spin = absl::StrCat("--spin_us=", spin_us);
   const std::string pythonpath = absl::GetFlag(FLAGS_python_path);
   const pid_t caller = fork();
   if (caller == 0) {
     setenv("PYTHONPATH", pythonpath.c_str(), 1);
     execl(python.c_str(), python.c_str(), "-m", "moe_client.ring", "--path", path.c_str(),
-          bytes.c_str(), iters.c_str(), warmup.c_str(), static_cast<char*>(nullptr));
+          bytes.c_str(), iters.c_str(), warmup.c_str(), spin.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   const absl::Status served = (*server)->Serve(Echo);  // until the caller closes or exits
@@ -265,12 +267,16 @@ int main(int argc, char** argv) {
     }
     grpc_servers.push_back(*std::move(server));
   }
+  std::vector<int> spins;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_spin_us), ',', absl::SkipEmpty())) {
     int spin = 0;
     if (!absl::SimpleAtoi(s, &spin) || spin < 0) {
       std::fprintf(stderr, "--spin_us: \"%s\" is not a number of µs\n", std::string(s).c_str());
       return 2;
     }
+    spins.push_back(spin);
+  }
+  for (const int spin : spins) {
     absl::StatusOr<Stats> stats = RingCase(spin, data);
     if (!stats.ok()) {
       std::fprintf(stderr, "ring: %s\n", stats.status().ToString().c_str());
@@ -278,8 +284,9 @@ int main(int argc, char** argv) {
     }
     Print("ring", "shm", spin, bytes, iters, *stats);
   }
-  if (!absl::GetFlag(FLAGS_python).empty()) {
-    if (absl::Status s = PythonCase(absl::GetFlag(FLAGS_python)); !s.ok()) {
+  for (const int spin : spins) {
+    if (absl::GetFlag(FLAGS_python).empty()) break;
+    if (absl::Status s = PythonCase(absl::GetFlag(FLAGS_python), spin); !s.ok()) {
       std::fprintf(stderr, "ring_python: %s\n", s.ToString().c_str());
       return 1;
     }

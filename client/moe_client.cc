@@ -180,7 +180,8 @@ MoeClient::MoeClient(std::string target, ClientOptions options,
       staged_prefix_(RandomStagedPrefix()) {
   if (options_.step_channel && IsLocalTarget(target_)) {
     step_channel_ = std::make_unique<ClientStepChannel>(stub_.get(), options_.token,
-                                                        options_.step_channel_bytes);
+                                                        options_.step_channel_bytes,
+                                                        options_.step_channel_spin);
   }
 }
 

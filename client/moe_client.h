@@ -90,6 +90,10 @@ struct ClientOptions {
   bool step_channel = true;
   uint64_t step_channel_bytes = uint64_t{8} << 20;
   size_t step_channel_max_inline_bytes = size_t{64} << 10;
+  // The step channel's wait for moed's answer spins up to this long before it sleeps on the
+  // futex (transport/doorbell.h, adaptive; a core busy while it spins). Zero: no spin
+  // (docs/DECISIONS.md "ring doorbell spin"); moed's side is its --ring_spin_us.
+  absl::Duration step_channel_spin = absl::ZeroDuration();
 };
 
 // A step's per-phase times (CallOptions::timing): the client's own phases around the server's

@@ -48,6 +48,10 @@ ABSL_FLAG(bool, step_channel, true,
           "ring instead of a gRPC call each) when --server is on this host and moed runs with "
           "--allow_client_shm; else, or when it fails, over gRPC (one line on stderr). "
           "--nostep_channel: always gRPC");
+ABSL_FLAG(int64_t, ring_spin_us, 0,
+          "with the step channel: spin up to this many microseconds waiting for moed's answer "
+          "before sleeping on the futex (adaptive; a core busy while it spins; moed's own "
+          "--ring_spin_us is its side); 0: never spin");
 ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20,
           "Largest message sent, as moed's flag of the same name (keep it at or below moed's); "
           "larger x / d_out go in pieces through ForwardStream / BackwardStream.");
@@ -146,6 +150,8 @@ absl::StatusOr<std::unique_ptr<MoeClient>> ConnectFromFlags(std::optional<bool> 
   options.lanes = std::clamp(absl::GetFlag(FLAGS_lanes), 0, 64);
   options.lane_min_bytes = absl::GetFlag(FLAGS_lane_min_bytes);
   options.step_channel = step_channel.value_or(absl::GetFlag(FLAGS_step_channel));
+  options.step_channel_spin =
+      absl::Microseconds(std::clamp<int64_t>(absl::GetFlag(FLAGS_ring_spin_us), 0, 10000));
   return MoeClient::Connect(target, options);
 }
 

@@ -51,9 +51,12 @@ RingChannel* ClientStepChannel::Open() {
     return nullptr;
   }
   absl::StatusOr<ShmObject> object = ShmObject::OpenNamed(response.name());
+  RingChannelOptions ring_options;
+  ring_options.max_spin = max_spin_;
   absl::StatusOr<std::unique_ptr<RingChannel>> ring =
-      object.ok() ? RingChannel::Attach(std::move(*object), RingChannel::Role::kCaller)
-                  : absl::StatusOr<std::unique_ptr<RingChannel>>(object.status());
+      object.ok()
+          ? RingChannel::Attach(std::move(*object), RingChannel::Role::kCaller, ring_options)
+          : absl::StatusOr<std::unique_ptr<RingChannel>>(object.status());
   if (!ring.ok()) {
     TurnOff(absl::StrCat("could not attach the step channel: ", ring.status().ToString()));
     return nullptr;

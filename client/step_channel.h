@@ -38,8 +38,10 @@ bool IsLocalTarget(absl::string_view target);
 
 class ClientStepChannel {
  public:
-  ClientStepChannel(v1::MoeService::Stub* stub, std::string token, uint64_t ring_bytes)
-      : stub_(stub), token_(std::move(token)), ring_bytes_(ring_bytes) {}
+  // max_spin: the wait for an answer spins this long before it sleeps (transport/doorbell.h).
+  ClientStepChannel(v1::MoeService::Stub* stub, std::string token, uint64_t ring_bytes,
+                    absl::Duration max_spin = absl::ZeroDuration())
+      : stub_(stub), token_(std::move(token)), ring_bytes_(ring_bytes), max_spin_(max_spin) {}
 
   // The answer's bytes of a step record (`body`: the request as the gRPC call sends it; an
   // error: the status moed answered, as the gRPC call returns it), or nullopt when the step is
@@ -62,6 +64,7 @@ class ClientStepChannel {
   v1::MoeService::Stub* const stub_;
   const std::string token_;
   const uint64_t ring_bytes_;
+  const absl::Duration max_spin_;
   absl::Mutex busy_;  // one step on the ring at a time (TryLock: others take gRPC)
   std::unique_ptr<RingChannel> ring_ ABSL_GUARDED_BY(busy_);
   std::atomic<bool> off_{false};

@@ -36,12 +36,15 @@ grpc::Status WriteWire(grpc::ServerUnaryStreamer<grpc::ByteBuffer, grpc::ByteBuf
 
 }  // namespace
 
-AuthenticatedWorkerService::AuthenticatedWorkerService(WorkerService* inner, ClusterSecret secret)
+AuthenticatedWorkerService::AuthenticatedWorkerService(WorkerService* inner, ClusterSecret secret,
+                                                       absl::Duration ring_spin)
     : inner_(inner),
       secret_(std::move(secret)),
-      rings_([this](uint8_t kind, absl::Time, absl::string_view request) {
-        return AnswerRingRecord(kind, request);
-      }) {
+      rings_(
+          [this](uint8_t kind, absl::Time, absl::string_view request) {
+            return AnswerRingRecord(kind, request);
+          },
+          ring_spin) {
   MarkMethodStreamed(MethodIndex("Forward"),
                      new grpc::internal::StreamedUnaryHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
                          [this](grpc::ServerContext* context, BytesStream* stream) {

@@ -55,8 +55,10 @@ class AuthenticatedWorkerService final : public internal::Worker::Service {
  public:
   // `inner` outlives this service.
   // Forward and Backward are served by ForwardBytes/BackwardBytes (same thread model, same
-  // checks) so that the output tensor is sent without a copy.
-  AuthenticatedWorkerService(WorkerService* inner, ClusterSecret secret);
+  // checks) so that the output tensor is sent without a copy. ring_spin: the step rings'
+  // doorbell spin (--ring_spin_us).
+  AuthenticatedWorkerService(WorkerService* inner, ClusterSecret secret,
+                             absl::Duration ring_spin = absl::ZeroDuration());
 
 #define MOE_DECLARE_CHECKED_RPC(Method, Input, Output) \
   grpc::Status Method(grpc::ServerContext*, Input, Output) override;

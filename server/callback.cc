@@ -24,6 +24,9 @@ HandlerPool::~HandlerPool() {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     threads.swap(threads_);
+    // Bodies running in RunHere use the pool's books when they end.
+    mu_.Await(absl::Condition(
+        +[](int* here) { return *here == 0; }, &here_));
   }
   for (std::thread& t : threads) t.join();  // each finishes its queue first
 }
@@ -47,11 +50,27 @@ void HandlerPool::Close(grpc::Status refusal) {
   refusal_ = std::move(refusal);
 }
 
-grpc::Status HandlerPool::Queue(const std::string& client, std::function<grpc::Status()> body,
-                                std::function<void(const grpc::Status&)> finish) {
+grpc::Status HandlerPool::RunHere(const std::string& client,
+                                  absl::FunctionRef<grpc::Status()> body) {
+  bool limited = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return refusal_;
+    grpc::Status taken = TakeSlot(client, &limited);
+    if (!taken.ok()) return taken;
+    ++here_;
+  }
+  const grpc::Status status = body();
+  absl::MutexLock lock(&mu_);
+  --here_;
+  if (limited) ReleaseClient(client);
+  return status;
+}
+
+grpc::Status HandlerPool::TakeSlot(const std::string& client, bool* limited) {
   if (stopping_) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is stopping");
-  const bool limited = max_per_client_ > 0 && !client.empty();
-  if (limited) {
+  *limited = max_per_client_ > 0 && !client.empty();
+  if (*limited) {
     auto it = per_client_.find(client);
     if (it != per_client_.end() && it->second >= max_per_client_) {
       return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
@@ -60,13 +79,25 @@ grpc::Status HandlerPool::Queue(const std::string& client, std::function<grpc::S
                                        max_per_client_, "); retry when one of them has finished"));
     }
   }
-  // Every body needs a thread of its own: they may all block.
-  if (busy_ >= static_cast<int>(threads_.size())) {
-    if (static_cast<int>(threads_.size()) >= max_threads_) return BusyStatus();
-    threads_.emplace_back([this] { Loop(); });
-  }
+  // Every body needs a thread of its own (they may all block): a pool thread, or its caller's.
+  if (busy_ + here_ >= max_threads_) return BusyStatus();
+  if (*limited) ++per_client_[client];
+  return grpc::Status::OK;
+}
+
+void HandlerPool::ReleaseClient(const std::string& client) {
+  auto it = per_client_.find(client);
+  if (--it->second == 0) per_client_.erase(it);
+}
+
+grpc::Status HandlerPool::Queue(const std::string& client, std::function<grpc::Status()> body,
+                                std::function<void(const grpc::Status&)> finish) {
+  bool limited = false;
+  grpc::Status taken = TakeSlot(client, &limited);
+  if (!taken.ok()) return taken;
+  // busy_ + here_ < max_threads_, so a thread may be started when every one is busy.
+  if (busy_ >= static_cast<int>(threads_.size())) threads_.emplace_back([this] { Loop(); });
   ++busy_;
-  if (limited) ++per_client_[client];
   queue_.push_back(Work{limited ? client : std::string(), std::move(body), std::move(finish)});
   return grpc::Status::OK;
 }
@@ -96,10 +127,7 @@ void HandlerPool::Loop() {
     {
       absl::MutexLock lock(&mu_);
       --busy_;
-      if (!work.client.empty()) {
-        auto it = per_client_.find(work.client);
-        if (--it->second == 0) per_client_.erase(it);
-      }
+      if (!work.client.empty()) ReleaseClient(work.client);
     }
     work.finish(status);
   }

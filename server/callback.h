@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
@@ -56,14 +57,26 @@ class HandlerPool {
   // bodies run, or max_per_client of this client's.
   grpc::Status Submit(const std::string& client, std::function<grpc::Status()> body,
                       std::function<void(const grpc::Status&)> finish);
+  // Runs body on the calling thread in a slot of the pool: it counts toward max_threads and
+  // `client`'s max_per_client while it runs, and is refused exactly as Submit refuses (the
+  // same RESOURCE_EXHAUSTED, Close()'s refusal, UNAVAILABLE once stopping), in which case body
+  // does not run. For a thread of the caller's own that would otherwise hand the body to the
+  // pool and wait (moed's step channels: two thread wake-ups per step saved). Returns body's
+  // status.
+  grpc::Status RunHere(const std::string& client, absl::FunctionRef<grpc::Status()> body);
   // What a call refused because every thread is busy answers.
   grpc::Status BusyStatus() const;
-  // From now on Submit refuses every call with `refusal` (moed's graceful stop: no new calls);
-  // the bodies queued or running finish, and TrySubmit (the service's own work) still runs.
+  // From now on Submit and RunHere refuse every call with `refusal` (moed's graceful stop: no
+  // new calls); the bodies queued or running finish, and TrySubmit (the service's own work)
+  // still runs.
   void Close(grpc::Status refusal);
 
  private:
   void Loop();
+  // Refusal (not OK) or a slot taken for `client` (*limited: counted in per_client_).
+  grpc::Status TakeSlot(const std::string& client, bool* limited)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReleaseClient(const std::string& client) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   grpc::Status Queue(const std::string& client, std::function<grpc::Status()> body,
                      std::function<void(const grpc::Status&)> finish)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -78,7 +91,8 @@ class HandlerPool {
   };
   std::map<std::string, int> per_client_ ABSL_GUARDED_BY(mu_);  // bodies queued or running
   std::deque<Work> queue_ ABSL_GUARDED_BY(mu_);
-  int busy_ ABSL_GUARDED_BY(mu_) = 0;  // bodies queued or running
+  int busy_ ABSL_GUARDED_BY(mu_) = 0;  // bodies queued or running on the pool's threads
+  int here_ ABSL_GUARDED_BY(mu_) = 0;  // bodies running in RunHere, on their callers' threads
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status refusal_ ABSL_GUARDED_BY(mu_);  // while closed_

@@ -37,6 +37,7 @@ MoeServiceImpl::MoeServiceImpl(ServiceOptions options, WorkerPool* pool, Metrics
     channels.max_channels = options_.max_step_channels;
     channels.max_per_owner = options_.max_step_channels_per_client;
     channels.max_ring_bytes = options_.max_step_channel_bytes;
+    channels.max_spin = options_.step_channel_spin;
     channels.default_ring_bytes = std::min(channels.default_ring_bytes, channels.max_ring_bytes);
     step_channels_ = std::make_unique<StepChannels>(channels);
   }

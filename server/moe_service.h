@@ -149,6 +149,9 @@ struct ServiceOptions {
   int max_step_channels = 64;
   int max_step_channels_per_client = 8;
   uint64_t max_step_channel_bytes = uint64_t{64} << 20;
+  // A channel's thread spins up to this long for the next record before it sleeps
+  // (--ring_spin_us, server/ring_spin.h; zero: no spin).
+  absl::Duration step_channel_spin = absl::ZeroDuration();
   // Forwards of several callers on one layer merged into one step (server/forward_batcher.h,
   // moe_service_batching.cc; --forward_batching*).
   ForwardBatchingOptions forward_batching;
@@ -328,13 +331,12 @@ class MoeServiceImpl final : public MoeServiceBase {
   // Allow (metrics included) for a channel's identity.
   absl::Status AllowChannel(const ChannelIdentity& who, Role role) const;
   // One record of a channel (moe_service_rpcs.cc, beside RunRawStep): the envelope decoded,
-  // the record's role checked, the step run on a handlers_ thread as the gRPC call's body
-  // (same code, same bytes), its answer's bytes or its status.
+  // the record's role checked, the step run as the gRPC call's body (same code, same bytes)
+  // on the channel's own thread in a handlers_ slot (HandlerPool::RunHere: the same limits and
+  // refusals), its answer's bytes or its status.
   absl::StatusOr<std::string> AnswerStepRecord(const ChannelIdentity& who,
                                                absl::string_view record,
                                                const StepChannels::Cancelled& cancelled);
-  // `body` on a handlers_ thread under `client`'s per-client limit, waited for.
-  grpc::Status RunOnHandler(const std::string& client, std::function<grpc::Status()> body);
   grpc::Status DoCreateLayer(grpc::ServerContextBase*, const v1::CreateLayerRequest*,
                              v1::CreateLayerResponse*);
   grpc::Status DoDeleteLayer(grpc::ServerContextBase*, const v1::DeleteLayerRequest*,

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "engine/status_macros.h"
 #include "proto/byte_buffer.h"
 #include "proto/status_convert.h"
@@ -197,19 +196,6 @@ grpc::ServerUnaryReactor* MoeServiceImpl::Backward(grpc::CallbackServerContext* 
   return RunRawStep<v1::BackwardRequest>(context, request, response);
 }
 
-grpc::Status MoeServiceImpl::RunOnHandler(const std::string& client,
-                                          std::function<grpc::Status()> body) {
-  absl::Notification done;
-  grpc::Status result;
-  grpc::Status queued = handlers_.Submit(client, std::move(body), [&](const grpc::Status& s) {
-    result = s;
-    done.Notify();
-  });
-  if (!queued.ok()) return queued;
-  done.WaitForNotification();
-  return result;
-}
-
 absl::StatusOr<std::string> MoeServiceImpl::AnswerStepRecord(
     const ChannelIdentity& who, absl::string_view record,
     const StepChannels::Cancelled& cancelled) {
@@ -228,7 +214,9 @@ absl::StatusOr<std::string> MoeServiceImpl::AnswerStepRecord(
       const bool is_forward = envelope.kind == static_cast<uint8_t>(StepRecordKind::kForward);
       RETURN_IF_ERROR(is_forward ? AdmitRawStep(allow, wire, &forward, &input)
                                  : AdmitRawStep(allow, wire, &backward, &input));
-      status = RunOnHandler(who.client, [&] {
+      // On the channel's own thread, in a handler slot (--handler_threads still bounds moed):
+      // no hand-off to a pool thread and back per record.
+      status = handlers_.RunHere(who.client, [&] {
         return is_forward ? AnswerRawStep(caller, forward, input, &answer)
                           : AnswerRawStep(caller, backward, input, &answer);
       });
@@ -241,7 +229,8 @@ absl::StatusOr<std::string> MoeServiceImpl::AnswerStepRecord(
         return absl::InvalidArgumentError("ReleaseStepRequest: does not parse");
       }
       v1::ReleaseStepResponse response;
-      status = RunOnHandler(who.client, [&] { return DoReleaseStep(caller, &request, &response); });
+      status = handlers_.RunHere(who.client,
+                                 [&] { return DoReleaseStep(caller, &request, &response); });
       if (status.ok()) return response.SerializeAsString();
       break;
     }

@@ -51,6 +51,7 @@
 #include "server/moe_service.h"
 #include "server/moed_options.h"
 #include "server/moed_util.h"
+#include "server/ring_spin.h"
 #include "server/rendezvous_store.h"
 #include "server/tls.h"
 #include "server/worker_launcher.h"
@@ -229,6 +230,7 @@ absl::StatusOr<std::unique_ptr<WorkerLauncher>> StartWorkers(const MoedOptions& 
   if (!secret_fd.ok()) return Prefixed("cluster secret: ", secret_fd.status());
   std::vector<std::string> child_flags = InternalTlsFlagsForChild();
   for (std::string& flag : HeapRetainFlagsForChild()) child_flags.push_back(std::move(flag));
+  for (std::string& flag : RingSpinFlagsForChild()) child_flags.push_back(std::move(flag));
   for (std::string& flag : EngineFlagsForChild()) child_flags.push_back(std::move(flag));
   auto launcher = std::make_unique<WorkerLauncher>(
       loaded.worker_binary, absl::StrCat("127.0.0.1:", internal_port), options.device,

@@ -12,6 +12,7 @@
 #include "engine/status_macros.h"
 #include "server/device.h"
 #include "server/moed_util.h"
+#include "server/ring_spin.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1",
           "address the gRPC port binds (default loopback only; 0.0.0.0 or an interface's "
@@ -236,6 +237,7 @@ MoedOptions MoedOptionsFromFlags() {
       static_cast<int>(std::clamp<int64_t>(absl::GetFlag(FLAGS_worker_ring_channels), 0, 1024));
   o.pool.rings.ring_bytes = static_cast<uint64_t>(
       std::max<int64_t>(0, absl::GetFlag(FLAGS_worker_ring_bytes)));
+  o.pool.rings.max_spin = RingSpinFromFlag();
 
   ServiceOptions& s = o.service;
   s.max_saved_steps = absl::GetFlag(FLAGS_max_saved_steps);
@@ -265,6 +267,7 @@ MoedOptions MoedOptionsFromFlags() {
       std::clamp<int64_t>(absl::GetFlag(FLAGS_max_step_channels_per_client), -1, 1 << 20));
   s.max_step_channel_bytes = static_cast<uint64_t>(
       std::max<int64_t>(absl::GetFlag(FLAGS_max_step_channel_bytes), 0));
+  s.step_channel_spin = RingSpinFromFlag();
   s.shm_relay = absl::GetFlag(FLAGS_shm_relay);
   s.shm_relay_max_bytes = absl::GetFlag(FLAGS_shm_relay_max_bytes);
   s.staged_ttl = absl::Seconds(absl::GetFlag(FLAGS_staged_ttl_s));
@@ -326,6 +329,7 @@ absl::Status ValidateMoedOptions(const MoedOptions& o) {
         "--worker_ring_channels must be in [1, 1024] and --worker_ring_bytes a power of two in "
         "[65536, 2^30]");
   }
+  RETURN_IF_ERROR(CheckRingSpin(s.step_channel_spin));
   if (s.max_step_channels < 1) {
     return absl::InvalidArgumentError("--max_step_channels must be >= 1");
   }

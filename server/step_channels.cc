@@ -95,6 +95,7 @@ absl::StatusOr<StepChannels::Opened> StepChannels::Open(const std::string& owner
   if (!object.ok()) return object.status();
   RingChannelOptions ring_options;
   ring_options.ring_bytes = ring_bytes;
+  ring_options.max_spin = options_.max_spin;
   absl::StatusOr<std::unique_ptr<RingChannel>> ring =
       RingChannel::Create(std::move(*object), RingChannel::Role::kServer, ring_options);
   if (!ring.ok()) return ring.status();  // the object (and its name) goes with it

@@ -45,6 +45,7 @@ struct StepChannelOptions {
   absl::Duration max_attach_wait = absl::Seconds(10);  // caps Open's attach deadline
   std::string name_prefix = "/moed-ring-";             // + 32 random hex digits
   std::string thread_name = "moed-ring";               // each channel's thread (15 chars max)
+  absl::Duration max_spin = absl::ZeroDuration();  // doorbell spin (transport/doorbell.h)
 };
 
 class StepChannels {

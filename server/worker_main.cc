@@ -216,7 +216,7 @@ int Main(const WorkerOptions& options) {
     if (socket_iface.empty()) engine.gloo.hostname = host;
   }
   WorkerService service(options.device, store, engine);
-  AuthenticatedWorkerService authenticated(&service, *secret);
+  AuthenticatedWorkerService authenticated(&service, *secret, options.ring_spin);
   Readiness readiness(&service, options.rejoin_after > absl::ZeroDuration() ? options.rejoin_after
                                                                             : absl::Seconds(5));
   service.set_on_ready_changed([&readiness] { readiness.Update(); });

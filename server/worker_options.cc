@@ -4,6 +4,7 @@
 #include "absl/flags/flag.h"
 #include "server/device.h"
 #include "server/engine_flags.h"
+#include "server/ring_spin.h"
 #include "server/socket_ifname.h"
 
 ABSL_FLAG(std::string, frontend, "",
@@ -52,6 +53,7 @@ WorkerOptions WorkerOptionsFromFlags() {
   o.socket_ifname = absl::GetFlag(FLAGS_socket_ifname);
   o.engine = EngineOptionsFromFlags();
   o.engine.cpu_threads = absl::GetFlag(FLAGS_cpu_threads);
+  o.ring_spin = RingSpinFromFlag();
   o.join_timeout = absl::Seconds(absl::GetFlag(FLAGS_join_timeout_s));
   o.rejoin_after = absl::Seconds(absl::GetFlag(FLAGS_rejoin_after_s));
   o.orphan_timeout = absl::Seconds(absl::GetFlag(FLAGS_orphan_timeout_s));
@@ -70,6 +72,7 @@ absl::Status ValidateWorkerOptions(const WorkerOptions& o) {
   if (!o.socket_ifname.empty()) {
     if (absl::Status ifname = CheckSocketIfname(o.socket_ifname); !ifname.ok()) return ifname;
   }
+  if (absl::Status spin = CheckRingSpin(o.ring_spin); !spin.ok()) return spin;
   return CheckEngineOptions(o.engine);
 }
 

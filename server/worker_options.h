@@ -36,6 +36,8 @@ struct WorkerOptions {
   // The engine flags (server/engine_flags.h) and --cpu_threads (0: one per hardware thread).
   // gloo empty: worker_main.cc has Gloo listen on the advertised host.
   EngineOptions engine;
+  // Its ring threads' doorbell spin before they sleep (--ring_spin_us, server/ring_spin.h).
+  absl::Duration ring_spin = absl::ZeroDuration();
 };
 
 // The flags' values, unchecked.

@@ -51,6 +51,7 @@ absl::StatusOr<std::unique_ptr<RingChannel>> WorkerRingServer::Attach(
   // here (moed's side, which waits for answers, checks every 20 ms).
   RingChannelOptions options;
   options.peer_check_interval = kIdleCheckInterval;
+  options.max_spin = max_spin_;
   absl::StatusOr<std::unique_ptr<RingChannel>> channel =
       RingChannel::Attach(*std::move(object), RingChannel::Role::kServer, options);
   if (!channel.ok()) return channel.status();

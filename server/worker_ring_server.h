@@ -1,6 +1,7 @@
 // moe-worker's side of the step rings (server/worker_rings.h is moed's): attaches to the ring
 // channels moed created for a generation (Worker.OpenStepChannels, proto/worker.proto) and
-// answers each with its own thread, running the handler it was given on every record
+// answers each with its own thread, running the handler it was given on every record on that
+// thread (no hand-off to another thread per record)
 // (transport/step_envelope.h: kind, deadline, the request's bytes).
 //
 // A channel is accepted only when its caller slot holds the pid moed declared and both share
@@ -42,7 +43,9 @@ class WorkerRingServer {
   // context's: a collective cannot be abandoned by one rank; moed gives up at it).
   using Handler = std::function<absl::StatusOr<std::string>(uint8_t kind, absl::Time deadline,
                                                             absl::string_view body)>;
-  explicit WorkerRingServer(Handler handler) : handler_(std::move(handler)) {}
+  // max_spin: each channel thread's doorbell spin before it sleeps (transport/doorbell.h).
+  explicit WorkerRingServer(Handler handler, absl::Duration max_spin = absl::ZeroDuration())
+      : handler_(std::move(handler)), max_spin_(max_spin) {}
   ~WorkerRingServer();  // stops every channel and joins its thread
 
   // Attaches to request.names() (errors per name in *response), after stopping the channels of
@@ -67,6 +70,7 @@ class WorkerRingServer {
   void ServeChannel(Served* served) const;
 
   const Handler handler_;
+  const absl::Duration max_spin_;
   mutable absl::Mutex mu_;
   std::list<std::unique_ptr<Served>> served_ ABSL_GUARDED_BY(mu_);
 };

@@ -82,6 +82,7 @@ std::vector<std::unique_ptr<RingChannel>> WorkerRings::OpenChannels(
   }
   RingChannelOptions ring_options;
   ring_options.ring_bytes = peer.options.ring_bytes;
+  ring_options.max_spin = peer.options.max_spin;
   std::vector<std::unique_ptr<RingChannel>> created;
   internal::OpenStepChannelsRequest request;
   request.set_generation(peer.generation);

@@ -56,6 +56,8 @@ struct WorkerRingOptions {
   int channels_per_worker = 4;     // --worker_ring_channels: steps in flight on rings per worker
   uint64_t ring_bytes = 1 << 20;   // each direction's ring (a power of two)
   absl::Duration open_timeout = absl::Seconds(5);  // the OpenStepChannels call
+  // moed's wait for a worker's answer spins this long before it sleeps (--ring_spin_us).
+  absl::Duration max_spin = absl::ZeroDuration();
 };
 
 class WorkerRings {

@@ -104,8 +104,10 @@ if [ "$what" = all ] || [ "$what" = python ]; then
   trainer_bench() {
     local port_file=/tmp/moed_trainer.port
     rm -f "$port_file"
+    # MOED_FLAGS: extra moed flags (e.g. --ring_spin_us=20; TRAINER_FLAGS=--ring_spin_us=20
+    # for the trainer's side of the step channel).
     moed --device=cuda --workers=1 --port=0 --port_file="$port_file" --allow_client_shm \
-      --max_layer_bytes=$((1 << 40)) >"$out/trainer_moed.log" 2>&1 &
+      --max_layer_bytes=$((1 << 40)) ${MOED_FLAGS:-} >"$out/trainer_moed.log" 2>&1 &
     local moed_pid=$! rc=1
     for _ in $(seq 1 300); do [ -s "$port_file" ] && break; sleep 0.1; done
     local server="127.0.0.1:$(cat "$port_file")"

@@ -3,6 +3,7 @@
 #include "server/callback.h"
 
 #include <atomic>
+#include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -123,6 +124,107 @@ TEST(HandlerPoolTest, ClosedPoolRefusesCallsButFinishesTheAcceptedOnes) {
   internal.WaitForNotification();
   release.Notify();
   finished.WaitForNotification();
+}
+
+// RunHere: the body runs on the caller's own thread, in a slot that counts toward max_threads
+// and max_per_client while it runs, and is refused as Submit is (busy, per client, closed).
+TEST(HandlerPoolTest, RunHereRunsOnTheCallersThreadInASlotOfThePool) {
+  HandlerPool pool(/*max_threads=*/2, /*max_per_client=*/1);
+  const std::thread::id me = std::this_thread::get_id();
+  std::thread::id ran_on;
+  EXPECT_TRUE(pool.RunHere("a", [&] {
+                    ran_on = std::this_thread::get_id();
+                    return grpc::Status::OK;
+                  })
+                  .ok());
+  EXPECT_EQ(ran_on, me);
+  // The body's status is what RunHere returns.
+  EXPECT_EQ(pool.RunHere("a", [] { return grpc::Status(grpc::StatusCode::NOT_FOUND, "x"); })
+                .error_code(),
+            grpc::StatusCode::NOT_FOUND);
+
+  // While a body of "a" runs here: "a" has no second slot (per client), "b" takes the second
+  // thread's slot, and then the pool is full for everyone (Submit, TrySubmit, RunHere).
+  absl::Notification inside, release, b_started, b_release;
+  std::thread holder([&] {
+    EXPECT_TRUE(pool.RunHere("a", [&] {
+                      inside.Notify();
+                      release.WaitForNotification();
+                      return grpc::Status::OK;
+                    })
+                    .ok());
+  });
+  inside.WaitForNotification();
+  bool ran = false;
+  grpc::Status refused = pool.RunHere("a", [&] {
+    ran = true;
+    return grpc::Status::OK;
+  });
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find("--handler_threads_per_client=1"), std::string::npos)
+      << refused.error_message();
+  EXPECT_EQ(pool.Submit("a", [] { return grpc::Status::OK; }, [](const grpc::Status&) {})
+                .error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  std::atomic<int> finished{0};
+  ASSERT_TRUE(pool.Submit(
+                      "b",
+                      [&] {
+                        b_started.Notify();
+                        b_release.WaitForNotification();
+                        return grpc::Status::OK;
+                      },
+                      [&](const grpc::Status&) { ++finished; })
+                  .ok());
+  b_started.WaitForNotification();
+  refused = pool.RunHere("c", [&] {
+    ran = true;
+    return grpc::Status::OK;
+  });
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(refused.error_message(), pool.BusyStatus().error_message());
+  EXPECT_FALSE(pool.TrySubmit([] { return grpc::Status::OK; }, [](const grpc::Status&) {}));
+  EXPECT_EQ(pool.Submit("", [] { return grpc::Status::OK; }, [](const grpc::Status&) {})
+                .error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_FALSE(ran);  // a refused body never runs
+  release.Notify();
+  holder.join();
+  // Its slot is back: "a" runs here again, and a pool thread can be had beside "b"'s.
+  EXPECT_TRUE(pool.RunHere("a", [] { return grpc::Status::OK; }).ok());
+  absl::Notification queued_ran;
+  EXPECT_TRUE(pool.Submit("d", [] { return grpc::Status::OK; },
+                          [&](const grpc::Status&) { queued_ran.Notify(); })
+                  .ok());
+  queued_ran.WaitForNotification();
+  b_release.Notify();
+  while (finished.load() < 1) absl::SleepFor(absl::Milliseconds(1));
+}
+
+// The graceful stop's Close() refuses RunHere with its status; a body running here finishes.
+TEST(HandlerPoolTest, ClosedPoolRefusesRunHere) {
+  HandlerPool pool(4);
+  absl::Notification inside, release;
+  std::thread holder([&] {
+    EXPECT_TRUE(pool.RunHere("client", [&] {
+                      inside.Notify();
+                      release.WaitForNotification();
+                      return grpc::Status::OK;
+                    })
+                    .ok());
+  });
+  inside.WaitForNotification();
+  pool.Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stopping"));
+  bool ran = false;
+  grpc::Status refused = pool.RunHere("client", [&] {
+    ran = true;
+    return grpc::Status::OK;
+  });
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(refused.error_message(), "stopping");
+  EXPECT_FALSE(ran);
+  release.Notify();
+  holder.join();
 }
 
 }  // namespace

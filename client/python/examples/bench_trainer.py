@@ -163,6 +163,10 @@ def main():
     parser.add_argument("--step_channel", default="auto", choices=("auto", "on", "off"),
                         help="steps through a step channel (shared-memory ring; moed "
                              "--allow_client_shm on this host): auto (when local), on, off")
+    parser.add_argument("--ring_spin_us", type=int, default=0,
+                        help="the step channel's wait for moed's answer spins up to this many "
+                             "us before it sleeps (Client(step_channel_spin=)); moed's side is "
+                             "its own --ring_spin_us")
     parser.add_argument("--breakdown", action="store_true",
                         help="also time the layers under one CUDA IPC forward (call_breakdown)")
     args = parser.parse_args()
@@ -170,7 +174,8 @@ def main():
     device = torch.device("cuda", torch.cuda.current_device())
     paths = args.paths.split(",")
     client = Client(args.server, timeout=120,
-                    step_channel={"auto": "auto", "on": True, "off": False}[args.step_channel])
+                    step_channel={"auto": "auto", "on": True, "off": False}[args.step_channel],
+                    step_channel_spin=args.ring_spin_us * 1e-6)
     name = "bench-trainer-" + uuid.uuid4().hex[:8]
     shape = dict(hidden=args.hidden, ffn=args.ffn, num_experts=args.experts, top_k=args.top_k)
     client.create_layer(name, compute_dtype=args.dtype, aux_loss_coeff=1e-2, **shape)
@@ -220,6 +225,7 @@ def main():
                         "path": path, **shape, "steps": args.steps, **result}
                 if path != "local":  # how the steps' requests travel: step channel or gRPC
                     line["transport"] = "ring" if client.step_channel_on else "grpc"
+                    line["client_ring_spin_us"] = args.ring_spin_us
                 if "local" in results and path != "local":
                     local_ms = results["local"]
                     line["ratio_to_local"] = {

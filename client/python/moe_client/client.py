@@ -138,7 +138,7 @@ class Client:
                  tls_cert_file=None, tls_key_file=None, tls_server_name=None, lanes=0,
                  lane_min_bytes=4 << 20, step_channel="auto",
                  step_channel_bytes=step_channel_module.DEFAULT_RING_BYTES,
-                 step_channel_max_inline=64 << 10):
+                 step_channel_max_inline=64 << 10, step_channel_spin=0.0):
         """address: host:port (default $MOED_SERVER, else localhost:50051). timeout: default
         deadline of every call, s. token: bearer token for moed --tokens_file (default
         $MOED_TOKEN). tls_ca_file: PEM roots that signed moed's certificate (default
@@ -160,7 +160,11 @@ class Client:
         rings' bytes (a power of two; requests and answers larger than half go over gRPC).
         step_channel_max_inline: a step whose tensor travels in the request (not in shared
         memory) uses the channel only up to this many bytes (larger ones were slower through
-        the ring than over gRPC on the 2-core build machine; docs/DECISIONS.md)."""
+        the ring than over gRPC on the 2-core build machine; docs/DECISIONS.md).
+        step_channel_spin: seconds the channel's wait for moed's answer spins before it sleeps
+        on the futex (e.g. 20e-6; the GIL is released while it spins, a core is busy); 0
+        (default): no spin (docs/DECISIONS.md "ring doorbell spin"; moed's side is its
+        --ring_spin_us)."""
         self.address = address or os.environ.get("MOED_SERVER") or DEFAULT_ADDRESS
         self.timeout = timeout
         self.chunk_bytes = chunk_bytes
@@ -214,7 +218,8 @@ class Client:
                     (step_channel == "auto" and step_channel_module.is_local_address(self.address)))
         self.step_channel_max_inline = step_channel_max_inline
         self._step_channel = (step_channel_module.StepChannel(
-            self._stub, self._metadata, step_channel_bytes) if use_ring else None)
+            self._stub, self._metadata, step_channel_bytes, max_spin=step_channel_spin)
+            if use_ring else None)
         self._health = self._channel.unary_unary(
             "/grpc.health.v1.Health/Check", request_serializer=_Health.encode,
             response_deserializer=_Health.decode)

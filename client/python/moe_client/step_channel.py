@@ -59,8 +59,10 @@ def is_local_address(address):
 class StepChannel:
     """One Client's channel; opened at the first call(). Thread-safe."""
 
-    def __init__(self, stub, metadata, ring_bytes=DEFAULT_RING_BYTES, open_timeout=10.0):
+    def __init__(self, stub, metadata, ring_bytes=DEFAULT_RING_BYTES, open_timeout=10.0,
+                 max_spin=0.0):
         self._stub = stub
+        self._max_spin = max_spin
         self._metadata = metadata
         self._ring_bytes = ring_bytes
         self._open_timeout = open_timeout
@@ -92,7 +94,7 @@ class StepChannel:
                     moe_pb2.OpenStepChannelRequest(ring_bytes=self._ring_bytes,
                                                    caller_pid=os.getpid()),
                     timeout=self._open_timeout, metadata=self._metadata)
-                self._ring = RingCaller(opened.name)
+                self._ring = RingCaller(opened.name, max_spin=self._max_spin)
                 self.channel_id = opened.channel_id
             except grpc.RpcError as e:
                 refused = e.code() in (grpc.StatusCode.UNIMPLEMENTED,
