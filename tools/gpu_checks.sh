@@ -13,10 +13,12 @@
 #   bench    gpu_bench on one GPU and EP=2 (BENCH_CONFIGS), engine_bench's cross-check
 #   worker_ring  moed's step rings to the workers on and off (bench/worker_ring_bench.sh)
 #   batching 32 inference callers x 128 tokens, unbatched then batched (moectl bench --callers)
-#   all      tests, server, python, worker_ring, batching, bench
+#   all      tests, server, python, worker_ring, batching, bench (not fp8, fp8_loss, ...)
 #   trainer_profile  where a trainer's step through moed goes (C++ client breakdown, Python
 #            trainer with a cProfile, the engine alone); not part of all
 #   fp8      the FP8 tests, then gpu_bench bf16 and FP8 back to back, with the speed-up table
+#   fp8_loss  issue 40's accuracy check on the GPU: examples/train_fp8.py (200 steps, BF16 then
+#            FP8 delayed, same data and weights) with --device=cuda against one CUDA worker
 #   fp8_gemms  per preset bf16 vs FP8 with every GEMM, AUTO, none and each GEMM alone in bf16
 #            (the per-GEMM choice's measurements, engine/cuda/fp8_gemm_table.cc)
 #   compare  gpu_bench VARIANTS side by side, alternating ROUNDS times, fingerprints compared
@@ -304,6 +306,34 @@ for config in dict.fromkeys(c for c, _ in rows):
         print(line)
 PY
   fi
+fi
+if [ "$what" = fp8_loss ]; then
+  # examples/train_fp8.py against moed with FP8_LOSS_WORKERS (default 1) CUDA workers and
+  # --allow_client_shm (the torch side's CUDA tensors go by CUDA IPC): the same model trained
+  # with its MoE layer in BF16 then FP8 (delayed scaling), the loss curves' max relative
+  # difference against the 1 % bound (exit status 1 beyond it). FP8_LOSS_FLAGS: more flags for
+  # the example (e.g. "--hidden=1024 --ffn=4096 --experts=8 --tokens=8192"). JSON lines in
+  # $out/train_fp8.jsonl; the moed log in $out/fp8_loss_moed.log.
+  export PYTHONPATH="$PWD/.gpu/py:$PWD/tests/python"
+  fp8_loss() {
+    local port_file=/tmp/moed_fp8_loss.port rc=1
+    rm -f "$port_file"
+    moed --device=cuda --workers="${FP8_LOSS_WORKERS:-1}" --port=0 --port_file="$port_file" \
+      --allow_client_shm >"$out/fp8_loss_moed.log" 2>&1 &
+    local moed_pid=$!
+    for _ in $(seq 1 300); do [ -s "$port_file" ] && break; sleep 0.1; done
+    local server="127.0.0.1:$(cat "$port_file")"
+    if timeout 120 moectl --server="$server" health --wait_ms=120000; then
+      timeout 400 python3 client/python/examples/train_fp8.py --server="$server" --device=cuda \
+        --json="$out/train_fp8.jsonl" ${FP8_LOSS_FLAGS:-} | tail -1
+      rc=${PIPESTATUS[0]}
+    fi
+    kill "$moed_pid" 2>/dev/null
+    wait "$moed_pid" 2>/dev/null
+    return $rc
+  }
+  step fp8_loss 560 fp8_loss
+  tail -1 "$out/train_fp8.jsonl" 2>/dev/null
 fi
 if [ "$what" = fp8_gemms ]; then
   # The per-GEMM FP8 choice (docs/SPEC.md "Per-GEMM choice", engine/cuda/fp8_gemm_table.cc):
