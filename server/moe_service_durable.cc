@@ -25,7 +25,7 @@ absl::Status MoeServiceImpl::RestoreDurableLayers() {
                                                         " worker(s): ", valid.message()));
     }
     auto layer = std::make_shared<Layer>(record.name, SavedLimits());
-    layer->id = next_layer_id_++;
+    layer->id = layers_.NextLayerId();
     layer->config = record.config;
     {
       absl::MutexLock lock(&layer->mu);
@@ -36,8 +36,7 @@ absl::Status MoeServiceImpl::RestoreDurableLayers() {
       layer->load_durable = true;
       layer->gradients_dropped = true;  // whatever a client accumulated before the restart
     }
-    absl::MutexLock lock(&layers_mu_);
-    layers_[record.name] = layer;
+    layers_.Restore(layer);
   }
   return absl::OkStatus();
 }
