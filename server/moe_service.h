@@ -46,6 +46,7 @@
 #include "server/callback.h"
 #include "server/checkpoint_root.h"
 #include "server/data_parallel_steps.h"
+#include "server/durable_schedule.h"
 #include "server/durable_store.h"
 #include "server/forward_batcher.h"
 #include "server/graceful_stop.h"
@@ -634,7 +635,8 @@ class MoeServiceImpl final : public MoeServiceBase {
   // at `expected` with its gradients intact (not dropped since the last step or zeroing).
   static absl::Status CheckExpectedStep(Layer& layer, int64_t expected);
   // moe_service_durable.cc. After a change to the turn's layer succeeded on every worker:
-  // checkpoints it into the durable store when a trigger is due (`force`: now). A failure is
+  // checkpoints it into the durable store when durable_schedule_ says one is due (`force`:
+  // now). A failure is
   // logged and kept in LayerInfo.durable_error; the change stands. No-op without a store.
   void AfterChange(Turn& turn, bool optimizer_step, bool force);
   // The workers save the turn's layer into a new durable checkpoint; the store commits it.
@@ -748,6 +750,10 @@ class MoeServiceImpl final : public MoeServiceBase {
   absl::Mutex setup_mu_;
   // The layers by name, their ids and --max_layers (server/layer_registry.h).
   LayerRegistry layers_{options_.max_layers};
+  // When a durable layer is checkpointed into options_.durable_store, and its durable books
+  // (server/durable_schedule.h).
+  const DurableSchedule durable_schedule_{options_.durable_store, options_.durable_every_steps,
+                                          options_.durable_every};
 
   // Set when options_.allow_client_shm.
   std::unique_ptr<SharedMemoryRegistry> shm_;
