@@ -82,21 +82,11 @@ grpc::Status MoeServiceImpl::Finish(const char* method, absl::Time start,
 
 absl::StatusOr<std::shared_ptr<MoeServiceImpl::Layer>> MoeServiceImpl::FindLayer(
     const std::string& name) const {
-  RETURN_IF_ERROR(ValidateLayerName("layer", name));
-  absl::MutexLock lock(&layers_mu_);
-  auto it = layers_.find(name);
-  if (it == layers_.end()) {
-    return absl::NotFoundError(absl::StrCat("layer: no layer named \"", name, "\""));
-  }
-  return it->second;
+  return layers_.Find(name);
 }
 
 void MoeServiceImpl::VisitHeldLayers(const WorkerMemoryAdmission::LayerVisitor& visit) const {
-  std::vector<std::shared_ptr<Layer>> layers;
-  {
-    absl::MutexLock lock(&layers_mu_);
-    for (const auto& kv : layers_) layers.push_back(kv.second);
-  }
+  const std::vector<std::shared_ptr<Layer>> layers = layers_.List();
   for (const auto& layer : layers) visit(layer->config, SavedBytes(*layer));
 }
 
@@ -332,22 +322,14 @@ absl::Status MoeServiceImpl::RegisterDurable(const WorkerSet& set,
   // A DeleteLayer that took the layer off the books before the record was set found
   // nothing to remove from the store: remove it here (set first, checked second, so one
   // of the two always does).
-  bool listed = false;
-  {
-    absl::MutexLock lock(&layers_mu_);
-    auto it = layers_.find(layer->name);
-    listed = it != layers_.end() && it->second == layer;
-  }
-  if (!listed) options_.durable_store->RemoveLayer(*record).IgnoreError();
+  if (!layers_.Lists(layer)) options_.durable_store->RemoveLayer(*record).IgnoreError();
   return absl::OkStatus();
 }
 
 void MoeServiceImpl::UnlistFailedLayer(const std::shared_ptr<Layer>& layer) {
-  absl::MutexLock lock(&layers_mu_);
   // Only this layer: a DeleteLayer may have removed it meanwhile and a CreateLayer made
-  // another under the same name.
-  auto it = layers_.find(layer->name);
-  if (it != layers_.end() && it->second == layer) layers_.erase(it);
+  // another under the same name. Its turn is still held: no call sees it before `deleted`.
+  layers_.Remove(layer).IgnoreError();
   absl::MutexLock layer_lock(&layer->mu);
   layer->deleted = true;
 }
@@ -371,7 +353,7 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
         LayerBytesPerWorker(config, pool_->world_size(), admission_.DeferredWgradFraction()),
         &reserved));
     auto layer = std::make_shared<Layer>(request->name(), SavedLimits());
-    layer->id = next_layer_id_++;
+    layer->id = layers_.NextLayerId();
     layer->config = config;
     layer->accumulated.assign(config.num_experts, 0);
     // The layer's turn and setup_mu_ (shared) are taken before the layer becomes visible:
@@ -381,21 +363,8 @@ grpc::Status MoeServiceImpl::DoCreateLayer(grpc::ServerContextBase* context,
     Turn turn(layer, this);
     setup_mu_.ReaderLock();
     turn.set_shared();
-    {
-      absl::MutexLock lock(&layers_mu_);
-      if (layers_.count(request->name()) != 0) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("name: a layer named \"", request->name(), "\" exists"));
-      }
-      if (static_cast<int64_t>(layers_.size()) >= options_.max_layers) {
-        return absl::ResourceExhaustedError(
-            absl::StrCat("CreateLayer: ", layers_.size(),
-                         " layers exist, the most --max_layers=", options_.max_layers,
-                         " allows; delete a layer or start moed with a larger "
-                         "--max_layers"));
-      }
-      layers_[request->name()] = layer;
-    }
+    // ALREADY_EXISTS, or RESOURCE_EXHAUSTED past --max_layers.
+    RETURN_IF_ERROR(layers_.Add(layer));
     reserved.Release();  // listed first, then released: never uncounted
     absl::Status status = CreateOnWorkers(context, layer);
     if (!status.ok()) {
@@ -422,14 +391,7 @@ grpc::Status MoeServiceImpl::DoDeleteLayer(grpc::ServerContextBase* context,
         admission_.HoldLeavingLayer(layer->config, SavedBytes(*layer));
     // The layer leaves the books even when the workers are unreachable: a new generation
     // re-creates only the layers still listed.
-    {
-      absl::MutexLock lock(&layers_mu_);
-      auto it = layers_.find(request->name());
-      if (it == layers_.end() || it->second != layer) {
-        return absl::NotFoundError(absl::StrCat("name: no layer named \"", request->name(), "\""));
-      }
-      layers_.erase(it);
-    }
+    RETURN_IF_ERROR(layers_.Remove(layer));  // NOT_FOUND when deleted meanwhile
     layer->dp_steps.AbortAll(absl::NotFoundError(absl::StrCat(
         "layer: \"", layer->name, "\" was deleted while this step waited for its ranks")));
     // Out of the durable registry at once, so a restart does not bring it back. A durable
@@ -502,11 +464,7 @@ grpc::Status MoeServiceImpl::DoListLayers(grpc::ServerContextBase*, const v1::Li
                                           v1::ListLayersResponse* response) {
   const absl::Time start = absl::Now();
   const InflightRequest inflight(metrics_, "ListLayers");
-  std::vector<std::shared_ptr<Layer>> layers;
-  {
-    absl::MutexLock lock(&layers_mu_);
-    for (const auto& kv : layers_) layers.push_back(kv.second);
-  }
+  const std::vector<std::shared_ptr<Layer>> layers = layers_.List();
   for (const auto& layer : layers) *response->add_layers() = Info(*layer);
   return Finish("ListLayers", start, absl::OkStatus());
 }
@@ -530,11 +488,7 @@ grpc::Status MoeServiceImpl::DoGetStatus(grpc::ServerContextBase*, const v1::Get
   response->set_world_size(pool_->world_size());
   response->set_message(pool_->message());
   for (const v1::WorkerStatus& worker : pool_->WorkerStatuses()) *response->add_workers() = worker;
-  std::vector<std::shared_ptr<Layer>> layers;
-  {
-    absl::MutexLock lock(&layers_mu_);
-    for (const auto& kv : layers_) layers.push_back(kv.second);
-  }
+  const std::vector<std::shared_ptr<Layer>> layers = layers_.List();
   for (const auto& layer : layers) *response->add_layers() = Info(*layer);
   return Finish("GetStatus", start, absl::OkStatus());
 }
@@ -551,11 +505,7 @@ bool MoeServiceImpl::KeepsWeights(Layer& layer, bool on_every_worker, bool* dura
 
 absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
   absl::WriterMutexLock setup_lock(&setup_mu_);
-  std::vector<std::shared_ptr<Layer>> layers;
-  {
-    absl::MutexLock lock(&layers_mu_);
-    for (const auto& kv : layers_) layers.push_back(kv.second);
-  }
+  const std::vector<std::shared_ptr<Layer>> layers = layers_.List();
   // Which layers can every worker restore from an earlier generation?
   std::vector<std::set<uint64_t>> restorable(set.size());
   RETURN_IF_ERROR(pool_->ForEachWorker(
@@ -652,11 +602,7 @@ absl::Status MoeServiceImpl::RecreateLayers(const WorkerSet& set) {
 
 void MoeServiceImpl::ExpireSavedSteps() {
   const absl::Time now = absl::Now();
-  std::vector<std::shared_ptr<Layer>> layers;
-  {
-    absl::MutexLock lock(&layers_mu_);
-    for (const auto& kv : layers_) layers.push_back(kv.second);
-  }
+  const std::vector<std::shared_ptr<Layer>> layers = layers_.List();
   for (const auto& layer : layers) {
     auto any_due = [&] {
       absl::MutexLock lock(&layer->mu);
@@ -687,11 +633,10 @@ void MoeServiceImpl::ExpireSavedSteps() {
 
 std::vector<MetricsSnapshot::Layer> MoeServiceImpl::LayerMetrics() const {
   std::vector<MetricsSnapshot::Layer> layers;
-  absl::MutexLock lock(&layers_mu_);
-  for (const auto& kv : layers_) {
-    absl::MutexLock layer_lock(&kv.second->mu);
-    layers.push_back({kv.first, kv.second->saved.count(), kv.second->saved.bytes()});
-  }
+  layers_.ForEach([&layers](Layer& layer) {
+    absl::MutexLock layer_lock(&layer.mu);
+    layers.push_back({layer.name, layer.saved.count(), layer.saved.bytes()});
+  });
   return layers;
 }
 

@@ -6,8 +6,8 @@
 //
 // Locking order: setup_mu_ (shared by operations, exclusive while layers are re-created for
 // a new generation) is taken after a layer's FIFO turn and before the admission control's
-// admission_'s reservations (server/worker_memory_admission.h), which come before layers_mu_ /
-// a layer's mu.
+// admission_'s reservations (server/worker_memory_admission.h), which come before the layer
+// registry's lock (layers_, server/layer_registry.h) / a layer's mu.
 // Collective worker calls (CreateLayer, Forward, Backward) run under the layer's FIFO turn
 // with the internal deadline --step_timeout_ms; the client's deadline and cancellation are
 // honoured while waiting for the turn, and a started step is finished (aborting it on one
@@ -46,10 +46,11 @@
 #include "server/callback.h"
 #include "server/checkpoint_root.h"
 #include "server/data_parallel_steps.h"
+#include "server/durable_schedule.h"
 #include "server/durable_store.h"
-#include "server/fifo_mutex.h"
 #include "server/forward_batcher.h"
 #include "server/graceful_stop.h"
+#include "server/layer_registry.h"
 #include "server/metrics.h"
 #include "server/relay_pool.h"
 #include "server/saved_steps.h"
@@ -493,49 +494,8 @@ class MoeServiceImpl final : public MoeServiceBase {
   // them and the retired relay buffers.
   void HousekeepShm();
 
-  // The front end's record of one layer.
-  struct Layer {
-    Layer(std::string layer_name, SavedStepLimits limits)
-        : name(std::move(layer_name)), saved(name, limits) {}
-    std::string name;
-    uint64_t id = 0;
-    LayerConfig config;
-    FifoMutex turn;  // one worker operation at a time, in arrival order
-    mutable absl::Mutex mu;
-    bool deleted ABSL_GUARDED_BY(mu) = false;
-    bool weights_reset ABSL_GUARDED_BY(mu) = false;  // see LayerInfo.weights_reset
-    SavedSteps saved ABSL_GUARDED_BY(mu);
-    int64_t forward_count ABSL_GUARDED_BY(mu) = 0;
-    std::vector<int64_t> accumulated ABSL_GUARDED_BY(mu);  // [E] since the last bias update
-    // Why the workers may hold different state of this layer (LayerInfo.diverged); empty
-    // while they agree. gradients_only: only gradients may differ (ZeroGradients mends it).
-    std::string diverged ABSL_GUARDED_BY(mu);
-    // LayerInfo.fp8_gemms, from the workers' CreateLayer answers.
-    std::string fp8_gemms ABSL_GUARDED_BY(mu);
-    bool diverged_gradients_only ABSL_GUARDED_BY(mu) = false;
-    // Durable state (options_.durable_store; LayerInfo.optimizer_step, durable_*).
-    int64_t optimizer_step ABSL_GUARDED_BY(mu) = 0;
-    DurableLayer durable ABSL_GUARDED_BY(mu);  // the store's record; incarnation 0: none
-    bool changed_since_durable ABSL_GUARDED_BY(mu) = false;  // beyond optimizer steps
-    absl::Time durable_since ABSL_GUARDED_BY(mu);            // for durable_every
-    std::string durable_error ABSL_GUARDED_BY(mu);
-    // Data-parallel ApplyOptimizer steps (num_ranks > 1): their ranks' calls, the answers of
-    // the last applied ones. Its own lock; taken before the turn, never under mu.
-    DataParallelSteps dp_steps;
-    // Restored from the store by this moed: its first creation on the workers loads the
-    // durable checkpoint, whatever instances they hold (their layer ids are another moed's).
-    bool load_durable ABSL_GUARDED_BY(mu) = false;
-    // A re-formation or this moed's restore dropped the gradients since the last
-    // ZeroGradients or optimizer step: a conditional ApplyOptimizer (expected_optimizer_step)
-    // is ABORTED until one of those clears it, so no step is taken from partial gradients.
-    bool gradients_dropped ABSL_GUARDED_BY(mu) = false;
-    // The graceful stop took its last turn: no call runs on it any more.
-    bool closed ABSL_GUARDED_BY(mu) = false;
-    void ClearDiverged() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      diverged.clear();
-      diverged_gradients_only = false;
-    }
-  };
+  // The front end's record of one layer (server/layer_entry.h), listed in layers_.
+  using Layer = LayerEntry;
 
   // A layer's FIFO turn, setup_mu_ held shared, and the serving workers, for one operation.
   // A turn whose call was overdue on the workers (set_overdue) is not released when the
@@ -677,7 +637,8 @@ class MoeServiceImpl final : public MoeServiceBase {
   // at `expected` with its gradients intact (not dropped since the last step or zeroing).
   static absl::Status CheckExpectedStep(Layer& layer, int64_t expected);
   // moe_service_durable.cc. After a change to the turn's layer succeeded on every worker:
-  // checkpoints it into the durable store when a trigger is due (`force`: now). A failure is
+  // checkpoints it into the durable store when durable_schedule_ says one is due (`force`:
+  // now). A failure is
   // logged and kept in LayerInfo.durable_error; the change stands. No-op without a store.
   void AfterChange(Turn& turn, bool optimizer_step, bool force);
   // The workers save the turn's layer into a new durable checkpoint; the store commits it.
@@ -786,12 +747,15 @@ class MoeServiceImpl final : public MoeServiceBase {
   WorkerPool* const pool_;
   Metrics* const metrics_;
   std::atomic<uint64_t> next_step_id_{1};
-  std::atomic<uint64_t> next_layer_id_{1};
 
   // Shared by every worker operation; exclusive while RecreateLayers runs.
   absl::Mutex setup_mu_;
-  mutable absl::Mutex layers_mu_;
-  std::map<std::string, std::shared_ptr<Layer>> layers_ ABSL_GUARDED_BY(layers_mu_);
+  // The layers by name, their ids and --max_layers (server/layer_registry.h).
+  LayerRegistry layers_{options_.max_layers};
+  // When a durable layer is checkpointed into options_.durable_store, and its durable books
+  // (server/durable_schedule.h).
+  const DurableSchedule durable_schedule_{options_.durable_store, options_.durable_every_steps,
+                                          options_.durable_every};
 
   // Set when options_.allow_client_shm.
   std::unique_ptr<SharedMemoryRegistry> shm_;
@@ -808,7 +772,7 @@ class MoeServiceImpl final : public MoeServiceBase {
   std::atomic<bool> stopping_drains_{false};  // set first by the destructor
 
   // Admission control (--worker_memory_bytes): the budget and the reservations of admitted
-  // calls still running. Its lock is taken before layers_mu_ and any layer's mu (it reads
+  // calls still running. Its lock is taken before layers_' and any layer's mu (it reads
   // the books through VisitHeldLayers under it), never after.
   WorkerMemoryAdmission admission_;
 

@@ -25,7 +25,7 @@ absl::Status MoeServiceImpl::RestoreDurableLayers() {
                                                         " worker(s): ", valid.message()));
     }
     auto layer = std::make_shared<Layer>(record.name, SavedLimits());
-    layer->id = next_layer_id_++;
+    layer->id = layers_.NextLayerId();
     layer->config = record.config;
     {
       absl::MutexLock lock(&layer->mu);
@@ -36,32 +36,14 @@ absl::Status MoeServiceImpl::RestoreDurableLayers() {
       layer->load_durable = true;
       layer->gradients_dropped = true;  // whatever a client accumulated before the restart
     }
-    absl::MutexLock lock(&layers_mu_);
-    layers_[record.name] = layer;
+    layers_.Restore(layer);
   }
   return absl::OkStatus();
 }
 
 void MoeServiceImpl::AfterChange(Turn& turn, bool optimizer_step, bool force) {
   Layer& layer = turn.layer();
-  bool due = force;
-  {
-    absl::MutexLock lock(&layer.mu);
-    if (optimizer_step) ++layer.optimizer_step;
-    if (options_.durable_store == nullptr) return;
-    if (!optimizer_step) layer.changed_since_durable = true;
-    const bool changed =
-        layer.changed_since_durable || layer.optimizer_step != layer.durable.optimizer_step;
-    if (options_.durable_every_steps > 0 &&
-        layer.optimizer_step - layer.durable.optimizer_step >= options_.durable_every_steps) {
-      due = true;
-    }
-    if (options_.durable_every > absl::ZeroDuration() && changed &&
-        absl::Now() - layer.durable_since >= options_.durable_every) {
-      due = true;
-    }
-  }
-  if (!due) return;
+  if (!durable_schedule_.AfterChange(layer, optimizer_step, force, absl::Now())) return;
   const absl::Time start = absl::Now();
   absl::Status saved = SaveDurable(turn);
   absl::MutexLock lock(&layer.mu);
@@ -111,10 +93,7 @@ absl::Status MoeServiceImpl::SaveDurable(Turn& turn) {
     return saved;
   }
   RETURN_IF_ERROR(store->CommitCheckpoint(staging, &record, step));
-  absl::MutexLock lock(&layer.mu);
-  layer.durable = record;
-  layer.changed_since_durable = false;
-  layer.durable_since = absl::Now();
+  DurableSchedule::RecordSaved(layer, record, absl::Now());
   return absl::OkStatus();
 }
 
@@ -138,11 +117,7 @@ absl::Status MoeServiceImpl::LoadDurable(const WorkerSet& set, Layer& layer) {
         },
         /*collective=*/true));
   }
-  absl::MutexLock lock(&layer.mu);
-  layer.optimizer_step = record.optimizer_step;  // the steps after it are lost
-  layer.changed_since_durable = false;
-  layer.durable_since = absl::Now();
-  layer.load_durable = false;
+  DurableSchedule::RecordLoaded(layer, record, absl::Now());
   return absl::OkStatus();
 }
 

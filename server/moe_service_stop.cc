@@ -20,18 +20,12 @@ void MoeServiceImpl::BeginShutdown(GracefulStopReport* report) {
   handlers_.Close(grpc::Status(grpc::StatusCode::UNAVAILABLE, kShuttingDownMessage));
   // Step channels close after the record they are answering (its answer goes out).
   if (step_channels_ != nullptr) step_channels_->CloseAll();
-  absl::MutexLock lock(&layers_mu_);
-  for (const auto& [name, layer] : layers_) {
-    report->Set(name, GracefulStopReport::Outcome::kWaiting);
-  }
+  layers_.ForEach(
+      [report](Layer& layer) { report->Set(layer.name, GracefulStopReport::Outcome::kWaiting); });
 }
 
 void MoeServiceImpl::PersistForShutdown(absl::Time deadline, GracefulStopReport* report) {
-  std::vector<std::shared_ptr<Layer>> layers;
-  {
-    absl::MutexLock lock(&layers_mu_);
-    for (const auto& [name, layer] : layers_) layers.push_back(layer);
-  }
+  const std::vector<std::shared_ptr<Layer>> layers = layers_.List();
   // One thread per layer: a layer behind a long step must not hold up the others' writes.
   std::vector<std::thread> threads;
   for (const std::shared_ptr<Layer>& layer : layers) {
