@@ -12,20 +12,12 @@
 #include <vector>
 
 #include "server/step_memory.h"
+#include "tests/engine/tiny_config.h"
 
 namespace moe {
 namespace {
 
 using Reservation = WorkerMemoryReservations::Reservation;
-
-LayerConfig SmallConfig() {
-  LayerConfig config;
-  config.hidden = 32;
-  config.ffn = 64;
-  config.num_experts = 8;
-  config.top_k = 2;
-  return config;
-}
 
 v1::WorkerStatus Worker(const std::string& address, const std::string& device,
                         int64_t capacity) {
@@ -80,7 +72,7 @@ TEST(WorkerMemoryAdmissionTest, HeldBytesCountLayersAndKeptSteps) {
   EXPECT_EQ(admission.DeferredWgradFraction(), kDefaultDeferredWgradFraction);
   books.fraction = 0.5;
   EXPECT_EQ(admission.DeferredWgradFraction(), 0.5);
-  const LayerConfig config = SmallConfig();
+  const LayerConfig config = TinyLayerConfig();
   const int64_t shard = LayerBytesPerWorker(config, 2, 0.5);
   // Kept steps' bytes are summed over the workers: per worker, divided and rounded up.
   EXPECT_EQ(admission.LayerHeldBytes(config, 0, 0.5), shard);
@@ -92,7 +84,7 @@ TEST(WorkerMemoryAdmissionTest, HeldBytesCountLayersAndKeptSteps) {
 
 TEST(WorkerMemoryAdmissionTest, RefusalNamesTheFiguresAndTheFlag) {
   FakeBooks books;
-  books.layers = {{SmallConfig(), 0}};
+  books.layers = {{TinyLayerConfig(), 0}};
   const int64_t held = WorkerMemoryAdmission(1, 2, books.Make()).HeldBytes();
   ASSERT_GT(held, 0);
   WorkerMemoryAdmission admission(held + 100, 2, books.Make());
@@ -130,7 +122,7 @@ TEST(WorkerMemoryAdmissionTest, RunningCallsAreSummed) {
 
 TEST(WorkerMemoryAdmissionTest, LeavingLayerStaysReserved) {
   FakeBooks books;
-  const LayerConfig config = SmallConfig();
+  const LayerConfig config = TinyLayerConfig();
   WorkerMemoryAdmission admission(int64_t{1} << 40, 2, books.Make());
   {
     const Reservation leaving = admission.HoldLeavingLayer(config, 10);
